@@ -1,0 +1,25 @@
+/* main.c — the `tandem` command: a git-style table of subcommands (see src/cli/). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("tandem %s\n", TANDEM_VERSION);
+    return TDM_EXIT_OK;
+}
+
+static const tdm_command commands[] = {
+    {"version", cmd_version, "print the version"},
+    {NULL, NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "--version"))
+        return cmd_version(0, NULL);
+    return tdm_cli_dispatch("tandem", commands, argc - 1, argv + 1);
+}

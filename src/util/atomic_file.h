@@ -1,0 +1,26 @@
+/* atomic_file.h — replace a file so that readers see either the old or the new content, never a
+ * torn one, and a crash at any point loses nothing that was already durable (the redis rdbSave
+ * recipe): write "<dir>/.<name>.tmp-<pid>" with the requested mode, fsync it, close it, rename it
+ * over the target, fsync the directory. On any failure the temp file is unlinked and the target is
+ * untouched.
+ *
+ * Fault points (util/fault.h): atomic_write.open, atomic_write.write, atomic_write.fsync,
+ * atomic_write.rename, atomic_write.dirsync.
+ */
+#ifndef TANDEM_UTIL_ATOMIC_FILE_H
+#define TANDEM_UTIL_ATOMIC_FILE_H
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "util/error.h"
+
+tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode_t mode,
+                            tdm_error *err);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer (len excludes the NUL). */
+tdm_status tdm_read_file(const char *path, char **out, size_t *len, tdm_error *err);
+
+/* fsync of the directory holding path (or of path itself when it is a directory). */
+tdm_status tdm_fsync_dir(const char *dir, tdm_error *err);
+
+#endif

@@ -1,0 +1,130 @@
+/* Unit tests of src/util: errors, fault points, atomic writes, RFC 3339. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/atomic_file.h"
+#include "util/error.h"
+#include "util/fault.h"
+#include "util/timeutil.h"
+
+static char tmpdir[256];
+
+static int setup(void **state)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-test-util-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_error_prefix(void **state)
+{
+    tdm_error err = {0};
+    assert_int_equal(tdm_fail(&err, TDM_ERR_PARSE, "line %d: bad", 3), TDM_ERR_PARSE);
+    tdm_error_prefix(&err, "%s", "cfg.toml");
+    assert_string_equal(err.message, "cfg.toml: line 3: bad");
+    assert_string_equal(tdm_status_str(TDM_ERR_TIMEOUT), "timed out");
+}
+
+static void test_fault_points(void **state)
+{
+    unsetenv("TANDEM_FAULT_INJECT");
+    assert_false(tdm_fault("a.b"));
+    setenv("TANDEM_FAULT_INJECT", "x.y,a.b", 1);
+    assert_true(tdm_fault("a.b"));
+    assert_true(tdm_fault("x.y"));
+    assert_false(tdm_fault("a"));
+    assert_false(tdm_fault("a.bc"));
+    unsetenv("TANDEM_FAULT_INJECT");
+}
+
+static void test_atomic_write_roundtrip_and_mode(void **state)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/data.json", tmpdir);
+    tdm_error err = {0};
+    assert_int_equal(tdm_atomic_write(path, "{\"a\":1}", 7, 0600, &err), TDM_OK);
+    char *buf;
+    size_t len;
+    assert_int_equal(tdm_read_file(path, &buf, &len, &err), TDM_OK);
+    assert_int_equal(len, 7);
+    assert_string_equal(buf, "{\"a\":1}");
+    free(buf);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+}
+
+/* Each injected failure leaves the old content intact and no temp file behind. */
+static void test_atomic_write_failures_keep_old_content(void **state)
+{
+    const char *points[] = {"atomic_write.open", "atomic_write.write", "atomic_write.fsync",
+                            "atomic_write.rename"};
+    char path[512];
+    snprintf(path, sizeof path, "%s/keep.json", tmpdir);
+    tdm_error err = {0};
+    assert_int_equal(tdm_atomic_write(path, "old", 3, 0600, &err), TDM_OK);
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++) {
+        setenv("TANDEM_FAULT_INJECT", points[i], 1);
+        assert_int_equal(tdm_atomic_write(path, "new content", 11, 0600, &err), TDM_ERR_IO);
+        assert_non_null(strstr(err.message, "Input/output error"));
+        unsetenv("TANDEM_FAULT_INJECT");
+        char *buf;
+        assert_int_equal(tdm_read_file(path, &buf, NULL, &err), TDM_OK);
+        assert_string_equal(buf, "old");
+        free(buf);
+        char tmp[600];
+        snprintf(tmp, sizeof tmp, "%s/.keep.json.tmp-%ld", tmpdir, (long)getpid());
+        assert_int_not_equal(access(tmp, F_OK), 0);
+    }
+}
+
+static void test_read_missing_file(void **state)
+{
+    tdm_error err = {0};
+    char *buf;
+    assert_int_equal(tdm_read_file("/nonexistent/x", &buf, NULL, &err), TDM_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.message, "/nonexistent/x"));
+}
+
+static void test_rfc3339(void **state)
+{
+    char buf[32];
+    tdm_format_rfc3339(1795987826, buf, sizeof buf);
+    assert_string_equal(buf, "2026-11-29T21:30:26Z");
+    time_t t;
+    assert_true(tdm_parse_rfc3339(buf, &t));
+    assert_int_equal(t, 1795987826);
+    assert_true(tdm_parse_rfc3339("2026-11-29T21:30:26.123+00:00", &t));
+    assert_int_equal(t, 1795987826);
+    assert_false(tdm_parse_rfc3339("2026-11-29 21:30:26", &t));
+    assert_false(tdm_parse_rfc3339("2026-11-29T21:30:26+02:00", &t));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_prefix),
+        cmocka_unit_test(test_fault_points),
+        cmocka_unit_test(test_atomic_write_roundtrip_and_mode),
+        cmocka_unit_test(test_atomic_write_failures_keep_old_content),
+        cmocka_unit_test(test_read_missing_file),
+        cmocka_unit_test(test_rfc3339),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
