@@ -57,11 +57,30 @@ typedef struct tdm_inventory {
 } tdm_inventory;
 
 /* Fills inv (zeroed by the caller or not: it is overwritten). An absent NVML is not an error (an
- * empty inventory with a note); a malformed TANDEM_FAKE_GPUS is TDM_ERR_INVALID naming the entry. */
+ * empty inventory with a note); a malformed TANDEM_FAKE_GPUS is TDM_ERR_INVALID naming the entry.
+ * Each call asks the source afresh (the "@file" form re-reads its file). On error inv is still an
+ * empty inventory that tdm_inventory_free accepts. docs/gpu-inventory.md has the details. */
 tdm_status tdm_inventory_query(tdm_inventory *inv, tdm_error *err);
 void tdm_inventory_free(tdm_inventory *inv);
 
-/* Finds a GPU by UUID (exact or unique prefix) or by index ("0"); NULL when none matches. */
+/* Seams for tests; every NULL field means the real thing. */
+typedef struct tdm_inventory_options {
+    const char *meminfo_path; /* where unified-memory GPUs read MemTotal/MemAvailable; NULL:
+                                 /proc/meminfo */
+    const char *nvml_library; /* NULL: libnvidia-ml.so.1 (loaded once per process); a test names
+                                 one that does not exist to see the no-NVML path */
+} tdm_inventory_options;
+
+/* tdm_inventory_query with seams; opts NULL is the same as tdm_inventory_query. */
+tdm_status tdm_inventory_query_with(tdm_inventory *inv, const tdm_inventory_options *opts,
+                                    tdm_error *err);
+
+/* Frees an array of n_gpus GPUs and their process lists (what the sources hand out). */
+void tdm_gpu_list_free(tdm_gpu *gpus, size_t n_gpus);
+
+/* Finds a GPU by UUID (exact or unique prefix) or by index ("0"); NULL when none matches.
+ * An index is compared with tdm_gpu.index, the number `gpu status` shows (NVML's index), not the
+ * position CUDA gives a GPU after CUDA_VISIBLE_DEVICES renumbering. An ambiguous prefix is NULL. */
 const tdm_gpu *tdm_inventory_find(const tdm_inventory *inv, const char *uuid_or_index);
 
 /* Memory used on gpu by the process pid (MiB), or -1 when the GPU does not list it. */
