@@ -4,7 +4,7 @@
 set -eu
 PACKAGES="build-essential cmake pkg-config git libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev
 libopenblas-dev libcmocka-dev spin clang libclang-rt-dev python3 openssh-client openssh-server rsync npm
-iproute2 procps util-linux"
+iproute2 procps util-linux jq"
 
 missing=""
 for p in $PACKAGES; do

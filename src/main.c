@@ -13,6 +13,7 @@ static int cmd_version(int argc, char **argv)
 }
 
 static const tdm_command commands[] = {
+    {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"version", cmd_version, "print the version"},
     {NULL, NULL, NULL},
 };

@@ -23,3 +23,23 @@ finish() {
     if [ "$FAILURES" -ne 0 ]; then echo "$FAILURES failure(s)" >&2; exit 1; fi
     echo "ok"; exit 0
 }
+
+# One simulated 10 GB GPU unless the test sets its own.
+export TANDEM_FAKE_GPUS=${TANDEM_FAKE_GPUS-"uuid=GPU-sim-0,name=Sim 10G,total_mb=10000,memory=discrete"}
+# Waiters re-check often; status/monitor loops are fast so tests stay short.
+export TANDEM_MONITOR_MS=${TANDEM_MONITOR_MS-200}
+
+# wait_until SECONDS CMD...: polls CMD every 50 ms until it succeeds; fails the test on timeout.
+wait_until() {
+    local limit=$1; shift
+    local deadline=$(( $(date +%s%N) + limit * 1000000000 ))
+    until "$@" >/dev/null 2>&1; do
+        if [ "$(date +%s%N)" -gt "$deadline" ]; then fail "timed out after ${limit}s waiting for: $*"; return 1; fi
+        sleep 0.05
+    done
+}
+
+# ledger_count: reservations + queued tickets in the ledger (via gpu status --json).
+ledger_count() {
+    "$TANDEM" gpu status --json | jq '[.gpus[] | (.reservations | length) + (.queue | length)] | add // 0'
+}

@@ -1,0 +1,311 @@
+/* tandem gpu run — reserve, run a command with CUDA_VISIBLE_DEVICES set, monitor, release. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "gpu/inventory.h"
+#include "gpu/proc_identity.h"
+#include "gpu/reservation.h"
+#include "util/timeutil.h"
+
+static const char usage[] =
+    "usage: tandem gpu run --vram GB [--gpu UUID|INDEX] [--task NAME] [--no-wait-gpu]\n"
+    "                      [--timeout SEC] -- COMMAND [ARGS...]\n"
+    "\n"
+    "Reserves GB GiB of GPU memory in the ledger (waiting in arrival order until it fits), runs\n"
+    "COMMAND with CUDA_VISIBLE_DEVICES set to the chosen GPU and TANDEM_RESERVATION_ID set,\n"
+    "forwards SIGINT/SIGTERM/SIGHUP to it, records its measured memory, releases the reservation\n"
+    "when it exits, and exits with its exit code.\n"
+    "\n"
+    "  --vram GB        memory budget in GiB (fractions allowed: 0.5 = 512 MiB)\n"
+    "  --gpu ID         a GPU UUID, unique UUID prefix or index; default: the GPU with most room\n"
+    "  --task NAME      label shown in `tandem gpu status` (default: the command's name)\n"
+    "  --no-wait-gpu    fail at once (exit 1) instead of waiting when memory is not available\n"
+    "  --timeout SEC    give up waiting after SEC seconds (default 3600) and exit 75\n"
+    "\n"
+    "Exit codes: the command's own; 1 tandem failed; 2 usage error; 75 timed out waiting.\n";
+
+/* Signal plumbing: handlers only set flags, forward to the child and poke a self-pipe. */
+static volatile sig_atomic_t child_pid;
+static volatile sig_atomic_t stop_signal; /* a signal that arrived while waiting for memory */
+static int wake_pipe[2] = {-1, -1};
+
+static void on_forwarded_signal(int sig)
+{
+    int saved = errno;
+    if (child_pid > 0)
+        kill((pid_t)child_pid, sig);
+    else
+        stop_signal = sig;
+    errno = saved;
+}
+
+static void on_sigchld(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    if (wake_pipe[1] >= 0) {
+        ssize_t ignored = write(wake_pipe[1], "c", 1);
+        (void)ignored;
+    }
+    errno = saved;
+}
+
+static void install_handlers(void)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on_forwarded_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+}
+
+static void report_waiting(const tdm_wait_report *r, void *user)
+{
+    (void)user;
+    if (r->elapsed_sec < 0.5) {
+        fprintf(stderr,
+                "tandem: waiting for %lld MiB of GPU memory: position %d in the queue of %s, "
+                "%lld MiB available now\n",
+                (long long)r->needed_mb, r->position, r->gpu_uuid, (long long)r->available_mb);
+    } else {
+        fprintf(stderr,
+                "tandem: still waiting for %lld MiB: position %d in the queue of %s, %lld MiB "
+                "available, %.0f s elapsed\n",
+                (long long)r->needed_mb, r->position, r->gpu_uuid, (long long)r->available_mb,
+                r->elapsed_sec);
+    }
+}
+
+/* Device memory used by the child's process tree on the reserved GPU (MiB), -1 when unknown. */
+static int64_t measure_actual(pid_t child, const char *gpu_uuid)
+{
+    tdm_inventory inv;
+    tdm_error err = {0};
+    if (tdm_inventory_query(&inv, &err) != TDM_OK)
+        return -1;
+    int64_t total = -1;
+    const tdm_gpu *g = tdm_inventory_find(&inv, gpu_uuid);
+    if (g) {
+        pid_t pids[256];
+        size_t n = tdm_proc_tree(child, pids, 256);
+        if (n > 256)
+            n = 256;
+        for (size_t i = 0; i < n; i++) {
+            int64_t mb = tdm_gpu_process_used_mb(g, (uint32_t)pids[i]);
+            if (mb >= 0)
+                total = (total < 0 ? 0 : total) + mb;
+        }
+    }
+    tdm_inventory_free(&inv);
+    return total;
+}
+
+static int exit_code_of(int status)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return TDM_EXIT_FAILURE;
+}
+
+static int64_t env_interval_ms(const char *name, int64_t dflt)
+{
+    const char *s = getenv(name);
+    return s && atoll(s) > 0 ? atoll(s) : dflt;
+}
+
+/* Runs the child and watches it until it exits. Returns its exit code. */
+static int supervise(tdm_lease *lease, char **command)
+{
+    if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "pipe: %s", strerror(errno));
+    int exec_pipe[2]; /* carries errno from a failed exec back to us */
+    int go_pipe[2];   /* the child starts only once it is a holder of the reservation */
+    if (pipe2(exec_pipe, O_CLOEXEC) != 0 || pipe2(go_pipe, O_CLOEXEC) != 0)
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "pipe: %s", strerror(errno));
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    pid_t pid = fork();
+    if (pid < 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        struct sigaction dfl = {0};
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGINT, &dfl, NULL);
+        sigaction(SIGTERM, &dfl, NULL);
+        sigaction(SIGHUP, &dfl, NULL);
+        sigaction(SIGCHLD, &dfl, NULL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        /* Wait until the parent has recorded us as a holder: were the parent killed in between,
+         * a running child would hold GPU memory the ledger no longer accounts for. */
+        close(go_pipe[1]);
+        char go = 0;
+        while (read(go_pipe[0], &go, 1) < 0 && errno == EINTR) {
+        }
+        if (go != 'g')
+            _exit(125);
+        setenv("CUDA_VISIBLE_DEVICES", lease->gpu_uuid, 1);
+        setenv("TANDEM_RESERVATION_ID", lease->id, 1);
+        execvp(command[0], command);
+        int e = errno;
+        ssize_t ignored = write(exec_pipe[1], &e, sizeof e);
+        (void)ignored;
+        _exit(127);
+    }
+    child_pid = pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(exec_pipe[1]);
+    close(go_pipe[0]);
+    tdm_error err = {0};
+    if (tdm_reservation_add_holder(lease, pid, &err) != TDM_OK) {
+        /* Without the child as a holder its memory would be unaccounted for if we died: do not
+         * start it. */
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        child_pid = 0;
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "cannot record the child in the ledger: %s",
+                            err.message);
+    }
+    ssize_t wrote = write(go_pipe[1], "g", 1);
+    (void)wrote;
+    close(go_pipe[1]);
+    int exec_errno = 0;
+    if (read(exec_pipe[0], &exec_errno, sizeof exec_errno) == (ssize_t)sizeof exec_errno)
+        fprintf(stderr, "tandem: cannot run %s: %s\n", command[0], strerror(exec_errno));
+    close(exec_pipe[0]);
+
+    int64_t monitor_ms = env_interval_ms("TANDEM_MONITOR_MS", 2000);
+    bool warned = false;
+    int status = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0 && errno != EINTR) {
+            status = 1 << 8;
+            break;
+        }
+        if (r == 0) {
+            struct pollfd pfd = {.fd = wake_pipe[0], .events = POLLIN};
+            if (poll(&pfd, 1, (int)monitor_ms) > 0) {
+                char buf[64];
+                while (read(wake_pipe[0], buf, sizeof buf) > 0) {
+                }
+                continue; /* a SIGCHLD: reap first */
+            }
+        }
+        int64_t actual = measure_actual(pid, lease->gpu_uuid);
+        if (actual >= 0 && actual != lease->actual_mb) {
+            if (tdm_reservation_update_actual(lease, actual, &err) != TDM_OK)
+                fprintf(stderr, "tandem: warning: %s\n", err.message);
+            if (!warned && actual * 10 > lease->budget_mb * 12) {
+                fprintf(stderr,
+                        "tandem: warning: %s uses %lld MiB on %s, more than 20%% over its budget "
+                        "of %lld MiB; other jobs' admissions assumed the budget. Raise --vram\n",
+                        command[0], (long long)actual, lease->gpu_uuid,
+                        (long long)lease->budget_mb);
+                warned = true;
+            }
+        }
+        if (tdm_reservation_renew_due(lease) && tdm_reservation_renew(lease, &err) != TDM_OK)
+            fprintf(stderr, "tandem: warning: cannot renew the lease: %s\n", err.message);
+    }
+    child_pid = 0;
+    return exec_errno ? (exec_errno == ENOENT ? 127 : 126) : exit_code_of(status);
+}
+
+int tdm_cmd_gpu_run(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"vram", required_argument, NULL, 'v'},     {"gpu", required_argument, NULL, 'g'},
+        {"task", required_argument, NULL, 't'},     {"no-wait-gpu", no_argument, NULL, 'n'},
+        {"timeout", required_argument, NULL, 'T'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    tdm_acquire_opts ao = tdm_acquire_defaults();
+    double vram_gb = 0;
+    bool have_vram = false;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'v':
+            if (!tdm_cli_parse_double(optarg, &vram_gb) || vram_gb <= 0 || vram_gb > 1e6)
+                return tdm_cli_fail(TDM_EXIT_USAGE, "--vram needs a positive number of GiB, not '%s'",
+                                    optarg);
+            have_vram = true;
+            break;
+        case 'g': ao.gpu = optarg; break;
+        case 't': ao.task = optarg; break;
+        case 'n': ao.wait = false; break;
+        case 'T':
+            if (!tdm_cli_parse_double(optarg, &ao.timeout_sec) || ao.timeout_sec < 0)
+                return tdm_cli_fail(TDM_EXIT_USAGE, "--timeout needs seconds >= 0, not '%s'",
+                                    optarg);
+            break;
+        case 'h': fputs(usage, stdout); return TDM_EXIT_OK;
+        default:
+            fputs(usage, stderr);
+            return tdm_cli_fail(TDM_EXIT_USAGE, "unknown or incomplete option '%s'",
+                                argv[optind - 1]);
+        }
+    }
+    if (!have_vram) {
+        fputs(usage, stderr);
+        return tdm_cli_fail(TDM_EXIT_USAGE, "--vram GB is required");
+    }
+    if (optind >= argc) {
+        fputs(usage, stderr);
+        return tdm_cli_fail(TDM_EXIT_USAGE, "no command given (put it after --)");
+    }
+    char **command = argv + optind;
+    if (!strcmp(ao.task, "job")) {
+        const char *slash = strrchr(command[0], '/');
+        ao.task = slash ? slash + 1 : command[0];
+    }
+    ao.budget_mb = (int64_t)ceil(vram_gb * 1024.0);
+    ao.report = report_waiting;
+    ao.cancel = &stop_signal;
+
+    install_handlers();
+    tdm_lease lease;
+    tdm_error err = {0};
+    if (tdm_reservation_acquire(&lease, &ao, &err) != TDM_OK) {
+        if (stop_signal)
+            return 128 + stop_signal;
+        return tdm_cli_fail_err(&err);
+    }
+    tdm_reservation_release_at_exit(&lease);
+    if (stop_signal) { /* interrupted between admission and start: do not start */
+        tdm_reservation_release(&lease, &err);
+        return 128 + stop_signal;
+    }
+    fprintf(stderr, "tandem: reserved %lld MiB on %s (%s) as %s\n", (long long)lease.budget_mb,
+            lease.gpu_uuid, lease.gpu_name, lease.id);
+    int code = supervise(&lease, command);
+    if (tdm_reservation_release(&lease, &err) != TDM_OK)
+        fprintf(stderr, "tandem: warning: could not release %s: %s (it will be pruned as dead)\n",
+                lease.id, err.message);
+    return code;
+}

@@ -1,0 +1,93 @@
+/* reservation.h — the library API a GPU program (tandem finetune, tandem gpu run) calls before it
+ * allocates device memory: acquire (waiting in the FIFO queue if needed), report the measured
+ * usage, renew the lease, release. Calling sequence:
+ *
+ *     tdm_lease lease;
+ *     tdm_acquire_opts o = tdm_acquire_defaults();
+ *     o.budget_mb = 8192; o.task = "qlora-7b";
+ *     if (tdm_reservation_acquire(&lease, &o, &err) != TDM_OK) ...;  // TDM_ERR_TIMEOUT -> exit 75
+ *     tdm_reservation_release_at_exit(&lease);     // released even on exit() paths
+ *     ... cudaSetDevice(the GPU whose UUID is lease.gpu_uuid); allocate ...
+ *     tdm_reservation_update_actual(&lease, measured_mb, &err);
+ *     every few minutes: tdm_reservation_renew(&lease, &err);   (tdm_reservation_renew_due tells)
+ *     tdm_reservation_release(&lease, &err);
+ *
+ * A process killed with SIGKILL releases nothing itself: the next ledger transaction of any tandem
+ * process prunes its reservation, because its holders are dead (ledger.h).
+ */
+#ifndef TANDEM_GPU_RESERVATION_H
+#define TANDEM_GPU_RESERVATION_H
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpu/ledger.h"
+#include "util/error.h"
+
+typedef struct tdm_wait_report {
+    int position;         /* 1-based place in the best GPU's line (1 = next) */
+    int64_t needed_mb;
+    int64_t available_mb; /* the most any candidate GPU could admit now */
+    double elapsed_sec;
+    char gpu_uuid[96];    /* the candidate GPU the figures refer to */
+} tdm_wait_report;
+
+typedef void (*tdm_wait_report_fn)(const tdm_wait_report *report, void *user);
+
+typedef struct tdm_acquire_opts {
+    int64_t budget_mb;          /* required, > 0 */
+    const char *gpu;            /* UUID, UUID prefix or index; NULL = the GPU with most room */
+    const char *task;           /* shown in gpu status */
+    bool wait;                  /* false: fail with TDM_ERR_BUSY instead of queueing */
+    double timeout_sec;         /* waiting limit; then TDM_ERR_TIMEOUT */
+    double report_interval_sec; /* how often `report` is called while waiting */
+    tdm_wait_report_fn report;
+    void *report_user;
+    volatile sig_atomic_t *cancel; /* set non-zero (from a signal handler) to stop waiting */
+    const char *ledger_dir;        /* NULL: the default directory */
+} tdm_acquire_opts;
+
+typedef struct tdm_lease {
+    tdm_ledger ledger;
+    char id[96];
+    char gpu_uuid[96];
+    char gpu_name[96];
+    int gpu_index;
+    int64_t budget_mb;
+    int64_t actual_mb;
+    char task[128];
+    tdm_holder holders[TDM_MAX_HOLDERS];
+    int n_holders;
+    time_t started;
+    int64_t renewed_mono_ns;
+    bool held;
+} tdm_lease;
+
+tdm_acquire_opts tdm_acquire_defaults(void);
+
+/* Reserves opts->budget_mb on a GPU, queueing in arrival order when it does not fit now (unless
+ * !opts->wait). Errors: TDM_ERR_NEVER_FITS (larger than any candidate's capacity), TDM_ERR_BUSY
+ * (no wait, or cancelled), TDM_ERR_TIMEOUT, TDM_ERR_NOT_FOUND (no such GPU / no GPU at all),
+ * I/O errors of the ledger. On error no ticket or reservation of this call remains. */
+tdm_status tdm_reservation_acquire(tdm_lease *lease, const tdm_acquire_opts *opts,
+                                   tdm_error *err);
+
+/* Adds pid (e.g. gpu run's child) as a holder: the reservation lives while any holder lives. */
+tdm_status tdm_reservation_add_holder(tdm_lease *lease, pid_t pid, tdm_error *err);
+
+/* Records the measured device memory (MiB). */
+tdm_status tdm_reservation_update_actual(tdm_lease *lease, int64_t actual_mb, tdm_error *err);
+
+/* Pushes lease_expires to now + lease length. If the reservation vanished from the ledger (moved
+ * aside as corrupt, say) it is written back: the memory is still in use. */
+tdm_status tdm_reservation_renew(tdm_lease *lease, tdm_error *err);
+/* True when the lease is due for renewal (every TANDEM_RENEW_SEC, default 300 s). */
+bool tdm_reservation_renew_due(const tdm_lease *lease);
+
+tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err);
+
+/* Registers lease to be released by an atexit handler (at most 8 leases per process). */
+void tdm_reservation_release_at_exit(tdm_lease *lease);
+
+#endif
