@@ -74,9 +74,9 @@ typedef struct tdm_nvml_process_v2 {
 
 /* The entry points tandem uses. Optional ones are NULL when this driver lacks them. */
 typedef struct tdm_nvml {
-    void *lib; /* dlopen handle */
-    tdm_nvml_return (*init)(void);     /* nvmlInit_v2, else nvmlInit */
-    tdm_nvml_return (*shutdown)(void); /* nvmlShutdown */
+    void *lib;                                            /* dlopen handle */
+    tdm_nvml_return (*init)(void);                        /* nvmlInit_v2, else nvmlInit */
+    tdm_nvml_return (*shutdown)(void);                    /* nvmlShutdown */
     tdm_nvml_return (*device_count)(unsigned int *count); /* nvmlDeviceGetCount_v2, else v1 */
     tdm_nvml_return (*device_handle)(unsigned int index, tdm_nvml_device *device);
     tdm_nvml_return (*device_uuid)(tdm_nvml_device, char *uuid, unsigned int length);
