@@ -25,12 +25,12 @@ typedef struct span {
 } span;
 
 typedef struct fake_entry {
-    int number;      /* 1-based among non-blank entries, for messages */
-    int line;        /* 1-based line of the spec text, for messages */
+    int number; /* 1-based among non-blank entries, for messages */
+    int line;   /* 1-based line of the spec text, for messages */
     bool is_process;
-    tdm_gpu gpu;     /* GPU entries (processes attached in pass two) */
-    bool has_used;   /* GPU entry gave used_mb */
-    uint32_t pid;    /* process entries */
+    tdm_gpu gpu;   /* GPU entries (processes attached in pass two) */
+    bool has_used; /* GPU entry gave used_mb */
+    uint32_t pid;  /* process entries */
     char gpu_uuid[sizeof(((tdm_gpu *)0)->uuid)];
     int64_t used_mb; /* process entries: -1 when not given */
 } fake_entry;
@@ -75,15 +75,12 @@ static bool span_is(span s, const char *word)
 /* Decimal digits only (no sign, no spaces), at most max. Returns false otherwise. */
 static bool parse_count(span s, int64_t max, int64_t *out)
 {
-    if (s.len == 0)
-        return false;
+    if (s.len == 0) return false;
     int64_t v = 0;
     for (size_t i = 0; i < s.len; i++) {
-        if (s.p[i] < '0' || s.p[i] > '9')
-            return false;
+        if (s.p[i] < '0' || s.p[i] > '9') return false;
         v = v * 10 + (s.p[i] - '0');
-        if (v > max)
-            return false;
+        if (v > max) return false;
     }
     *out = v;
     return true;
@@ -92,8 +89,7 @@ static bool parse_count(span s, int64_t max, int64_t *out)
 /* Copies s into a fixed buffer of size cap; false when it does not fit. */
 static bool copy_span(char *dst, size_t cap, span s)
 {
-    if (s.len >= cap)
-        return false;
+    if (s.len >= cap) return false;
     memcpy(dst, s.p, s.len);
     dst[s.len] = '\0';
     return true;
@@ -113,8 +109,7 @@ static tdm_status parse_entry(span text, const where *w, fake_entry *e, tdm_erro
             j++;
         span f = trim((span){text.p + i, j - i});
         const char *eq = memchr(f.p, '=', f.len);
-        if (eq && span_is(trim((span){f.p, (size_t)(eq - f.p)}), "pid"))
-            e->is_process = true;
+        if (eq && span_is(trim((span){f.p, (size_t)(eq - f.p)}), "pid")) e->is_process = true;
         i = j + 1;
     }
 
@@ -131,11 +126,9 @@ static tdm_status parse_entry(span text, const where *w, fake_entry *e, tdm_erro
             j++;
         span f = trim((span){text.p + i, j - i});
         i = j + 1;
-        if (f.len == 0)
-            return entry_fail(err, w, "empty field (a stray ',')");
+        if (f.len == 0) return entry_fail(err, w, "empty field (a stray ',')");
         const char *eq = memchr(f.p, '=', f.len);
-        if (!eq)
-            return entry_fail(err, w, "field '%.*s' is not key=value", (int)f.len, f.p);
+        if (!eq) return entry_fail(err, w, "field '%.*s' is not key=value", (int)f.len, f.p);
         span key = trim((span){f.p, (size_t)(eq - f.p)});
         span val = trim((span){eq + 1, f.len - (size_t)(eq + 1 - f.p)});
         bool *seen = NULL;
@@ -164,14 +157,12 @@ static tdm_status parse_entry(span text, const where *w, fake_entry *e, tdm_erro
             return entry_fail(err, w, "unknown key '%.*s' (a %s entry takes %s)", (int)key.len,
                               key.p, e->is_process ? "process" : "GPU",
                               e->is_process ? PROCESS_KEYS : GPU_KEYS);
-        if (*seen)
-            return entry_fail(err, w, "duplicate key '%.*s'", (int)key.len, key.p);
+        if (*seen) return entry_fail(err, w, "duplicate key '%.*s'", (int)key.len, key.p);
         *seen = true;
 
         int64_t n;
         if (seen == &seen_uuid) {
-            if (val.len == 0)
-                return entry_fail(err, w, "empty uuid");
+            if (val.len == 0) return entry_fail(err, w, "empty uuid");
             if (!copy_span(e->gpu.uuid, sizeof e->gpu.uuid, val))
                 return entry_fail(err, w, "uuid longer than %zu characters",
                                   sizeof e->gpu.uuid - 1);
@@ -198,8 +189,8 @@ static tdm_status parse_entry(span text, const where *w, fake_entry *e, tdm_erro
             else if (span_is(val, "unified"))
                 e->gpu.memory_type = TDM_MEMORY_UNIFIED;
             else
-                return entry_fail(err, w, "memory '%.*s' must be discrete or unified",
-                                  (int)val.len, val.p);
+                return entry_fail(err, w, "memory '%.*s' must be discrete or unified", (int)val.len,
+                                  val.p);
         } else if (seen == &seen_mode) {
             static const int modes[] = {TDM_COMPUTE_DEFAULT, TDM_COMPUTE_EXCLUSIVE_PROCESS,
                                         TDM_COMPUTE_EXCLUSIVE_THREAD, TDM_COMPUTE_PROHIBITED};
@@ -216,33 +207,27 @@ static tdm_status parse_entry(span text, const where *w, fake_entry *e, tdm_erro
                                   (int)val.len, val.p);
         } else if (seen == &seen_pid) {
             if (!parse_count(val, UINT32_MAX, &n) || n == 0)
-                return entry_fail(err, w, "pid '%.*s' is not a positive whole number",
-                                  (int)val.len, val.p);
+                return entry_fail(err, w, "pid '%.*s' is not a positive whole number", (int)val.len,
+                                  val.p);
             e->pid = (uint32_t)n;
         } else if (seen == &seen_gpu) {
-            if (val.len == 0)
-                return entry_fail(err, w, "empty gpu");
+            if (val.len == 0) return entry_fail(err, w, "empty gpu");
             if (!copy_span(e->gpu_uuid, sizeof e->gpu_uuid, val))
-                return entry_fail(err, w, "gpu longer than %zu characters",
-                                  sizeof e->gpu_uuid - 1);
+                return entry_fail(err, w, "gpu longer than %zu characters", sizeof e->gpu_uuid - 1);
         }
     }
 
     if (e->is_process) {
-        if (!seen_gpu)
-            return entry_fail(err, w, "process entry without gpu=UUID");
+        if (!seen_gpu) return entry_fail(err, w, "process entry without gpu=UUID");
         return TDM_OK;
     }
-    if (!seen_uuid)
-        return entry_fail(err, w, "GPU entry without uuid");
-    if (!seen_total)
-        return entry_fail(err, w, "GPU entry without total_mb");
-    if (!seen_name)
-        snprintf(e->gpu.name, sizeof e->gpu.name, "Simulated GPU");
+    if (!seen_uuid) return entry_fail(err, w, "GPU entry without uuid");
+    if (!seen_total) return entry_fail(err, w, "GPU entry without total_mb");
+    if (!seen_name) snprintf(e->gpu.name, sizeof e->gpu.name, "Simulated GPU");
     e->has_used = seen_used;
     if (seen_used && e->gpu.used_mb > e->gpu.total_mb)
-        return entry_fail(err, w, "used_mb %lld exceeds total_mb %lld",
-                          (long long)e->gpu.used_mb, (long long)e->gpu.total_mb);
+        return entry_fail(err, w, "used_mb %lld exceeds total_mb %lld", (long long)e->gpu.used_mb,
+                          (long long)e->gpu.total_mb);
     return TDM_OK;
 }
 
@@ -261,8 +246,7 @@ static tdm_status resolve(fake_entry *entries, size_t n, const char *origin, tdm
     for (size_t i = 0; i < n; i++)
         if (!entries[i].is_process) {
             for (size_t j = 0; j < i; j++)
-                if (!entries[j].is_process &&
-                    strcmp(entries[j].gpu.uuid, entries[i].gpu.uuid) == 0)
+                if (!entries[j].is_process && strcmp(entries[j].gpu.uuid, entries[i].gpu.uuid) == 0)
                     return entry_fail(err, &(where){origin, entries[i].line, entries[i].number},
                                       "duplicate uuid '%s' (also entry %d)", entries[i].gpu.uuid,
                                       entries[j].number);
@@ -271,44 +255,38 @@ static tdm_status resolve(fake_entry *entries, size_t n, const char *origin, tdm
 
     for (size_t i = 0; i < n; i++) {
         fake_entry *p = &entries[i];
-        if (!p->is_process)
-            continue;
+        if (!p->is_process) continue;
         where w = {origin, p->line, p->number};
         fake_entry *g = NULL;
         for (size_t j = 0; j < n && !g; j++)
             if (!entries[j].is_process && strcmp(entries[j].gpu.uuid, p->gpu_uuid) == 0)
                 g = &entries[j];
-        if (!g)
-            return entry_fail(err, &w, "process on unknown gpu '%s'", p->gpu_uuid);
+        if (!g) return entry_fail(err, &w, "process on unknown gpu '%s'", p->gpu_uuid);
         tdm_gpu_process *procs = g->gpu.processes;
         for (size_t k = 0; k < g->gpu.n_processes; k++)
             if (procs[k].pid == p->pid)
                 return entry_fail(err, &w, "pid %u is listed twice on gpu '%s'", p->pid,
                                   p->gpu_uuid);
         procs = realloc(procs, (g->gpu.n_processes + 1) * sizeof *procs);
-        if (!procs)
-            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory parsing TANDEM_FAKE_GPUS");
+        if (!procs) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory parsing TANDEM_FAKE_GPUS");
         g->gpu.processes = procs;
         procs[g->gpu.n_processes++] = (tdm_gpu_process){.pid = p->pid, .used_mb = p->used_mb};
         if (!g->has_used && p->used_mb > 0) {
             g->gpu.used_mb += p->used_mb;
             if (g->gpu.used_mb > g->gpu.total_mb)
-                return entry_fail(err, &w,
-                                  "processes on gpu '%s' use %lld MiB, more than its total_mb %lld",
-                                  p->gpu_uuid, (long long)g->gpu.used_mb,
-                                  (long long)g->gpu.total_mb);
+                return entry_fail(
+                    err, &w, "processes on gpu '%s' use %lld MiB, more than its total_mb %lld",
+                    p->gpu_uuid, (long long)g->gpu.used_mb, (long long)g->gpu.total_mb);
         }
     }
 
     /* An explicit used_mb covers at least what the GPU's own processes use, as NVML's does. */
     for (size_t i = 0; i < n; i++) {
         tdm_gpu *g = &entries[i].gpu;
-        if (entries[i].is_process || !entries[i].has_used)
-            continue;
+        if (entries[i].is_process || !entries[i].has_used) continue;
         int64_t sum = 0;
         for (size_t k = 0; k < g->n_processes; k++)
-            if (g->processes[k].used_mb > 0)
-                sum += g->processes[k].used_mb;
+            if (g->processes[k].used_mb > 0) sum += g->processes[k].used_mb;
         if (sum > g->used_mb)
             return entry_fail(err, &(where){origin, entries[i].line, entries[i].number},
                               "used_mb %lld is less than the %lld MiB its processes use",
@@ -316,8 +294,7 @@ static tdm_status resolve(fake_entry *entries, size_t n, const char *origin, tdm
     }
 
     tdm_gpu *out = calloc(count ? count : 1, sizeof *out);
-    if (!out)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory parsing TANDEM_FAKE_GPUS");
+    if (!out) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory parsing TANDEM_FAKE_GPUS");
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!entries[i].is_process) {
@@ -332,8 +309,8 @@ static tdm_status resolve(fake_entry *entries, size_t n, const char *origin, tdm
     return TDM_OK;
 }
 
-tdm_status tdm_fake_gpus_parse(const char *spec, const char *origin, tdm_gpu **gpus,
-                               size_t *n_gpus, tdm_error *err)
+tdm_status tdm_fake_gpus_parse(const char *spec, const char *origin, tdm_gpu **gpus, size_t *n_gpus,
+                               tdm_error *err)
 {
     *gpus = NULL;
     *n_gpus = 0;
@@ -367,14 +344,11 @@ tdm_status tdm_fake_gpus_parse(const char *spec, const char *origin, tdm_gpu **g
             st = parse_entry(s, &(where){origin, line, number}, e, err);
         }
         p += len;
-        if (*p == '\n')
-            line++;
-        if (*p)
-            p++;
+        if (*p == '\n') line++;
+        if (*p) p++;
     }
 
-    if (st == TDM_OK)
-        st = resolve(entries, n, origin, gpus, n_gpus, err);
+    if (st == TDM_OK) st = resolve(entries, n, origin, gpus, n_gpus, err);
     for (size_t i = 0; i < n; i++)
         free(entries[i].gpu.processes);
     free(entries);
@@ -385,13 +359,11 @@ tdm_status tdm_fake_gpus_load(const char *value, tdm_gpu **gpus, size_t *n_gpus,
 {
     *gpus = NULL;
     *n_gpus = 0;
-    if (value[0] != '@')
-        return tdm_fake_gpus_parse(value, NULL, gpus, n_gpus, err);
+    if (value[0] != '@') return tdm_fake_gpus_parse(value, NULL, gpus, n_gpus, err);
     const char *path = value + 1;
     char *text;
     tdm_status st = tdm_read_file(path, &text, NULL, err);
-    if (st != TDM_OK)
-        return tdm_error_prefix(err, "TANDEM_FAKE_GPUS=@%s", path);
+    if (st != TDM_OK) return tdm_error_prefix(err, "TANDEM_FAKE_GPUS=@%s", path);
     st = tdm_fake_gpus_parse(text, path, gpus, n_gpus, err);
     free(text);
     return st;

@@ -26,13 +26,12 @@
 /* Parses spec into a malloc'd array of GPUs (index = position among the GPU entries, from 0), in
  * the order written. origin names the file the text came from (NULL: the environment variable) and
  * only shapes error messages. On error *gpus is NULL and *n_gpus 0. Free with tdm_gpu_list_free. */
-tdm_status tdm_fake_gpus_parse(const char *spec, const char *origin, tdm_gpu **gpus,
-                               size_t *n_gpus, tdm_error *err);
+tdm_status tdm_fake_gpus_parse(const char *spec, const char *origin, tdm_gpu **gpus, size_t *n_gpus,
+                               tdm_error *err);
 
 /* Takes the value of TANDEM_FAKE_GPUS: "@/path/file" reads that file now (every call reads it
  * again, so a test can change the simulated world while jobs run), anything else is the spec
  * itself. A missing file is TDM_ERR_NOT_FOUND, an unreadable one TDM_ERR_IO. */
-tdm_status tdm_fake_gpus_load(const char *value, tdm_gpu **gpus, size_t *n_gpus,
-                              tdm_error *err);
+tdm_status tdm_fake_gpus_load(const char *value, tdm_gpu **gpus, size_t *n_gpus, tdm_error *err);
 
 #endif

@@ -12,19 +12,16 @@ static int parse_kib(const char *p, const char *end, int64_t *kib)
 {
     while (p < end && (*p == ' ' || *p == '\t'))
         p++;
-    if (p == end || *p < '0' || *p > '9')
-        return -1;
+    if (p == end || *p < '0' || *p > '9') return -1;
     int64_t v = 0;
     while (p < end && *p >= '0' && *p <= '9') {
-        if (v > (INT64_MAX - 9) / 10)
-            return -1;
+        if (v > (INT64_MAX - 9) / 10) return -1;
         v = v * 10 + (*p - '0');
         p++;
     }
     while (p < end && (*p == ' ' || *p == '\t'))
         p++;
-    if ((size_t)(end - p) != 2 || memcmp(p, "kB", 2) != 0)
-        return -1;
+    if ((size_t)(end - p) != 2 || memcmp(p, "kB", 2) != 0) return -1;
     *kib = v;
     return 0;
 }
@@ -53,12 +50,11 @@ tdm_status tdm_meminfo_parse(const char *text, const char *origin, int64_t *tota
                 slot = &free_kib;
         }
         if (slot && parse_kib(colon + 1, end, slot) != 0)
-            return tdm_fail(err, TDM_ERR_PARSE, "%s:%d: expected '<number> kB' after '%.*s'",
-                            where, line, (int)(colon - p + 1), p);
+            return tdm_fail(err, TDM_ERR_PARSE, "%s:%d: expected '<number> kB' after '%.*s'", where,
+                            line, (int)(colon - p + 1), p);
         p = eol ? eol + 1 : end;
     }
-    if (total_kib < 0)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s: no MemTotal line", where);
+    if (total_kib < 0) return tdm_fail(err, TDM_ERR_PARSE, "%s: no MemTotal line", where);
     if (avail_kib < 0)
         avail_kib = free_kib; /* pre-3.14 kernel: MemFree underestimates, which is safe */
     if (avail_kib < 0)
@@ -71,13 +67,11 @@ tdm_status tdm_meminfo_parse(const char *text, const char *origin, int64_t *tota
 tdm_status tdm_meminfo_read(const char *path, int64_t *total_mb, int64_t *available_mb,
                             tdm_error *err)
 {
-    if (!path)
-        path = "/proc/meminfo";
+    if (!path) path = "/proc/meminfo";
     char *text;
     size_t len;
     tdm_status st = tdm_read_file(path, &text, &len, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = tdm_meminfo_parse(text, path, total_mb, available_mb, err);
     free(text);
     return st;

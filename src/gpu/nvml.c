@@ -22,13 +22,13 @@ static bool shared_ready;
 static void *sym2(void *lib, const char *name, const char *fallback)
 {
     void *f = dlsym(lib, name);
-    if (!f && fallback)
-        f = dlsym(lib, fallback);
+    if (!f && fallback) f = dlsym(lib, fallback);
     return f;
 }
 
 /* Casting dlsym's void * to a function pointer is what POSIX dlsym is for. */
-#define LOAD(field, name, fallback) api->field = (__typeof__(api->field))sym2(api->lib, name, fallback)
+#define LOAD(field, name, fallback)                                                                \
+    api->field = (__typeof__(api->field))sym2(api->lib, name, fallback)
 
 /* Fills api from library and runs nvmlInit. False, with why filled, when unusable. */
 static bool load(tdm_nvml *api, const char *library, char *why, size_t why_cap)
@@ -38,8 +38,8 @@ static bool load(tdm_nvml *api, const char *library, char *why, size_t why_cap)
     api->lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
     if (!api->lib) {
         const char *detail = dlerror();
-        snprintf(why, why_cap, "%s not found (no NVIDIA driver?)%s%s", library,
-                 detail ? ": " : "", detail ? detail : "");
+        snprintf(why, why_cap, "%s not found (no NVIDIA driver?)%s%s", library, detail ? ": " : "",
+                 detail ? detail : "");
         return false;
     }
     LOAD(init, "nvmlInit_v2", "nvmlInit");
@@ -58,13 +58,13 @@ static bool load(tdm_nvml *api, const char *library, char *why, size_t why_cap)
     LOAD(driver_version, "nvmlSystemGetDriverVersion", NULL);
     LOAD(error_string, "nvmlErrorString", NULL);
 
-    const char *missing = !api->init             ? "nvmlInit_v2"
-                          : !api->shutdown       ? "nvmlShutdown"
-                          : !api->device_count   ? "nvmlDeviceGetCount_v2"
-                          : !api->device_handle  ? "nvmlDeviceGetHandleByIndex_v2"
-                          : !api->device_uuid    ? "nvmlDeviceGetUUID"
-                          : !api->device_name    ? "nvmlDeviceGetName"
-                          : !api->error_string   ? "nvmlErrorString"
+    const char *missing = !api->init                           ? "nvmlInit_v2"
+                          : !api->shutdown                     ? "nvmlShutdown"
+                          : !api->device_count                 ? "nvmlDeviceGetCount_v2"
+                          : !api->device_handle                ? "nvmlDeviceGetHandleByIndex_v2"
+                          : !api->device_uuid                  ? "nvmlDeviceGetUUID"
+                          : !api->device_name                  ? "nvmlDeviceGetName"
+                          : !api->error_string                 ? "nvmlErrorString"
                           : !api->memory_v2 && !api->memory_v1 ? "nvmlDeviceGetMemoryInfo"
                                                                : NULL;
     if (missing) {
@@ -100,8 +100,7 @@ const tdm_nvml *tdm_nvml_acquire(const char *library, char *why, size_t why_cap)
     pthread_mutex_lock(&shared_lock);
     /* A failure is not remembered: the driver may be loaded later, and a dlopen that finds
      * nothing costs microseconds. */
-    if (!shared_ready)
-        shared_ready = load(&shared, DEFAULT_LIBRARY, why, why_cap);
+    if (!shared_ready) shared_ready = load(&shared, DEFAULT_LIBRARY, why, why_cap);
     bool ready = shared_ready;
     pthread_mutex_unlock(&shared_lock);
     return ready ? &shared : NULL;
@@ -109,8 +108,7 @@ const tdm_nvml *tdm_nvml_acquire(const char *library, char *why, size_t why_cap)
 
 void tdm_nvml_release(const tdm_nvml *nvml)
 {
-    if (!nvml || nvml == &shared)
-        return;
+    if (!nvml || nvml == &shared) return;
     nvml->shutdown();
     dlclose(nvml->lib);
     free((tdm_nvml *)nvml);
@@ -124,12 +122,10 @@ bool tdm_gpu_name_is_unified(const char *name)
     for (size_t w = 0; w < sizeof words / sizeof words[0]; w++) {
         size_t len = strlen(words[w]);
         for (const char *p = name; *p; p++) {
-            if (strncasecmp(p, words[w], len) != 0)
-                continue;
+            if (strncasecmp(p, words[w], len) != 0) continue;
             bool starts = p == name || !isalnum((unsigned char)p[-1]);
             bool ends = !isalnum((unsigned char)p[len]);
-            if (starts && ends)
-                return true;
+            if (starts && ends) return true;
         }
     }
     return false;
@@ -142,8 +138,7 @@ static void note_add(char *note, size_t cap, const char *fmt, ...)
 static void note_add(char *note, size_t cap, const char *fmt, ...)
 {
     size_t used = strnlen(note, cap);
-    if (used + 3 >= cap)
-        return;
+    if (used + 3 >= cap) return;
     if (used) {
         memcpy(note + used, "; ", 3);
         used += 2;
@@ -173,13 +168,11 @@ static tdm_status list_processes(const tdm_nvml *api, tdm_nvml_device dev, tdm_g
         unsigned int cap = 32;
         for (int attempt = 0; attempt < 6; attempt++) {
             void *buf = calloc(cap, stride);
-            if (!buf)
-                return tdm_fail(err, TDM_ERR_NOMEM, "out of memory listing GPU processes");
+            if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory listing GPU processes");
             unsigned int count = cap;
-            tdm_nvml_return r =
-                version == 3   ? api->processes_v3(dev, &count, buf)
-                : version == 2 ? api->processes_v2(dev, &count, buf)
-                               : api->processes_v1(dev, &count, buf);
+            tdm_nvml_return r = version == 3   ? api->processes_v3(dev, &count, buf)
+                                : version == 2 ? api->processes_v2(dev, &count, buf)
+                                               : api->processes_v1(dev, &count, buf);
             if (r == TDM_NVML_ERROR_INSUFFICIENT_SIZE) {
                 free(buf);
                 cap = (count > cap ? count : cap * 2) + 16;
@@ -187,8 +180,7 @@ static tdm_status list_processes(const tdm_nvml *api, tdm_nvml_device dev, tdm_g
             }
             if (r != TDM_NVML_SUCCESS || count == 0) {
                 free(buf);
-                if (r == TDM_NVML_SUCCESS)
-                    return TDM_OK; /* no processes */
+                if (r == TDM_NVML_SUCCESS) return TDM_OK; /* no processes */
                 break; /* this interface failed: try the older one */
             }
             g->processes = calloc(count, sizeof *g->processes);
@@ -251,8 +243,7 @@ tdm_status tdm_nvml_list(const tdm_nvml *api, const char *meminfo_path, tdm_gpu 
 {
     *gpus = NULL;
     *n_gpus = 0;
-    if (driver_cap)
-        driver_version[0] = '\0';
+    if (driver_cap) driver_version[0] = '\0';
     if (api->driver_version) {
         char v[TDM_NVML_DRIVER_VERSION_BUFFER_SIZE] = "";
         if (api->driver_version(v, sizeof v) == TDM_NVML_SUCCESS)
@@ -263,16 +254,14 @@ tdm_status tdm_nvml_list(const tdm_nvml *api, const char *meminfo_path, tdm_gpu 
     if (r != TDM_NVML_SUCCESS)
         return tdm_fail(err, TDM_ERR_IO, "NVML: cannot count GPUs: %s", api->error_string(r));
     tdm_gpu *list = calloc(count ? count : 1, sizeof *list);
-    if (!list)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory listing GPUs");
+    if (!list) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory listing GPUs");
     size_t n = 0;
     tdm_status st = TDM_OK;
     for (unsigned int i = 0; i < count && st == TDM_OK; i++) {
         tdm_nvml_device dev;
         char uuid[TDM_NVML_UUID_BUFFER_SIZE] = "";
         r = api->device_handle(i, &dev);
-        if (r == TDM_NVML_SUCCESS)
-            r = api->device_uuid(dev, uuid, sizeof uuid);
+        if (r == TDM_NVML_SUCCESS) r = api->device_uuid(dev, uuid, sizeof uuid);
         if (r != TDM_NVML_SUCCESS || uuid[0] == '\0') {
             note_add(note, note_cap, "NVML GPU %u skipped: %s", i,
                      r != TDM_NVML_SUCCESS ? api->error_string(r) : "no UUID");
@@ -285,12 +274,10 @@ tdm_status tdm_nvml_list(const tdm_nvml *api, const char *meminfo_path, tdm_gpu 
             snprintf(name, sizeof name, "NVIDIA GPU");
         snprintf(g->name, sizeof g->name, "%s", name);
         unsigned int index = i;
-        if (api->device_index && api->device_index(dev, &index) != TDM_NVML_SUCCESS)
-            index = i;
+        if (api->device_index && api->device_index(dev, &index) != TDM_NVML_SUCCESS) index = i;
         g->index = (int)index;
         int mode = -1;
-        if (!api->compute_mode || api->compute_mode(dev, &mode) != TDM_NVML_SUCCESS)
-            mode = -1;
+        if (!api->compute_mode || api->compute_mode(dev, &mode) != TDM_NVML_SUCCESS) mode = -1;
         g->compute_mode = mode;
 
         r = query_memory(api, dev, &g->total_mb, &g->used_mb, &g->free_mb);
@@ -301,8 +288,7 @@ tdm_status tdm_nvml_list(const tdm_nvml *api, const char *meminfo_path, tdm_gpu 
             g->memory_type = TDM_MEMORY_UNIFIED;
             int64_t total_mb, avail_mb;
             st = tdm_meminfo_read(meminfo_path, &total_mb, &avail_mb, err);
-            if (st != TDM_OK)
-                break;
+            if (st != TDM_OK) break;
             g->total_mb = total_mb;
             g->free_mb = avail_mb;
             g->used_mb = total_mb - avail_mb;
@@ -310,8 +296,7 @@ tdm_status tdm_nvml_list(const tdm_nvml *api, const char *meminfo_path, tdm_gpu 
             /* Nothing is known, so nothing is offered: 0 free means no job is placed here. */
             g->memory_type = TDM_MEMORY_DISCRETE;
             g->total_mb = g->used_mb = g->free_mb = 0;
-            note_add(note, note_cap, "%s: memory query failed: %s", g->uuid,
-                     api->error_string(r));
+            note_add(note, note_cap, "%s: memory query failed: %s", g->uuid, api->error_string(r));
         } else {
             g->memory_type = TDM_MEMORY_DISCRETE;
         }

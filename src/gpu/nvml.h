@@ -74,9 +74,9 @@ typedef struct tdm_nvml_process_v2 {
 
 /* The entry points tandem uses. Optional ones are NULL when this driver lacks them. */
 typedef struct tdm_nvml {
-    void *lib; /* dlopen handle */
-    tdm_nvml_return (*init)(void);     /* nvmlInit_v2, else nvmlInit */
-    tdm_nvml_return (*shutdown)(void); /* nvmlShutdown */
+    void *lib;                                            /* dlopen handle */
+    tdm_nvml_return (*init)(void);                        /* nvmlInit_v2, else nvmlInit */
+    tdm_nvml_return (*shutdown)(void);                    /* nvmlShutdown */
     tdm_nvml_return (*device_count)(unsigned int *count); /* nvmlDeviceGetCount_v2, else v1 */
     tdm_nvml_return (*device_handle)(unsigned int index, tdm_nvml_device *device);
     tdm_nvml_return (*device_uuid)(tdm_nvml_device, char *uuid, unsigned int length);
@@ -98,7 +98,9 @@ typedef struct tdm_nvml {
  * per process and kept (nvmlInit can take a second per GPU when no persistence daemon holds the
  * driver, and the guard asks often); any other name is a test seam, loaded afresh. Returns NULL
  * when NVML is unusable, with a one-line reason in why (cap bytes), e.g. "libnvidia-ml.so.1 not
- * found (no NVIDIA driver)". Thread-safe. Pair every success with tdm_nvml_release. */
+ * found (no NVIDIA driver)". Thread-safe. Pair every success with tdm_nvml_release.
+ * The kept NVML belongs to the process that loaded it: a forked child should exec before it
+ * queries (NVML makes no promise about state inherited through fork). */
 const tdm_nvml *tdm_nvml_acquire(const char *library, char *why, size_t why_cap);
 
 /* Releases what tdm_nvml_acquire gave (the shared default stays loaded). NULL is allowed. */

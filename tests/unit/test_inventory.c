@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +50,7 @@ static void query_ok(tdm_inventory *inv)
 {
     tdm_error err = {0};
     tdm_status st = tdm_inventory_query(inv, &err);
-    if (st != TDM_OK)
-        fail_msg("query failed: %s", err.message);
+    if (st != TDM_OK) fail_msg("query failed: %s", err.message);
 }
 
 static void test_fake_parse_full(void **state)
@@ -130,7 +130,8 @@ static void test_fake_errors(void **state)
          "memory, used_mb, compute_mode)"},
         {"uuid=a,total_mb=10;pid=5,gpu=a,uuid=a",
          "TANDEM_FAKE_GPUS entry 2: unknown key 'uuid' (a process entry takes pid, gpu, used_mb)"},
-        {"uuid=a,total_mb=10;name=x,total_mb=5", "TANDEM_FAKE_GPUS entry 2: GPU entry without uuid"},
+        {"uuid=a,total_mb=10;name=x,total_mb=5",
+         "TANDEM_FAKE_GPUS entry 2: GPU entry without uuid"},
         {"uuid=a", "TANDEM_FAKE_GPUS entry 1: GPU entry without total_mb"},
         {"uuid=a,total_mb=lots",
          "TANDEM_FAKE_GPUS entry 1: total_mb 'lots' is not a positive whole number of MiB"},
@@ -145,7 +146,8 @@ static void test_fake_errors(void **state)
          "number of MiB"},
         {"uuid=a,total_mb=10,used_mb=1.5",
          "TANDEM_FAKE_GPUS entry 1: used_mb '1.5' is not a whole number of MiB"},
-        {"uuid=a,total_mb=10,used_mb=11", "TANDEM_FAKE_GPUS entry 1: used_mb 11 exceeds total_mb 10"},
+        {"uuid=a,total_mb=10,used_mb=11",
+         "TANDEM_FAKE_GPUS entry 1: used_mb 11 exceeds total_mb 10"},
         {"uuid=a,total_mb=10;uuid=b,total_mb=10;uuid=a,total_mb=20",
          "TANDEM_FAKE_GPUS entry 3: duplicate uuid 'a' (also entry 1)"},
         {"uuid=a,total_mb=10;pid=9,gpu=b,used_mb=1",
@@ -371,9 +373,9 @@ static void test_meminfo_parse(void **state)
     assert_int_equal(tdm_meminfo_parse("MemTotal: 2048 kB\n", "mi", &total, &avail, &err),
                      TDM_ERR_PARSE);
     assert_string_equal(err.message, "mi: neither MemAvailable nor MemFree");
-    assert_int_equal(tdm_meminfo_parse("MemTotal: 1 kB\nMemAvailable: 12 MB\n", "mi", &total,
-                                       &avail, &err),
-                     TDM_ERR_PARSE);
+    assert_int_equal(
+        tdm_meminfo_parse("MemTotal: 1 kB\nMemAvailable: 12 MB\n", "mi", &total, &avail, &err),
+        TDM_ERR_PARSE);
     assert_string_equal(err.message, "mi:2: expected '<number> kB' after 'MemAvailable:'");
     assert_int_equal(tdm_meminfo_parse("MemTotal: lots kB\n", NULL, &total, &avail, &err),
                      TDM_ERR_PARSE);
@@ -438,6 +440,44 @@ static void test_no_nvml(void **state)
     tdm_inventory_free(&inv);
 }
 
+/* Replays the fuzz corpus (seeds and any crash the fuzzer found, saved there as a regression)
+ * through the parser with the fuzz target's invariants, so fuzz findings stay fixed in the normal
+ * build. */
+static void test_fuzz_corpus(void **state)
+{
+    const char *dir_path = TANDEM_SOURCE_DIR "/tests/fuzz/corpus/fake_gpus";
+    DIR *dir = opendir(dir_path);
+    assert_non_null(dir);
+    int replayed = 0;
+    for (struct dirent *de; (de = readdir(dir));) {
+        if (de->d_name[0] == '.') continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir_path, de->d_name);
+        char *text;
+        tdm_error err = {0};
+        assert_int_equal(tdm_read_file(path, &text, NULL, &err), TDM_OK);
+        tdm_gpu *gpus;
+        size_t n;
+        tdm_status st = tdm_fake_gpus_parse(text, path, &gpus, &n, &err);
+        if (st == TDM_OK) {
+            for (size_t i = 0; i < n; i++) {
+                assert_true(gpus[i].uuid[0] != '\0');
+                assert_true(gpus[i].used_mb >= 0 && gpus[i].used_mb <= gpus[i].total_mb);
+                assert_int_equal(gpus[i].free_mb, gpus[i].total_mb - gpus[i].used_mb);
+            }
+        } else {
+            assert_int_equal(st, TDM_ERR_INVALID);
+            assert_null(gpus);
+            assert_true(err.message[0] != '\0');
+        }
+        tdm_gpu_list_free(gpus, n);
+        free(text);
+        replayed++;
+    }
+    closedir(dir);
+    assert_true(replayed >= 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -450,6 +490,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_meminfo_parse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unified_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_nvml, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fuzz_corpus, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
