@@ -130,18 +130,27 @@ static int64_t env_interval_ms(const char *name, int64_t dflt)
     return s && atoll(s) > 0 ? atoll(s) : dflt;
 }
 
-/* Runs the child and watches it until it exits. Returns its exit code. */
-static int supervise(tdm_lease *lease, char **command)
+/* A child forked before the reservation and held back on a pipe until admission, so that it is
+ * recorded as a holder in the same ledger write that admits it: were the wrapper killed at any
+ * moment, the ledger still accounts for whatever the child runs. */
+typedef struct held_child {
+    pid_t pid;
+    int go_fd;   /* write 'g' to start it; close without writing to make it exit 125 */
+    int exec_fd; /* carries errno back when exec fails; EOF when exec succeeded */
+} held_child;
+
+static int spawn_held_child(held_child *hc, char **command)
 {
-    if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-        return tdm_cli_fail(TDM_EXIT_FAILURE, "pipe: %s", strerror(errno));
-    int exec_pipe[2]; /* carries errno from a failed exec back to us */
-    int go_pipe[2];   /* the child starts only once it is a holder of the reservation */
-    if (pipe2(exec_pipe, O_CLOEXEC) != 0 || pipe2(go_pipe, O_CLOEXEC) != 0)
+    int exec_pipe[2], go_pipe[2];
+    if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0 || pipe2(exec_pipe, O_CLOEXEC) != 0 ||
+        pipe2(go_pipe, O_CLOEXEC) != 0)
         return tdm_cli_fail(TDM_EXIT_FAILURE, "pipe: %s", strerror(errno));
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGCHLD);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
     sigprocmask(SIG_BLOCK, &block, &old);
     pid_t pid = fork();
     if (pid < 0) {
@@ -155,45 +164,70 @@ static int supervise(tdm_lease *lease, char **command)
         sigaction(SIGTERM, &dfl, NULL);
         sigaction(SIGHUP, &dfl, NULL);
         sigaction(SIGCHLD, &dfl, NULL);
+        /* A terminal's Ctrl-C reaches the whole process group: while held back the child ignores
+         * it and lets the wrapper decide (it then closes the go pipe). */
+        signal(SIGINT, SIG_IGN);
         sigprocmask(SIG_SETMASK, &old, NULL);
-        /* Wait until the parent has recorded us as a holder: were the parent killed in between,
-         * a running child would hold GPU memory the ledger no longer accounts for. */
         close(go_pipe[1]);
-        char go = 0;
-        while (read(go_pipe[0], &go, 1) < 0 && errno == EINTR) {
+        close(exec_pipe[0]);
+        /* The go message: 'g' then NUL-terminated KEY=VALUE entries for our environment. */
+        static char msg[8192];
+        size_t n = 0;
+        for (;;) {
+            ssize_t r = read(go_pipe[0], msg + n, sizeof msg - 1 - n);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            n += (size_t)r;
         }
-        if (go != 'g')
+        if (n == 0 || msg[0] != 'g')
             _exit(125);
-        setenv("CUDA_VISIBLE_DEVICES", lease->gpu_uuid, 1);
-        setenv("TANDEM_RESERVATION_ID", lease->id, 1);
+        msg[n] = '\0';
+        for (size_t i = 1; i < n; i += strlen(msg + i) + 1)
+            putenv(msg + i);
+        signal(SIGINT, SIG_DFL);
         execvp(command[0], command);
         int e = errno;
         ssize_t ignored = write(exec_pipe[1], &e, sizeof e);
         (void)ignored;
         _exit(127);
     }
-    child_pid = pid;
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    close(exec_pipe[1]);
     close(go_pipe[0]);
-    tdm_error err = {0};
-    if (tdm_reservation_add_holder(lease, pid, &err) != TDM_OK) {
-        /* Without the child as a holder its memory would be unaccounted for if we died: do not
-         * start it. */
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        child_pid = 0;
-        return tdm_cli_fail(TDM_EXIT_FAILURE, "cannot record the child in the ledger: %s",
-                            err.message);
-    }
-    ssize_t wrote = write(go_pipe[1], "g", 1);
-    (void)wrote;
-    close(go_pipe[1]);
-    int exec_errno = 0;
-    if (read(exec_pipe[0], &exec_errno, sizeof exec_errno) == (ssize_t)sizeof exec_errno)
-        fprintf(stderr, "tandem: cannot run %s: %s\n", command[0], strerror(exec_errno));
-    close(exec_pipe[0]);
+    close(exec_pipe[1]);
+    hc->pid = pid;
+    hc->go_fd = go_pipe[1];
+    hc->exec_fd = exec_pipe[0];
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return TDM_EXIT_OK;
+}
 
+/* Lets a held child go away without running anything. */
+static void discard_held_child(held_child *hc)
+{
+    close(hc->go_fd);
+    close(hc->exec_fd);
+    while (waitpid(hc->pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+}
+
+/* Starts the held child and watches it until it exits. Returns its exit code. */
+static int supervise(tdm_lease *lease, held_child *hc, char **command)
+{
+    pid_t pid = hc->pid;
+    char msg[1024];
+    int len = snprintf(msg, sizeof msg, "gCUDA_VISIBLE_DEVICES=%s%cTANDEM_RESERVATION_ID=%s%c",
+                       lease->gpu_uuid, 0, lease->id, 0);
+    child_pid = pid;
+    ssize_t wrote = write(hc->go_fd, msg, (size_t)len);
+    (void)wrote;
+    close(hc->go_fd);
+    int exec_errno = 0;
+    if (read(hc->exec_fd, &exec_errno, sizeof exec_errno) == (ssize_t)sizeof exec_errno)
+        fprintf(stderr, "tandem: cannot run %s: %s\n", command[0], strerror(exec_errno));
+    close(hc->exec_fd);
+
+    tdm_error err = {0};
     int64_t monitor_ms = env_interval_ms("TANDEM_MONITOR_MS", 2000);
     bool warned = false;
     int status = 0;
@@ -289,21 +323,28 @@ int tdm_cmd_gpu_run(int argc, char **argv)
     ao.cancel = &stop_signal;
 
     install_handlers();
+    held_child hc = {0};
+    int rc = spawn_held_child(&hc, command);
+    if (rc != TDM_EXIT_OK)
+        return rc;
+    ao.extra_holder = hc.pid;
     tdm_lease lease;
     tdm_error err = {0};
     if (tdm_reservation_acquire(&lease, &ao, &err) != TDM_OK) {
+        discard_held_child(&hc);
         if (stop_signal)
             return 128 + stop_signal;
         return tdm_cli_fail_err(&err);
     }
     tdm_reservation_release_at_exit(&lease);
     if (stop_signal) { /* interrupted between admission and start: do not start */
+        discard_held_child(&hc);
         tdm_reservation_release(&lease, &err);
         return 128 + stop_signal;
     }
     fprintf(stderr, "tandem: reserved %lld MiB on %s (%s) as %s\n", (long long)lease.budget_mb,
             lease.gpu_uuid, lease.gpu_name, lease.id);
-    int code = supervise(&lease, command);
+    int code = supervise(&lease, &hc, command);
     if (tdm_reservation_release(&lease, &err) != TDM_OK)
         fprintf(stderr, "tandem: warning: could not release %s: %s (it will be pruned as dead)\n",
                 lease.id, err.message);

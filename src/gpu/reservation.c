@@ -47,10 +47,12 @@ typedef struct acquire_ctx {
     tdm_wait_report report;  /* figures for the best candidate GPU */
 } acquire_ctx;
 
-static void fill_holder_info(tdm_holder *h, int *n)
+static void fill_holder_info(const tdm_acquire_opts *o, tdm_holder *h, int *n)
 {
     h[0] = tdm_holder_of(getpid());
     *n = 1;
+    if (o->extra_holder > 0)
+        h[(*n)++] = tdm_holder_of(o->extra_holder);
 }
 
 /* Figures for status lines and messages: the candidate GPU with the shortest line (then the most
@@ -94,7 +96,7 @@ static tdm_status acquire_decide(tdm_ledger_state *s, bool *changed, void *user,
         tdm_reservation r = {0};
         snprintf(r.id, sizeof r.id, "r-%.40s-%ld-%llx", tdm_host_name(), (long)getpid(),
                  (unsigned long long)tdm_now_real_ns());
-        fill_holder_info(r.holders, &r.n_holders);
+        fill_holder_info(c->opts, r.holders, &r.n_holders);
         snprintf(r.user, sizeof r.user, "%s", tdm_user_name());
         snprintf(r.host, sizeof r.host, "%s", tdm_host_name());
         snprintf(r.gpu_uuid, sizeof r.gpu_uuid, "%s", g->uuid);
@@ -132,7 +134,7 @@ static tdm_status acquire_decide(tdm_ledger_state *s, bool *changed, void *user,
     if (!c->ticket) {
         tdm_ticket t = {0};
         t.ticket = s->next_ticket;
-        fill_holder_info(t.holders, &t.n_holders);
+        fill_holder_info(c->opts, t.holders, &t.n_holders);
         snprintf(t.user, sizeof t.user, "%s", tdm_user_name());
         snprintf(t.host, sizeof t.host, "%s", tdm_host_name());
         snprintf(t.gpu_uuid, sizeof t.gpu_uuid, "%s", c->pinned_uuid ? c->pinned_uuid : "");
@@ -249,10 +251,17 @@ tdm_status tdm_reservation_acquire(tdm_lease *lease, const tdm_acquire_opts *opt
         return err->status;
     }
 
-    int inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    /* TANDEM_NO_INOTIFY=1 leaves only the bounded poll (for benchmarks and odd file systems). */
+    const char *no_inotify = getenv("TANDEM_NO_INOTIFY");
+    int inotify_fd = no_inotify && !strcmp(no_inotify, "1")
+                         ? -1
+                         : inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    /* The data file only ever changes by rename (or is moved aside / deleted), so these events are
+     * exactly "the ledger changed". IN_CLOSE_WRITE would also fire on every close of the lock file,
+     * including our own, and turn the wait into a busy loop. */
     if (inotify_fd >= 0 &&
         inotify_add_watch(inotify_fd, lease->ledger.dir,
-                          IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE | IN_CREATE) < 0) {
+                          IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE) < 0) {
         close(inotify_fd);
         inotify_fd = -1; /* the bounded poll below still works, only slower */
     }

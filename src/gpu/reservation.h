@@ -46,6 +46,8 @@ typedef struct tdm_acquire_opts {
     void *report_user;
     volatile sig_atomic_t *cancel; /* set non-zero (from a signal handler) to stop waiting */
     const char *ledger_dir;        /* NULL: the default directory */
+    pid_t extra_holder;            /* > 0: a second holder recorded atomically with the caller
+                                      (gpu run's child, forked and held back until admission) */
 } tdm_acquire_opts;
 
 typedef struct tdm_lease {
