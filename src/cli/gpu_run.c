@@ -69,6 +69,9 @@ static void install_handlers(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    /* A held child that died before admission closes its end of the go pipe: writing to it must
+     * fail with EPIPE, not kill the wrapper before it releases the reservation. */
+    signal(SIGPIPE, SIG_IGN);
     sa.sa_handler = on_sigchld;
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
     sigaction(SIGCHLD, &sa, NULL);
@@ -164,6 +167,7 @@ static int spawn_held_child(held_child *hc, char **command)
         sigaction(SIGTERM, &dfl, NULL);
         sigaction(SIGHUP, &dfl, NULL);
         sigaction(SIGCHLD, &dfl, NULL);
+        signal(SIGPIPE, SIG_DFL);
         /* A terminal's Ctrl-C reaches the whole process group: while held back the child ignores
          * it and lets the wrapper decide (it then closes the go pipe). */
         signal(SIGINT, SIG_IGN);

@@ -12,6 +12,7 @@ ROUNDS=${ROUNDS:-3}
 PER_ROUND=8
 
 for round in $(seq 1 "$ROUNDS"); do
+    echo "$(date +%T.%N) round $round"
     pids=()
     for j in $(seq 1 $PER_ROUND); do
         gb=$((RANDOM % 4 + 2))
@@ -41,12 +42,14 @@ for round in $(seq 1 "$ROUNDS"); do
         fi
     done
     # Every job not hit must succeed: a dead waiter or holder never blocks the others for good.
+    echo "$(date +%T.%N) round $round: victims$victims; waiting for the wrappers"
     for p in "${pids[@]}"; do
         wait "$p" 2>/dev/null; code=$?
         case "$victims" in *" $p "*) ;; *) [ $code = 0 ] || fail "round $round: untouched job $p exited $code" ;; esac
     done
     # Children of killed wrappers run on as orphans holding their reservation; let them finish.
     logpat=$(printf '%s' "$log" | sed 's/\./[.]/g')
+    echo "$(date +%T.%N) round $round: waiting for orphans"
     wait_until 30 sh -c "! pgrep -f '$logpat'"
 done
 
