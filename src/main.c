@@ -14,6 +14,7 @@ static int cmd_version(int argc, char **argv)
 
 static const tdm_command commands[] = {
     {"version", cmd_version, "print the version"},
+    {"tokenize", tdm_cmd_tokenize, "encode text with a model's tokenizer.json"},
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,150 @@
+/* tokenize.c — `tandem tokenize PATH [--text STR | --file F.jsonl] [--add-special]`: encodes text
+ * with a model directory's (or a tokenizer.json's) tokenizer and prints {"ids": [...]} lines.
+ * With --file, every input line is a JSON object {"text": "..."}; one output line per input
+ * line, in order. With neither option, the text is read whole from standard input.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "tokenizer/tokenizer.h"
+
+static void usage(FILE *out)
+{
+    fputs("usage: tandem tokenize PATH [--text STR | --file F.jsonl] [--add-special]\n"
+          "\n"
+          "PATH is a model directory holding tokenizer.json, or a tokenizer.json file.\n"
+          "  --text STR      encode STR (UTF-8)\n"
+          "  --file F.jsonl  encode the \"text\" of every line ({\"text\": ...}); '-' = stdin\n"
+          "  --add-special   add what the tokenizer's post_processor adds (Llama 3: BOS)\n"
+          "Without --text or --file, standard input is encoded as one text.\n"
+          "Prints one {\"ids\": [...]} line per text.\n",
+          out);
+}
+
+static void print_ids(FILE *out, const tdm_token_ids *ids)
+{
+    fputs("{\"ids\": [", out);
+    for (size_t i = 0; i < ids->len; i++)
+        fprintf(out, i ? ", %d" : "%d", ids->ids[i]);
+    fputs("]}\n", out);
+}
+
+static int encode_one(tdm_tokenizer *tok, const char *text, size_t len, bool add_special,
+                      tdm_token_ids *ids, const char *where)
+{
+    tdm_error err = {0};
+    ids->len = 0;
+    if (tdm_tokenizer_encode(tok, text, len, add_special, ids, &err) != TDM_OK) {
+        if (where)
+            tdm_error_prefix(&err, "%s", where);
+        return tdm_cli_fail_err(&err);
+    }
+    print_ids(stdout, ids);
+    return TDM_EXIT_OK;
+}
+
+static int encode_jsonl(tdm_tokenizer *tok, const char *file, bool add_special,
+                        tdm_token_ids *ids)
+{
+    FILE *in = strcmp(file, "-") ? fopen(file, "r") : stdin;
+    if (!in)
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "%s: cannot open: %m", file);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int rc = TDM_EXIT_OK;
+    while (rc == TDM_EXIT_OK && (n = getline(&line, &cap, in)) >= 0) {
+        lineno++;
+        json_error_t je;
+        json_t *obj = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, &je);
+        const json_t *text = json_object_get(obj, "text");
+        if (!obj) {
+            rc = tdm_cli_fail(TDM_EXIT_USAGE, "%s:%ld:%d: %s", file, lineno, je.column, je.text);
+        } else if (!json_is_string(text)) {
+            rc = tdm_cli_fail(TDM_EXIT_USAGE,
+                              "%s:%ld: expected an object with a string \"text\" field", file,
+                              lineno);
+        } else {
+            char where[512];
+            snprintf(where, sizeof where, "%s:%ld", file, lineno);
+            rc = encode_one(tok, json_string_value(text), json_string_length(text), add_special,
+                            ids, where);
+        }
+        json_decref(obj);
+    }
+    if (rc == TDM_EXIT_OK && ferror(in))
+        rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: read error", file);
+    free(line);
+    if (in != stdin)
+        fclose(in);
+    return rc;
+}
+
+int tdm_cmd_tokenize(int argc, char **argv)
+{
+    const char *path = NULL, *text = NULL, *file = NULL;
+    bool add_special = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return TDM_EXIT_OK;
+        } else if (!strcmp(a, "--add-special")) {
+            add_special = true;
+        } else if (!strcmp(a, "--text") || !strcmp(a, "--file")) {
+            if (i + 1 >= argc)
+                return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: %s needs a value", a);
+            *(a[2] == 't' ? &text : &file) = argv[++i];
+        } else if (a[0] == '-' && a[1]) {
+            tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: unknown option '%s'", a);
+            usage(stderr);
+            return TDM_EXIT_USAGE;
+        } else if (!path) {
+            path = a;
+        } else {
+            return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: unexpected argument '%s'", a);
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return TDM_EXIT_USAGE;
+    }
+    if (text && file)
+        return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: give --text or --file, not both");
+
+    tdm_tokenizer tok;
+    tdm_error err = {0};
+    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK)
+        return tdm_cli_fail_err(&err);
+    static char outbuf[1 << 16];
+    setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
+    tdm_token_ids ids = {0};
+    int rc;
+    if (text) {
+        rc = encode_one(&tok, text, strlen(text), add_special, &ids, "--text");
+    } else if (file) {
+        rc = encode_jsonl(&tok, file, add_special, &ids);
+    } else {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&buf, &len);
+        char chunk[65536];
+        size_t got;
+        while (mem && (got = fread(chunk, 1, sizeof chunk, stdin)) > 0)
+            fwrite(chunk, 1, got, mem);
+        if (!mem || fclose(mem) != 0)
+            rc = tdm_cli_fail(TDM_EXIT_FAILURE, "tokenize: cannot read standard input");
+        else
+            rc = encode_one(&tok, buf, len, add_special, &ids, "<stdin>");
+        free(buf);
+    }
+    if (fflush(stdout) != 0 && rc == TDM_EXIT_OK)
+        rc = tdm_cli_fail(TDM_EXIT_FAILURE, "tokenize: cannot write standard output");
+    tdm_token_ids_free(&ids);
+    tdm_tokenizer_free(&tok);
+    return rc;
+}
