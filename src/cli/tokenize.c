@@ -1,7 +1,10 @@
-/* tokenize.c — `tandem tokenize PATH [--text STR | --file F.jsonl] [--add-special]`: encodes text
- * with a model directory's (or a tokenizer.json's) tokenizer and prints {"ids": [...]} lines.
- * With --file, every input line is a JSON object {"text": "..."}; one output line per input
- * line, in order. With neither option, the text is read whole from standard input.
+/* tokenize.c — `tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl] [--add-special]
+ * [--chat-template chatml|llama3|none]`: encodes text with a model directory's (or a
+ * tokenizer.json's) tokenizer and prints {"ids": [...]} lines. With --file, every input line is a
+ * JSON object {"text": "..."}; one output line per input line, in order. With --chat, every line
+ * is {"messages": [{"role": ..., "content": ...}, ...]}, rendered with the chat template (detected
+ * from the tokenizer unless --chat-template names one) and printed as {"ids": [...], "mask": [...]}
+ * (mask 1 = assistant response). With none of them, standard input is encoded as one text.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -9,17 +12,23 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 static void usage(FILE *out)
 {
-    fputs("usage: tandem tokenize PATH [--text STR | --file F.jsonl] [--add-special]\n"
+    fputs("usage: tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl] [--add-special]\n"
+          "                      [--chat-template chatml|llama3|none]\n"
           "\n"
           "PATH is a model directory holding tokenizer.json, or a tokenizer.json file.\n"
           "  --text STR      encode STR (UTF-8)\n"
           "  --file F.jsonl  encode the \"text\" of every line ({\"text\": ...}); '-' = stdin\n"
-          "  --add-special   add what the tokenizer's post_processor adds (Llama 3: BOS)\n"
-          "Without --text or --file, standard input is encoded as one text.\n"
+          "  --chat F.jsonl  render every line's {\"messages\": [{\"role\", \"content\"}...]} with\n"
+          "                  the chat template and print {\"ids\": [...], \"mask\": [...]}\n"
+          "                  (mask 1 = assistant response tokens)\n"
+          "  --chat-template NAME  chatml, llama3 or none (default: from the tokenizer's tokens)\n"
+          "  --add-special   add what the tokenizer's post_processor adds (not with --chat)\n"
+          "Without --text, --file or --chat, standard input is encoded as one text.\n"
           "Prints one {\"ids\": [...]} line per text.\n",
           out);
 }
@@ -84,9 +93,91 @@ static int encode_jsonl(tdm_tokenizer *tok, const char *file, bool add_special,
     return rc;
 }
 
+static void print_list(FILE *out, const char *name, const tdm_token_ids *v, bool first)
+{
+    fprintf(out, first ? "{\"%s\": [" : ", \"%s\": [", name);
+    for (size_t i = 0; i < v->len; i++)
+        fprintf(out, i ? ", %d" : "%d", v->ids[i]);
+    fputc(']', out);
+}
+
+/* One {"messages": [...]} line: render, encode per segment, print ids and mask. */
+static int encode_chat_line(tdm_tokenizer *tok, tdm_chat_template tmpl, const json_t *obj,
+                            const char *where)
+{
+    const json_t *msgs = json_object_get(obj, "messages");
+    if (!json_is_array(msgs))
+        return tdm_cli_fail(TDM_EXIT_USAGE, "%s: expected an object with a \"messages\" list",
+                            where);
+    size_t n = json_array_size(msgs);
+    tdm_chat_message *m = calloc(n ? n : 1, sizeof *m);
+    if (!m)
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *msg = json_array_get(msgs, i);
+        const json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+        if (!json_is_string(role) || !json_is_string(content)) {
+            free(m);
+            return tdm_cli_fail(TDM_EXIT_USAGE,
+                                "%s: messages[%zu] needs string \"role\" and \"content\"", where, i);
+        }
+        m[i] = (tdm_chat_message){json_string_value(role), json_string_value(content),
+                                  json_string_length(content)};
+    }
+    tdm_chat_rendered r;
+    tdm_token_ids ids = {0}, mask = {0};
+    tdm_error err = {0};
+    tdm_status st = tdm_chat_render(tmpl, m, n, false, &r, &err);
+    free(m);
+    if (st == TDM_OK) {
+        st = tdm_chat_encode(tok, &r, &ids, &mask, &err);
+        tdm_chat_rendered_free(&r);
+    }
+    int rc = TDM_EXIT_OK;
+    if (st != TDM_OK) {
+        tdm_error_prefix(&err, "%s", where);
+        rc = tdm_cli_fail_err(&err);
+    } else {
+        print_list(stdout, "ids", &ids, true);
+        print_list(stdout, "mask", &mask, false);
+        fputs("}\n", stdout);
+    }
+    tdm_token_ids_free(&ids);
+    tdm_token_ids_free(&mask);
+    return rc;
+}
+
+static int encode_chat(tdm_tokenizer *tok, const char *file, tdm_chat_template tmpl)
+{
+    FILE *in = strcmp(file, "-") ? fopen(file, "r") : stdin;
+    if (!in)
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "%s: cannot open: %m", file);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int rc = TDM_EXIT_OK;
+    while (rc == TDM_EXIT_OK && (n = getline(&line, &cap, in)) >= 0) {
+        lineno++;
+        json_error_t je;
+        json_t *obj = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, &je);
+        char where[512];
+        snprintf(where, sizeof where, "%s:%ld", file, lineno);
+        if (!obj)
+            rc = tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: %s", where, je.column, je.text);
+        else
+            rc = encode_chat_line(tok, tmpl, obj, where);
+        json_decref(obj);
+    }
+    free(line);
+    if (in != stdin)
+        fclose(in);
+    return rc;
+}
+
 int tdm_cmd_tokenize(int argc, char **argv)
 {
-    const char *path = NULL, *text = NULL, *file = NULL;
+    const char *path = NULL, *text = NULL, *file = NULL, *chat = NULL, *tmpl_name = NULL;
     bool add_special = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -95,10 +186,19 @@ int tdm_cmd_tokenize(int argc, char **argv)
             return TDM_EXIT_OK;
         } else if (!strcmp(a, "--add-special")) {
             add_special = true;
-        } else if (!strcmp(a, "--text") || !strcmp(a, "--file")) {
+        } else if (!strcmp(a, "--text") || !strcmp(a, "--file") || !strcmp(a, "--chat") ||
+                   !strcmp(a, "--chat-template")) {
             if (i + 1 >= argc)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: %s needs a value", a);
-            *(a[2] == 't' ? &text : &file) = argv[++i];
+            const char *v = argv[++i];
+            if (!strcmp(a, "--text"))
+                text = v;
+            else if (!strcmp(a, "--file"))
+                file = v;
+            else if (!strcmp(a, "--chat"))
+                chat = v;
+            else
+                tmpl_name = v;
         } else if (a[0] == '-' && a[1]) {
             tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: unknown option '%s'", a);
             usage(stderr);
@@ -113,8 +213,18 @@ int tdm_cmd_tokenize(int argc, char **argv)
         usage(stderr);
         return TDM_EXIT_USAGE;
     }
-    if (text && file)
-        return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: give --text or --file, not both");
+    if ((text != NULL) + (file != NULL) + (chat != NULL) > 1)
+        return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: give one of --text, --file and --chat");
+    if (chat && add_special)
+        return tdm_cli_fail(TDM_EXIT_USAGE,
+                            "tokenize: --add-special does not apply to --chat (the template adds "
+                            "the special tokens)");
+    tdm_chat_template tmpl = TDM_CHAT_NONE;
+    if (tmpl_name) {
+        tdm_error perr = {0};
+        if (tdm_chat_template_parse(tmpl_name, &tmpl, &perr) != TDM_OK)
+            return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: --chat-template: %s", perr.message);
+    }
 
     tdm_tokenizer tok;
     tdm_error err = {0};
@@ -124,7 +234,11 @@ int tdm_cmd_tokenize(int argc, char **argv)
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
     tdm_token_ids ids = {0};
     int rc;
-    if (text) {
+    if (chat) {
+        if (!tmpl_name)
+            tmpl = tdm_chat_template_detect(&tok);
+        rc = encode_chat(&tok, chat, tmpl);
+    } else if (text) {
         rc = encode_one(&tok, text, strlen(text), add_special, &ids, "--text");
     } else if (file) {
         rc = encode_jsonl(&tok, file, add_special, &ids);
