@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/timeutil.h"
 
 static void usage(FILE *out)
 {
@@ -28,10 +29,15 @@ static void usage(FILE *out)
           "                  (mask 1 = assistant response tokens)\n"
           "  --chat-template NAME  chatml, llama3 or none (default: from the tokenizer's tokens)\n"
           "  --add-special   add what the tokenizer's post_processor adds (not with --chat)\n"
+          "  --stats         print load and encode times, texts, tokens and bytes on stderr\n"
           "Without --text, --file or --chat, standard input is encoded as one text.\n"
           "Prints one {\"ids\": [...]} line per text.\n",
           out);
 }
+
+/* --stats counters */
+static long stat_texts, stat_tokens, stat_bytes;
+static int64_t stat_encode_ns;
 
 static void print_ids(FILE *out, const tdm_token_ids *ids)
 {
@@ -46,7 +52,13 @@ static int encode_one(tdm_tokenizer *tok, const char *text, size_t len, bool add
 {
     tdm_error err = {0};
     ids->len = 0;
-    if (tdm_tokenizer_encode(tok, text, len, add_special, ids, &err) != TDM_OK) {
+    int64_t t0 = tdm_now_mono_ns();
+    tdm_status st = tdm_tokenizer_encode(tok, text, len, add_special, ids, &err);
+    stat_encode_ns += tdm_now_mono_ns() - t0;
+    stat_texts++;
+    stat_tokens += (long)ids->len;
+    stat_bytes += (long)len;
+    if (st != TDM_OK) {
         if (where)
             tdm_error_prefix(&err, "%s", where);
         return tdm_cli_fail_err(&err);
@@ -178,7 +190,7 @@ static int encode_chat(tdm_tokenizer *tok, const char *file, tdm_chat_template t
 int tdm_cmd_tokenize(int argc, char **argv)
 {
     const char *path = NULL, *text = NULL, *file = NULL, *chat = NULL, *tmpl_name = NULL;
-    bool add_special = false;
+    bool add_special = false, stats = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -186,6 +198,8 @@ int tdm_cmd_tokenize(int argc, char **argv)
             return TDM_EXIT_OK;
         } else if (!strcmp(a, "--add-special")) {
             add_special = true;
+        } else if (!strcmp(a, "--stats")) {
+            stats = true;
         } else if (!strcmp(a, "--text") || !strcmp(a, "--file") || !strcmp(a, "--chat") ||
                    !strcmp(a, "--chat-template")) {
             if (i + 1 >= argc)
@@ -228,8 +242,10 @@ int tdm_cmd_tokenize(int argc, char **argv)
 
     tdm_tokenizer tok;
     tdm_error err = {0};
+    int64_t load_t0 = tdm_now_mono_ns();
     if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK)
         return tdm_cli_fail_err(&err);
+    int64_t load_ns = tdm_now_mono_ns() - load_t0;
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
     tdm_token_ids ids = {0};
@@ -258,6 +274,15 @@ int tdm_cmd_tokenize(int argc, char **argv)
     }
     if (fflush(stdout) != 0 && rc == TDM_EXIT_OK)
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "tokenize: cannot write standard output");
+    if (stats) {
+        double enc_s = (double)stat_encode_ns / 1e9;
+        fprintf(stderr,
+                "tokenize stats: load %.3f s, encode %.3f s, %ld texts, %ld tokens, %ld bytes, "
+                "%.0f tokens/s, %.2f MB/s\n",
+                (double)load_ns / 1e9, enc_s, stat_texts, stat_tokens, stat_bytes,
+                enc_s > 0 ? (double)stat_tokens / enc_s : 0.0,
+                enc_s > 0 ? (double)stat_bytes / enc_s / 1e6 : 0.0);
+    }
     tdm_token_ids_free(&ids);
     tdm_tokenizer_free(&tok);
     return rc;
