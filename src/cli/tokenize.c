@@ -18,21 +18,23 @@
 
 static void usage(FILE *out)
 {
-    fputs("usage: tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl] [--add-special]\n"
-          "                      [--chat-template chatml|llama3|none]\n"
-          "\n"
-          "PATH is a model directory holding tokenizer.json, or a tokenizer.json file.\n"
-          "  --text STR      encode STR (UTF-8)\n"
-          "  --file F.jsonl  encode the \"text\" of every line ({\"text\": ...}); '-' = stdin\n"
-          "  --chat F.jsonl  render every line's {\"messages\": [{\"role\", \"content\"}...]} with\n"
-          "                  the chat template and print {\"ids\": [...], \"mask\": [...]}\n"
-          "                  (mask 1 = assistant response tokens)\n"
-          "  --chat-template NAME  chatml, llama3 or none (default: from the tokenizer's tokens)\n"
-          "  --add-special   add what the tokenizer's post_processor adds (not with --chat)\n"
-          "  --stats         print load and encode times, texts, tokens and bytes on stderr\n"
-          "Without --text, --file or --chat, standard input is encoded as one text.\n"
-          "Prints one {\"ids\": [...]} line per text.\n",
-          out);
+    fputs(
+        "usage: tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl] "
+        "[--add-special]\n"
+        "                      [--chat-template chatml|llama3|none]\n"
+        "\n"
+        "PATH is a model directory holding tokenizer.json, or a tokenizer.json file.\n"
+        "  --text STR      encode STR (UTF-8)\n"
+        "  --file F.jsonl  encode the \"text\" of every line ({\"text\": ...}); '-' = stdin\n"
+        "  --chat F.jsonl  render every line's {\"messages\": [{\"role\", \"content\"}...]} with\n"
+        "                  the chat template and print {\"ids\": [...], \"mask\": [...]}\n"
+        "                  (mask 1 = assistant response tokens)\n"
+        "  --chat-template NAME  chatml, llama3 or none (default: from the tokenizer's tokens)\n"
+        "  --add-special   add what the tokenizer's post_processor adds (not with --chat)\n"
+        "  --stats         print load and encode times, texts, tokens and bytes on stderr\n"
+        "Without --text, --file or --chat, standard input is encoded as one text.\n"
+        "Prints one {\"ids\": [...]} line per text.\n",
+        out);
 }
 
 /* --stats counters */
@@ -59,20 +61,17 @@ static int encode_one(tdm_tokenizer *tok, const char *text, size_t len, bool add
     stat_tokens += (long)ids->len;
     stat_bytes += (long)len;
     if (st != TDM_OK) {
-        if (where)
-            tdm_error_prefix(&err, "%s", where);
+        if (where) tdm_error_prefix(&err, "%s", where);
         return tdm_cli_fail_err(&err);
     }
     print_ids(stdout, ids);
     return TDM_EXIT_OK;
 }
 
-static int encode_jsonl(tdm_tokenizer *tok, const char *file, bool add_special,
-                        tdm_token_ids *ids)
+static int encode_jsonl(tdm_tokenizer *tok, const char *file, bool add_special, tdm_token_ids *ids)
 {
     FILE *in = strcmp(file, "-") ? fopen(file, "r") : stdin;
-    if (!in)
-        return tdm_cli_fail(TDM_EXIT_FAILURE, "%s: cannot open: %m", file);
+    if (!in) return tdm_cli_fail(TDM_EXIT_FAILURE, "%s: cannot open: %m", file);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -100,8 +99,7 @@ static int encode_jsonl(tdm_tokenizer *tok, const char *file, bool add_special,
     if (rc == TDM_EXIT_OK && ferror(in))
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: read error", file);
     free(line);
-    if (in != stdin)
-        fclose(in);
+    if (in != stdin) fclose(in);
     return rc;
 }
 
@@ -123,15 +121,16 @@ static int encode_chat_line(tdm_tokenizer *tok, tdm_chat_template tmpl, const js
                             where);
     size_t n = json_array_size(msgs);
     tdm_chat_message *m = calloc(n ? n : 1, sizeof *m);
-    if (!m)
-        return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
+    if (!m) return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *msg = json_array_get(msgs, i);
-        const json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+        const json_t *role = json_object_get(msg, "role"),
+                     *content = json_object_get(msg, "content");
         if (!json_is_string(role) || !json_is_string(content)) {
             free(m);
             return tdm_cli_fail(TDM_EXIT_USAGE,
-                                "%s: messages[%zu] needs string \"role\" and \"content\"", where, i);
+                                "%s: messages[%zu] needs string \"role\" and \"content\"", where,
+                                i);
         }
         m[i] = (tdm_chat_message){json_string_value(role), json_string_value(content),
                                   json_string_length(content)};
@@ -162,8 +161,7 @@ static int encode_chat_line(tdm_tokenizer *tok, tdm_chat_template tmpl, const js
 static int encode_chat(tdm_tokenizer *tok, const char *file, tdm_chat_template tmpl)
 {
     FILE *in = strcmp(file, "-") ? fopen(file, "r") : stdin;
-    if (!in)
-        return tdm_cli_fail(TDM_EXIT_FAILURE, "%s: cannot open: %m", file);
+    if (!in) return tdm_cli_fail(TDM_EXIT_FAILURE, "%s: cannot open: %m", file);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -182,8 +180,7 @@ static int encode_chat(tdm_tokenizer *tok, const char *file, tdm_chat_template t
         json_decref(obj);
     }
     free(line);
-    if (in != stdin)
-        fclose(in);
+    if (in != stdin) fclose(in);
     return rc;
 }
 
@@ -202,8 +199,7 @@ int tdm_cmd_tokenize(int argc, char **argv)
             stats = true;
         } else if (!strcmp(a, "--text") || !strcmp(a, "--file") || !strcmp(a, "--chat") ||
                    !strcmp(a, "--chat-template")) {
-            if (i + 1 >= argc)
-                return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: %s needs a value", a);
+            if (i + 1 >= argc) return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: %s needs a value", a);
             const char *v = argv[++i];
             if (!strcmp(a, "--text"))
                 text = v;
@@ -243,16 +239,14 @@ int tdm_cmd_tokenize(int argc, char **argv)
     tdm_tokenizer tok;
     tdm_error err = {0};
     int64_t load_t0 = tdm_now_mono_ns();
-    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK)
-        return tdm_cli_fail_err(&err);
+    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK) return tdm_cli_fail_err(&err);
     int64_t load_ns = tdm_now_mono_ns() - load_t0;
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
     tdm_token_ids ids = {0};
     int rc;
     if (chat) {
-        if (!tmpl_name)
-            tmpl = tdm_chat_template_detect(&tok);
+        if (!tmpl_name) tmpl = tdm_chat_template_detect(&tok);
         rc = encode_chat(&tok, chat, tmpl);
     } else if (text) {
         rc = encode_one(&tok, text, strlen(text), add_special, &ids, "--text");

@@ -10,8 +10,7 @@ static bool printable_latin1(unsigned b)
 
 uint32_t tdm_byte_level_char(uint8_t b)
 {
-    if (printable_latin1(b))
-        return b;
+    if (printable_latin1(b)) return b;
     /* n = how many non-printable bytes come before b */
     unsigned n = 0;
     for (unsigned i = 0; i < b; i++)
@@ -21,14 +20,11 @@ uint32_t tdm_byte_level_char(uint8_t b)
 
 int tdm_byte_level_byte(uint32_t cp)
 {
-    if (cp < 256)
-        return printable_latin1(cp) ? (int)cp : -1;
-    if (cp >= 256 + 68)
-        return -1;
+    if (cp < 256) return printable_latin1(cp) ? (int)cp : -1;
+    if (cp >= 256 + 68) return -1;
     unsigned n = cp - 256;
     for (unsigned b = 0; b < 256; b++)
-        if (!printable_latin1(b) && n-- == 0)
-            return (int)b;
+        if (!printable_latin1(b) && n-- == 0) return (int)b;
     return -1;
 }
 
@@ -53,8 +49,7 @@ static void build_tables(void)
 static void ensure_tables(void)
 {
     /* Racing builders write identical values, so a benign double build is harmless. */
-    if (!__atomic_load_n(&tables_ready, __ATOMIC_ACQUIRE))
-        build_tables();
+    if (!__atomic_load_n(&tables_ready, __ATOMIC_ACQUIRE)) build_tables();
 }
 
 size_t tdm_byte_level_encode(const uint8_t *bytes, size_t n, char *out)
@@ -85,13 +80,11 @@ long tdm_byte_level_decode(const char *text, size_t n, uint8_t *out)
         } else if ((s[i] & 0xe0) == 0xc0 && i + 1 < n && (s[i + 1] & 0xc0) == 0x80) {
             c = (unsigned)(s[i] & 0x1f) << 6 | (s[i + 1] & 0x3f);
             i += 2;
-            if (c < 0x80)
-                return -1; /* overlong */
+            if (c < 0x80) return -1; /* overlong */
         } else {
             return -1; /* 3- and 4-byte characters are never in the alphabet */
         }
-        if (c >= 256 + 68 || byte_of[c] < 0)
-            return -1;
+        if (c >= 256 + 68 || byte_of[c] < 0) return -1;
         out[o++] = (uint8_t)byte_of[c];
     }
     return (long)o;

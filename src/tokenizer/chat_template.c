@@ -22,9 +22,12 @@ tdm_status tdm_chat_template_parse(const char *name, tdm_chat_template *out, tdm
 const char *tdm_chat_template_name(tdm_chat_template t)
 {
     switch (t) {
-    case TDM_CHAT_CHATML: return "chatml";
-    case TDM_CHAT_LLAMA3: return "llama3";
-    case TDM_CHAT_NONE: break;
+    case TDM_CHAT_CHATML:
+        return "chatml";
+    case TDM_CHAT_LLAMA3:
+        return "llama3";
+    case TDM_CHAT_NONE:
+        break;
     }
     return "none";
 }
@@ -59,8 +62,7 @@ typedef struct builder {
 static void put(builder *b, const char *s, size_t n, bool response)
 {
     tdm_chat_rendered *r = b->r;
-    if (b->failed || n == 0)
-        return;
+    if (b->failed || n == 0) return;
     if (r->len + n + 1 > b->text_cap) {
         size_t cap = b->text_cap ? b->text_cap : 256;
         while (cap < r->len + n + 1)
@@ -92,7 +94,10 @@ static void put(builder *b, const char *s, size_t n, bool response)
     r->segments[r->n_segments - 1].len += n;
 }
 
-static void puts_(builder *b, const char *s, bool response) { put(b, s, strlen(s), response); }
+static void puts_(builder *b, const char *s, bool response)
+{
+    put(b, s, strlen(s), response);
+}
 
 /* Python's str.isspace, which Jinja's trim uses: White_Space plus U+001C..U+001F. */
 static bool py_space(int32_t c)
@@ -109,8 +114,7 @@ static void trim(const char **s, size_t *n)
     while (a < z) {
         utf8proc_int32_t c;
         utf8proc_ssize_t l = utf8proc_iterate(p + a, (utf8proc_ssize_t)(z - a), &c);
-        if (l <= 0 || !py_space(c))
-            break;
+        if (l <= 0 || !py_space(c)) break;
         a += (size_t)l;
     }
     while (z > a) {
@@ -119,8 +123,7 @@ static void trim(const char **s, size_t *n)
             k--;
         utf8proc_int32_t c;
         utf8proc_ssize_t l = utf8proc_iterate(p + k, (utf8proc_ssize_t)(z - k), &c);
-        if (l <= 0 || !py_space(c))
-            break;
+        if (l <= 0 || !py_space(c)) break;
         z = k;
     }
     *s += a;
@@ -135,8 +138,7 @@ tdm_status tdm_chat_render(tdm_chat_template t, const tdm_chat_message *msgs, si
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].role[0])
             return tdm_fail(err, TDM_ERR_INVALID, "message %zu has no role", i);
-    if (t == TDM_CHAT_LLAMA3)
-        puts_(&b, "<|begin_of_text|>", false);
+    if (t == TDM_CHAT_LLAMA3) puts_(&b, "<|begin_of_text|>", false);
     for (size_t i = 0; i < n; i++) {
         const tdm_chat_message *m = &msgs[i];
         bool resp = !strcmp(m->role, "assistant");
@@ -159,7 +161,9 @@ tdm_status tdm_chat_render(tdm_chat_template t, const tdm_chat_message *msgs, si
             put(&b, c, cl, resp);
             puts_(&b, "<|eot_id|>", resp);
             break;
-        case TDM_CHAT_NONE: put(&b, c, cl, resp); break;
+        case TDM_CHAT_NONE:
+            put(&b, c, cl, resp);
+            break;
         }
     }
     if (add_generation_prompt) {
@@ -184,12 +188,10 @@ tdm_status tdm_chat_encode(tdm_tokenizer *tok, const tdm_chat_rendered *r, tdm_t
         const tdm_chat_segment *s = &r->segments[i];
         size_t before = ids->len;
         tdm_status st = tdm_tokenizer_encode(tok, r->text + s->offset, s->len, false, ids, err);
-        if (st != TDM_OK)
-            return st;
+        if (st != TDM_OK) return st;
         int32_t flag = s->is_response;
         for (size_t k = before; k < ids->len; k++)
-            if ((st = tdm_token_ids_append(mask, &flag, 1, err)) != TDM_OK)
-                return st;
+            if ((st = tdm_token_ids_append(mask, &flag, 1, err)) != TDM_OK) return st;
     }
     return TDM_OK;
 }

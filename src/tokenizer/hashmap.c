@@ -25,7 +25,10 @@ static uint64_t hash_u64(uint64_t x)
     return x;
 }
 
-void tdm_strmap_init(tdm_strmap *m) { memset(m, 0, sizeof *m); }
+void tdm_strmap_init(tdm_strmap *m)
+{
+    memset(m, 0, sizeof *m);
+}
 
 void tdm_strmap_free(tdm_strmap *m)
 {
@@ -40,8 +43,7 @@ void tdm_strmap_free(tdm_strmap *m)
 
 void tdm_strmap_clear(tdm_strmap *m)
 {
-    if (m->slots)
-        memset(m->slots, 0, m->cap * sizeof *m->slots);
+    if (m->slots) memset(m->slots, 0, m->cap * sizeof *m->slots);
     m->count = 0;
     m->arena_len = 0;
 }
@@ -50,8 +52,7 @@ static tdm_status strmap_grow_slots(tdm_strmap *m, tdm_error *err)
 {
     size_t cap = m->cap ? m->cap * 2 : 64;
     uint32_t *slots = calloc(cap, sizeof *slots);
-    if (!slots)
-        return tdm_fail(err, TDM_ERR_NOMEM, "hash map: out of memory for %zu slots", cap);
+    if (!slots) return tdm_fail(err, TDM_ERR_NOMEM, "hash map: out of memory for %zu slots", cap);
     for (size_t e = 0; e < m->count; e++) {
         size_t i = m->hash[e] & (cap - 1);
         while (slots[i])
@@ -66,14 +67,12 @@ static tdm_status strmap_grow_slots(tdm_strmap *m, tdm_error *err)
 
 static bool grow(void **p, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return true;
+    if (need <= *cap) return true;
     size_t n = *cap ? *cap : 64;
     while (n < need)
         n *= 2;
     void *q = realloc(*p, n * elem);
-    if (!q)
-        return false;
+    if (!q) return false;
     *p = q;
     *cap = n;
     return true;
@@ -81,13 +80,11 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem)
 
 static long strmap_find(const tdm_strmap *m, const char *key, size_t len, uint32_t h)
 {
-    if (!m->cap)
-        return -1;
+    if (!m->cap) return -1;
     size_t i = h & (m->cap - 1);
     for (;;) {
         uint32_t s = m->slots[i];
-        if (!s)
-            return -(long)i - 2; /* empty slot i, encoded */
+        if (!s) return -(long)i - 2; /* empty slot i, encoded */
         size_t e = s - 1;
         if (m->hash[e] == h && m->key_len[e] == len &&
             (len == 0 || !memcmp(m->arena + m->key_off[e], key, len)))
@@ -96,41 +93,34 @@ static long strmap_find(const tdm_strmap *m, const char *key, size_t len, uint32
     }
 }
 
-tdm_status tdm_strmap_put(tdm_strmap *m, const char *key, size_t len, int32_t value,
-                          bool *existed, tdm_error *err)
+tdm_status tdm_strmap_put(tdm_strmap *m, const char *key, size_t len, int32_t value, bool *existed,
+                          tdm_error *err)
 {
     uint32_t h = (uint32_t)hash_bytes(key, len);
     long f = strmap_find(m, key, len, h);
     if (f >= 0) {
         m->value[f] = value;
-        if (existed)
-            *existed = true;
+        if (existed) *existed = true;
         return TDM_OK;
     }
-    if (existed)
-        *existed = false;
+    if (existed) *existed = false;
     if (len > UINT32_MAX || m->arena_len + len > UINT32_MAX || m->count + 1 >= UINT32_MAX)
         return tdm_fail(err, TDM_ERR_INVALID, "hash map: more than 4 GiB of keys");
     if ((m->count + 1) * 2 > m->cap) {
         tdm_status st = strmap_grow_slots(m, err);
-        if (st != TDM_OK)
-            return st;
+        if (st != TDM_OK) return st;
         f = strmap_find(m, key, len, h);
     }
     if (m->count + 1 > m->entries_cap) {
         size_t n = m->entries_cap ? m->entries_cap * 2 : 64;
         uint32_t *ko = realloc(m->key_off, n * sizeof *ko);
-        if (ko)
-            m->key_off = ko;
+        if (ko) m->key_off = ko;
         uint32_t *kl = realloc(m->key_len, n * sizeof *kl);
-        if (kl)
-            m->key_len = kl;
+        if (kl) m->key_len = kl;
         uint32_t *hs = realloc(m->hash, n * sizeof *hs);
-        if (hs)
-            m->hash = hs;
+        if (hs) m->hash = hs;
         int32_t *vs = realloc(m->value, n * sizeof *vs);
-        if (vs)
-            m->value = vs;
+        if (vs) m->value = vs;
         if (!ko || !kl || !hs || !vs)
             return tdm_fail(err, TDM_ERR_NOMEM, "hash map: out of memory for entries");
         m->entries_cap = n;
@@ -138,8 +128,7 @@ tdm_status tdm_strmap_put(tdm_strmap *m, const char *key, size_t len, int32_t va
     if (!grow((void **)&m->arena, &m->arena_cap, m->arena_len + len + 1, 1))
         return tdm_fail(err, TDM_ERR_NOMEM, "hash map: out of memory for keys");
     size_t e = m->count++;
-    if (len)
-        memcpy(m->arena + m->arena_len, key, len);
+    if (len) memcpy(m->arena + m->arena_len, key, len);
     m->key_off[e] = (uint32_t)m->arena_len;
     m->key_len[e] = (uint32_t)len;
     m->hash[e] = h;
@@ -152,13 +141,15 @@ tdm_status tdm_strmap_put(tdm_strmap *m, const char *key, size_t len, int32_t va
 bool tdm_strmap_get(const tdm_strmap *m, const char *key, size_t len, int32_t *value)
 {
     long f = strmap_find(m, key, len, (uint32_t)hash_bytes(key, len));
-    if (f < 0)
-        return false;
+    if (f < 0) return false;
     *value = m->value[f];
     return true;
 }
 
-void tdm_pairmap_init(tdm_pairmap *m) { memset(m, 0, sizeof *m); }
+void tdm_pairmap_init(tdm_pairmap *m)
+{
+    memset(m, 0, sizeof *m);
+}
 
 void tdm_pairmap_free(tdm_pairmap *m)
 {
@@ -178,8 +169,7 @@ static size_t pair_slot(const tdm_pairmap *m, uint64_t key)
 tdm_status tdm_pairmap_put(tdm_pairmap *m, int32_t left, int32_t right, tdm_pair_value v,
                            bool *existed, tdm_error *err)
 {
-    if (left < 0 || right < 0)
-        return tdm_fail(err, TDM_ERR_INVALID, "pair map: negative id");
+    if (left < 0 || right < 0) return tdm_fail(err, TDM_ERR_INVALID, "pair map: negative id");
     if ((m->count + 1) * 2 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 1024;
         uint64_t *keys = malloc(cap * sizeof *keys);
@@ -195,8 +185,7 @@ tdm_status tdm_pairmap_put(tdm_pairmap *m, int32_t left, int32_t right, tdm_pair
         m->values = values;
         m->cap = cap;
         for (size_t i = 0; i < old.cap; i++) {
-            if (old.keys[i] == UINT64_MAX)
-                continue;
+            if (old.keys[i] == UINT64_MAX) continue;
             size_t s = pair_slot(m, old.keys[i]);
             m->keys[s] = old.keys[i];
             m->values[s] = old.values[i];
@@ -207,8 +196,7 @@ tdm_status tdm_pairmap_put(tdm_pairmap *m, int32_t left, int32_t right, tdm_pair
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     size_t s = pair_slot(m, key);
     bool was = m->keys[s] == key;
-    if (existed)
-        *existed = was;
+    if (existed) *existed = was;
     if (!was) {
         m->keys[s] = key;
         m->count++;
@@ -219,8 +207,7 @@ tdm_status tdm_pairmap_put(tdm_pairmap *m, int32_t left, int32_t right, tdm_pair
 
 const tdm_pair_value *tdm_pairmap_get(const tdm_pairmap *m, int32_t left, int32_t right)
 {
-    if (!m->cap)
-        return NULL;
+    if (!m->cap) return NULL;
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     size_t s = pair_slot(m, key);
     return m->keys[s] == key ? &m->values[s] : NULL;

@@ -15,14 +15,14 @@
 #include "util/error.h"
 
 typedef struct tdm_strmap {
-    uint32_t *slots;    // (cap) entry index + 1; 0 = empty
-    size_t cap;         // slots, a power of two
-    uint32_t *key_off;  // (count) offset of each key in `arena`
-    uint32_t *key_len;  // (count) bytes
-    uint32_t *hash;     // (count) low 32 bits of the key's hash
-    int32_t *value;     // (count)
+    uint32_t *slots;   // (cap) entry index + 1; 0 = empty
+    size_t cap;        // slots, a power of two
+    uint32_t *key_off; // (count) offset of each key in `arena`
+    uint32_t *key_len; // (count) bytes
+    uint32_t *hash;    // (count) low 32 bits of the key's hash
+    int32_t *value;    // (count)
     size_t count, entries_cap;
-    char *arena;        // all keys, back to back
+    char *arena; // all keys, back to back
     size_t arena_len, arena_cap;
 } tdm_strmap;
 
@@ -33,8 +33,8 @@ void tdm_strmap_free(tdm_strmap *m);
 void tdm_strmap_clear(tdm_strmap *m);
 /* Sets key -> value (overwriting an existing value). *existed (when not NULL) tells whether the key
  * was already present. Fails only with TDM_ERR_NOMEM or TDM_ERR_INVALID (over 4 GiB of keys). */
-tdm_status tdm_strmap_put(tdm_strmap *m, const char *key, size_t len, int32_t value,
-                          bool *existed, tdm_error *err);
+tdm_status tdm_strmap_put(tdm_strmap *m, const char *key, size_t len, int32_t value, bool *existed,
+                          tdm_error *err);
 /* True and *value when key is present. */
 bool tdm_strmap_get(const tdm_strmap *m, const char *key, size_t len, int32_t *value);
 

@@ -36,15 +36,12 @@ size_t tdm_utf8_valid_prefix(const char *str, size_t len)
         } else {
             return i;
         }
-        if (len - i < n)
-            return i;
+        if (len - i < n) return i;
         for (size_t k = 1; k < n; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return i;
+            if ((s[i + k] & 0xc0) != 0x80) return i;
             cp = cp << 6 | (s[i + k] & 0x3f);
         }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return i;
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
         i += n;
     }
     return len;
@@ -71,8 +68,7 @@ static bool is_white_space(uint32_t c)
  * join controls) by general category. Used only by single_word added tokens. */
 static bool is_word_char(uint32_t c)
 {
-    if (c == 0x200c || c == 0x200d)
-        return true;
+    if (c == 0x200c || c == 0x200d) return true;
     switch (utf8proc_category((utf8proc_int32_t)c)) {
     case UTF8PROC_CATEGORY_LU:
     case UTF8PROC_CATEGORY_LL:
@@ -84,8 +80,10 @@ static bool is_word_char(uint32_t c)
     case UTF8PROC_CATEGORY_ME:
     case UTF8PROC_CATEGORY_ND:
     case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_PC: return true;
-    default: return false;
+    case UTF8PROC_CATEGORY_PC:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -100,14 +98,12 @@ static size_t prev_char_start(const char *s, size_t end)
 
 static tdm_status ensure_scratch(tdm_tokenizer *tok, size_t need, tdm_error *err)
 {
-    if (need <= tok->scratch_cap)
-        return TDM_OK;
+    if (need <= tok->scratch_cap) return TDM_OK;
     size_t cap = tok->scratch_cap ? tok->scratch_cap : 1024;
     while (cap < need)
         cap *= 2;
     char *p = realloc(tok->scratch, cap);
-    if (!p)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for a %zu-byte word", need);
+    if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for a %zu-byte word", need);
     tok->scratch = p;
     tok->scratch_cap = cap;
     return TDM_OK;
@@ -118,8 +114,7 @@ static tdm_status encode_word(tdm_tokenizer *tok, const char *s, size_t len, tdm
                               tdm_error *err)
 {
     tdm_status st = ensure_scratch(tok, 2 * len + 1, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     size_t n = tdm_byte_level_encode((const uint8_t *)s, len, tok->scratch);
     return tdm_bpe_encode_word(&tok->bpe, tok->scratch, n, out, err);
 }
@@ -129,18 +124,15 @@ static tdm_status encode_word(tdm_tokenizer *tok, const char *s, size_t len, tdm
 static tdm_status pre_tokenize(tdm_tokenizer *tok, int step, const char *s, size_t len,
                                tdm_token_ids *out, tdm_error *err)
 {
-    if (len == 0)
-        return TDM_OK;
-    if (step == tok->n_splits)
-        return encode_word(tok, s, len, out, err);
+    if (len == 0) return TDM_OK;
+    if (step == tok->n_splits) return encode_word(tok, s, len, out, err);
     tdm_split_regex *re = &tok->splits[step];
     pcre2_match_data *md = re->match_data;
     size_t pos = 0, piece = 0;
     tdm_status st;
     while (pos < len) {
         int rc = pcre2_match(re->code, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH)
-            break;
+        if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
@@ -157,12 +149,10 @@ static tdm_status pre_tokenize(tdm_tokenizer *tok, int step, const char *s, size
         }
         if (ms > piece && (st = pre_tokenize(tok, step + 1, s + piece, ms - piece, out, err)))
             return st;
-        if ((st = pre_tokenize(tok, step + 1, s + ms, me - ms, out, err)))
-            return st;
+        if ((st = pre_tokenize(tok, step + 1, s + ms, me - ms, out, err))) return st;
         piece = pos = me;
     }
-    if (piece < len)
-        return pre_tokenize(tok, step + 1, s + piece, len - piece, out, err);
+    if (piece < len) return pre_tokenize(tok, step + 1, s + piece, len - piece, out, err);
     return TDM_OK;
 }
 
@@ -201,8 +191,8 @@ static tdm_status split_added(tdm_tokenizer *tok, int set, const char *s, size_t
                 is_word_char(utf8_decode((const unsigned char *)s + prev_char_start(s, start),
                                          start - prev_char_start(s, start), &cl));
             bool word_after =
-                stop < len && is_word_char(utf8_decode((const unsigned char *)s + stop,
-                                                       len - stop, &cl));
+                stop < len &&
+                is_word_char(utf8_decode((const unsigned char *)s + stop, len - stop, &cl));
             if (word_before || word_after) {
                 p = stop; /* discarded; matching resumes after it, as aho-corasick's iterator */
                 continue;
@@ -228,12 +218,10 @@ static tdm_status split_added(tdm_tokenizer *tok, int set, const char *s, size_t
         }
         if (start > done && (st = encode_gap(tok, set, s + done, start - done, out, err)))
             return st;
-        if ((st = tdm_token_ids_append(out, &hit->id, 1, err)))
-            return st;
+        if ((st = tdm_token_ids_append(out, &hit->id, 1, err))) return st;
         done = p = stop;
     }
-    if (done < len)
-        return encode_gap(tok, set, s + done, len - done, out, err);
+    if (done < len) return encode_gap(tok, set, s + done, len - done, out, err);
     return TDM_OK;
 }
 
@@ -244,8 +232,7 @@ static tdm_status encode_gap(tdm_tokenizer *tok, int set, const char *s, size_t 
 {
     if (set == 1 || (!tok->n_norms && !tok->has_normalized_added))
         return pre_tokenize(tok, 0, s, len, out, err);
-    if (!tok->n_norms)
-        return split_added(tok, 1, s, len, out, err);
+    if (!tok->n_norms) return split_added(tok, 1, s, len, out, err);
     char *norm;
     size_t nlen;
     tdm_status st = tdm_tokenizer_normalize(tok, s, len, &norm, &nlen, err);
@@ -256,8 +243,8 @@ static tdm_status encode_gap(tdm_tokenizer *tok, int set, const char *s, size_t 
     return st;
 }
 
-tdm_status tdm_tokenizer_encode(tdm_tokenizer *tok, const char *text, size_t len,
-                                bool add_special, tdm_token_ids *out, tdm_error *err)
+tdm_status tdm_tokenizer_encode(tdm_tokenizer *tok, const char *text, size_t len, bool add_special,
+                                tdm_token_ids *out, tdm_error *err)
 {
     size_t bad = tdm_utf8_valid_prefix(text, len);
     if (bad != len)
@@ -268,12 +255,10 @@ tdm_status tdm_tokenizer_encode(tdm_tokenizer *tok, const char *text, size_t len
     tdm_status st = TDM_OK;
     if (add_special)
         st = tdm_token_ids_append(out, tok->post_prefix, (size_t)tok->n_post_prefix, err);
-    if (st == TDM_OK)
-        st = split_added(tok, 0, text, len, out, err);
+    if (st == TDM_OK) st = split_added(tok, 0, text, len, out, err);
     if (st == TDM_OK && add_special)
         st = tdm_token_ids_append(out, tok->post_suffix, (size_t)tok->n_post_suffix, err);
-    if (st != TDM_OK)
-        out->len = before;
+    if (st != TDM_OK) out->len = before;
     return st;
 }
 
@@ -284,10 +269,11 @@ tdm_status tdm_tokenizer_decode(const tdm_tokenizer *tok, const int32_t *ids, si
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= tok->n_ids || tok->id_len[id] == UINT32_MAX)
-            return tdm_fail(err, TDM_ERR_INVALID, "decode: id %d (position %zu) is not in the "
-                            "tokenizer", id, i);
-        if (skip_special && (tok->id_flags[id] & TDM_TOKFLAG_SPECIAL))
-            continue;
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "decode: id %d (position %zu) is not in the "
+                            "tokenizer",
+                            id, i);
+        if (skip_special && (tok->id_flags[id] & TDM_TOKFLAG_SPECIAL)) continue;
         size_t tl = tok->id_len[id];
         const char *t = tok->id_arena + tok->id_off[id];
         if (*out_len + tl > *out_cap) {
@@ -295,8 +281,7 @@ tdm_status tdm_tokenizer_decode(const tdm_tokenizer *tok, const int32_t *ids, si
             while (cap < *out_len + tl)
                 cap *= 2;
             char *p = realloc(*out, cap);
-            if (!p)
-                return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for decoded text");
+            if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for decoded text");
             *out = p;
             *out_cap = cap;
         }
@@ -325,9 +310,7 @@ bool tdm_tokenizer_token_id(const tdm_tokenizer *tok, const char *text, int32_t 
 
 const char *tdm_tokenizer_token_text(const tdm_tokenizer *tok, int32_t id, size_t *len)
 {
-    if (id < 0 || id >= tok->n_ids || tok->id_len[id] == UINT32_MAX)
-        return NULL;
-    if (len)
-        *len = tok->id_len[id];
+    if (id < 0 || id >= tok->n_ids || tok->id_len[id] == UINT32_MAX) return NULL;
+    if (len) *len = tok->id_len[id];
     return tok->id_arena + tok->id_off[id];
 }

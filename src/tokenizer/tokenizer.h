@@ -31,7 +31,7 @@
 typedef struct tdm_added_token {
     char *content; // UTF-8, NUL-terminated (content_len excludes it)
     size_t content_len;
-    char *match;   // what is searched for: content, or its normalized form when normalized
+    char *match; // what is searched for: content, or its normalized form when normalized
     size_t match_len;
     int32_t id;
     bool special, lstrip, rstrip, single_word, normalized;
@@ -94,8 +94,8 @@ void tdm_tokenizer_free(tdm_tokenizer *tok);
 
 /* Appends the ids of text[0..len) to out: Hugging Face's encode(text, add_special_tokens =
  * add_special).ids. TDM_ERR_INVALID (with the byte offset) for invalid UTF-8. */
-tdm_status tdm_tokenizer_encode(tdm_tokenizer *tok, const char *text, size_t len,
-                                bool add_special, tdm_token_ids *out, tdm_error *err);
+tdm_status tdm_tokenizer_encode(tdm_tokenizer *tok, const char *text, size_t len, bool add_special,
+                                tdm_token_ids *out, tdm_error *err);
 
 /* Appends the bytes ids stand for to *out (malloc'd, grown as needed, *out_len bytes used, not
  * NUL-terminated): byte-level tokens map back to their bytes, added tokens give their content;

@@ -24,7 +24,10 @@ static tdm_status unsupported(tdm_error *err, const char *where, const char *wha
                     where, what);
 }
 
-static bool is_null_or_absent(const json_t *v) { return !v || json_is_null(v); }
+static bool is_null_or_absent(const json_t *v)
+{
+    return !v || json_is_null(v);
+}
 
 static bool key_true(const json_t *obj, const char *key)
 {
@@ -38,8 +41,7 @@ static char *onig_to_pcre2(const char *pat, size_t len, size_t *out_len)
 {
     static const char WS[] = "\\p{White_Space}", NWS[] = "\\P{White_Space}";
     char *out = malloc(len * (sizeof WS) + 1);
-    if (!out)
-        return NULL;
+    if (!out) return NULL;
     size_t o = 0;
     for (size_t i = 0; i < len; i++) {
         if (pat[i] == '\\' && i + 1 < len) {
@@ -68,8 +70,7 @@ static tdm_status add_split(tdm_tokenizer *tok, const char *pat, size_t len, boo
         return unsupported(err, where, "more than 4 Split pre-tokenizers");
     size_t plen = len;
     char *p = literal ? NULL : onig_to_pcre2(pat, len, &plen);
-    if (!literal && !p)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!literal && !p) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     int ec;
     PCRE2_SIZE eo;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
@@ -96,11 +97,9 @@ static tdm_status add_split(tdm_tokenizer *tok, const char *pat, size_t len, boo
 static tdm_status load_normalizer(tdm_tokenizer *tok, const json_t *n, const char *where,
                                   tdm_error *err)
 {
-    if (is_null_or_absent(n))
-        return TDM_OK;
+    if (is_null_or_absent(n)) return TDM_OK;
     const char *type = json_string_value(json_object_get(n, "type"));
-    if (!type)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
+    if (!type) return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
     if (!strcmp(type, "Sequence")) {
         const json_t *list = json_object_get(n, "normalizers");
         if (!json_is_array(list))
@@ -112,8 +111,7 @@ static tdm_status load_normalizer(tdm_tokenizer *tok, const json_t *n, const cha
             char sub[128];
             snprintf(sub, sizeof sub, "%s.normalizers[%zu]", where, i);
             tdm_status st = load_normalizer(tok, item, sub, err);
-            if (st != TDM_OK)
-                return st;
+            if (st != TDM_OK) return st;
         }
         return TDM_OK;
     }
@@ -134,17 +132,15 @@ static tdm_status load_normalizer(tdm_tokenizer *tok, const json_t *n, const cha
 }
 
 /* pre_tokenizer: Split (Isolated, not inverted), ByteLevel (no prefix space), or a Sequence of
- * those. *byte_level is set when a ByteLevel step was seen (it must be: the model is byte-level). */
+ * those. *byte_level is set when a ByteLevel step was seen (it must be: the model is byte-level).
+ */
 static tdm_status load_pre_tokenizer(tdm_tokenizer *tok, const json_t *p, const char *where,
                                      bool *byte_level, tdm_error *err)
 {
-    if (is_null_or_absent(p))
-        return TDM_OK;
+    if (is_null_or_absent(p)) return TDM_OK;
     const char *type = json_string_value(json_object_get(p, "type"));
-    if (!type)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
-    if (*byte_level)
-        return unsupported(err, where, "a pre-tokenizer after ByteLevel");
+    if (!type) return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
+    if (*byte_level) return unsupported(err, where, "a pre-tokenizer after ByteLevel");
     if (!strcmp(type, "Sequence")) {
         const json_t *list = json_object_get(p, "pretokenizers");
         if (!json_is_array(list))
@@ -156,8 +152,7 @@ static tdm_status load_pre_tokenizer(tdm_tokenizer *tok, const json_t *p, const 
             char sub[128];
             snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", where, i);
             tdm_status st = load_pre_tokenizer(tok, item, sub, byte_level, err);
-            if (st != TDM_OK)
-                return st;
+            if (st != TDM_OK) return st;
         }
         return TDM_OK;
     }
@@ -169,8 +164,7 @@ static tdm_status load_pre_tokenizer(tdm_tokenizer *tok, const json_t *p, const 
                      behavior ? behavior : "(missing)");
             return unsupported(err, where, what);
         }
-        if (key_true(p, "invert"))
-            return unsupported(err, where, "Split invert: true");
+        if (key_true(p, "invert")) return unsupported(err, where, "Split invert: true");
         const json_t *pat = json_object_get(p, "pattern");
         const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
         char sub[160];
@@ -178,8 +172,7 @@ static tdm_status load_pre_tokenizer(tdm_tokenizer *tok, const json_t *p, const 
         if (json_is_string(re))
             return add_split(tok, json_string_value(re), json_string_length(re), false, sub, err);
         if (json_is_string(lit))
-            return add_split(tok, json_string_value(lit), json_string_length(lit), true, sub,
-                             err);
+            return add_split(tok, json_string_value(lit), json_string_length(lit), true, sub, err);
         return tdm_fail(err, TDM_ERR_PARSE, "%s: neither {\"Regex\": ...} nor {\"String\": ...}",
                         sub);
     }
@@ -189,8 +182,7 @@ static tdm_status load_pre_tokenizer(tdm_tokenizer *tok, const json_t *p, const 
         const json_t *use_regex = json_object_get(p, "use_regex");
         if (!use_regex || json_is_true(use_regex)) { /* HF's default is true */
             tdm_status st = add_split(tok, GPT2_PATTERN, strlen(GPT2_PATTERN), false, where, err);
-            if (st != TDM_OK)
-                return st;
+            if (st != TDM_OK) return st;
         }
         *byte_level = true;
         return TDM_OK;
@@ -205,13 +197,10 @@ static tdm_status load_pre_tokenizer(tdm_tokenizer *tok, const json_t *p, const 
 static tdm_status load_post_processor(tdm_tokenizer *tok, const json_t *p, const char *where,
                                       tdm_error *err)
 {
-    if (is_null_or_absent(p))
-        return TDM_OK;
+    if (is_null_or_absent(p)) return TDM_OK;
     const char *type = json_string_value(json_object_get(p, "type"));
-    if (!type)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
-    if (!strcmp(type, "ByteLevel"))
-        return TDM_OK;
+    if (!type) return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
+    if (!strcmp(type, "ByteLevel")) return TDM_OK;
     if (!strcmp(type, "Sequence")) {
         const json_t *list = json_object_get(p, "processors");
         if (!json_is_array(list))
@@ -223,8 +212,7 @@ static tdm_status load_post_processor(tdm_tokenizer *tok, const json_t *p, const
             char sub[128];
             snprintf(sub, sizeof sub, "%s.processors[%zu]", where, i);
             tdm_status st = load_post_processor(tok, item, sub, err);
-            if (st != TDM_OK)
-                return st;
+            if (st != TDM_OK) return st;
         }
         return TDM_OK;
     }
@@ -237,8 +225,7 @@ static tdm_status load_post_processor(tdm_tokenizer *tok, const json_t *p, const
         return unsupported(err, where, "two TemplateProcessing post-processors");
     const json_t *single = json_object_get(p, "single");
     const json_t *specials = json_object_get(p, "special_tokens");
-    if (!json_is_array(single))
-        return tdm_fail(err, TDM_ERR_PARSE, "%s.single: not a list", where);
+    if (!json_is_array(single)) return tdm_fail(err, TDM_ERR_PARSE, "%s.single: not a list", where);
     bool seen_seq = false;
     size_t i;
     const json_t *piece;
@@ -275,20 +262,16 @@ static tdm_status load_post_processor(tdm_tokenizer *tok, const json_t *p, const
             arr[(*n)++] = (int32_t)id;
         }
     }
-    if (!seen_seq)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s.single: no $A sequence", where);
+    if (!seen_seq) return tdm_fail(err, TDM_ERR_PARSE, "%s.single: no $A sequence", where);
     return TDM_OK;
 }
 
 static tdm_status load_decoder(const json_t *d, const char *where, tdm_error *err)
 {
-    if (is_null_or_absent(d))
-        return TDM_OK;
+    if (is_null_or_absent(d)) return TDM_OK;
     const char *type = json_string_value(json_object_get(d, "type"));
-    if (!type)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
-    if (!strcmp(type, "ByteLevel"))
-        return TDM_OK;
+    if (!type) return tdm_fail(err, TDM_ERR_PARSE, "%s: no \"type\"", where);
+    if (!strcmp(type, "ByteLevel")) return TDM_OK;
     char what[160];
     snprintf(what, sizeof what, "decoder type \"%.100s\"", type);
     return unsupported(err, where, what);
@@ -297,15 +280,13 @@ static tdm_status load_decoder(const json_t *d, const char *where, tdm_error *er
 static tdm_status set_id_text(tdm_tokenizer *tok, int32_t id, const char *text, size_t len,
                               size_t *arena_len, size_t *arena_cap, tdm_error *err)
 {
-    if (id < 0 || id >= tok->n_ids)
-        return tdm_fail(err, TDM_ERR_PARSE, "id %d out of range", id);
+    if (id < 0 || id >= tok->n_ids) return tdm_fail(err, TDM_ERR_PARSE, "id %d out of range", id);
     if (*arena_len + len + 1 > *arena_cap) {
         size_t cap = *arena_cap ? *arena_cap : 1 << 20;
         while (cap < *arena_len + len + 1)
             cap *= 2;
         char *p = realloc(tok->id_arena, cap);
-        if (!p)
-            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for token texts");
+        if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for token texts");
         tok->id_arena = p;
         *arena_cap = cap;
     }
@@ -321,8 +302,7 @@ static tdm_status set_id_text(tdm_tokenizer *tok, int32_t id, const char *text, 
 
 static tdm_status load_model(tdm_tokenizer *tok, const json_t *model, tdm_error *err)
 {
-    if (!json_is_object(model))
-        return tdm_fail(err, TDM_ERR_PARSE, "model: missing");
+    if (!json_is_object(model)) return tdm_fail(err, TDM_ERR_PARSE, "model: missing");
     const char *type = json_string_value(json_object_get(model, "type"));
     if (type && strcmp(type, "BPE")) {
         char what[160];
@@ -333,19 +313,16 @@ static tdm_status load_model(tdm_tokenizer *tok, const json_t *model, tdm_error 
         return unsupported(err, "model.dropout", "BPE dropout");
     if (!is_null_or_absent(json_object_get(model, "unk_token")))
         return unsupported(err, "model.unk_token", "an unknown token (byte-level BPE needs none)");
-    if (key_true(model, "byte_fallback"))
-        return unsupported(err, "model.byte_fallback", "true");
+    if (key_true(model, "byte_fallback")) return unsupported(err, "model.byte_fallback", "true");
     const char *pre = json_string_value(json_object_get(model, "continuing_subword_prefix"));
     if (pre && *pre)
         return unsupported(err, "model.continuing_subword_prefix", "a non-empty prefix");
     const char *suf = json_string_value(json_object_get(model, "end_of_word_suffix"));
-    if (suf && *suf)
-        return unsupported(err, "model.end_of_word_suffix", "a non-empty suffix");
+    if (suf && *suf) return unsupported(err, "model.end_of_word_suffix", "a non-empty suffix");
     tok->bpe.ignore_merges = key_true(model, "ignore_merges");
 
     const json_t *vocab = json_object_get(model, "vocab");
-    if (!json_is_object(vocab))
-        return tdm_fail(err, TDM_ERR_PARSE, "model.vocab: not an object");
+    if (!json_is_object(vocab)) return tdm_fail(err, TDM_ERR_PARSE, "model.vocab: not an object");
     const char *key;
     size_t key_len;
     const json_t *v;
@@ -353,18 +330,16 @@ static tdm_status load_model(tdm_tokenizer *tok, const json_t *model, tdm_error 
     {
         json_int_t id = json_integer_value(v);
         if (!json_is_integer(v) || id < 0 || id >= INT32_MAX / 2)
-            return tdm_fail(err, TDM_ERR_PARSE, "model.vocab.\"%.*s\": id is not an integer in [0, 2^30)",
+            return tdm_fail(err, TDM_ERR_PARSE,
+                            "model.vocab.\"%.*s\": id is not an integer in [0, 2^30)",
                             (int)(key_len > 100 ? 100 : key_len), key);
         tdm_status st = tdm_bpe_add_token(&tok->bpe, key, key_len, (int32_t)id, err);
-        if (st != TDM_OK)
-            return st;
-        if (id + 1 > tok->n_ids)
-            tok->n_ids = (int32_t)id + 1;
+        if (st != TDM_OK) return st;
+        if (id + 1 > tok->n_ids) tok->n_ids = (int32_t)id + 1;
     }
 
     const json_t *merges = json_object_get(model, "merges");
-    if (!json_is_array(merges))
-        return tdm_fail(err, TDM_ERR_PARSE, "model.merges: not a list");
+    if (!json_is_array(merges)) return tdm_fail(err, TDM_ERR_PARSE, "model.merges: not a list");
     if (json_array_size(merges) >= INT32_MAX)
         return tdm_fail(err, TDM_ERR_PARSE, "model.merges: too many");
     size_t i;
@@ -378,9 +353,10 @@ static tdm_status load_model(tdm_tokenizer *tok, const json_t *model, tdm_error 
             size_t n = json_string_length(m);
             const char *sp = memchr(s, ' ', n);
             if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s)))
-                return tdm_fail(err, TDM_ERR_PARSE,
-                                "model.merges[%zu]: \"%.*s\" is not two tokens separated by one space",
-                                i, (int)(n > 100 ? 100 : n), s);
+                return tdm_fail(
+                    err, TDM_ERR_PARSE,
+                    "model.merges[%zu]: \"%.*s\" is not two tokens separated by one space", i,
+                    (int)(n > 100 ? 100 : n), s);
             a = s;
             alen = (size_t)(sp - s);
             b = sp + 1;
@@ -396,8 +372,7 @@ static tdm_status load_model(tdm_tokenizer *tok, const json_t *model, tdm_error 
                             "model.merges[%zu]: neither \"a b\" nor [\"a\", \"b\"]", i);
         }
         tdm_status st = tdm_bpe_add_merge(&tok->bpe, a, alen, b, blen, (int32_t)i, err);
-        if (st != TDM_OK)
-            return tdm_error_prefix(err, "model.merges[%zu]", i);
+        if (st != TDM_OK) return tdm_error_prefix(err, "model.merges[%zu]", i);
     }
     return TDM_OK;
 }
@@ -405,23 +380,20 @@ static tdm_status load_model(tdm_tokenizer *tok, const json_t *model, tdm_error 
 static int cmp_by_len_desc(const void *x, const void *y, void *ctx)
 {
     const tdm_tokenizer *tok = ctx;
-    size_t a = tok->added[*(const int32_t *)x].match_len, b = tok->added[*(const int32_t *)y].match_len;
-    if (a != b)
-        return a > b ? -1 : 1;
+    size_t a = tok->added[*(const int32_t *)x].match_len,
+           b = tok->added[*(const int32_t *)y].match_len;
+    if (a != b) return a > b ? -1 : 1;
     /* ties (same length, same first byte): file order, like aho-corasick's pattern order */
     return *(const int32_t *)x - *(const int32_t *)y;
 }
 
 static tdm_status load_added_tokens(tdm_tokenizer *tok, const json_t *list, tdm_error *err)
 {
-    if (is_null_or_absent(list))
-        return TDM_OK;
-    if (!json_is_array(list))
-        return tdm_fail(err, TDM_ERR_PARSE, "added_tokens: not a list");
+    if (is_null_or_absent(list)) return TDM_OK;
+    if (!json_is_array(list)) return tdm_fail(err, TDM_ERR_PARSE, "added_tokens: not a list");
     size_t n = json_array_size(list);
     tok->added = calloc(n ? n : 1, sizeof *tok->added);
-    if (!tok->added)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!tok->added) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     size_t i;
     const json_t *t;
     json_array_foreach(list, i, t)
@@ -431,14 +403,13 @@ static tdm_status load_added_tokens(tdm_tokenizer *tok, const json_t *list, tdm_
         json_int_t id = json_integer_value(idv);
         if (!json_is_string(content) || !json_is_integer(idv) || id < 0 || id >= INT32_MAX / 2)
             return tdm_fail(err, TDM_ERR_PARSE,
-                            "added_tokens[%zu]: needs a string \"content\" and an integer \"id\"", i);
+                            "added_tokens[%zu]: needs a string \"content\" and an integer \"id\"",
+                            i);
         tdm_added_token *a = &tok->added[tok->n_added];
         a->content_len = json_string_length(content);
-        if (a->content_len == 0)
-            continue; /* HF ignores empty added tokens */
+        if (a->content_len == 0) continue; /* HF ignores empty added tokens */
         a->content = malloc(a->content_len + 1);
-        if (!a->content)
-            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        if (!a->content) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         memcpy(a->content, json_string_value(content), a->content_len + 1);
         tok->n_added++;
         a->id = (int32_t)id;
@@ -449,8 +420,7 @@ static tdm_status load_added_tokens(tdm_tokenizer *tok, const json_t *list, tdm_
         /* HF's AddedToken default for normalized is !special */
         const json_t *norm = json_object_get(t, "normalized");
         a->normalized = norm ? json_is_true(norm) : !a->special;
-        if (id + 1 > tok->n_ids)
-            tok->n_ids = (int32_t)id + 1;
+        if (id + 1 > tok->n_ids) tok->n_ids = (int32_t)id + 1;
     }
     return TDM_OK;
 }
@@ -463,22 +433,19 @@ static tdm_status index_added_tokens(tdm_tokenizer *tok, tdm_error *err)
         tdm_added_token *a = &tok->added[i];
         if (a->normalized && tok->n_norms) {
             tdm_status st = tdm_tokenizer_normalize(tok, a->content, a->content_len, &a->match,
-                                           &a->match_len, err);
-            if (st != TDM_OK)
-                return tdm_error_prefix(err, "added_tokens[%zu]", i);
+                                                    &a->match_len, err);
+            if (st != TDM_OK) return tdm_error_prefix(err, "added_tokens[%zu]", i);
         } else {
             a->match = a->content;
             a->match_len = a->content_len;
         }
-        if (a->match_len == 0)
-            continue;
+        if (a->match_len == 0) continue;
         tok->has_normalized_added |= a->normalized;
         int set = a->normalized ? 1 : 0;
         unsigned char fb = (unsigned char)a->match[0];
         int32_t *p = realloc(tok->by_first_byte[set][fb],
                              (size_t)(tok->by_first_count[set][fb] + 1) * sizeof *p);
-        if (!p)
-            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         p[tok->by_first_count[set][fb]++] = (int32_t)i;
         tok->by_first_byte[set][fb] = p;
     }
@@ -504,14 +471,12 @@ static tdm_status build_id_table(tdm_tokenizer *tok, tdm_error *err)
     for (size_t e = 0; e < v->count; e++) {
         tdm_status st = set_id_text(tok, v->value[e], v->arena + v->key_off[e], v->key_len[e],
                                     &alen, &acap, err);
-        if (st != TDM_OK)
-            return st;
+        if (st != TDM_OK) return st;
     }
     for (size_t i = 0; i < tok->n_added; i++) {
         const tdm_added_token *a = &tok->added[i];
         tdm_status st = set_id_text(tok, a->id, a->content, a->content_len, &alen, &acap, err);
-        if (st != TDM_OK)
-            return st;
+        if (st != TDM_OK) return st;
         tok->id_flags[a->id] = TDM_TOKFLAG_ADDED | (a->special ? TDM_TOKFLAG_SPECIAL : 0);
     }
     return TDM_OK;
@@ -536,10 +501,8 @@ tdm_status tdm_tokenizer_load_json(tdm_tokenizer *tok, const char *text, size_t 
         st = unsupported(err, "truncation", "truncation (set it to null)");
     else if (!is_null_or_absent(json_object_get(root, "padding")))
         st = unsupported(err, "padding", "padding (set it to null)");
-    if (st == TDM_OK)
-        st = load_model(tok, json_object_get(root, "model"), err);
-    if (st == TDM_OK)
-        st = load_added_tokens(tok, json_object_get(root, "added_tokens"), err);
+    if (st == TDM_OK) st = load_model(tok, json_object_get(root, "model"), err);
+    if (st == TDM_OK) st = load_added_tokens(tok, json_object_get(root, "added_tokens"), err);
     if (st == TDM_OK)
         st = load_normalizer(tok, json_object_get(root, "normalizer"), "normalizer", err);
     if (st == TDM_OK)
@@ -550,12 +513,9 @@ tdm_status tdm_tokenizer_load_json(tdm_tokenizer *tok, const char *text, size_t 
     if (st == TDM_OK)
         st = load_post_processor(tok, json_object_get(root, "post_processor"), "post_processor",
                                  err);
-    if (st == TDM_OK)
-        st = load_decoder(json_object_get(root, "decoder"), "decoder", err);
-    if (st == TDM_OK)
-        st = index_added_tokens(tok, err);
-    if (st == TDM_OK)
-        st = build_id_table(tok, err);
+    if (st == TDM_OK) st = load_decoder(json_object_get(root, "decoder"), "decoder", err);
+    if (st == TDM_OK) st = index_added_tokens(tok, err);
+    if (st == TDM_OK) st = build_id_table(tok, err);
     json_decref(root);
     if (st != TDM_OK) {
         tdm_error_prefix(err, "%s", name);
@@ -575,8 +535,7 @@ tdm_status tdm_tokenizer_load(tdm_tokenizer *tok, const char *path, tdm_error *e
     char *text;
     size_t len;
     tdm_status st = tdm_read_file(file, &text, &len, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = tdm_tokenizer_load_json(tok, text, len, file, err);
     free(text);
     return st;
@@ -590,8 +549,7 @@ void tdm_tokenizer_free(tdm_tokenizer *tok)
         pcre2_code_free(tok->splits[i].code);
     }
     for (size_t i = 0; i < tok->n_added; i++) {
-        if (tok->added[i].match != tok->added[i].content)
-            free(tok->added[i].match);
+        if (tok->added[i].match != tok->added[i].content) free(tok->added[i].match);
         free(tok->added[i].content);
     }
     free(tok->added);
@@ -610,27 +568,34 @@ tdm_status tdm_tokenizer_normalize(const tdm_tokenizer *tok, const char *s, size
                                    size_t *out_len, tdm_error *err)
 {
     char *cur = malloc(len + 1);
-    if (!cur)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!cur) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     memcpy(cur, s, len);
     cur[len] = 0;
     size_t cur_len = len;
     for (int i = 0; i < tok->n_norms; i++) {
         utf8proc_option_t opt = UTF8PROC_STABLE;
         switch (tok->norms[i]) {
-        case TDM_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case TDM_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case TDM_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        case TDM_NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-        case TDM_NORM_NONE: continue;
+        case TDM_NORM_NFC:
+            opt |= UTF8PROC_COMPOSE;
+            break;
+        case TDM_NORM_NFD:
+            opt |= UTF8PROC_DECOMPOSE;
+            break;
+        case TDM_NORM_NFKC:
+            opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+            break;
+        case TDM_NORM_NFKD:
+            opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+            break;
+        case TDM_NORM_NONE:
+            continue;
         }
         utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)cur_len,
-                                          &dst, opt);
+        utf8proc_ssize_t n =
+            utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)cur_len, &dst, opt);
         free(cur);
         if (n < 0)
-            return tdm_fail(err, TDM_ERR_INVALID, "normalization failed: %s",
-                            utf8proc_errmsg(n));
+            return tdm_fail(err, TDM_ERR_INVALID, "normalization failed: %s", utf8proc_errmsg(n));
         cur = (char *)dst;
         cur_len = (size_t)n;
     }

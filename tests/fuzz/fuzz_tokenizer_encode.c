@@ -11,9 +11,9 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
 
-static const char FUZZ_SPLIT[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char FUZZ_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                                 "{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                                 "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 static void fuzz_add_vocab(json_t *vocab, const char *plain, int id)
 {
@@ -42,8 +42,8 @@ static void fuzz_build(tdm_tokenizer *tok, bool fancy)
         enc[n] = 0;
         json_object_set_new(vocab, enc, json_integer(b));
     }
-    const char *pairs[][2] = {{"t", "h"}, {"th", "e"}, {" ", "the"}, {"i", "n"}, {" ", " "},
-                              {"  ", "  "}, {"1", "2"}, {"12", "3"}, {"\xc3", "\xa9"}};
+    const char *pairs[][2] = {{"t", "h"},   {"th", "e"}, {" ", "the"}, {"i", "n"},      {" ", " "},
+                              {"  ", "  "}, {"1", "2"},  {"12", "3"},  {"\xc3", "\xa9"}};
     int id = 256;
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
         char joined[16];
@@ -54,23 +54,24 @@ static void fuzz_build(tdm_tokenizer *tok, bool fancy)
     if (fancy) {
         const char *names[] = {"<|im_end|>", "<L>", "<R>", "the", "caf\xc3\xa9"};
         for (int i = 0; i < 5; i++)
-            json_array_append_new(
-                added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 1000 + i, "content",
-                                 names[i], "single_word", i == 3, "lstrip", i == 1, "rstrip",
-                                 i == 2, "normalized", i == 4, "special", i < 3));
+            json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id",
+                                                   1000 + i, "content", names[i], "single_word",
+                                                   i == 3, "lstrip", i == 1, "rstrip", i == 2,
+                                                   "normalized", i == 4, "special", i < 3));
     } else {
         json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 1000,
                                                "content", "<|im_end|>", "single_word", 0, "lstrip",
                                                0, "rstrip", 0, "normalized", 0, "special", 1));
     }
-    json_t *root = json_pack(
-        "{s:o, s:o, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b}]}, s:{s:s}, "
-        "s:{s:s, s:b, s:o, s:o}}",
-        "added_tokens", added, "normalizer", fancy ? json_pack("{s:s}", "type", "NFC") : json_null(),
-        "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex",
-        FUZZ_SPLIT, "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0,
-        "use_regex", 0, "decoder", "type", "ByteLevel", "model", "type", "BPE", "ignore_merges", 1,
-        "vocab", vocab, "merges", merges);
+    json_t *root =
+        json_pack("{s:o, s:o, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b}]}, s:{s:s}, "
+                  "s:{s:s, s:b, s:o, s:o}}",
+                  "added_tokens", added, "normalizer",
+                  fancy ? json_pack("{s:s}", "type", "NFC") : json_null(), "pre_tokenizer", "type",
+                  "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", FUZZ_SPLIT,
+                  "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0,
+                  "use_regex", 0, "decoder", "type", "ByteLevel", "model", "type", "BPE",
+                  "ignore_merges", 1, "vocab", vocab, "merges", merges);
     char *text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     tdm_error err = {0};
@@ -103,8 +104,7 @@ static int fuzz_tokenizer_encode_one(const uint8_t *data, size_t size)
     tdm_token_ids ids = {0};
     tdm_error err = {0};
     tdm_status st = tdm_tokenizer_encode(&fuzz_plain, text, size, false, &ids, &err);
-    if ((st == TDM_OK) != valid)
-        abort();
+    if ((st == TDM_OK) != valid) abort();
     if (st == TDM_OK) {
         char *out = NULL;
         size_t len = 0, cap = 0;

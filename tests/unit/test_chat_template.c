@@ -110,8 +110,7 @@ static void check_real(const char *name, tdm_chat_template want_tmpl, const int3
     snprintf(path, sizeof path, "%s/test-tokenizers/%s", TANDEM_BINARY_DIR, name);
     tdm_tokenizer tok;
     tdm_error err = {0};
-    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK)
-        fail_msg("%s", err.message);
+    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK) fail_msg("%s", err.message);
     assert_int_equal(tdm_chat_template_detect(&tok), want_tmpl);
     tdm_chat_rendered r;
     assert_int_equal(tdm_chat_render(want_tmpl, CONV, 3, false, &r, &err), TDM_OK);
@@ -130,15 +129,14 @@ static void check_real(const char *name, tdm_chat_template want_tmpl, const int3
 
 static void test_real_tokenizers(void **state)
 {
-    if (!fetch_real())
-        skip();
-    static const int32_t qwen[] = {151644, 8948, 198, 3430, 9814, 13, 151645, 198, 151644, 872,
-                                   198, 13048, 151645, 198, 151644, 77091, 198, 21927, 4894,
-                                   151645, 198};
+    if (!fetch_real()) skip();
+    static const int32_t qwen[] = {151644, 8948,   198, 3430,  9814,  13,     151645,
+                                   198,    151644, 872, 198,   13048, 151645, 198,
+                                   151644, 77091,  198, 21927, 4894,  151645, 198};
     check_real("qwen3", TDM_CHAT_CHATML, qwen, sizeof qwen / sizeof *qwen, 17, 3);
-    static const int32_t llama[] = {128000, 128006, 9125, 128007, 271, 3513, 10015, 13,
-                                    128009, 128006, 882, 128007, 271, 13347, 128009, 128006,
-                                    78191, 128007, 271, 9906, 0, 128009};
+    static const int32_t llama[] = {128000, 128006, 9125, 128007, 271, 3513,  10015,  13,
+                                    128009, 128006, 882,  128007, 271, 13347, 128009, 128006,
+                                    78191,  128007, 271,  9906,   0,   128009};
     check_real("llama3", TDM_CHAT_LLAMA3, llama, sizeof llama / sizeof *llama, 19, 3);
 }
 

@@ -25,8 +25,7 @@ static int run_corpus(const char *target, int (*one)(const uint8_t *, size_t))
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
+        if (e->d_name[0] == '.') continue;
         char path[2048];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         char *data;

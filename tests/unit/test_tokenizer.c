@@ -19,9 +19,9 @@
 
 /* ---- helpers: a tiny byte-level tokenizer.json built in memory ---- */
 
-static const char QWEN_SPLIT[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                                 "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                                 "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 static char *byte_str(unsigned char b)
 {
@@ -69,8 +69,8 @@ static json_t *tiny_json(const char *const *extra, const char *const *merges)
                      "version", "1.0", "truncation", "padding", "added_tokens", "normalizer",
                      "pre_tokenizer", "type", "Sequence", "pretokenizers", split, bytelevel,
                      "post_processor", "decoder", "type", "ByteLevel", "model", "type", "BPE",
-                     "dropout", "unk_token", "byte_fallback", 0, "ignore_merges", 0, "vocab",
-                     vocab, "merges", ml);
+                     "dropout", "unk_token", "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab,
+                     "merges", ml);
 }
 
 static tdm_status load_from(json_t *root, tdm_tokenizer *tok, tdm_error *err)
@@ -87,8 +87,7 @@ static void load_ok(json_t *root, tdm_tokenizer *tok)
 {
     tdm_error err = {0};
     tdm_status st = load_from(root, tok, &err);
-    if (st != TDM_OK)
-        fail_msg("load failed: %s", err.message);
+    if (st != TDM_OK) fail_msg("load failed: %s", err.message);
 }
 
 /* Encodes s and checks the ids (terminated by -1). */
@@ -154,7 +153,7 @@ static void test_byte_level_map(void **state)
     assert_int_equal(n, 94 + 2 * (256 - 94)); /* only printable ASCII stays one byte */
     assert_int_equal(tdm_byte_level_decode(enc, n, back), 256);
     assert_memory_equal(all, back, 256);
-    assert_int_equal(tdm_byte_level_decode("a b", 3, back), -1);        /* space: not in alphabet */
+    assert_int_equal(tdm_byte_level_decode("a b", 3, back), -1); /* space: not in alphabet */
     assert_int_equal(tdm_byte_level_decode("\xe4\xb8\xad", 3, back), -1); /* CJK char */
     assert_int_equal(tdm_byte_level_decode("\xc1\xa1", 2, back), -1);     /* overlong 'a' */
 }
@@ -278,10 +277,10 @@ static void test_added_tokens_split_first(void **state)
     load_ok(root, &tok);
     expect_ids(&tok, "x<|im_end|>y", 12, false, (int32_t[]){'x', 300, 'y', -1});
     expect_ids(&tok, "<|im<|im_end|>", 14, false, (int32_t[]){301, 300, -1});
-    expect_ids(&tok, "a  <L>", 6, false, (int32_t[]){'a', 302, -1});       /* spaces go into <L> */
-    expect_ids(&tok, "<R> \n b", 7, false, (int32_t[]){303, 'b', -1});     /* and into <R> */
-    expect_ids(&tok, "he", 2, false, (int32_t[]){304, -1});                /* a word on its own */
-    expect_ids(&tok, "the", 3, false, (int32_t[]){'t', 256, -1});          /* inside a word: BPE */
+    expect_ids(&tok, "a  <L>", 6, false, (int32_t[]){'a', 302, -1});   /* spaces go into <L> */
+    expect_ids(&tok, "<R> \n b", 7, false, (int32_t[]){303, 'b', -1}); /* and into <R> */
+    expect_ids(&tok, "he", 2, false, (int32_t[]){304, -1});            /* a word on its own */
+    expect_ids(&tok, "the", 3, false, (int32_t[]){'t', 256, -1});      /* inside a word: BPE */
     expect_ids(&tok, "he!", 3, false, (int32_t[]){304, '!', -1});
     /* the id table knows added tokens, and decode gives their content */
     int32_t id;
@@ -292,14 +291,14 @@ static void test_added_tokens_split_first(void **state)
     char *out = NULL;
     size_t olen = 0, ocap = 0;
     tdm_error err = {0};
-    assert_int_equal(tdm_tokenizer_decode(&tok, (int32_t[]){'x', 300, 301}, 3, true, &out, &olen,
-                                          &ocap, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_tokenizer_decode(&tok, (int32_t[]){'x', 300, 301}, 3, true, &out, &olen, &ocap, &err),
+        TDM_OK);
     assert_int_equal(olen, 5); /* special <|im_end|> skipped, non-special <|im kept */
     assert_memory_equal(out, "x<|im", 5);
-    assert_int_equal(tdm_tokenizer_decode(&tok, (int32_t[]){999}, 1, false, &out, &olen, &ocap,
-                                          &err),
-                     TDM_ERR_INVALID);
+    assert_int_equal(
+        tdm_tokenizer_decode(&tok, (int32_t[]){999}, 1, false, &out, &olen, &ocap, &err),
+        TDM_ERR_INVALID);
     free(out);
     tdm_tokenizer_free(&tok);
 }
@@ -314,8 +313,8 @@ static void test_nfc_and_post_processor(void **state)
         root, "post_processor",
         json_pack("{s:s, s:[{s:{s:s,s:i}}, {s:{s:s,s:i}}], s:{s:{s:s, s:[i], s:[s]}}}", "type",
                   "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0,
-                  "Sequence", "id", "A", "type_id", 0, "special_tokens", "<s>", "id", "<s>",
-                  "ids", 400, "tokens", "<s>"));
+                  "Sequence", "id", "A", "type_id", 0, "special_tokens", "<s>", "id", "<s>", "ids",
+                  400, "tokens", "<s>"));
     tdm_tokenizer tok;
     load_ok(root, &tok);
     expect_ids(&tok, "e\xcc\x81", 3, false, (int32_t[]){0xc3, 0xa9, -1});
@@ -345,8 +344,8 @@ static void test_refusals(void **state)
     json_object_set_new(r, "normalizer", json_pack("{s:s}", "type", "Lowercase"));
     expect_refused(r, "Lowercase");
     r = tiny_json(NULL, NULL);
-    json_t *split = json_array_get(
-        json_object_get(json_object_get(r, "pre_tokenizer"), "pretokenizers"), 0);
+    json_t *split =
+        json_array_get(json_object_get(json_object_get(r, "pre_tokenizer"), "pretokenizers"), 0);
     json_object_set_new(split, "behavior", json_string("Removed"));
     expect_refused(r, "pre_tokenizer.pretokenizers[0]: Split behavior \"Removed\"");
     r = tiny_json(NULL, NULL);
@@ -373,10 +372,10 @@ static void test_invalid_utf8_and_roundtrip(void **state)
     tdm_error err = {0};
     assert_int_equal(tdm_tokenizer_encode(&tok, "ok\xff", 3, false, &ids, &err), TDM_ERR_INVALID);
     assert_non_null(strstr(err.message, "byte offset 2"));
-    assert_int_equal(tdm_utf8_valid_prefix("\xed\xa0\x80", 3), 0);      /* surrogate */
-    assert_int_equal(tdm_utf8_valid_prefix("a\xc0\x80", 3), 1);         /* overlong NUL */
-    assert_int_equal(tdm_utf8_valid_prefix("\xf4\x90\x80\x80", 4), 0);  /* past U+10FFFF */
-    assert_int_equal(tdm_utf8_valid_prefix("\xe2\x82", 2), 0);          /* truncated */
+    assert_int_equal(tdm_utf8_valid_prefix("\xed\xa0\x80", 3), 0);     /* surrogate */
+    assert_int_equal(tdm_utf8_valid_prefix("a\xc0\x80", 3), 1);        /* overlong NUL */
+    assert_int_equal(tdm_utf8_valid_prefix("\xf4\x90\x80\x80", 4), 0); /* past U+10FFFF */
+    assert_int_equal(tdm_utf8_valid_prefix("\xe2\x82", 2), 0);         /* truncated */
     assert_int_equal(tdm_utf8_valid_prefix("a\0\xf0\x9f\x98\x80", 6), 6);
     assert_int_equal(ids.len, 0);
     tdm_token_ids_free(&ids);
@@ -388,13 +387,20 @@ static void test_invalid_utf8_and_roundtrip(void **state)
         while (n < 500) {
             uint32_t cp;
             switch (rand() % 4) {
-            case 0: cp = (uint32_t)(rand() % 0x80); break;
-            case 1: cp = 0x80 + (uint32_t)(rand() % 0x780); break;
-            case 2: cp = 0x800 + (uint32_t)(rand() % 0xf800); break;
-            default: cp = 0x10000 + (uint32_t)(rand() % 0x100000); break;
+            case 0:
+                cp = (uint32_t)(rand() % 0x80);
+                break;
+            case 1:
+                cp = 0x80 + (uint32_t)(rand() % 0x780);
+                break;
+            case 2:
+                cp = 0x800 + (uint32_t)(rand() % 0xf800);
+                break;
+            default:
+                cp = 0x10000 + (uint32_t)(rand() % 0x100000);
+                break;
             }
-            if (cp >= 0xd800 && cp <= 0xdfff)
-                continue;
+            if (cp >= 0xd800 && cp <= 0xdfff) continue;
             if (cp < 0x80) {
                 buf[n++] = (char)cp;
             } else if (cp < 0x800) {
@@ -435,23 +441,23 @@ static bool fetch_real(void)
 /* Compares every line of the fixture FIXTURES/<name>.jsonl with our encoder. */
 static void check_fixture(const char *name)
 {
-    if (!fetch_real())
-        skip();
+    if (!fetch_real()) skip();
     const char *dir = getenv("TANDEM_TOKENIZER_FIXTURES");
     char fix[2048], path[2048];
     snprintf(fix, sizeof fix, "%s/%s.jsonl",
              dir ? dir : TANDEM_SOURCE_DIR "/tests/fixtures/tokenizer", name);
     FILE *f = fopen(fix, "r");
     if (!f) {
-        fprintf(stderr, "SKIP: no fixture %s (made by tests/fixtures/tokenizer/gen_fixtures.py "
-                        "on a machine with Hugging Face tokenizers; see docs/tokenizer.md)\n", fix);
+        fprintf(stderr,
+                "SKIP: no fixture %s (made by tests/fixtures/tokenizer/gen_fixtures.py "
+                "on a machine with Hugging Face tokenizers; see docs/tokenizer.md)\n",
+                fix);
         skip();
     }
     snprintf(path, sizeof path, "%s/test-tokenizers/%s", TANDEM_BINARY_DIR, name);
     tdm_tokenizer tok;
     tdm_error err = {0};
-    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK)
-        fail_msg("%s", err.message);
+    if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK) fail_msg("%s", err.message);
     char *line = NULL;
     size_t cap = 0;
     long lineno = 0, mismatches = 0, checked = 0;
@@ -494,17 +500,26 @@ static void check_fixture(const char *name)
     assert_int_equal(mismatches, 0);
 }
 
-static void test_fixtures_qwen3(void **state) { check_fixture("qwen3"); }
-static void test_fixtures_llama3(void **state) { check_fixture("llama3"); }
+static void test_fixtures_qwen3(void **state)
+{
+    check_fixture("qwen3");
+}
+static void test_fixtures_llama3(void **state)
+{
+    check_fixture("llama3");
+}
 
 static void test_real_roundtrip_and_specials(void **state)
 {
-    if (!fetch_real())
-        skip();
-    static const char *texts[] = {
-        "Hello world", "I'M here\xc2\xa0x\t\ty", "<|im_start|>user\nhi<|im_end|>",
-        "\xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e", "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9",
-        "def f(x):\n    return x\n", "1234567890", "\x00\x01\x7f"};
+    if (!fetch_real()) skip();
+    static const char *texts[] = {"Hello world",
+                                  "I'M here\xc2\xa0x\t\ty",
+                                  "<|im_start|>user\nhi<|im_end|>",
+                                  "\xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e",
+                                  "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9",
+                                  "def f(x):\n    return x\n",
+                                  "1234567890",
+                                  "\x00\x01\x7f"};
     const char *names[] = {"qwen3", "llama3"};
     for (int k = 0; k < 2; k++) {
         char path[2048];
@@ -512,8 +527,7 @@ static void test_real_roundtrip_and_specials(void **state)
                  names[k]);
         tdm_tokenizer tok;
         tdm_error err = {0};
-        if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK)
-            fail_msg("%s", err.message);
+        if (tdm_tokenizer_load(&tok, path, &err) != TDM_OK) fail_msg("%s", err.message);
         for (size_t i = 0; i < sizeof texts / sizeof *texts; i++)
             expect_roundtrip(&tok, texts[i], i == 7 ? 3 : strlen(texts[i]));
         int32_t id;
