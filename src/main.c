@@ -15,6 +15,7 @@ static int cmd_version(int argc, char **argv)
 static const tdm_command commands[] = {
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"version", cmd_version, "print the version"},
+    {"tokenize", tdm_cmd_tokenize, "encode text with a model's tokenizer.json"},
     {NULL, NULL, NULL},
 };
 

@@ -42,5 +42,6 @@ bool tdm_cli_parse_long(const char *s, long *out);
 int tdm_cmd_gpu(int argc, char **argv);
 int tdm_cmd_gpu_status(int argc, char **argv);
 int tdm_cmd_gpu_run(int argc, char **argv);
+int tdm_cmd_tokenize(int argc, char **argv);
 
 #endif
