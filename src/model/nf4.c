@@ -1,5 +1,13 @@
 #include "model/nf4.h"
 
+/* No fused multiply-add: dequantization must round code * absmax (and map * absmax2 + offset)
+ * exactly as the fp32 reference does, on every target. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>

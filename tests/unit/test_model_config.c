@@ -15,6 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The fixtures gen_fixtures.py writes; TANDEM_MODEL_FIXTURES points elsewhere (a fresh run). */
+static const char *fixtures_dir(void)
+{
+    const char *d = getenv("TANDEM_MODEL_FIXTURES");
+    return d && *d ? d : TANDEM_SOURCE_DIR "/tests/fixtures/model";
+}
+
 #include "model/config.h"
 #include "model/layout.h"
 
@@ -261,8 +268,8 @@ static void test_quantized_names(void **state)
  * gen_fixtures.py). */
 static void test_golden_transformers_configs(void **state)
 {
-    const char *root = TANDEM_SOURCE_DIR "/tests/fixtures/model/configs";
-    char exp_path[600];
+    char root[600], exp_path[700];
+    snprintf(root, sizeof root, "%s/configs", fixtures_dir());
     snprintf(exp_path, sizeof exp_path, "%s/expected.json", root);
     if (access(exp_path, F_OK) != 0) {
         print_message("SKIP: %s absent; run tests/fixtures/model/gen_fixtures.py on a machine "

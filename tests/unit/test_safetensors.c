@@ -15,6 +15,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The fixtures gen_fixtures.py writes; TANDEM_MODEL_FIXTURES points elsewhere (a fresh run). */
+static const char *fixtures_dir(void)
+{
+    const char *d = getenv("TANDEM_MODEL_FIXTURES");
+    return d && *d ? d : TANDEM_SOURCE_DIR "/tests/fixtures/model";
+}
+
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "util/atomic_file.h"
@@ -493,7 +500,7 @@ static void test_sharded(void **state)
  * values in a JSON next to it. */
 static void test_golden_python_file(void **state)
 {
-    const char *dir = TANDEM_SOURCE_DIR "/tests/fixtures/model";
+    const char *dir = fixtures_dir();
     char st_path[600], js_path[600];
     snprintf(st_path, sizeof st_path, "%s/dtypes.safetensors", dir);
     snprintf(js_path, sizeof js_path, "%s/dtypes.json", dir);
