@@ -14,6 +14,8 @@ static int cmd_version(int argc, char **argv)
 
 static const tdm_command commands[] = {
     {"version", cmd_version, "print the version"},
+    {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
+    {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},
     {NULL, NULL, NULL},
 };
 

@@ -42,5 +42,7 @@ bool tdm_cli_parse_long(const char *s, long *out);
 int tdm_cmd_gpu(int argc, char **argv);
 int tdm_cmd_gpu_status(int argc, char **argv);
 int tdm_cmd_gpu_run(int argc, char **argv);
+int tdm_cmd_inspect(int argc, char **argv);
+int tdm_cmd_init_model(int argc, char **argv);
 
 #endif
