@@ -4,6 +4,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +255,29 @@ static tdm_status parse_root(tdm_model_config *cfg, json_t *root, const char *na
     if ((st = get_int(root, "head_dim", cfg->hidden_size / cfg->num_heads, &cfg->head_dim, name,
                       err)))
         return st;
+    /* Bounds far above any real model that keep every size product within int64. */
+    static const struct {
+        const char *name;
+        size_t off;
+        int64_t max;
+    } limits[] = {
+        {"hidden_size", offsetof(tdm_model_config, hidden_size), (int64_t)1 << 20},
+        {"intermediate_size", offsetof(tdm_model_config, intermediate_size), (int64_t)1 << 20},
+        {"num_hidden_layers", offsetof(tdm_model_config, num_layers), (int64_t)1 << 12},
+        {"num_attention_heads", offsetof(tdm_model_config, num_heads), (int64_t)1 << 14},
+        {"head_dim", offsetof(tdm_model_config, head_dim), (int64_t)1 << 14},
+        {"vocab_size", offsetof(tdm_model_config, vocab_size), (int64_t)1 << 24},
+    };
+    for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+        int64_t v = *(const int64_t *)((const char *)cfg + limits[i].off);
+        if (v > limits[i].max)
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED, "%s: %s %lld exceeds tandem's limit %lld",
+                            name, limits[i].name, (long long)v, (long long)limits[i].max);
+    }
+    if (cfg->num_heads * cfg->head_dim > (int64_t)1 << 20)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "%s: num_attention_heads * head_dim = %lld exceeds tandem's limit %lld",
+                        name, (long long)(cfg->num_heads * cfg->head_dim), (long long)1 << 20);
     if (cfg->num_heads % cfg->num_kv_heads != 0)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "

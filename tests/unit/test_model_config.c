@@ -193,6 +193,13 @@ static void test_refusals(void **state)
     expect_refused(llama32_1b, "\"high_freq_factor\":4.0", "\"high_freq_factor\":0.5",
                    TDM_ERR_INVALID, "high_freq_factor");
     expect_refused(llama32_1b, "\"head_dim\":64", "\"head_dim\":63", TDM_ERR_INVALID, "odd");
+    /* Sizes whose products would overflow are refused before any arithmetic. */
+    expect_refused(qwen25_05b, "\"hidden_size\":896", "\"hidden_size\":234881024",
+                   TDM_ERR_UNSUPPORTED, "hidden_size 234881024 exceeds");
+    expect_refused(qwen25_05b, "\"vocab_size\":151936", "\"vocab_size\":999999999",
+                   TDM_ERR_UNSUPPORTED, "vocab_size");
+    expect_refused(qwen3_06b, "\"num_attention_heads\":16", "\"num_attention_heads\":16384",
+                   TDM_ERR_UNSUPPORTED, "num_attention_heads * head_dim");
     /* JSON syntax errors carry FILE:LINE:COLUMN. */
     tdm_model_config c;
     tdm_error err = {0};
