@@ -113,7 +113,11 @@ static int print_json(const char *path, const tdm_model_config *cfg, const tdm_w
 
 static void print_bytes(uint64_t b)
 {
-    printf("%llu bytes (%.2f GiB)", (unsigned long long)b, (double)b / (1024.0 * 1024 * 1024));
+    double gib = (double)b / (1024.0 * 1024 * 1024);
+    if (gib >= 1.0)
+        printf("%llu bytes (%.2f GiB)", (unsigned long long)b, gib);
+    else
+        printf("%llu bytes (%.2f MiB)", (unsigned long long)b, (double)b / (1024.0 * 1024));
 }
 
 static int print_text(const char *path, const tdm_model_config *c, const tdm_weights *w,
@@ -133,7 +137,7 @@ static int print_text(const char *path, const tdm_model_config *c, const tdm_wei
                c->tie_word_embeddings ? "yes" : "no",
                c->qkv_bias ? (c->o_bias ? "q/k/v/o" : "q/k/v") : "none",
                c->qk_norm ? "yes" : "no");
-        printf("rope:          %s, theta %g", tdm_rope_type_name(c->rope.type), c->rope.theta);
+        printf("rope:          %s, theta %.15g", tdm_rope_type_name(c->rope.type), c->rope.theta);
         if (c->rope.type == TDM_ROPE_LINEAR)
             printf(", factor %g", c->rope.factor);
         if (c->rope.type == TDM_ROPE_LLAMA3)
