@@ -58,11 +58,13 @@ void tdm_nf4_dynamic_map(float map[256])
         int items = (1 << i) + 1;
         float bounds[65];
         linspace_f32(0.1f, 1.0f, items, bounds);
-        double scale = pow(10.0, (double)(i - 6));
+        /* bitsandbytes multiplies a fp32 tensor by a Python float: torch rounds the scalar
+         * to fp32 and multiplies in fp32. */
+        float scale = (float)pow(10.0, (double)(i - 6));
         for (int j = 0; j + 1 < items; j++) {
             float mean = (bounds[j] + bounds[j + 1]) / 2.0f;
-            map[k++] = (float)(scale * (double)mean);
-            map[k++] = (float)(-scale * (double)mean);
+            map[k++] = scale * mean;
+            map[k++] = -scale * mean;
         }
     }
     map[k++] = 0.0f;
