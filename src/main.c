@@ -14,8 +14,10 @@ static int cmd_version(int argc, char **argv)
 
 static const tdm_command commands[] = {
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
-    {"version", cmd_version, "print the version"},
+    {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
+    {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},
     {"tokenize", tdm_cmd_tokenize, "encode text with a model's tokenizer.json"},
+    {"version", cmd_version, "print the version"},
     {NULL, NULL, NULL},
 };
 

@@ -43,5 +43,7 @@ int tdm_cmd_gpu(int argc, char **argv);
 int tdm_cmd_gpu_status(int argc, char **argv);
 int tdm_cmd_gpu_run(int argc, char **argv);
 int tdm_cmd_tokenize(int argc, char **argv);
+int tdm_cmd_inspect(int argc, char **argv);
+int tdm_cmd_init_model(int argc, char **argv);
 
 #endif

@@ -1,0 +1,51 @@
+#!/bin/bash
+# tandem init-model: every tiny preset is written and inspects cleanly; the same seed gives the
+# same bytes, another seed other bytes; f32 doubles the data; usage errors exit 2; a failed
+# write leaves the previous model intact and no temp file behind.
+set -u
+. "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
+
+for p in tiny tiny-llama tiny-qwen3 tiny-mistral; do
+    expect_exit 0 "$TANDEM" init-model "$WORK/$p" --preset "$p" --seed 3
+    grep -q "preset $p" "$WORK/last.out" || fail "$p: no summary line"
+    for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
+        [ -s "$WORK/$p/$f" ] || fail "$p: $f missing"
+    done
+    expect_exit 0 "$TANDEM" inspect "$WORK/$p"
+done
+grep -q '"LlamaForCausalLM"' "$WORK/tiny-llama/config.json" || fail "tiny-llama architecture"
+grep -q '"llama3"' "$WORK/tiny-llama/config.json" || fail "tiny-llama rope scaling"
+
+expect_exit 0 "$TANDEM" init-model "$WORK/again" --preset tiny --seed 3
+cmp -s "$WORK/tiny/model.safetensors" "$WORK/again/model.safetensors" || fail "same seed, other bytes"
+expect_exit 0 "$TANDEM" init-model "$WORK/other" --preset tiny --seed 4
+cmp -s "$WORK/tiny/model.safetensors" "$WORK/other/model.safetensors" && fail "other seed, same bytes"
+expect_exit 0 "$TANDEM" init-model "$WORK/f32" --preset tiny --dtype f32
+s16=$(stat -c %s "$WORK/tiny/model.safetensors"); s32=$(stat -c %s "$WORK/f32/model.safetensors")
+[ $((s32 - 2 * s16)) -lt 10000 ] && [ $((2 * s16 - s32)) -lt 10000 ] || fail "f32 size $s32 vs bf16 $s16"
+grep -q '"float32"' "$WORK/f32/config.json" || fail "f32 config dtype"
+
+# --tokenizer: a directory or a tokenizer.json.
+expect_exit 0 "$TANDEM" init-model "$WORK/tok" --preset tiny-llama --tokenizer "$WORK/tiny"
+cmp -s "$WORK/tiny/tokenizer.json" "$WORK/tok/tokenizer.json" || fail "tokenizer not copied"
+expect_exit 0 "$TANDEM" init-model "$WORK/tok2" --preset tiny --tokenizer "$WORK/tiny/tokenizer.json"
+expect_exit 1 "$TANDEM" init-model "$WORK/tok3" --preset tiny --tokenizer "$WORK/nowhere"
+
+# Usage errors.
+expect_exit 2 "$TANDEM" init-model "$WORK/x"
+expect_exit 2 "$TANDEM" init-model --preset tiny
+expect_exit 2 "$TANDEM" init-model "$WORK/x" --preset nope
+grep -q "known: tiny" "$WORK/last.err" || fail "unknown preset message lists presets"
+expect_exit 2 "$TANDEM" init-model "$WORK/x" --preset tiny --dtype f16
+expect_exit 2 "$TANDEM" init-model "$WORK/x" --preset tiny --seed -1
+expect_exit 2 "$TANDEM" init-model "$WORK/x" --preset tiny --bogus
+expect_exit 0 "$TANDEM" init-model --help
+grep -q "qwen2.5-7b" "$WORK/last.out" || fail "help lists presets"
+expect_exit 1 "$TANDEM" init-model "$WORK/no/such/parent" --preset tiny
+
+# Atomicity: a failed rename keeps the old weights and leaves no temp file.
+cp "$WORK/tiny/model.safetensors" "$WORK/before.safetensors"
+TANDEM_FAULT_INJECT=safetensors.rename expect_exit 1 "$TANDEM" init-model "$WORK/tiny" --preset tiny --seed 9
+cmp -s "$WORK/before.safetensors" "$WORK/tiny/model.safetensors" || fail "old weights damaged"
+ls -a "$WORK/tiny" | grep -q 'tmp-' && fail "temp file left behind"
+finish
