@@ -33,13 +33,15 @@
  * "dropped_events" and a warning is emitted at close. At most TDM_TRACE_MAX_OPEN spans can be open
  * at once for the unfinished-span rescue; more are still recorded when ended.
  *
- * Off (no trace open), begin and end read no clock, take no lock and allocate nothing.
+ * Off (no trace open), begin and end read no clock, take no lock and allocate nothing (besides
+ * the NVTX calls below).
  *
  * NVTX: in builds with CUDA (TANDEM_HAVE_CUDA), every span is also an NVTX range in the domain
  * "tandem" (nvtxDomainRangeStartEx/End, so ranges may cross threads and need not nest), visible in
  * Nsight Systems (`nsys profile tandem ...`). NVTX ranges are emitted whether or not a trace file
- * is open, but only when an NVTX tool is attached (NVTX_INJECTION64_PATH set, which is how Nsight
- * injects itself; checked once per process), so without Nsight they cost nothing.
+ * is open; NVTX's loader finds the tool (NVTX_INJECTION64_PATH, which nsys sets, or a statically
+ * linked injection) on the first call, and without one each later call is a null-pointer check,
+ * so without Nsight they cost next to nothing (they read no tandem clock and take no lock).
  *
  * Thread safety: any thread may begin and end spans; one mutex guards the buffer (taken only while
  * a trace is open). open and close must not race with each other.
