@@ -43,9 +43,32 @@ static trace_event *events;       /* (cap) guarded by mu */
 static size_t n_events, cap_events, dropped;
 static open_span open_spans[TDM_TRACE_MAX_OPEN];
 
+/* gettid() is a system call (microseconds under some sandboxes), so each thread caches its id.
+ * A forked child inherits the cache of the forking thread; the fork generation bumped by the
+ * pthread_atfork child handler tells it to ask again. */
+static _Atomic uint32_t fork_generation = 1;
+static _Thread_local uint32_t tid_generation;
+static _Thread_local int32_t tid_cached;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void after_fork_in_child(void)
+{
+    atomic_fetch_add(&fork_generation, 1);
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
 static int32_t current_tid(void)
 {
-    return (int32_t)gettid();
+    uint32_t gen = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    if (tid_generation != gen) {
+        tid_cached = (int32_t)gettid();
+        tid_generation = gen;
+    }
+    return tid_cached;
 }
 
 /* --- NVTX --------------------------------------------------------------------------------- */
@@ -149,6 +172,7 @@ tdm_status tdm_trace_open(const char *path, tdm_error *err)
     n_events = 0;
     dropped = 0;
     memset(open_spans, 0, sizeof open_spans);
+    pthread_once(&atfork_once, register_atfork);
     if (++last_session == 0)
         last_session = 1;
     atomic_store(&session, last_session);
@@ -341,7 +365,7 @@ void tdm_trace_span_end_at(tdm_trace_span *span, int64_t end_ns, size_t n_args,
     if (id == 0 || atomic_load_explicit(&session, memory_order_relaxed) != id)
         return;
     json_t *a = args_json(n_args, args);
-    int32_t tid = current_tid();
+    int32_t tid = span->slot >= 0 ? 0 : current_tid();
     pthread_mutex_lock(&mu);
     if (atomic_load(&session) == id) {
         if (span->slot >= 0) {

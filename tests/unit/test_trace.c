@@ -367,6 +367,14 @@ static void on_term(int sig)
 
 static void test_trace_valid_after_sigterm(void **state)
 {
+    /* Cache this thread's tid in the tracer first, so the child inherits a stale cache. */
+    tdm_error perr = {0};
+    assert_int_equal(tdm_trace_open(path, &perr), TDM_OK);
+    tdm_trace_span warm = tdm_trace_span_begin("Warm", "gpu");
+    tdm_trace_span_end(&warm, 0, NULL);
+    assert_int_equal(tdm_trace_close(&perr), TDM_OK);
+    assert_int_equal(unlink(path), 0);
+
     int ready[2];
     assert_int_equal(pipe(ready), 0);
     pid_t pid = fork();
@@ -406,6 +414,8 @@ static void test_trace_valid_after_sigterm(void **state)
     int found = 0;
     json_array_foreach(list, i, e) {
         assert_int_equal(json_integer_value(json_object_get(e, "pid")), pid);
+        /* The child is single-threaded: its tid is its pid, not the cached tid of the parent. */
+        assert_int_equal(json_integer_value(json_object_get(e, "tid")), pid);
         const char *name = ev_name(e);
         if (strcmp(name, "WaitPoll") == 0 && json_is_true(ev_arg(e, "unfinished")))
             found++;
