@@ -39,6 +39,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint32_t session;  /* 0: closed; else the id of the open trace */
 static uint32_t last_session;     /* guarded by mu */
 static char *trace_path;          /* guarded by mu */
+static char process_label[128];   /* guarded by mu; "" for none */
 static trace_event *events;       /* (cap) guarded by mu */
 static size_t n_events, cap_events, dropped;
 static open_span open_spans[TDM_TRACE_MAX_OPEN];
@@ -171,6 +172,7 @@ tdm_status tdm_trace_open(const char *path, tdm_error *err)
     }
     n_events = 0;
     dropped = 0;
+    process_label[0] = '\0';
     memset(open_spans, 0, sizeof open_spans);
     pthread_once(&atfork_once, register_atfork);
     if (++last_session == 0)
@@ -178,6 +180,14 @@ tdm_status tdm_trace_open(const char *path, tdm_error *err)
     atomic_store(&session, last_session);
     pthread_mutex_unlock(&mu);
     return TDM_OK;
+}
+
+void tdm_trace_set_label(const char *label)
+{
+    pthread_mutex_lock(&mu);
+    if (atomic_load(&session) != 0)
+        copy_str(process_label, sizeof process_label, label);
+    pthread_mutex_unlock(&mu);
 }
 
 bool tdm_trace_active(void)
@@ -236,9 +246,14 @@ static json_t *event_json(const trace_event *e, int pid)
 
 static json_t *build_document(int pid)
 {
+    char pname[160];
+    snprintf(pname, sizeof pname, "tandem%s%s", process_label[0] ? ": " : "", process_label);
     json_t *list = json_array();
     json_t *meta = json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "process_name", "ph", "M",
-                             "pid", pid, "tid", pid, "args", "name", "tandem");
+                             "pid", pid, "tid", pid, "args", "name", pname);
+    if (!meta) /* a label that is not valid UTF-8 */
+        meta = json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "process_name", "ph", "M",
+                         "pid", pid, "tid", pid, "args", "name", "tandem");
     if (!list || !meta || json_array_append_new(list, meta) != 0) {
         json_decref(list);
         return NULL;

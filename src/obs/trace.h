@@ -12,13 +12,14 @@
  *
  * File format (opens in https://ui.perfetto.dev and chrome://tracing):
  *   {"traceEvents": [
- *      {"name": "process_name", "ph": "M", "pid": P, "tid": T, "args": {"name": "tandem"}},
+ *      {"name": "process_name", "ph": "M", "pid": P, "tid": P, "args": {"name": "tandem"}},
  *      {"name": "LedgerReserve", "cat": "gpu", "ph": "X", "ts": 81234567.891, "dur": 153.2,
  *       "pid": P, "tid": T, "args": {"budget_mb": 4096, "gpu": "GPU-...", "outcome": "granted"}},
  *      ...],
  *    "displayTimeUnit": "ms",
  *    "otherData": {"tool": "tandem", "version": "0.1.0", "clock": "CLOCK_MONOTONIC",
  *                  "dropped_events": 0}}
+ *   The process name is "tandem", or "tandem: LABEL" after tdm_trace_set_label(LABEL).
  *   Every span is a complete event ("ph": "X"). ts and dur are microseconds (fractional, ns
  *   resolution); ts is CLOCK_MONOTONIC, so traces of several tandem processes on one machine can
  *   be merged by concatenating their traceEvents arrays. pid is the process id, tid the kernel
@@ -89,6 +90,11 @@ typedef struct tdm_trace_span {
  * open or path is empty, TDM_ERR_IO when path's directory is not a writable directory,
  * TDM_ERR_NOMEM when the buffer cannot be allocated. */
 tdm_status tdm_trace_open(const char *path, tdm_error *err);
+
+/* Names this process in the trace ("process_name" metadata: "tandem: <label>", e.g. the --task
+ * name), so that merged traces of several jobs are told apart. Copied (up to 127 bytes); only
+ * while a trace is open; the last call wins. */
+void tdm_trace_set_label(const char *label);
 
 /* True while a trace file is open. */
 bool tdm_trace_active(void);

@@ -139,6 +139,7 @@ static void test_nested_and_sequential_spans(void **state)
     tdm_error err = {0};
     assert_int_equal(tdm_trace_open(path, &err), TDM_OK);
     assert_true(tdm_trace_active());
+    tdm_trace_set_label("finetune-a");
     tdm_trace_span outer = tdm_trace_span_begin("LedgerReserve", "gpu"); /* t = 5000001 us */
     tdm_trace_span q = tdm_trace_span_begin("VramQuery", "gpu");        /* 5000002 */
     tdm_trace_span_end(&q, TDM_TRACE_ARGS(TDM_TRACE_STR("gpu", "GPU-sim-0"),
@@ -177,6 +178,7 @@ static void test_nested_and_sequential_spans(void **state)
     json_t *meta = json_array_get(json_object_get(doc, "traceEvents"), 0);
     assert_string_equal(json_string_value(json_object_get(meta, "ph")), "M");
     assert_string_equal(json_string_value(json_object_get(meta, "name")), "process_name");
+    assert_string_equal(json_string_value(ev_arg(meta, "name")), "tandem: finetune-a");
     json_t *other = json_object_get(doc, "otherData");
     assert_string_equal(json_string_value(json_object_get(other, "tool")), "tandem");
     assert_int_equal(json_integer_value(json_object_get(other, "dropped_events")), 0);
@@ -286,6 +288,7 @@ static void test_args_edge_cases(void **state)
 {
     tdm_error err = {0};
     assert_int_equal(tdm_trace_open(path, &err), TDM_OK);
+    tdm_trace_set_label("bad\xff");
     tdm_trace_span s = tdm_trace_span_begin("LedgerReserve", "gpu");
     tdm_trace_span_end(&s, TDM_TRACE_ARGS(TDM_TRACE_STR("gpu", NULL),
                                           TDM_TRACE_STR("task", "caf\xc3"), /* bad UTF-8 */
@@ -299,6 +302,8 @@ static void test_args_edge_cases(void **state)
     assert_string_equal(json_string_value(ev_arg(ev[0], "task")), "(invalid UTF-8)");
     assert_true(json_integer_value(ev_arg(ev[0], "big")) == INT64_MAX);
     assert_string_equal(json_string_value(ev_arg(ev[0], "quote")), "a\"b\\c\n");
+    json_t *meta = json_array_get(json_object_get(doc, "traceEvents"), 0);
+    assert_string_equal(json_string_value(ev_arg(meta, "name")), "tandem");
     json_decref(doc);
 }
 
