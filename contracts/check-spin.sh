@@ -6,8 +6,9 @@
 #     full state space (no depth truncation),
 #   - the flawed variant (flock on the data file, -DLOCK_DATA_FILE) yields a counterexample, both
 #     for the properties together (a lost update) and for FITS alone (real over-commitment),
-#   - each vacuity check (-DVACUITY=1..3) yields a counterexample (the model can reach the
-#     situations the properties talk about).
+#   - each vacuity check (-DVACUITY=1..5) yields a counterexample (the model can reach the
+#     situations the properties talk about, including re-admission after pruning a crashed holder
+#     and an expired lease).
 # Exit 1 otherwise; exit 77 when spin or a C compiler is missing.
 # Environment: SPIN_KEEP=DIR keeps every run's output and counterexample trail (spin -t -p) in DIR.
 set -u
@@ -90,6 +91,8 @@ run flawed-overcommit  fail bfs -DLOCK_DATA_FILE -DONLY_FITS
 run vacuity-1          fail bfs -DVACUITY=1
 run vacuity-2          fail bfs -DVACUITY=2
 run vacuity-3          fail bfs -DVACUITY=3
+run vacuity-4          fail bfs -DVACUITY=4
+run vacuity-5          fail bfs -DVACUITY=5
 
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "all SPIN checks passed"

@@ -33,11 +33,12 @@
  *                    the counterexample.
  *   LOCK_DATA_FILE + ONLY_FITS   checks FITS alone: the lost update lets clients whose budgets
  *                    do not fit together both use the GPU. SPIN must find that run too.
- *   VACUITY=1..3     sanity checks that the model is not vacuous: each asserts that something the
+ *   VACUITY=1..5     sanity checks that the model is not vacuous: each asserts that something the
  *                    protocol allows never happens, so SPIN must find a run where it does
  *                    (1: two clients hold at once; 2: admission is refused; 3: clients 1 and 2,
- *                    whose budgets do not fit together, both get admitted in one run — only
- *                    possible through release, crash or expiry followed by pruning).
+ *                    whose budgets do not fit together, both get admitted in one run; 4: a client
+ *                    is admitted only because a crashed holder was pruned; 5: likewise for an
+ *                    expired lease).
  *
  * What it does not model: power loss (the temp+fsync+rename+dirsync recipe in
  * src/util/atomic_file.c is what makes the rename durable), corrupt files, clocks (expiry is an
@@ -64,6 +65,8 @@ bool holding[NP];        /* reserve returned success and release has not started
 #ifdef VACUITY
 bool ever_held[NP];      /* ghost: reserve returned success at least once */
 bool denied;             /* ghost: admission refused at least once */
+bool reused_dead;        /* ghost: admitted only thanks to pruning a crashed holder */
+bool reused_expired;     /* ghost: admitted only thanks to pruning an expired lease */
 #define GHOST(s) s
 #else
 #define GHOST(s) skip
@@ -73,6 +76,7 @@ bool denied;             /* ghost: admission refused at least once */
 #define STALE (((!alive[0] || expired[0]) << 0) | ((!alive[1] || expired[1]) << 1) | \
                ((!alive[2] || expired[2]) << 2))
 #define LIVE ((alive[0] << 0) | (alive[1] << 1) | (alive[2] << 2))
+#define EXPIRED ((expired[0] << 0) | (expired[1] << 1) | (expired[2] << 2))
 /* Clients that believe they hold a reservation and are entitled to use it. */
 #define ENTITLED (((holding[0] && alive[0] && !expired[0]) << 0) | \
                   ((holding[1] && alive[1] && !expired[1]) << 1) | \
@@ -93,6 +97,9 @@ proctype client(byte me)
     byte snap;           /* the ledger content it read and edits */
     byte tmp;            /* its temp file's inode */
     bool releasing = false;
+#ifdef VACUITY
+    byte before;         /* the content read, before pruning */
+#endif
 
     {
         skip;                                 /* (Promela wants a statement before a label) */
@@ -118,12 +125,24 @@ mutate:
 #else
             snap = content[dir_ledger];       /* open("gpu-ledger.json") + read */
 #endif
+#ifdef VACUITY
+            before = snap;
+#endif
             snap = snap & ~STALE;             /* prune dead holders and expired leases */
             if
             :: releasing ->
                 snap = snap & ~(1 << me);
                 tmp = 3 + 2 * me
             :: !releasing && SUM(snap) + BUDGET(me) <= CAP ->
+#ifdef VACUITY
+                if
+                :: SUM(before) + BUDGET(me) > CAP ->
+                    reused_dead = reused_dead || (before & ~LIVE) != 0;
+                    reused_expired = reused_expired || (before & EXPIRED) != 0
+                :: else -> skip
+                fi;
+                before = 0;
+#endif
                 snap = snap | (1 << me);
                 tmp = 2 + 2 * me
             :: !releasing && SUM(snap) + BUDGET(me) > CAP ->
@@ -204,6 +223,10 @@ active proctype monitor()
     end: atomic { denied -> assert(!denied) }
 #elif VACUITY == 3
     end: atomic { (ever_held[1] && ever_held[2]) -> assert(!(ever_held[1] && ever_held[2])) }
+#elif VACUITY == 4
+    end: atomic { reused_dead -> assert(!reused_dead) }
+#elif VACUITY == 5
+    end: atomic { reused_expired -> assert(!reused_expired) }
 #elif defined(ONLY_FITS)
     /* With LOCK_DATA_FILE: the lost update is not only bookkeeping, clients really over-commit. */
     end: atomic { !FITS -> assert(FITS) }
