@@ -13,13 +13,17 @@
 
 #include "cli/cli.h"
 #include "gpu/inventory.h"
+#include "gpu/mps.h"
+#include "obs/profile.h"
+#include "obs/trace.h"
 #include "gpu/proc_identity.h"
 #include "gpu/reservation.h"
 #include "util/timeutil.h"
 
 static const char usage[] =
     "usage: tandem gpu run --vram GB [--gpu UUID|INDEX] [--task NAME] [--no-wait-gpu]\n"
-    "                      [--timeout SEC] -- COMMAND [ARGS...]\n"
+    "                      [--timeout SEC] [--experimental-mps [--gpu-share PCT]]\n"
+    "                      [--profile] [--trace FILE.json] -- COMMAND [ARGS...]\n"
     "\n"
     "Reserves GB GiB of GPU memory in the ledger (waiting in arrival order until it fits), runs\n"
     "COMMAND with CUDA_VISIBLE_DEVICES set to the chosen GPU and TANDEM_RESERVATION_ID set,\n"
@@ -31,6 +35,12 @@ static const char usage[] =
     "  --task NAME      label shown in `tandem gpu status` (default: the command's name)\n"
     "  --no-wait-gpu    fail at once (exit 1) instead of waiting when memory is not available\n"
     "  --timeout SEC    give up waiting after SEC seconds (default 3600) and exit 75\n"
+    "  --experimental-mps  run COMMAND as a client of a running CUDA MPS daemon (tandem never\n"
+    "                   starts one): its reservation becomes a hard memory limit. A GPU fault in\n"
+    "                   any MPS client crashes every client on that GPU\n"
+    "  --gpu-share PCT  with --experimental-mps: the share of the GPU's SMs (1-100, default 100)\n"
+    "  --profile        print the sharing layer's phase timings and overhead at exit\n"
+    "  --trace FILE     write a Chrome/Perfetto trace of the sharing layer to FILE\n"
     "\n"
     "Exit codes: the command's own; 1 tandem failed; 2 usage error; 75 timed out waiting.\n";
 
@@ -216,12 +226,18 @@ static void discard_held_child(held_child *hc)
 }
 
 /* Starts the held child and watches it until it exits. Returns its exit code. */
-static int supervise(tdm_lease *lease, held_child *hc, char **command)
+static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, char **command)
 {
     pid_t pid = hc->pid;
-    char msg[1024];
+    char msg[2048];
     int len = snprintf(msg, sizeof msg, "gCUDA_VISIBLE_DEVICES=%s%cTANDEM_RESERVATION_ID=%s%c",
                        lease->gpu_uuid, 0, lease->id, 0);
+    if (mps->enabled) {
+        int more = tdm_mps_child_env(mps, lease->gpu_uuid, lease->budget_mb, msg + len,
+                                     sizeof msg - (size_t)len);
+        if (more > 0)
+            len += more;
+    }
     child_pid = pid;
     ssize_t wrote = write(hc->go_fd, msg, (size_t)len);
     (void)wrote;
@@ -272,17 +288,73 @@ static int supervise(tdm_lease *lease, held_child *hc, char **command)
     return exec_errno ? (exec_errno == ENOENT ? 127 : 126) : exit_code_of(status);
 }
 
+/* Reports the chosen GPU's compute mode under MPS (a warning unless EXCLUSIVE_PROCESS). */
+static void report_compute_mode(const char *gpu_uuid)
+{
+    tdm_inventory inv;
+    tdm_error err = {0};
+    if (tdm_inventory_query(&inv, &err) != TDM_OK)
+        return;
+    const tdm_gpu *g = tdm_inventory_find(&inv, gpu_uuid);
+    if (g && g->compute_mode >= 0) {
+        fprintf(stderr, "tandem: %s compute mode: %s\n", gpu_uuid,
+                tdm_compute_mode_str(g->compute_mode));
+        if (g->compute_mode != TDM_COMPUTE_EXCLUSIVE_PROCESS)
+            fprintf(stderr, "tandem: warning: the compute mode is not EXCLUSIVE_PROCESS: programs "
+                            "that bypass the MPS daemon can still share this GPU\n");
+    }
+    tdm_inventory_free(&inv);
+}
+
+/* Reserve (with the child held back), run, release. Returns the exit code. */
+static int run_reserved(tdm_acquire_opts *ao, const tdm_mps_opts *mps, char **command)
+{
+    install_handlers();
+    held_child hc = {0};
+    int rc = spawn_held_child(&hc, command);
+    if (rc != TDM_EXIT_OK)
+        return rc;
+    ao->extra_holder = hc.pid;
+    tdm_lease lease;
+    tdm_error err = {0};
+    if (tdm_reservation_acquire(&lease, ao, &err) != TDM_OK) {
+        discard_held_child(&hc);
+        if (stop_signal)
+            return 128 + stop_signal;
+        return tdm_cli_fail_err(&err);
+    }
+    tdm_reservation_release_at_exit(&lease);
+    if (stop_signal) { /* interrupted between admission and start: do not start */
+        discard_held_child(&hc);
+        tdm_reservation_release(&lease, &err);
+        return 128 + stop_signal;
+    }
+    fprintf(stderr, "tandem: reserved %lld MiB on %s (%s) as %s\n", (long long)lease.budget_mb,
+            lease.gpu_uuid, lease.gpu_name, lease.id);
+    if (mps->enabled)
+        report_compute_mode(lease.gpu_uuid);
+    int code = supervise(&lease, &hc, mps, command);
+    if (tdm_reservation_release(&lease, &err) != TDM_OK)
+        fprintf(stderr, "tandem: warning: could not release %s: %s (it will be pruned as dead)\n",
+                lease.id, err.message);
+    return code;
+}
+
 int tdm_cmd_gpu_run(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"vram", required_argument, NULL, 'v'},     {"gpu", required_argument, NULL, 'g'},
         {"task", required_argument, NULL, 't'},     {"no-wait-gpu", no_argument, NULL, 'n'},
         {"timeout", required_argument, NULL, 'T'},  {"help", no_argument, NULL, 'h'},
+        {"experimental-mps", no_argument, NULL, 'M'}, {"gpu-share", required_argument, NULL, 'S'},
+        {"profile", no_argument, NULL, 'P'},        {"trace", required_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
     tdm_acquire_opts ao = tdm_acquire_defaults();
     double vram_gb = 0;
-    bool have_vram = false;
+    bool have_vram = false, profile = false, have_share = false;
+    const char *trace_path = NULL;
+    tdm_mps_opts mps = {.enabled = false, .gpu_share_pct = 100};
     int c;
     optind = 1;
     opterr = 0;
@@ -302,6 +374,18 @@ int tdm_cmd_gpu_run(int argc, char **argv)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "--timeout needs seconds >= 0, not '%s'",
                                     optarg);
             break;
+        case 'M': mps.enabled = true; break;
+        case 'S': {
+            long pct;
+            if (!tdm_cli_parse_long(optarg, &pct) || pct < 1 || pct > 100)
+                return tdm_cli_fail(TDM_EXIT_USAGE, "--gpu-share needs a percentage from 1 to 100, "
+                                                    "not '%s'", optarg);
+            mps.gpu_share_pct = (int)pct;
+            have_share = true;
+            break;
+        }
+        case 'P': profile = true; break;
+        case 'R': trace_path = optarg; break;
         case 'h': fputs(usage, stdout); return TDM_EXIT_OK;
         default:
             fputs(usage, stderr);
@@ -317,6 +401,8 @@ int tdm_cmd_gpu_run(int argc, char **argv)
         fputs(usage, stderr);
         return tdm_cli_fail(TDM_EXIT_USAGE, "no command given (put it after --)");
     }
+    if (have_share && !mps.enabled)
+        return tdm_cli_fail(TDM_EXIT_USAGE, "--gpu-share only applies with --experimental-mps");
     char **command = argv + optind;
     if (!strcmp(ao.task, "job")) {
         const char *slash = strrchr(command[0], '/');
@@ -326,31 +412,32 @@ int tdm_cmd_gpu_run(int argc, char **argv)
     ao.report = report_waiting;
     ao.cancel = &stop_signal;
 
-    install_handlers();
-    held_child hc = {0};
-    int rc = spawn_held_child(&hc, command);
-    if (rc != TDM_EXIT_OK)
-        return rc;
-    ao.extra_holder = hc.pid;
-    tdm_lease lease;
+    int64_t wall_start = tdm_now_mono_ns();
     tdm_error err = {0};
-    if (tdm_reservation_acquire(&lease, &ao, &err) != TDM_OK) {
-        discard_held_child(&hc);
-        if (stop_signal)
-            return 128 + stop_signal;
-        return tdm_cli_fail_err(&err);
+    if (mps.enabled) {
+        if (tdm_mps_detect(500, &err) != TDM_OK)
+            return tdm_cli_fail_err(&err);
+        fprintf(stderr, "tandem: MPS enabled \xe2\x80\x94 a GPU fault in any job will crash all jobs "
+                        "on this GPU\n");
+        if (mps.gpu_share_pct < TDM_MPS_UNRELIABLE_BELOW_PCT)
+            fprintf(stderr, "tandem: warning: --gpu-share %d is below %d%%: MPS partitioning is "
+                            "unreliable there, especially on Jetson\n",
+                    mps.gpu_share_pct, TDM_MPS_UNRELIABLE_BELOW_PCT);
     }
-    tdm_reservation_release_at_exit(&lease);
-    if (stop_signal) { /* interrupted between admission and start: do not start */
-        discard_held_child(&hc);
-        tdm_reservation_release(&lease, &err);
-        return 128 + stop_signal;
+    if (profile)
+        tdm_profile_enable(true);
+    if (trace_path) {
+        if (tdm_trace_open(trace_path, &err) != TDM_OK)
+            return tdm_cli_fail_err(&err);
+        tdm_trace_set_label(ao.task);
     }
-    fprintf(stderr, "tandem: reserved %lld MiB on %s (%s) as %s\n", (long long)lease.budget_mb,
-            lease.gpu_uuid, lease.gpu_name, lease.id);
-    int code = supervise(&lease, &hc, command);
-    if (tdm_reservation_release(&lease, &err) != TDM_OK)
-        fprintf(stderr, "tandem: warning: could not release %s: %s (it will be pruned as dead)\n",
-                lease.id, err.message);
+    int code = run_reserved(&ao, &mps, command);
+    if (profile) {
+        fflush(stdout);
+        if (tdm_profile_report(stderr, tdm_now_mono_ns() - wall_start, &err) != TDM_OK)
+            fprintf(stderr, "tandem: warning: %s\n", err.message);
+    }
+    if (trace_path && tdm_trace_close(&err) != TDM_OK)
+        fprintf(stderr, "tandem: warning: %s\n", err.message);
     return code;
 }

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "obs/obs.h"
 #include "util/atomic_file.h"
 #include "util/fault.h"
 #include "util/timeutil.h"
@@ -133,11 +134,13 @@ static tdm_status ledger_lock(tdm_ledger *ledger, tdm_error *err)
                               "must be writable by you; TANDEM_LEDGER_DIR chooses another)",
                               ledger->lock_path);
     /* Bounded wait: non-blocking attempts with a backoff from 0.1 ms to 5 ms. */
+    tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_LOCK_ACQ);
     int64_t deadline = tdm_now_mono_ns() + ledger->lock_timeout_ms * 1000000LL;
     int64_t backoff_us = 100;
     for (;;) {
         if (tdm_fault("ledger.lock")) {
             close(fd);
+            tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", "error")));
             return tdm_fail(err, TDM_ERR_IO, "cannot lock %s: injected fault", ledger->lock_path);
         }
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
@@ -145,10 +148,12 @@ static tdm_status ledger_lock(tdm_ledger *ledger, tdm_error *err)
         if (errno != EWOULDBLOCK && errno != EINTR) {
             int saved = errno;
             close(fd);
+            tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", "error")));
             return tdm_fail_errno(err, TDM_ERR_IO, saved, "cannot lock %s", ledger->lock_path);
         }
         if (tdm_now_mono_ns() > deadline) {
             close(fd);
+            tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", "timeout")));
             return tdm_fail(err, TDM_ERR_BUSY,
                             "could not lock the GPU ledger %s within %lld ms; another process holds "
                             "it (a hung tandem?). See `tandem gpu status`",
@@ -160,22 +165,42 @@ static tdm_status ledger_lock(tdm_ledger *ledger, tdm_error *err)
             backoff_us *= 2;
     }
     ledger->lock_fd = fd;
+    tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", "locked")));
     return TDM_OK;
 }
 
 static void ledger_unlock(tdm_ledger *ledger)
 {
     if (ledger->lock_fd >= 0) {
+        tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_LOCK_REL);
         flock(ledger->lock_fd, LOCK_UN);
         close(ledger->lock_fd);
         ledger->lock_fd = -1;
+        tdm_obs_end(&phase, 0, NULL);
     }
 }
 
 /* Reads the data file into state. Missing: empty state. Unreadable or unparsable: moved aside with
  * a warning, empty state, *moved_aside = true. */
+static tdm_status ledger_read_file(tdm_ledger *ledger, tdm_ledger_state *state,
+                                   bool *moved_aside, tdm_error *err);
+
 static tdm_status ledger_read(tdm_ledger *ledger, tdm_ledger_state *state, bool *moved_aside,
                               tdm_error *err)
+{
+    tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_LEDGER_RD);
+    tdm_status st = ledger_read_file(ledger, state, moved_aside, err);
+    tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", st != TDM_OK ? "error"
+                                                               : *moved_aside ? "moved_aside"
+                                                                              : "ok"),
+                                       TDM_TRACE_INT("reservations",
+                                                     (int64_t)state->n_reservations),
+                                       TDM_TRACE_INT("queued", (int64_t)state->n_queue)));
+    return st;
+}
+
+static tdm_status ledger_read_file(tdm_ledger *ledger, tdm_ledger_state *state,
+                                   bool *moved_aside, tdm_error *err)
 {
     *moved_aside = false;
     tdm_ledger_state_init(state);
@@ -213,12 +238,16 @@ static tdm_status ledger_read(tdm_ledger *ledger, tdm_ledger_state *state, bool 
 
 static tdm_status ledger_write(tdm_ledger *ledger, const tdm_ledger_state *state, tdm_error *err)
 {
+    tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_LEDGER_WR);
     char *json = tdm_ledger_state_to_json(state);
-    if (!json)
+    if (!json) {
+        tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", "error")));
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory serialising the GPU ledger");
+    }
     tdm_status st =
         tdm_atomic_write(ledger->data_path, json, strlen(json), ledger_file_mode(ledger), err);
     free(json);
+    tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", st == TDM_OK ? "ok" : "error")));
     if (st != TDM_OK)
         tdm_error_prefix(err, "cannot update the GPU ledger (is %s writable?)", ledger->dir);
     return st;
@@ -234,7 +263,10 @@ tdm_status tdm_ledger_transact(tdm_ledger *ledger, tdm_ledger_decide_fn decide, 
     tdm_status st = ledger_read(ledger, &state, &moved_aside, err);
     if (st == TDM_OK) {
         bool changed = moved_aside;
-        if (tdm_ledger_state_prune(&state, time(NULL), tdm_host_name()) > 0)
+        tdm_trace_span cleanup = tdm_trace_span_begin("LedgerCleanup", "gpu");
+        size_t pruned = tdm_ledger_state_prune(&state, time(NULL), tdm_host_name());
+        tdm_trace_span_end(&cleanup, TDM_TRACE_ARGS(TDM_TRACE_INT("pruned", (int64_t)pruned)));
+        if (pruned > 0)
             changed = true;
         if (decide)
             st = decide(&state, &changed, user, err);

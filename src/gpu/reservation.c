@@ -12,6 +12,7 @@
 #include "gpu/guard.h"
 #include "gpu/inventory.h"
 #include "gpu/wait_queue.h"
+#include "obs/obs.h"
 #include "util/timeutil.h"
 
 tdm_acquire_opts tdm_acquire_defaults(void)
@@ -182,15 +183,30 @@ static void wait_for_change(int inotify_fd, int64_t timeout_ms)
     if (timeout_ms < 1)
         timeout_ms = 1;
     if (inotify_fd < 0) {
+        tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_WAIT_POLL);
         tdm_sleep_ms(timeout_ms);
+        tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", "poll")));
         return;
     }
+    tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_WAIT_POLL);
     struct pollfd pfd = {.fd = inotify_fd, .events = POLLIN};
-    if (poll(&pfd, 1, (int)timeout_ms) > 0) {
+    bool woke = poll(&pfd, 1, (int)timeout_ms) > 0;
+    if (woke) {
         char buf[4096];
         while (read(inotify_fd, buf, sizeof buf) > 0) {
         }
     }
+    tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_STR("outcome", woke ? "ledger_changed" : "timeout")));
+}
+
+/* The inventory query as a profiled phase (VramQuery). */
+static tdm_status query_vram(tdm_inventory *inv, tdm_error *err)
+{
+    tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_VRAM_QRY);
+    tdm_status st = tdm_inventory_query(inv, err);
+    tdm_obs_end(&phase, TDM_TRACE_ARGS(TDM_TRACE_INT("gpus", st == TDM_OK ? (int64_t)inv->n_gpus
+                                                                          : -1)));
+    return st;
 }
 
 static tdm_status check_never_fits(const tdm_inventory *inv, const char *pinned, int64_t budget,
@@ -215,8 +231,21 @@ static tdm_status check_never_fits(const tdm_inventory *inv, const char *pinned,
                     (long long)((double)g->total_mb * f));
 }
 
+static tdm_status acquire(tdm_lease *lease, const tdm_acquire_opts *opts, tdm_error *err);
+
 tdm_status tdm_reservation_acquire(tdm_lease *lease, const tdm_acquire_opts *opts,
                                    tdm_error *err)
+{
+    tdm_trace_span span = tdm_trace_span_begin("LedgerReserve", "gpu");
+    tdm_status st = acquire(lease, opts, err);
+    tdm_trace_span_end(&span, TDM_TRACE_ARGS(TDM_TRACE_INT("budget_mb", opts->budget_mb),
+                                             TDM_TRACE_STR("gpu", st == TDM_OK ? lease->gpu_uuid
+                                                                               : ""),
+                                             TDM_TRACE_STR("outcome", tdm_status_str(st))));
+    return st;
+}
+
+static tdm_status acquire(tdm_lease *lease, const tdm_acquire_opts *opts, tdm_error *err)
 {
     memset(lease, 0, sizeof *lease);
     if (opts->budget_mb <= 0)
@@ -225,7 +254,7 @@ tdm_status tdm_reservation_acquire(tdm_lease *lease, const tdm_acquire_opts *opt
         return err->status;
 
     tdm_inventory inv;
-    if (tdm_inventory_query(&inv, err) != TDM_OK)
+    if (query_vram(&inv, err) != TDM_OK)
         return err->status;
     if (inv.n_gpus == 0) {
         tdm_status st = tdm_fail(err, TDM_ERR_NOT_FOUND, "no GPU found%s%s", inv.note[0] ? ": " : "",
@@ -308,7 +337,7 @@ tdm_status tdm_reservation_acquire(tdm_lease *lease, const tdm_acquire_opts *opt
         wait_for_change(inotify_fd, wait_ms);
         /* Real free memory may have changed without a ledger change: query it again. */
         tdm_inventory_free(&inv);
-        if (tdm_inventory_query(&inv, err) != TDM_OK) {
+        if (query_vram(&inv, err) != TDM_OK) {
             memset(&inv, 0, sizeof inv);
             st = err->status;
             break;
@@ -436,8 +465,12 @@ tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err)
 {
     if (!lease->held)
         return TDM_OK;
+    tdm_trace_span span = tdm_trace_span_begin("LedgerRelease", "gpu");
     update_ctx u = {.what = UPDATE_RELEASE};
     tdm_status st = update(lease, &u, err);
+    tdm_trace_span_end(&span, TDM_TRACE_ARGS(TDM_TRACE_INT("budget_mb", lease->budget_mb),
+                                             TDM_TRACE_STR("gpu", lease->gpu_uuid),
+                                             TDM_TRACE_STR("outcome", tdm_status_str(st))));
     if (st == TDM_OK)
         lease->held = false;
     return st;
