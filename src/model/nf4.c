@@ -33,13 +33,16 @@ const float tdm_nf4_code[16] = {
 };
 
 /* torch.linspace(start, end, steps) in fp32 as the CPU kernel computes it: the first half
- * counts up from start, the second half counts down from end, with a fp32 step. */
+ * counts up from start, the second half counts down from end, with a fp32 step, each point one
+ * fused multiply-add (the vectorised kernel uses FMA; plain multiply-then-add differs by an ulp
+ * or two at some points, which the golden test against torch caught). */
 static void linspace_f32(float start, float end, int steps, float *out)
 {
     float step = (end - start) / (float)(steps - 1);
     int halfway = steps / 2;
     for (int i = 0; i < steps; i++)
-        out[i] = i < halfway ? start + step * (float)i : end - step * (float)(steps - i - 1);
+        out[i] = i < halfway ? fmaf(step, (float)i, start)
+                             : fmaf(-step, (float)(steps - i - 1), end);
 }
 
 static int cmp_float(const void *a, const void *b)
