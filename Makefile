@@ -23,8 +23,10 @@ run: build
 	@scripts/demo.sh $(BUILD)/tandem
 
 # Every test through ctest, then the whole suite again under ASan + UBSan.
+# contract_check then verifies that every test the contracts cite passed in that very run.
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --output-junit junit.xml
+	$(BUILD)/contract_check --root . --junit $(BUILD)/junit.xml contracts/*.yaml
 	$(MAKE) test-asan
 
 test-fast: build
@@ -34,7 +36,8 @@ test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-		ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+		ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) --output-junit junit.xml
+	$(ASAN_BUILD)/contract_check --root . --junit $(ASAN_BUILD)/junit.xml contracts/*.yaml
 
 bench: build
 	@bench/run.sh $(BUILD)/tandem
