@@ -461,8 +461,13 @@ bool tdm_reservation_renew_due(const tdm_lease *lease)
     return lease->held && tdm_now_mono_ns() - lease->renewed_mono_ns >= every_ms * 1000000LL;
 }
 
+static void forget_at_exit(tdm_lease *lease);
+
 tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err)
 {
+    /* The exit handler must never touch a lease whose owner released it (and may have let it go
+     * out of scope); a failed release is pruned later through its dead holders. */
+    forget_at_exit(lease);
     if (!lease->held)
         return TDM_OK;
     tdm_trace_span span = tdm_trace_span_begin("LedgerRelease", "gpu");
@@ -478,14 +483,22 @@ tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err)
 
 static tdm_lease *exit_leases[8];
 
+static void forget_at_exit(tdm_lease *lease)
+{
+    for (int i = 0; i < 8; i++)
+        if (exit_leases[i] == lease)
+            exit_leases[i] = NULL;
+}
+
 static void release_all_at_exit(void)
 {
     for (int i = 0; i < 8; i++) {
-        if (exit_leases[i] && exit_leases[i]->held) {
-            tdm_error ignored = {0};
-            tdm_reservation_release(exit_leases[i], &ignored);
-        }
+        tdm_lease *l = exit_leases[i];
         exit_leases[i] = NULL;
+        if (l && l->held) {
+            tdm_error ignored = {0};
+            tdm_reservation_release(l, &ignored);
+        }
     }
 }
 

@@ -89,7 +89,9 @@ bool tdm_reservation_renew_due(const tdm_lease *lease);
 
 tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err);
 
-/* Registers lease to be released by an atexit handler (at most 8 leases per process). */
+/* Registers lease to be released by an atexit handler (at most 8 leases per process). The lease
+ * must stay valid until it is released (tdm_reservation_release unregisters it) or the process
+ * exits. */
 void tdm_reservation_release_at_exit(tdm_lease *lease);
 
 #endif
