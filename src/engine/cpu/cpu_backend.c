@@ -119,7 +119,7 @@ static tdm_status cpu_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t
     switch (dtype) {
     case TDM_BE_F32: {
         float *f = x;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++)
             f[i] = value;
         break;
@@ -150,7 +150,7 @@ static tdm_status cpu_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype
     if (dtype == TDM_BE_F32) {
         float *fy = y;
         const float *fx = x;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++)
             fy[i] += alpha * fx[i];
     } else {
@@ -168,7 +168,7 @@ static tdm_status cpu_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_
     int nt = cpu_of(be)->n_threads;
     if (dtype == TDM_BE_F32) {
         float *f = x;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++)
             f[i] *= alpha;
     } else {
@@ -184,7 +184,7 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
 {
     int nt = cpu_of(be)->n_threads;
     float *f = y;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             f[r * cols + c] += bias[c];
@@ -216,7 +216,8 @@ void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
     }
     int64_t tm = (m + GEMM_TILE_M - 1) / GEMM_TILE_M, tn = (n + GEMM_TILE_N - 1) / GEMM_TILE_N;
     int64_t tiles = tm * tn;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (tiles > 1)
+#pragma omp parallel for schedule(dynamic, 1)                                                      \
+    num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t i0 = (t / tn) * GEMM_TILE_M, j0 = (t % tn) * GEMM_TILE_N;
         int64_t mb = m - i0 < GEMM_TILE_M ? m - i0 : GEMM_TILE_M;
@@ -294,7 +295,7 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
         break;
     }
     bool dq = w->format == TDM_BE_W_NF4_DQ;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
     for (int64_t r = r0; r < r1; r++) {
         float *o = out + (r - r0) * cols;
         int64_t e0 = r * cols;

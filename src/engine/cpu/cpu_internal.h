@@ -14,6 +14,11 @@
 
 #include "engine/backend_impl.h"
 
+/* Loops over fewer elements than this run on the calling thread: a parallel region costs
+ * microseconds, more than small ops take. (Which thread computes an element never changes the
+ * result, so this only affects speed.) */
+#define TDM_CPU_PAR_MIN ((int64_t)1 << 15)
+
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;

@@ -18,7 +18,7 @@ tdm_status cpu_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t 
                             (long long)i, (long long)w->rows);
     float *o = out;
     int nt = cpu->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (m * w->cols > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < m; i++)
         cpu_weight_rows_f32(cpu, w, ids[i], ids[i] + 1, o + i * w->cols);
     return TDM_OK;
@@ -30,7 +30,7 @@ tdm_status cpu_rmsnorm_fwd(tdm_backend *be, const void *xv, const float *w, int6
     const float *x = xv;
     float *y = yv;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * d > TDM_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
@@ -55,7 +55,7 @@ tdm_status cpu_rmsnorm_bwd(tdm_backend *be, const void *dyv, const void *xv, con
     const float *dy = dyv, *x = xv;
     float *dx = dxv;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * d > TDM_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *dyr = dy + r * d, *xr = x + r * d;
         float *dxr = dx + r * d;
@@ -79,7 +79,8 @@ tdm_status cpu_rope(tdm_backend *be, void *xv, int64_t m, int64_t n_heads, int64
     float *x = xv;
     int64_t half = head_dim / 2;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(nt) if (m * n_heads * head_dim > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < m; i++) {
         float *row = x + i * ld;
         float p = (float)pos[i];
@@ -127,7 +128,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN)
     {
         double *p = malloc((size_t)maxlen * sizeof(double));
         double *acc = malloc((size_t)D * sizeof(double));
@@ -196,7 +197,7 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN)
     {
         double *dka = malloc((size_t)(maxlen * D) * sizeof(double));
         double *dva = malloc((size_t)(maxlen * D) * sizeof(double));
@@ -261,7 +262,7 @@ tdm_status cpu_swiglu_fwd(tdm_backend *be, const void *gv, const void *uv, int64
     float *h = hv;
     int64_t total = m * n;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < total; i++) {
         float sg = 1.0f / (1.0f + expf(-g[i]));
         h[i] = g[i] * sg * u[i];
@@ -276,7 +277,7 @@ tdm_status cpu_swiglu_bwd(tdm_backend *be, const void *gv, const void *uv, const
     float *dg = dgv, *du = duv;
     int64_t total = m * n;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < total; i++) {
         float gi = g[i], ui = u[i], d = dh[i];
         float sg = 1.0f / (1.0f + expf(-gi));

@@ -37,7 +37,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
         cpu_sgemm(nt, false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < c; i++) {
             float *l = logits + i * V;
             int32_t lab = labels[r0 + i];
@@ -144,7 +144,7 @@ tdm_status cpu_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs, in
             return tdm_fail(err, TDM_ERR_NOMEM, "sumsq: out of memory");
         }
         const float *x = vecs[v].x;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
         for (int64_t b = 0; b < nb; b++) {
             int64_t lo = b * SUMSQ_BLOCK, hi = lo + SUMSQ_BLOCK < n ? lo + SUMSQ_BLOCK : n;
             double s = 0;
@@ -199,7 +199,7 @@ tdm_status cpu_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t n
         bool wd = t->weight_decay != 0.0f;
         float *p = t->p, *m = t->m, *v = t->v;
         const float *gp = t->g;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (t->n > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < t->n; i++) {
             float g = scaled ? gp[i] * gs : gp[i];
             float pi = p[i];
