@@ -1,0 +1,452 @@
+/* cpu_backend.c — the CPU backend: memory, elementwise ops, GEMM and frozen linear layers.
+ * Layer ops are in cpu_layers.c, loss / LoRA / optimizer in cpu_train.c. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/cpu/cpu_internal.h"
+#include "model/nf4.h"
+#include "util/half.h"
+
+/* Each allocation carries a 64-byte header (its size and the links of the backend's list of live
+ * allocations, so destroy frees what is left), and the pointer handed out stays 64-byte aligned. */
+#define HDR 64
+
+typedef struct alloc_hdr {
+    size_t bytes;
+    struct alloc_hdr *prev, *next;
+} alloc_hdr;
+
+static tdm_status cpu_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    size_t total = HDR + ((bytes + HDR - 1) / HDR) * HDR;
+    if (total < bytes) return tdm_fail(err, TDM_ERR_NOMEM, "alloc: size overflow");
+    char *p = aligned_alloc(HDR, total);
+    if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "alloc: out of host memory (%zu bytes)", bytes);
+    memset(p + HDR, 0, total - HDR);
+    alloc_hdr *h = (alloc_hdr *)p;
+    h->bytes = bytes;
+    h->prev = NULL;
+    h->next = cpu->allocs;
+    if (cpu->allocs) cpu->allocs->prev = h;
+    cpu->allocs = h;
+    cpu->used += bytes;
+    if (cpu->used > cpu->peak) cpu->peak = cpu->used;
+    *out = p + HDR;
+    return TDM_OK;
+}
+
+static void cpu_free(tdm_backend *be, void *ptr)
+{
+    cpu_backend *cpu = cpu_of(be);
+    alloc_hdr *h = (alloc_hdr *)((char *)ptr - HDR);
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        cpu->allocs = h->next;
+    if (h->next) h->next->prev = h->prev;
+    cpu->used -= h->bytes;
+    free(h);
+}
+
+static void cpu_destroy(tdm_backend *be)
+{
+    cpu_backend *cpu = cpu_of(be);
+    while (cpu->allocs)
+        cpu_free(be, (char *)cpu->allocs + HDR);
+    free(cpu);
+}
+
+static tdm_status cpu_upload(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                             tdm_error *err)
+{
+    memcpy(dst, src, bytes);
+    return TDM_OK;
+}
+
+static tdm_status cpu_upload_f32(tdm_backend *be, void *dst, tdm_be_dtype dtype, const float *src,
+                                 int64_t n, tdm_error *err)
+{
+    if (dtype == TDM_BE_F32)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    else
+        tdm_f32_to_bf16_n(src, dst, (size_t)n);
+    return TDM_OK;
+}
+
+static tdm_status cpu_download_f32(tdm_backend *be, float *dst, const void *src, tdm_be_dtype dtype,
+                                   int64_t n, tdm_error *err)
+{
+    if (dtype == TDM_BE_F32)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    else
+        tdm_bf16_to_f32_n(src, dst, (size_t)n);
+    return TDM_OK;
+}
+
+static tdm_status cpu_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    info->used_bytes = cpu->used;
+    info->peak_bytes = cpu->peak;
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
+    long page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) info->total_bytes = (uint64_t)pages * (uint64_t)page;
+    if (avail > 0 && page > 0) info->free_bytes = (uint64_t)avail * (uint64_t)page;
+    return TDM_OK;
+}
+
+static void cpu_reset_peak(tdm_backend *be)
+{
+    cpu_backend *cpu = cpu_of(be);
+    cpu->peak = cpu->used;
+}
+
+static tdm_status cpu_synchronize(tdm_backend *be, tdm_error *err)
+{
+    return TDM_OK;
+}
+
+/* ---- elementwise ---- */
+
+static tdm_status cpu_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float value,
+                           tdm_error *err)
+{
+    int nt = cpu_of(be)->n_threads;
+    switch (dtype) {
+    case TDM_BE_F32: {
+        float *f = x;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++)
+            f[i] = value;
+        break;
+    }
+    case TDM_BE_BF16: {
+        uint16_t h = tdm_f32_to_bf16(value), *p = x;
+        for (int64_t i = 0; i < n; i++)
+            p[i] = h;
+        break;
+    }
+    case TDM_BE_I32: {
+        int32_t v = (int32_t)value, *p = x;
+        for (int64_t i = 0; i < n; i++)
+            p[i] = v;
+        break;
+    }
+    case TDM_BE_U8:
+        memset(x, (int)(uint8_t)value, (size_t)n);
+        break;
+    }
+    return TDM_OK;
+}
+
+static tdm_status cpu_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dtype, int64_t n,
+                           float alpha, tdm_error *err)
+{
+    int nt = cpu_of(be)->n_threads;
+    if (dtype == TDM_BE_F32) {
+        float *fy = y;
+        const float *fx = x;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++)
+            fy[i] += alpha * fx[i];
+    } else {
+        uint16_t *hy = y;
+        const uint16_t *hx = x;
+        for (int64_t i = 0; i < n; i++)
+            hy[i] = tdm_f32_to_bf16(tdm_bf16_to_f32(hy[i]) + alpha * tdm_bf16_to_f32(hx[i]));
+    }
+    return TDM_OK;
+}
+
+static tdm_status cpu_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float alpha,
+                            tdm_error *err)
+{
+    int nt = cpu_of(be)->n_threads;
+    if (dtype == TDM_BE_F32) {
+        float *f = x;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++)
+            f[i] *= alpha;
+    } else {
+        uint16_t *h = x;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = tdm_f32_to_bf16(tdm_bf16_to_f32(h[i]) * alpha);
+    }
+    return TDM_OK;
+}
+
+static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows,
+                               int64_t cols, tdm_error *err)
+{
+    int nt = cpu_of(be)->n_threads;
+    float *f = y;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            f[r * cols + c] += bias[c];
+    return TDM_OK;
+}
+
+/* ---- GEMM ---- */
+
+/* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
+ * call with 1 and 3 threads differs in the last bits). So OpenBLAS always runs single-threaded,
+ * and we cut C into tiles of fixed size (GEMM_TILE_M rows x GEMM_TILE_N columns, chosen by the
+ * shape alone) that OpenMP threads compute independently: each element's sum is the same
+ * whatever the thread count. Re-packing A and B per tile costs about (1/TILE_N + 1/TILE_M) of the
+ * multiply-adds. */
+#define GEMM_TILE_M 128
+#define GEMM_TILE_N 1024
+
+void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+               int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        /* BLAS would scale C by beta; beta == 0 must not read C (it may hold NaN). */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    int64_t tm = (m + GEMM_TILE_M - 1) / GEMM_TILE_M, tn = (n + GEMM_TILE_N - 1) / GEMM_TILE_N;
+    int64_t tiles = tm * tn;
+#pragma omp parallel for schedule(dynamic, 1)                                                      \
+    num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t i0 = (t / tn) * GEMM_TILE_M, j0 = (t % tn) * GEMM_TILE_N;
+        int64_t mb = m - i0 < GEMM_TILE_M ? m - i0 : GEMM_TILE_M;
+        int64_t nb = n - j0 < GEMM_TILE_N ? n - j0 : GEMM_TILE_N;
+        const float *at = ta ? a + i0 : a + i0 * lda;
+        const float *bt = tb ? b + j0 * ldb : b + j0;
+        float *ct = c + i0 * ldc + j0;
+        if (beta == 0.0f)
+            for (int64_t i = 0; i < mb; i++)
+                memset(ct + i * ldc, 0, (size_t)nb * sizeof(float));
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (blasint)mb, (blasint)nb, (blasint)k, alpha, at, (blasint)lda, bt, (blasint)ldb,
+                    beta, ct, (blasint)ldc);
+    }
+}
+
+/* Elements spanned by a batch of row-major matrices of `rows` rows, `cols` cols, ld, stride. */
+static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride)
+{
+    if (rows == 0 || cols == 0) return 0;
+    return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+static float *to_f32_copy(const void *p, int64_t n)
+{
+    float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (out) tdm_bf16_to_f32_n(p, out, (size_t)n);
+    return out;
+}
+
+static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err)
+{
+    int64_t batch = g->batch > 0 ? g->batch : 1;
+    float *ta = NULL, *tb = NULL, *tc = NULL;
+    const float *a = g->a, *b = g->b;
+    float *c = g->c;
+    int64_t a_rows = g->trans_a ? g->k : g->m, a_cols = g->trans_a ? g->m : g->k;
+    int64_t b_rows = g->trans_b ? g->n : g->k, b_cols = g->trans_b ? g->k : g->n;
+    int64_t c_span = span(g->m, g->n, g->ldc, batch, g->stride_c);
+    if (g->a_dtype == TDM_BE_BF16 && g->k > 0)
+        a = ta = to_f32_copy(g->a, span(a_rows, a_cols, g->lda, batch, g->stride_a));
+    if (g->b_dtype == TDM_BE_BF16 && g->k > 0)
+        b = tb = to_f32_copy(g->b, span(b_rows, b_cols, g->ldb, batch, g->stride_b));
+    if (g->c_dtype == TDM_BE_BF16) c = tc = to_f32_copy(g->c, c_span);
+    if ((g->a_dtype == TDM_BE_BF16 && g->k > 0 && !ta) ||
+        (g->b_dtype == TDM_BE_BF16 && g->k > 0 && !tb) || (g->c_dtype == TDM_BE_BF16 && !tc)) {
+        free(ta), free(tb), free(tc);
+        return tdm_fail(err, TDM_ERR_NOMEM, "gemm: out of memory converting bf16 operands");
+    }
+    for (int64_t i = 0; i < batch; i++)
+        cpu_sgemm(cpu_of(be)->n_threads, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
+                  a ? a + i * g->stride_a : NULL, g->lda, b ? b + i * g->stride_b : NULL, g->ldb,
+                  g->beta, c + i * g->stride_c, g->ldc);
+    if (tc) tdm_f32_to_bf16_n(tc, g->c, (size_t)c_span);
+    free(ta), free(tb), free(tc);
+    return TDM_OK;
+}
+
+/* ---- frozen weights ---- */
+
+void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
+                         float *out)
+{
+    int64_t cols = w->cols;
+    int nt = cpu->n_threads;
+    switch (w->format) {
+    case TDM_BE_W_F32:
+        memcpy(out, (const float *)w->data + r0 * cols, (size_t)((r1 - r0) * cols) * sizeof(float));
+        return;
+    case TDM_BE_W_BF16:
+        tdm_bf16_to_f32_n((const uint16_t *)w->data + r0 * cols, out, (size_t)((r1 - r0) * cols));
+        return;
+    case TDM_BE_W_NF4:
+    case TDM_BE_W_NF4_DQ:
+        break;
+    }
+    bool dq = w->format == TDM_BE_W_NF4_DQ;
+#pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
+    for (int64_t r = r0; r < r1; r++) {
+        float *o = out + (r - r0) * cols;
+        int64_t e0 = r * cols;
+        int64_t cur_block = -1;
+        float amax = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t e = e0 + c, blk = e / TDM_NF4_BLOCK;
+            if (blk != cur_block) {
+                cur_block = blk;
+                amax = dq ? cpu->dmap[w->absmax_q[blk]] * w->absmax2[blk / TDM_NF4_DQ_BLOCK] +
+                                w->offset
+                          : w->absmax[blk];
+            }
+            uint8_t byte = w->codes[e / 2];
+            uint8_t code = (e & 1) ? (byte & 0x0f) : (byte >> 4);
+            o[c] = tdm_nf4_code[code] * amax;
+        }
+    }
+}
+
+const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w, float **tmp)
+{
+    *tmp = NULL;
+    if (w->format == TDM_BE_W_F32) return w->data;
+    *tmp = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+    if (*tmp) cpu_weight_rows_f32(cpu, w, 0, w->rows, *tmp);
+    return *tmp;
+}
+
+int64_t cpu_tile_rows(int64_t cols)
+{
+    int64_t rows = ((int64_t)1 << 20) / cols; /* 1 Mi floats = 4 MiB */
+    return rows < 16 ? 16 : rows;
+}
+
+static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
+                                  int64_t row_end, void *out, tdm_be_dtype out_dtype,
+                                  tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    if (out_dtype == TDM_BE_F32) {
+        cpu_weight_rows_f32(cpu, w, row_begin, row_end, out);
+        return TDM_OK;
+    }
+    int64_t n = (row_end - row_begin) * w->cols;
+    float *tmp = malloc((size_t)n * sizeof(float));
+    if (!tmp) return tdm_fail(err, TDM_ERR_NOMEM, "weight_rows: out of memory");
+    cpu_weight_rows_f32(cpu, w, row_begin, row_end, tmp);
+    tdm_f32_to_bf16_n(tmp, out, (size_t)n);
+    free(tmp);
+    return TDM_OK;
+}
+
+/* Y (m, rows) = X (m, cols) W^T + beta Y. Dense f32 weights go to one GEMM; others are
+ * dequantized a tile of rows at a time, each tile giving a block of Y's columns. */
+static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
+                                 void *y, float beta, tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    if (w->format == TDM_BE_W_F32) {
+        cpu_sgemm(cpu->n_threads, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data,
+                  w->cols, beta, y, w->rows);
+        return TDM_OK;
+    }
+    int64_t tile = cpu_tile_rows(w->cols);
+    if (tile > w->rows) tile = w->rows;
+    float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
+    if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+        int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+        cpu_weight_rows_f32(cpu, w, r0, r1, buf);
+        cpu_sgemm(cpu->n_threads, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols,
+                  beta, (float *)y + r0, w->rows);
+    }
+    free(buf);
+    return TDM_OK;
+}
+
+/* dX (m, cols) = dY (m, rows) W + beta dX; tiles of W's rows are the K dimension here, so the
+ * tiles' products are summed into dX in tile order (fixed, thread-independent). */
+static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,
+                                 void *dx, float beta, tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    if (w->format == TDM_BE_W_F32) {
+        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data,
+                  w->cols, beta, dx, w->cols);
+        return TDM_OK;
+    }
+    int64_t tile = cpu_tile_rows(w->cols);
+    if (tile > w->rows) tile = w->rows;
+    float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
+    if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+        int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+        cpu_weight_rows_f32(cpu, w, r0, r1, buf);
+        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
+                  w->rows, buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
+    }
+    free(buf);
+    return TDM_OK;
+}
+
+static const tdm_backend_vtable cpu_vtable = {
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_upload, /* host memory both sides: the same memcpy */
+    .upload_f32 = cpu_upload_f32,
+    .download_f32 = cpu_download_f32,
+    .copy = cpu_upload,
+    .memory = cpu_memory,
+    .reset_peak = cpu_reset_peak,
+    .synchronize = cpu_synchronize,
+    .fill = cpu_fill,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .add_bias = cpu_add_bias,
+    .gemm = cpu_gemm,
+    .weight_rows = cpu_weight_rows,
+    .linear_fwd = cpu_linear_fwd,
+    .linear_bwd = cpu_linear_bwd,
+    .embedding = cpu_embedding,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope = cpu_rope,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .cross_entropy = cpu_cross_entropy,
+    .lora_fwd = cpu_lora_fwd,
+    .lora_bwd = cpu_lora_bwd,
+    .sumsq = cpu_sumsq,
+    .clip_coef = cpu_clip_coef,
+    .adamw = cpu_adamw,
+};
+
+tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
+{
+    cpu_backend *cpu = calloc(1, sizeof *cpu);
+    if (!cpu) return tdm_fail(err, TDM_ERR_NOMEM, "backend cpu: out of memory");
+    cpu->base.vt = &cpu_vtable;
+    cpu->base.name = "cpu";
+    cpu->base.act_dtype = TDM_BE_F32;
+    cpu->n_threads = opts->n_threads > 0 ? opts->n_threads : omp_get_max_threads();
+    if (cpu->n_threads < 1) cpu->n_threads = 1;
+    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there). */
+    openblas_set_num_threads(1);
+    tdm_nf4_dynamic_map(cpu->dmap);
+    *out = &cpu->base;
+    return TDM_OK;
+}

@@ -1,0 +1,220 @@
+/* cpu_train.c — the CPU backend's chunked cross-entropy, segmented LoRA, gradient norms and
+ * multi-tensor AdamW. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_internal.h"
+
+#define IGNORE_INDEX (-100)
+
+/* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each)
+ * max / exp-sum in double, loss, and the logits buffer overwritten with dlogits; then
+ * dH (c, d) = dlogits W in a second GEMM. Peak extra memory: chunk_rows * V floats. */
+tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
+                             const int32_t *labels, const float *weight, int64_t m,
+                             int64_t chunk_rows, float *loss, void *dhv, tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    int64_t V = w->rows, d = w->cols;
+    for (int64_t i = 0; i < m; i++)
+        if (labels[i] != IGNORE_INDEX && (labels[i] < 0 || labels[i] >= V))
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "cross_entropy: label %d at row %lld outside [0, %lld) and not -100",
+                            labels[i], (long long)i, (long long)V);
+    if (chunk_rows > m) chunk_rows = m;
+    float *wtmp = NULL;
+    const float *W = cpu_dense_f32(cpu, w, &wtmp);
+    float *logits = malloc((size_t)(chunk_rows * V) * sizeof(float));
+    if (!W || !logits) {
+        free(wtmp), free(logits);
+        return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
+                        (long long)chunk_rows, (long long)V);
+    }
+    const float *h = hv;
+    float *dh = dhv;
+    int nt = cpu->n_threads;
+    for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
+        int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
+        cpu_sgemm(nt, false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
+#pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < c; i++) {
+            float *l = logits + i * V;
+            int32_t lab = labels[r0 + i];
+            if (lab == IGNORE_INDEX) {
+                loss[r0 + i] = 0.0f;
+                memset(l, 0, (size_t)V * sizeof(float));
+                continue;
+            }
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < V; j++)
+                if (l[j] > mx) mx = l[j];
+            double sum = 0;
+            for (int64_t j = 0; j < V; j++)
+                sum += exp((double)l[j] - mx);
+            double lse = mx + log(sum);
+            loss[r0 + i] = (float)(lse - (double)l[lab]);
+            double wt = weight[r0 + i];
+            for (int64_t j = 0; j < V; j++)
+                l[j] = (float)(wt * (exp((double)l[j] - lse) - (j == lab ? 1.0 : 0.0)));
+        }
+        if (dh) cpu_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh + r0 * d, d);
+    }
+    free(wtmp);
+    free(logits);
+    return TDM_OK;
+}
+
+/* Segment by segment, as plain GEMMs on the segment's rows (the CPU gains nothing from one
+ * grouped launch). */
+tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *xv,
+                        int64_t m, int64_t in, int64_t out, float *u, int64_t u_ld, void *yv,
+                        tdm_error *err)
+{
+    const float *x = xv;
+    float *y = yv;
+    int nt = cpu_of(be)->n_threads;
+    for (int64_t i = 0; i < n_segs; i++) {
+        const tdm_lora_seg *s = &segs[i];
+        int64_t R = s->row_end - s->row_begin;
+        if (!s->a || R == 0) continue;
+        float *us = u + s->row_begin * u_ld;
+        cpu_sgemm(nt, false, true, R, s->rank, in, 1.0f, x + s->row_begin * in, in, s->a, in, 0.0f,
+                  us, u_ld);
+        cpu_sgemm(nt, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
+                  y + s->row_begin * out, out);
+    }
+    return TDM_OK;
+}
+
+tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *xv,
+                        const float *u, int64_t u_ld, const void *dyv, int64_t m, int64_t in,
+                        int64_t out, void *dxv, tdm_error *err)
+{
+    const float *x = xv, *dy = dyv;
+    float *dx = dxv;
+    int nt = cpu_of(be)->n_threads;
+    int64_t max_r = 0, max_rows = 0;
+    for (int64_t i = 0; i < n_segs; i++) {
+        if (!segs[i].a) continue;
+        if (segs[i].rank > max_r) max_r = segs[i].rank;
+        if (segs[i].row_end - segs[i].row_begin > max_rows)
+            max_rows = segs[i].row_end - segs[i].row_begin;
+    }
+    if (max_r == 0 || max_rows == 0) return TDM_OK;
+    float *du = malloc((size_t)(max_rows * max_r) * sizeof(float));
+    if (!du) return tdm_fail(err, TDM_ERR_NOMEM, "lora_bwd: out of memory");
+    for (int64_t i = 0; i < n_segs; i++) {
+        const tdm_lora_seg *s = &segs[i];
+        int64_t R = s->row_end - s->row_begin, r = s->rank;
+        if (!s->a || R == 0) continue;
+        const float *dys = dy + s->row_begin * out, *xs = x + s->row_begin * in;
+        const float *us = u + s->row_begin * u_ld;
+        /* dB (out, r) += scale dY^T U */
+        cpu_sgemm(nt, true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
+        /* dU (R, r) = scale dY B */
+        cpu_sgemm(nt, false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
+        /* dA (r, in) += dU^T X */
+        cpu_sgemm(nt, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
+        /* dX (R, in) += dU A */
+        if (dx)
+            cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
+                      dx + s->row_begin * in, in);
+    }
+    free(du);
+    return TDM_OK;
+}
+
+/* Sum of squares: each vector is cut into blocks of SUMSQ_BLOCK elements; each block is summed
+ * in double by one thread, the blocks are added in index order and the vectors in list order. */
+#define SUMSQ_BLOCK 4096
+
+tdm_status cpu_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs, int n_groups,
+                     float *out, tdm_error *err)
+{
+    int nt = cpu_of(be)->n_threads;
+    double *acc = calloc((size_t)n_groups, sizeof(double));
+    if (!acc) return tdm_fail(err, TDM_ERR_NOMEM, "sumsq: out of memory");
+    for (int64_t v = 0; v < n_vecs; v++) {
+        int64_t n = vecs[v].n, nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+        if (nb == 0) continue;
+        double *part = malloc((size_t)nb * sizeof(double));
+        if (!part) {
+            free(acc);
+            return tdm_fail(err, TDM_ERR_NOMEM, "sumsq: out of memory");
+        }
+        const float *x = vecs[v].x;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t lo = b * SUMSQ_BLOCK, hi = lo + SUMSQ_BLOCK < n ? lo + SUMSQ_BLOCK : n;
+            double s = 0;
+            for (int64_t i = lo; i < hi; i++)
+                s += (double)x[i] * x[i];
+            part[b] = s;
+        }
+        for (int64_t b = 0; b < nb; b++)
+            acc[vecs[v].group] += part[b];
+        free(part);
+    }
+    for (int g = 0; g < n_groups; g++)
+        out[g] = (float)acc[g];
+    free(acc);
+    return TDM_OK;
+}
+
+tdm_status cpu_clip_coef(tdm_backend *be, const float *sumsq, const float *max_norm, int n_groups,
+                         float *coef, float *norm, tdm_error *err)
+{
+    for (int g = 0; g < n_groups; g++) {
+        float nrm = sqrtf(sumsq[g]);
+        float c = 1.0f;
+        if (max_norm[g] > 0) {
+            c = max_norm[g] / (nrm + 1e-6f);
+            if (c > 1.0f) c = 1.0f;
+        }
+        coef[g] = c;
+        if (norm) norm[g] = nrm;
+    }
+    return TDM_OK;
+}
+
+/* torch.optim.AdamW, single-tensor path, operation by operation in f32 with the scalar factors
+ * computed in double and rounded to f32 as torch does for Python-scalar arguments. */
+tdm_status cpu_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t n_tensors,
+                     tdm_error *err)
+{
+    int nt = cpu_of(be)->n_threads;
+    for (int64_t ti = 0; ti < n_tensors; ti++) {
+        const tdm_adamw_tensor *t = &tensors[ti];
+        double lr = t->lr, b1 = t->beta1, b2 = t->beta2;
+        double bc1 = 1.0 - pow(b1, (double)t->step);
+        double bc2_sqrt = sqrt(1.0 - pow(b2, (double)t->step));
+        float decay = (float)(1.0 - lr * (double)t->weight_decay);
+        float w1 = (float)(1.0 - b1); /* lerp weight */
+        float fb2 = (float)b2, w2 = (float)(1.0 - b2);
+        float neg_step = (float)(-(lr / bc1));
+        float fbc2 = (float)bc2_sqrt, feps = t->eps;
+        bool scaled = t->grad_scale != NULL;
+        float gs = scaled ? *t->grad_scale : 1.0f;
+        bool wd = t->weight_decay != 0.0f;
+        float *p = t->p, *m = t->m, *v = t->v;
+        const float *gp = t->g;
+#pragma omp parallel for schedule(static) num_threads(nt) if (t->n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < t->n; i++) {
+            float g = scaled ? gp[i] * gs : gp[i];
+            float pi = p[i];
+            if (wd) pi = pi * decay;
+            float mi = m[i];
+            /* torch lerp: weight < 0.5 -> self + weight * (end - self) */
+            mi = w1 < 0.5f ? mi + w1 * (g - mi) : g - (g - mi) * (1.0f - w1);
+            float vi = v[i] * fb2;
+            vi = vi + w2 * g * g;
+            float denom = sqrtf(vi) / fbc2 + feps;
+            pi = pi + neg_step * mi / denom;
+            p[i] = pi;
+            m[i] = mi;
+            v[i] = vi;
+        }
+    }
+    return TDM_OK;
+}
