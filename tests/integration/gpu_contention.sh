@@ -16,7 +16,7 @@ pids=()
 for i in $(seq 0 $((JOBS - 1))); do
     gb=${budgets[$((i % ${#budgets[@]}))]}
     "$TANDEM" gpu run --vram "$gb" --task "job-$i" --timeout 120 -- sh -c \
-        "echo \"start \$(date +%s%N) $i $((gb * 1024)) \$((0x\${TANDEM_RESERVATION_ID##*-}))\" >> '$log'; sleep 0.$((RANDOM % 4 + 2)); echo \"end \$(date +%s%N) $i\" >> '$log'" \
+        "echo \"start \$(date +%s%N) $i $((gb * 1024)) \$((0x\${TANDEM_RESERVATION_ID##*-}))\" >> '$log'; sleep 1.$((RANDOM % 5)); echo \"end \$(date +%s%N) $i\" >> '$log'" \
         >"$WORK/job-$i.out" 2>&1 &
     pids+=($!)
     # Arrival: wait until the job holds a ticket or a reservation (or already ran).

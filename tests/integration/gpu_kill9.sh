@@ -34,9 +34,11 @@ for round in $(seq 1 "$ROUNDS"); do
             w=${pids[$((RANDOM % PER_ROUND))]}
             kill -9 "$w" 2>/dev/null && victims+="$w "
         else
-            # A running child (the job itself), chosen among wrappers that have one.
+            # A running child (the job itself: the `sh` after exec), chosen among wrappers that
+            # have one. Only `sh` is a fair victim: under ASan the wrapper's other child at exit is
+            # LeakSanitizer's tracer, whose death hangs the wrapper forever.
             for w in $(printf '%s\n' "${pids[@]}" | shuf --random-source=<(yes)); do
-                child=$(pgrep -P "$w" | head -n 1)
+                child=$(pgrep -x -P "$w" sh | head -n 1)
                 if [ -n "$child" ]; then kill -9 "$child" 2>/dev/null && victims+="$w "; break; fi
             done
         fi
