@@ -214,6 +214,8 @@ static tdm_status read_all(builder *b, FILE *in, const char *path, tdm_tokenizer
             add_bad(r, lineno, (int)(valid + 1 + (size_t)(s - line)), "invalid UTF-8");
             continue;
         }
+        while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r'))
+            n--; /* so that jansson's columns stay within the line */
         st = do_line(b, tok, o, s, n, lineno, &ids, &labels, err);
     }
     if (st == TDM_OK && ferror(in))
