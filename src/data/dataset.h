@@ -16,7 +16,7 @@
  * report holds the first TDM_DATA_MAX_BAD_REPORTED bad lines and their count. With
  * skip_bad_lines they are left out and counted.
  *
- * Memory: 8 bytes per token kept (ids and labels, int32), plus 24 bytes per sample.
+ * Memory: 8 bytes per token kept (ids and labels, int32), plus about 40 bytes per sample.
  */
 #ifndef TANDEM_DATA_DATASET_H
 #define TANDEM_DATA_DATASET_H
