@@ -215,13 +215,16 @@ static int cmd_check(int argc, char **argv)
         if (json) {
             json_t *j = report_json(&rep, file, tmpl, eos_copy, o.eos_id, &o);
             char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(12)) : NULL;
-            if (s) puts(s);
+            if (s)
+                puts(s);
+            else
+                rc = tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory writing the summary");
             free(s);
             json_decref(j);
         } else {
             print_report(stdout, &rep, file, tmpl, eos_copy, o.eos_id, &o);
         }
-        if (rep.train_samples == 0)
+        if (rc == TDM_EXIT_OK && rep.train_samples == 0)
             rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: no training samples", file);
         tdm_dataset_free(&ds);
     }

@@ -29,6 +29,12 @@ static void add_bad(tdm_data_report *r, int64_t line, int column, const char *re
         if (k >= sizeof b->reason) k = sizeof b->reason - 1;
         memcpy(b->reason, reason, k);
         b->reason[k] = 0;
+        /* keep it valid UTF-8 (a cut character, or bytes quoted by jansson): '?' for bad bytes */
+        for (size_t i = 0; i < k;) {
+            size_t v = tdm_utf8_valid_prefix(b->reason + i, k - i);
+            if (i + v < k) b->reason[i + v] = '?';
+            i += v + 1;
+        }
     }
     r->bad_lines++;
 }
@@ -123,6 +129,14 @@ static tdm_status do_line(builder *b, tdm_tokenizer *tok, const tdm_dataset_opts
         add_bad(r, lineno, 0, lerr.message);
         return TDM_OK;
     }
+    for (size_t t = 0; t < ids->len; t++)
+        if (ids->ids[t] < 0 || ids->ids[t] >= o->vocab_size) {
+            free(canon);
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "line %lld: token id %d is not below the model's vocab_size %lld (the "
+                            "tokenizer does not match the model)",
+                            (long long)lineno, ids->ids[t], (long long)o->vocab_size);
+        }
     bool is_val = tdm_data_split_is_val(canon, canon_len, o->seed, o->val_split);
     free(canon);
 
@@ -218,6 +232,7 @@ static tdm_status read_all(builder *b, FILE *in, const char *path, tdm_tokenizer
             n--; /* so that jansson's columns stay within the line */
         st = do_line(b, tok, o, s, n, lineno, &ids, &labels, err);
     }
+    if (st == TDM_ERR_INVALID) tdm_error_prefix(err, "%s", path);
     if (st == TDM_OK && ferror(in))
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "%s: read error", path);
     free(line);

@@ -1,6 +1,8 @@
 /* format.c — format detection, validation and canonical content of dataset lines (see format.h). */
 #include "data/format.h"
 
+#include "tokenizer/tokenizer.h"
+
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -161,12 +163,9 @@ static tdm_status parse_tokens(const json_t *obj, int64_t vocab_size, tdm_data_f
     return TDM_OK;
 }
 
-static tdm_status add_message(tdm_data_fields *f, const char *role, const char *content, size_t len,
-                              size_t cap)
+static void add_message(tdm_data_fields *f, const char *role, const char *content, size_t len)
 {
-    (void)cap;
     f->messages[f->n_messages++] = (tdm_chat_message){role, content, len};
-    return TDM_OK;
 }
 
 static tdm_status parse_chat(const json_t *obj, tdm_data_fields *f, tdm_error *err)
@@ -187,8 +186,13 @@ static tdm_status parse_chat(const json_t *obj, tdm_data_fields *f, tdm_error *e
         if (!json_is_string(role))
             return bad(err, "messages[%zu].role must be a string, not %s", i, json_kind(role));
         const char *r = json_string_value(role);
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
-            return bad(err, "messages[%zu].role \"%.40s\" is not system, user or assistant", i, r);
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            int shown = (int)tdm_utf8_valid_prefix(r, strlen(r) < 40 ? strlen(r) : 40);
+            while (shown > 0 && shown < (int)strlen(r) && (r[shown] & 0xc0) == 0x80)
+                shown--; /* do not cut a character */
+            return bad(err, "messages[%zu].role \"%.*s\" is not system, user or assistant", i,
+                       shown, r);
+        }
         if (!strcmp(r, "system") && i != 0)
             return bad(err, "messages[%zu]: a system message may only come first", i);
         if (!content) return bad(err, "messages[%zu] has no \"content\"", i);
@@ -200,7 +204,7 @@ static tdm_status parse_chat(const json_t *obj, tdm_data_fields *f, tdm_error *e
                 return bad(err, "messages[%zu]: assistant content is empty", i);
             assistant = true;
         }
-        add_message(f, r, json_string_value(content), json_string_length(content), n);
+        add_message(f, r, json_string_value(content), json_string_length(content));
     }
     if (!assistant) return bad(err, "no assistant message (nothing to learn)");
     return TDM_OK;
@@ -221,18 +225,18 @@ static tdm_status parse_instruction(const json_t *obj, tdm_data_fields *f, tdm_e
         (st = get_string(obj, "input", false, false, &inp, &inp_len, err)) != TDM_OK)
         return st;
     if (!(f->messages = calloc(3, sizeof *f->messages))) return nomem(err);
-    if (sys && sys_len) add_message(f, "system", sys, sys_len, 3);
+    if (sys && sys_len) add_message(f, "system", sys, sys_len);
     if (inp && inp_len) {
         if (!(f->user_buf = malloc(ins_len + 2 + inp_len + 1))) return nomem(err);
         memcpy(f->user_buf, ins, ins_len);
         memcpy(f->user_buf + ins_len, "\n\n", 2);
         memcpy(f->user_buf + ins_len + 2, inp, inp_len);
         f->user_buf[ins_len + 2 + inp_len] = 0;
-        add_message(f, "user", f->user_buf, ins_len + 2 + inp_len, 3);
+        add_message(f, "user", f->user_buf, ins_len + 2 + inp_len);
     } else {
-        add_message(f, "user", ins, ins_len, 3);
+        add_message(f, "user", ins, ins_len);
     }
-    add_message(f, "assistant", out, out_len, 3);
+    add_message(f, "assistant", out, out_len);
     return TDM_OK;
 }
 

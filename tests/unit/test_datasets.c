@@ -442,6 +442,36 @@ static void test_blank_bom_crlf_and_hash(void **state)
     assert_int_equal(tdm_dataset_load(&ds, path, &tiny, &o, NULL, &err), TDM_ERR_INVALID);
 }
 
+/* A tokenizer id beyond the model's embedding rows is a fatal mismatch, not a bad line; reasons
+ * quoting user text stay valid UTF-8 when cut. */
+static void test_vocab_mismatch_and_utf8_reasons(void **state)
+{
+    tdm_dataset_opts o;
+    opts_tiny(&o);
+    o.vocab_size = 100; /* 'h' = 104 */
+    o.eos_id = -1;
+    char path[400];
+    snprintf(path, sizeof path, "%s/vocab.jsonl", tmpdir);
+    write_file(path, "{\"text\": \"ab\"}\n{\"text\": \"hi\"}\n");
+    tdm_dataset ds;
+    tdm_error err = {0};
+    assert_int_equal(tdm_dataset_load(&ds, path, &tiny, &o, NULL, &err), TDM_ERR_INVALID);
+    assert_non_null(
+        strstr(err.message, "line 2: token id 104 is not below the model's vocab_size 100"));
+    assert_non_null(strstr(err.message, path));
+    assert_null(ds.samples);
+
+    opts_tiny(&o);
+    char line[512] = "{\"messages\": [{\"role\": \"";
+    for (int i = 0; i < 60; i++)
+        strcat(line, "\xc3\xa9"); /* e-acute, 2 bytes: 40 bytes would cut none, 41 one */
+    strcat(line, "x\", \"content\": \"a\"}]}\n");
+    tdm_data_report rep = load_bad(line, &o);
+    size_t n = strlen(rep.bad[0].reason);
+    assert_int_equal(tdm_utf8_valid_prefix(rep.bad[0].reason, n), n);
+    assert_non_null(strstr(rep.bad[0].reason, "is not system, user or assistant"));
+}
+
 static void test_truncation_and_dropping(void **state)
 {
     tdm_dataset_opts o;
@@ -702,6 +732,7 @@ int main(void)
         cmocka_unit_test(test_bad_line_reasons),
         cmocka_unit_test(test_twenty_then_count_and_skip),
         cmocka_unit_test(test_blank_bom_crlf_and_hash),
+        cmocka_unit_test(test_vocab_mismatch_and_utf8_reasons),
         cmocka_unit_test(test_truncation_and_dropping),
         cmocka_unit_test(test_split_golden_keys),
         cmocka_unit_test(test_split_deterministic_and_order_free),
