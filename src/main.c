@@ -13,6 +13,7 @@ static int cmd_version(int argc, char **argv)
 }
 
 static const tdm_command commands[] = {
+    {"data", tdm_cmd_data, "check a JSONL training dataset"},
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
     {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},

@@ -45,5 +45,6 @@ int tdm_cmd_gpu_run(int argc, char **argv);
 int tdm_cmd_tokenize(int argc, char **argv);
 int tdm_cmd_inspect(int argc, char **argv);
 int tdm_cmd_init_model(int argc, char **argv);
+int tdm_cmd_data(int argc, char **argv);
 
 #endif
