@@ -25,8 +25,7 @@ tdm_status tdm_adamw_config_check(const tdm_adamw_config *c, tdm_error *err)
 tdm_status tdm_adamw_state_init(tdm_adamw_state *s, int64_t n, tdm_error *err)
 {
     memset(s, 0, sizeof *s);
-    if (n < 0)
-        return tdm_fail(err, TDM_ERR_INVALID, "negative parameter count");
+    if (n < 0) return tdm_fail(err, TDM_ERR_INVALID, "negative parameter count");
     size_t cnt = n > 0 ? (size_t)n : 1;
     s->m = calloc(cnt, sizeof(float));
     s->v = calloc(cnt, sizeof(float));
@@ -64,8 +63,7 @@ void tdm_adamw_step(tdm_adamw_state *s, const tdm_adamw_config *c, double lr, fl
     float *m = s->m, *v = s->v;
     for (int64_t i = 0; i < s->n; i++) {
         float p = params[i], gi = g[i];
-        if (decays)
-            p = p * decay;
+        if (decays) p = p * decay;
         float mi = m[i] + w1 * (gi - m[i]);
         float vi = v[i] * b2;
         vi = vi + (w2 * gi) * gi;

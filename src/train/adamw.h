@@ -41,8 +41,8 @@ tdm_status tdm_adamw_config_check(const tdm_adamw_config *c, tdm_error *err);
 
 /* One adapter's optimizer state: the moments in the flat layout of its parameters. */
 typedef struct tdm_adamw_state {
-    float *m;     /* (n) f32, exp_avg */
-    float *v;     /* (n) f32, exp_avg_sq */
+    float *m; /* (n) f32, exp_avg */
+    float *v; /* (n) f32, exp_avg_sq */
     int64_t n;
     int64_t step; /* updates taken (torch's state["step"]) */
 } tdm_adamw_state;

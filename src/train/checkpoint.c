@@ -27,8 +27,7 @@ void tdm_checkpoint_info_free(tdm_checkpoint_info *info)
 static tdm_status write_json(const char *path, const json_t *doc, tdm_error *err)
 {
     char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
-    if (!text)
-        return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode %s", path);
+    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode %s", path);
     size_t n = strlen(text);
     char *t2 = realloc(text, n + 2);
     if (!t2) {
@@ -48,8 +47,7 @@ static tdm_status read_json(const char *path, json_t **out, tdm_error *err)
     size_t len;
     *out = NULL;
     tdm_status st = tdm_read_file(path, &text, &len, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     json_error_t je;
     *out = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     free(text);
@@ -65,13 +63,11 @@ static void u64_hex(uint64_t v, char buf[17])
 
 static bool hex_u64(const json_t *j, uint64_t *v)
 {
-    if (!json_is_string(j) || strlen(json_string_value(j)) != 16)
-        return false;
+    if (!json_is_string(j) || strlen(json_string_value(j)) != 16) return false;
     char *end;
     errno = 0;
     unsigned long long x = strtoull(json_string_value(j), &end, 16);
-    if (errno || *end)
-        return false;
+    if (errno || *end) return false;
     *v = (uint64_t)x;
     return true;
 }
@@ -100,8 +96,7 @@ static tdm_status save_optimizer(const char *path, const tdm_lora *l, const tdm_
             int64_t off = b ? m->b_offset : m->a_offset;
             for (int which = 0; which < 2; which++, k++) {
                 char *nm = names + k * NAME_CAP;
-                if (snprintf(nm, NAME_CAP, "%.200s.%s", base, which ? "exp_avg_sq" : "exp_avg") <
-                    0)
+                if (snprintf(nm, NAME_CAP, "%.200s.%s", base, which ? "exp_avg_sq" : "exp_avg") < 0)
                     nm[0] = '\0';
                 specs[k].name = nm;
                 specs[k].dtype = TDM_DTYPE_F32;
@@ -127,15 +122,16 @@ static tdm_status load_optimizer(const char *path, const tdm_lora *l, tdm_adamw_
 {
     tdm_st_file f = {0};
     tdm_status st = tdm_st_open(&f, path, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     const char *fmt = tdm_st_metadata(&f, "format"), *sv = tdm_st_metadata(&f, "step");
     char *end = NULL;
     long long step = sv ? strtoll(sv, &end, 10) : -1;
     if (!fmt || strcmp(fmt, "tandem-adamw") != 0 || !sv || !*sv || *end || step < 0) {
         tdm_st_close(&f);
-        return tdm_fail(err, TDM_ERR_CORRUPT, "%s: not a tandem optimizer state (metadata "
-                        "format/step missing)", path);
+        return tdm_fail(err, TDM_ERR_CORRUPT,
+                        "%s: not a tandem optimizer state (metadata "
+                        "format/step missing)",
+                        path);
     }
     st = tdm_adamw_state_init(opt, l->n_params, err);
     opt->step = step;
@@ -166,8 +162,7 @@ static tdm_status load_optimizer(const char *path, const tdm_lora *l, tdm_adamw_
         st = tdm_fail(err, TDM_ERR_CORRUPT, "%s: %zu tensors, expected %zu", path, f.n_tensors,
                       used);
     tdm_st_close(&f);
-    if (st != TDM_OK)
-        tdm_adamw_state_free(opt);
+    if (st != TDM_OK) tdm_adamw_state_free(opt);
     return st;
 }
 
@@ -221,21 +216,25 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
         strcmp(json_string_value(fmt), "tandem-checkpoint") != 0 || !json_is_integer(ver))
         return tdm_fail(err, TDM_ERR_CORRUPT, "%s: not a tandem checkpoint state", path);
     if (json_integer_value(ver) != 1)
-        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "%s: checkpoint version %lld (this tandem "
-                        "reads version 1)", path, (long long)json_integer_value(ver));
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "%s: checkpoint version %lld (this tandem "
+                        "reads version 1)",
+                        path, (long long)json_integer_value(ver));
     const json_t *step = json_object_get(o, "step"), *epoch = json_object_get(o, "epoch");
     const json_t *s = json_object_get(o, "schedule"), *r = json_object_get(o, "rng");
     if (!json_is_integer(step) || json_integer_value(step) < 0 || !json_is_number(epoch) ||
         !json_is_object(s) || !json_is_object(r) || !json_object_get(o, "data_cursor"))
-        return tdm_fail(err, TDM_ERR_CORRUPT, "%s: step, epoch, schedule, rng or data_cursor "
-                        "missing", path);
+        return tdm_fail(err, TDM_ERR_CORRUPT,
+                        "%s: step, epoch, schedule, rng or data_cursor "
+                        "missing",
+                        path);
     info->step = json_integer_value(step);
     info->epoch = json_number_value(epoch);
     const json_t *kind = json_object_get(s, "kind"), *lr = json_object_get(s, "peak_lr");
     const json_t *w = json_object_get(s, "warmup_steps"), *t = json_object_get(s, "total_steps");
     tdm_error e2 = {0};
-    if (!json_is_string(kind) || tdm_lr_kind_parse(json_string_value(kind),
-                                                   &info->schedule.kind, &e2) != TDM_OK ||
+    if (!json_is_string(kind) ||
+        tdm_lr_kind_parse(json_string_value(kind), &info->schedule.kind, &e2) != TDM_OK ||
         !json_is_number(lr) || !json_is_integer(w) || !json_is_integer(t))
         return tdm_fail(err, TDM_ERR_CORRUPT, "%s: bad \"schedule\"", path);
     info->schedule.peak_lr = json_number_value(lr);
@@ -261,23 +260,20 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
 
 tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm_peft_meta *meta,
                                const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
-                               const json_t *trainer_state, char *path, size_t cap,
-                               tdm_error *err)
+                               const json_t *trainer_state, char *path, size_t cap, tdm_error *err)
 {
     if (opt->n != l->n_params)
         return tdm_fail(err, TDM_ERR_INVALID, "optimizer state has %lld values, adapter %lld",
                         (long long)opt->n, (long long)l->n_params);
     if (!info->data_cursor)
         return tdm_fail(err, TDM_ERR_INVALID, "checkpoint without a data cursor");
-    if (info->step < 0)
-        return tdm_fail(err, TDM_ERR_INVALID, "negative checkpoint step");
+    if (info->step < 0) return tdm_fail(err, TDM_ERR_INVALID, "negative checkpoint step");
     char final[PATH_MAX], tmp[PATH_MAX], file[PATH_MAX + 64];
     if (snprintf(final, sizeof final, "%s/" TDM_CHECKPOINT_PREFIX "%" PRId64, out_dir,
                  info->step) >= (int)sizeof final)
         return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", out_dir);
     tdm_status st = tdm_atomic_dir_begin(final, tmp, sizeof tmp, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = tdm_peft_write_files(tmp, l, meta, err);
     if (st == TDM_OK) {
         snprintf(file, sizeof file, "%s/%s", tmp, TDM_CHECKPOINT_OPTIMIZER_FILE);
@@ -298,14 +294,13 @@ tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm
         return st;
     }
     st = tdm_atomic_dir_commit(tmp, final, err);
-    if (st == TDM_OK && path)
-        snprintf(path, cap, "%s", final);
+    if (st == TDM_OK && path) snprintf(path, cap, "%s", final);
     return st;
 }
 
 tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora *l,
-                               tdm_peft_meta *meta, tdm_adamw_state *opt,
-                               tdm_checkpoint_info *info, tdm_error *err)
+                               tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
+                               tdm_error *err)
 {
     memset(l, 0, sizeof *l);
     memset(opt, 0, sizeof *opt);
@@ -314,8 +309,7 @@ tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg
     snprintf(file, sizeof file, "%s/%s", ckpt_dir, TDM_CHECKPOINT_STATE_FILE);
     json_t *doc;
     tdm_status st = read_json(file, &doc, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = parse_state(file, doc, info, err);
     json_decref(doc);
     if (st != TDM_OK) {
@@ -327,8 +321,10 @@ tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg
         snprintf(file, sizeof file, "%s/%s", ckpt_dir, TDM_CHECKPOINT_OPTIMIZER_FILE);
         st = load_optimizer(file, l, opt, err);
         if (st == TDM_OK && opt->step != info->step)
-            st = tdm_fail(err, TDM_ERR_CORRUPT, "%s: optimizer step %lld but checkpoint step "
-                          "%lld", file, (long long)opt->step, (long long)info->step);
+            st = tdm_fail(err, TDM_ERR_CORRUPT,
+                          "%s: optimizer step %lld but checkpoint step "
+                          "%lld",
+                          file, (long long)opt->step, (long long)info->step);
     }
     if (st != TDM_OK) {
         tdm_lora_free(l);
@@ -343,15 +339,12 @@ tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg
 static bool checkpoint_step(const char *name, int64_t *step)
 {
     size_t pl = strlen(TDM_CHECKPOINT_PREFIX);
-    if (strncmp(name, TDM_CHECKPOINT_PREFIX, pl) != 0)
-        return false;
+    if (strncmp(name, TDM_CHECKPOINT_PREFIX, pl) != 0) return false;
     const char *d = name + pl;
-    if (!*d || strlen(d) > 18 || (d[0] == '0' && d[1]))
-        return false;
+    if (!*d || strlen(d) > 18 || (d[0] == '0' && d[1])) return false;
     int64_t v = 0;
     for (; *d; d++) {
-        if (*d < '0' || *d > '9')
-            return false;
+        if (*d < '0' || *d > '9') return false;
         v = v * 10 + (*d - '0');
     }
     *step = v;
@@ -377,12 +370,10 @@ tdm_status tdm_checkpoint_list(const char *out_dir, int64_t **steps, size_t *n, 
     char path[PATH_MAX];
     while ((e = readdir(d)) != NULL) {
         int64_t s;
-        if (!checkpoint_step(e->d_name, &s))
-            continue;
+        if (!checkpoint_step(e->d_name, &s)) continue;
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
-        if (lstat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            continue;
+        if (lstat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
         if (*n == cap) {
             cap = cap ? cap * 2 : 16;
             int64_t *ns = realloc(*steps, cap * sizeof *ns);
@@ -398,8 +389,7 @@ tdm_status tdm_checkpoint_list(const char *out_dir, int64_t **steps, size_t *n, 
         (*steps)[(*n)++] = s;
     }
     closedir(d);
-    if (*n)
-        qsort(*steps, *n, sizeof **steps, cmp_i64);
+    if (*n) qsort(*steps, *n, sizeof **steps, cmp_i64);
     return TDM_OK;
 }
 
@@ -409,8 +399,7 @@ tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err)
     snprintf(file, sizeof file, "%s/%s", ckpt_dir, TDM_CHECKPOINT_STATE_FILE);
     json_t *doc;
     tdm_status st = read_json(file, &doc, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     tdm_checkpoint_info info;
     st = parse_state(file, doc, &info, err);
     tdm_checkpoint_info_free(&info);
@@ -439,8 +428,7 @@ tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err)
                 if (stat(p, &sb) != 0)
                     st = tdm_fail_errno(err, TDM_ERR_CORRUPT, errno, "%s is missing", p);
             }
-            if (st != TDM_OK)
-                break;
+            if (st != TDM_OK) break;
         }
     }
     json_decref(doc);
@@ -453,17 +441,14 @@ tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t ca
     int64_t *steps;
     size_t n;
     tdm_status st = tdm_checkpoint_list(out_dir, &steps, &n, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     char p[PATH_MAX];
     for (size_t i = n; i-- > 0;) {
         snprintf(p, sizeof p, "%s/" TDM_CHECKPOINT_PREFIX "%" PRId64, out_dir, steps[i]);
         tdm_error e2 = {0};
         if (tdm_checkpoint_verify(p, &e2) == TDM_OK) {
-            if (path)
-                snprintf(path, cap, "%s", p);
-            if (step)
-                *step = steps[i];
+            if (path) snprintf(path, cap, "%s", p);
+            if (step) *step = steps[i];
             free(steps);
             return TDM_OK;
         }
@@ -475,13 +460,11 @@ tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t ca
 
 tdm_status tdm_checkpoint_prune(const char *out_dir, int keep_last, tdm_error *err)
 {
-    if (keep_last <= 0)
-        return TDM_OK;
+    if (keep_last <= 0) return TDM_OK;
     int64_t *steps;
     size_t n;
     tdm_status st = tdm_checkpoint_list(out_dir, &steps, &n, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     char p[PATH_MAX];
     for (size_t i = 0; st == TDM_OK && i + (size_t)keep_last < n; i++) {
         snprintf(p, sizeof p, "%s/" TDM_CHECKPOINT_PREFIX "%" PRId64, out_dir, steps[i]);
@@ -501,8 +484,7 @@ tdm_status tdm_checkpoint_save_best(const char *out_dir, const tdm_lora *l,
     if (!isfinite(value))
         return tdm_fail(err, TDM_ERR_INVALID, "best metric %g is not finite", value);
     tdm_status st = tdm_atomic_dir_begin(final, tmp, sizeof tmp, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = tdm_peft_write_files(tmp, l, meta, err);
     if (st == TDM_OK) {
         json_t *o = json_object();
@@ -527,8 +509,7 @@ tdm_status tdm_checkpoint_read_best(const char *out_dir, int64_t *step, double *
     snprintf(file, sizeof file, "%s/%s/%s", out_dir, TDM_BEST_DIR, TDM_BEST_FILE);
     json_t *o;
     tdm_status st = read_json(file, &o, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     const json_t *s = json_object_get(o, "step"), *v = json_object_get(o, "value");
     if (!json_is_integer(s) || !json_is_number(v))
         st = tdm_fail(err, TDM_ERR_CORRUPT, "%s: step or value missing", file);

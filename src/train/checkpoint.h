@@ -64,15 +64,14 @@ void tdm_checkpoint_info_free(tdm_checkpoint_info *info);
  * step already there is replaced as a whole. opt->n must equal l->n_params. */
 tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm_peft_meta *meta,
                                const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
-                               const json_t *trainer_state, char *path, size_t cap,
-                               tdm_error *err);
+                               const json_t *trainer_state, char *path, size_t cap, tdm_error *err);
 
 /* Reads a checkpoint directory for a model with config cfg: the adapter (*l, *meta may be NULL),
  * the optimizer state (*opt, allocated here) and *info. Checks that the names, shapes and steps
  * agree. On failure nothing is left allocated. */
 tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora *l,
-                               tdm_peft_meta *meta, tdm_adamw_state *opt,
-                               tdm_checkpoint_info *info, tdm_error *err);
+                               tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
+                               tdm_error *err);
 
 /* Steps of the directories named checkpoint-<decimal> in out_dir, ascending (malloc'd *steps,
  * NULL when none). Scratch entries and other names are ignored. */

@@ -21,13 +21,28 @@ void tdm_lora_projection_dims(const tdm_model_config *cfg, unsigned target, int6
     int64_t h = cfg->hidden_size, inter = cfg->intermediate_size;
     int64_t q = cfg->num_heads * cfg->head_dim, kv = cfg->num_kv_heads * cfg->head_dim;
     switch (target) {
-    case 0: *in = h; *out = q; break;
+    case 0:
+        *in = h;
+        *out = q;
+        break;
     case 1:
-    case 2: *in = h; *out = kv; break;
-    case 3: *in = q; *out = h; break;
+    case 2:
+        *in = h;
+        *out = kv;
+        break;
+    case 3:
+        *in = q;
+        *out = h;
+        break;
     case 4:
-    case 5: *in = h; *out = inter; break;
-    default: *in = inter; *out = h; break;
+    case 5:
+        *in = h;
+        *out = inter;
+        break;
+    default:
+        *in = inter;
+        *out = h;
+        break;
     }
 }
 
@@ -41,21 +56,21 @@ tdm_status tdm_lora_init(tdm_lora *l, const tdm_model_config *cfg, int rank, dou
     if (!(alpha > 0) || !isfinite(alpha))
         return tdm_fail(err, TDM_ERR_INVALID, "LoRA alpha %g must be finite and > 0", alpha);
     if (targets == 0 || (targets & ~TDM_ADAPTER_TARGET_ALL))
-        return tdm_fail(err, TDM_ERR_INVALID, "LoRA targets 0x%x are not a non-empty subset of "
-                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", targets);
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "LoRA targets 0x%x are not a non-empty subset of "
+                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                        targets);
     if (cfg->num_layers < 1 || cfg->num_layers > 100000)
         return tdm_fail(err, TDM_ERR_INVALID, "model has %lld layers", (long long)cfg->num_layers);
     int n_t = __builtin_popcount(targets);
     size_t n_mod = (size_t)cfg->num_layers * (size_t)n_t;
     tdm_lora_module *mods = calloc(n_mod, sizeof *mods);
-    if (!mods)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for %zu LoRA modules", n_mod);
+    if (!mods) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for %zu LoRA modules", n_mod);
     int64_t off = 0;
     size_t k = 0;
     for (int layer = 0; layer < cfg->num_layers; layer++) {
         for (unsigned t = 0; t < TDM_ADAPTER_TARGET_COUNT; t++) {
-            if (!(targets & (1u << t)))
-                continue;
+            if (!(targets & (1u << t))) continue;
             tdm_lora_module *m = &mods[k++];
             m->layer = layer;
             m->target = t;
@@ -137,8 +152,8 @@ bool tdm_lora_tensor_name(const tdm_lora_module *m, bool is_b, char *buf, size_t
 
 tdm_status tdm_lora_copy(tdm_lora *dst, const tdm_lora *src, tdm_error *err)
 {
-    if (dst->n_params != src->n_params || dst->rank != src->rank ||
-        dst->targets != src->targets || dst->num_layers != src->num_layers)
+    if (dst->n_params != src->n_params || dst->rank != src->rank || dst->targets != src->targets ||
+        dst->num_layers != src->num_layers)
         return tdm_fail(err, TDM_ERR_INVALID, "LoRA adapters have different layouts");
     memcpy(dst->params, src->params, (size_t)src->n_params * sizeof(float));
     return TDM_OK;

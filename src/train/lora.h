@@ -9,7 +9,8 @@
  *     scale = alpha / r            (PEFT default)
  *     scale = alpha / sqrt(r)      (use_rslora)
  * Projection sizes (H hidden, I intermediate, Q = heads*head_dim, K = kv_heads*head_dim):
- *     q (in H, out Q)  k, v (in H, out K)  o (in Q, out H)  gate, up (in H, out I)  down (in I, out H)
+ *     q (in H, out Q)  k, v (in H, out K)  o (in Q, out H)  gate, up (in H, out I)  down (in I, out
+ * H)
  *
  * Memory (llm.c style): all parameters live in ONE allocation, `params` (n_params floats). The
  * modules are laid out layer-major, then target order, and within a module A then B:
@@ -37,25 +38,25 @@
 #include "util/rng.h"
 
 typedef struct tdm_lora_module {
-    int layer;      /* decoder layer index */
-    unsigned target;    /* bit index 0..6 of tdm_adapter_target (tdm_adapter_target_name) */
-    int64_t in, out;    /* the projection's in_features, out_features */
-    int64_t a_offset;   /* offset of A in the flat parameter array, (r, in) */
-    int64_t b_offset;   /* offset of B, (out, r) */
-    float *A;           /* = params + a_offset */
-    float *B;           /* = params + b_offset */
+    int layer;        /* decoder layer index */
+    unsigned target;  /* bit index 0..6 of tdm_adapter_target (tdm_adapter_target_name) */
+    int64_t in, out;  /* the projection's in_features, out_features */
+    int64_t a_offset; /* offset of A in the flat parameter array, (r, in) */
+    int64_t b_offset; /* offset of B, (out, r) */
+    float *A;         /* = params + a_offset */
+    float *B;         /* = params + b_offset */
 } tdm_lora_module;
 
 typedef struct tdm_lora {
-    int rank;          /* r */
-    double alpha;      /* lora_alpha */
-    bool use_rslora;   /* scale = alpha / sqrt(r) instead of alpha / r */
-    double scale;      /* alpha / r or alpha / sqrt(r), computed in double */
-    uint32_t targets;  /* bit set of tdm_adapter_target */
+    int rank;         /* r */
+    double alpha;     /* lora_alpha */
+    bool use_rslora;  /* scale = alpha / sqrt(r) instead of alpha / r */
+    double scale;     /* alpha / r or alpha / sqrt(r), computed in double */
+    uint32_t targets; /* bit set of tdm_adapter_target */
     int num_layers;
     tdm_lora_module *modules; /* (n_modules) layer-major, target order */
     size_t n_modules;
-    float *params;     /* (n_params) f32: every A and B, the one allocation */
+    float *params; /* (n_params) f32: every A and B, the one allocation */
     int64_t n_params;
 } tdm_lora;
 

@@ -6,9 +6,12 @@
 const char *tdm_lr_kind_name(tdm_lr_kind kind)
 {
     switch (kind) {
-    case TDM_LR_COSINE: return "cosine";
-    case TDM_LR_LINEAR: return "linear";
-    case TDM_LR_CONSTANT: return "constant";
+    case TDM_LR_COSINE:
+        return "cosine";
+    case TDM_LR_LINEAR:
+        return "linear";
+    case TDM_LR_CONSTANT:
+        return "constant";
     }
     return "?";
 }
@@ -44,8 +47,7 @@ static double max1(int64_t v)
 double tdm_lr_factor(const tdm_lr_schedule *s, int64_t step)
 {
     int64_t w = s->warmup_steps, t = s->total_steps;
-    if (step < w)
-        return (double)step / max1(w);
+    if (step < w) return (double)step / max1(w);
     switch (s->kind) {
     case TDM_LR_COSINE: {
         double progress = (double)(step - w) / max1(t - w);
@@ -56,7 +58,8 @@ double tdm_lr_factor(const tdm_lr_schedule *s, int64_t step)
         double f = (double)(t - step) / max1(t - w);
         return f > 0.0 ? f : 0.0;
     }
-    case TDM_LR_CONSTANT: return 1.0;
+    case TDM_LR_CONSTANT:
+        return 1.0;
     }
     return 1.0;
 }

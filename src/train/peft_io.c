@@ -53,8 +53,7 @@ tdm_status tdm_peft_config_json(const tdm_lora *l, const tdm_peft_meta *meta, ch
     json_object_set_new(o, "use_rslora", json_boolean(l->use_rslora));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
-    if (!text)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing adapter_config.json");
+    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing adapter_config.json");
     size_t n = strlen(text);
     char *withnl = realloc(text, n + 2);
     if (!withnl) {
@@ -101,12 +100,10 @@ tdm_status tdm_peft_write_files(const char *dir, const tdm_lora *l, const tdm_pe
     free(specs);
     free(data);
     free(names);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     char *text;
     st = tdm_peft_config_json(l, meta, &text, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     snprintf(path, sizeof path, "%s/%s", dir, TDM_PEFT_CONFIG_FILE);
     st = tdm_atomic_write(path, text, strlen(text), 0644, err);
     free(text);
@@ -118,8 +115,7 @@ tdm_status tdm_peft_save(const char *dir, const tdm_lora *l, const tdm_peft_meta
 {
     char tmp[PATH_MAX];
     tdm_status st = tdm_atomic_dir_begin(dir, tmp, sizeof tmp, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = tdm_peft_write_files(tmp, l, meta, err);
     if (st != TDM_OK) {
         tdm_atomic_dir_abort(tmp);
@@ -132,12 +128,9 @@ tdm_status tdm_peft_save(const char *dir, const tdm_lora *l, const tdm_peft_meta
 
 static bool is_null_or_empty(const json_t *v)
 {
-    if (!v || json_is_null(v))
-        return true;
-    if (json_is_object(v))
-        return json_object_size(v) == 0;
-    if (json_is_array(v))
-        return json_array_size(v) == 0;
+    if (!v || json_is_null(v)) return true;
+    if (json_is_object(v)) return json_object_size(v) == 0;
+    if (json_is_array(v)) return json_array_size(v) == 0;
     return false;
 }
 
@@ -147,22 +140,20 @@ tdm_status tdm_peft_config_parse(const char *text, size_t len, const char *name,
 {
     json_error_t je;
     json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s:%d:%d: %s", name, je.line, je.column, je.text);
+    if (!o) return tdm_fail(err, TDM_ERR_PARSE, "%s:%d:%d: %s", name, je.line, je.column, je.text);
     tdm_status st = TDM_OK;
-#define BAD(status, ...)                                                                          \
-    do {                                                                                          \
-        st = tdm_fail(err, status, __VA_ARGS__);                                                  \
-        goto done;                                                                                \
+#define BAD(status, ...)                                                                           \
+    do {                                                                                           \
+        st = tdm_fail(err, status, __VA_ARGS__);                                                   \
+        goto done;                                                                                 \
     } while (0)
-    if (!json_is_object(o))
-        BAD(TDM_ERR_PARSE, "%s: the top level must be a JSON object", name);
+    if (!json_is_object(o)) BAD(TDM_ERR_PARSE, "%s: the top level must be a JSON object", name);
     json_t *v = json_object_get(o, "peft_type");
     if (!json_is_string(v))
         BAD(TDM_ERR_PARSE, "%s: \"peft_type\" is missing (expected \"LORA\")", name);
     if (strcmp(json_string_value(v), "LORA") != 0)
-        BAD(TDM_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (tandem trains LORA)",
-            name, json_string_value(v));
+        BAD(TDM_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (tandem trains LORA)", name,
+            json_string_value(v));
     v = json_object_get(o, "r");
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
         json_integer_value(v) > TDM_ADAPTER_RANK_MAX)
@@ -207,8 +198,7 @@ tdm_status tdm_peft_config_parse(const char *text, size_t len, const char *name,
         const char *s = json_string_value(e);
         unsigned t;
         for (t = 0; t < TDM_ADAPTER_TARGET_COUNT; t++)
-            if (strcmp(s, tdm_adapter_target_name(t)) == 0)
-                break;
+            if (strcmp(s, tdm_adapter_target_name(t)) == 0) break;
         if (t == TDM_ADAPTER_TARGET_COUNT)
             BAD(TDM_ERR_UNSUPPORTED,
                 "%s: target module \"%s\" is not supported (tandem adapts q_proj, k_proj, v_proj, "
@@ -224,17 +214,18 @@ tdm_status tdm_peft_config_parse(const char *text, size_t len, const char *name,
     for (size_t k = 0; k < sizeof must_be_false / sizeof *must_be_false; k++) {
         v = json_object_get(o, must_be_false[k]);
         if (v && !json_is_null(v) && !json_is_false(v))
-            BAD(TDM_ERR_UNSUPPORTED, "%s: \"%s\" must be false (tandem does not support it)",
-                name, must_be_false[k]);
+            BAD(TDM_ERR_UNSUPPORTED, "%s: \"%s\" must be false (tandem does not support it)", name,
+                must_be_false[k]);
     }
-    static const char *const must_be_empty[] = {"rank_pattern", "alpha_pattern",
+    static const char *const must_be_empty[] = {"rank_pattern",        "alpha_pattern",
                                                 "layers_to_transform", "layer_replication",
-                                                "modules_to_save", "layers_pattern"};
+                                                "modules_to_save",     "layers_pattern"};
     for (size_t k = 0; k < sizeof must_be_empty / sizeof *must_be_empty; k++) {
         v = json_object_get(o, must_be_empty[k]);
         if (!is_null_or_empty(v))
-            BAD(TDM_ERR_UNSUPPORTED, "%s: \"%s\" must be null or empty (tandem does not support it)",
-                name, must_be_empty[k]);
+            BAD(TDM_ERR_UNSUPPORTED,
+                "%s: \"%s\" must be null or empty (tandem does not support it)", name,
+                must_be_empty[k]);
     }
     if (meta) {
         memset(meta, 0, sizeof *meta);
@@ -270,11 +261,9 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
     bool rslora;
     st = tdm_peft_config_parse(text, len, path, &rank, &alpha, &targets, &rslora, meta, err);
     free(text);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     st = tdm_lora_init(l, cfg, rank, alpha, rslora, targets, err);
-    if (st != TDM_OK)
-        return tdm_error_prefix(err, "%s", path);
+    if (st != TDM_OK) return tdm_error_prefix(err, "%s", path);
 
     snprintf(path, sizeof path, "%s/%s", dir, TDM_PEFT_WEIGHTS_FILE);
     tdm_st_file f = {0};
@@ -282,8 +271,10 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
     if (st != TDM_OK) {
         tdm_lora_free(l);
         if (st == TDM_ERR_NOT_FOUND)
-            return tdm_fail(err, st, "%s has no %s (adapter_model.bin is not read: re-save with "
-                            "safe_serialization=True)", dir, TDM_PEFT_WEIGHTS_FILE);
+            return tdm_fail(err, st,
+                            "%s has no %s (adapter_model.bin is not read: re-save with "
+                            "safe_serialization=True)",
+                            dir, TDM_PEFT_WEIGHTS_FILE);
         return st;
     }
     size_t used = 0;
@@ -294,9 +285,10 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
             const tdm_st_tensor *t = tdm_st_find(&f, name);
             int64_t r0 = b ? m->out : rank, r1 = b ? rank : m->in;
             if (!t) {
-                st = tdm_fail(err, TDM_ERR_INVALID, "%s: tensor %s is missing (the config "
-                              "targets %s on every layer)", path, name,
-                              tdm_adapter_target_name(m->target));
+                st = tdm_fail(err, TDM_ERR_INVALID,
+                              "%s: tensor %s is missing (the config "
+                              "targets %s on every layer)",
+                              path, name, tdm_adapter_target_name(m->target));
             } else if (t->rank != 2 || t->shape[0] != r0 || t->shape[1] != r1) {
                 st = tdm_fail(err, TDM_ERR_INVALID,
                               "%s: tensor %s has shape [%lld%s%lld], expected [%lld, %lld] "
@@ -307,8 +299,10 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
                               (long long)r0, (long long)r1, rank);
             } else if (t->dtype != TDM_DTYPE_F32 && t->dtype != TDM_DTYPE_F16 &&
                        t->dtype != TDM_DTYPE_BF16) {
-                st = tdm_fail(err, TDM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (F32, F16 "
-                              "or BF16 expected)", path, name, tdm_dtype_name(t->dtype));
+                st = tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                              "%s: tensor %s has dtype %s (F32, F16 "
+                              "or BF16 expected)",
+                              path, name, tdm_dtype_name(t->dtype));
             } else {
                 st = tdm_st_tensor_to_f32(t, b ? m->B : m->A, err);
                 used++;
@@ -334,7 +328,6 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
         }
     }
     tdm_st_close(&f);
-    if (st != TDM_OK)
-        tdm_lora_free(l);
+    if (st != TDM_OK) tdm_lora_free(l);
     return st;
 }

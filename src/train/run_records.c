@@ -19,8 +19,7 @@ static json_t *num_or_null(double v)
 static tdm_status save_doc(const json_t *doc, const char *path, size_t flags, tdm_error *err)
 {
     char *text = json_dumps(doc, flags);
-    if (!text)
-        return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode %s", path);
+    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode %s", path);
     size_t n = strlen(text);
     char *t2 = realloc(text, n + 2);
     if (!t2) {
@@ -38,8 +37,7 @@ tdm_status tdm_trainer_state_init(tdm_trainer_state *ts, tdm_error *err)
 {
     memset(ts, 0, sizeof *ts);
     ts->log_history = json_array();
-    if (!ts->log_history)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!ts->log_history) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     return TDM_OK;
 }
 
@@ -68,7 +66,8 @@ bool tdm_trainer_state_log_eval(tdm_trainer_state *ts, double eval_loss, double 
     json_object_set_new(e, "epoch", json_real(ts->epoch));
     json_object_set_new(e, "eval_loss", num_or_null(eval_loss));
     json_object_set_new(e, "eval_runtime", num_or_null(round(runtime_s * 1e4) / 1e4));
-    json_object_set_new(e, "eval_samples_per_second", num_or_null(round(samples_per_s * 1e3) / 1e3));
+    json_object_set_new(e, "eval_samples_per_second",
+                        num_or_null(round(samples_per_s * 1e3) / 1e3));
     json_object_set_new(e, "eval_steps_per_second", num_or_null(round(steps_per_s * 1e3) / 1e3));
     json_object_set_new(e, "step", json_integer(ts->global_step));
     json_array_append_new(ts->log_history, e);
@@ -92,7 +91,8 @@ void tdm_trainer_state_log_end(tdm_trainer_state *ts, double train_loss, double 
     json_object_set_new(e, "total_flos", json_real(ts->total_flos));
     json_object_set_new(e, "train_loss", num_or_null(train_loss));
     json_object_set_new(e, "train_runtime", num_or_null(round(runtime_s * 1e4) / 1e4));
-    json_object_set_new(e, "train_samples_per_second", num_or_null(round(samples_per_s * 1e3) / 1e3));
+    json_object_set_new(e, "train_samples_per_second",
+                        num_or_null(round(samples_per_s * 1e3) / 1e3));
     json_object_set_new(e, "train_steps_per_second", num_or_null(round(steps_per_s * 1e3) / 1e3));
     json_array_append_new(ts->log_history, e);
 }
@@ -147,16 +147,15 @@ tdm_status tdm_trainer_state_load(tdm_trainer_state *ts, const char *path, tdm_e
     char *text;
     size_t len;
     tdm_status st = tdm_read_file(path, &text, &len, err);
-    if (st != TDM_OK)
-        return st;
+    if (st != TDM_OK) return st;
     json_error_t je;
     json_t *o = json_loadb(text, len, 0, &je);
     free(text);
-    if (!o)
-        return tdm_fail(err, TDM_ERR_PARSE, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+    if (!o) return tdm_fail(err, TDM_ERR_PARSE, "%s:%d:%d: %s", path, je.line, je.column, je.text);
     const json_t *lh = json_object_get(o, "log_history");
     const json_t *ep = json_object_get(o, "epoch");
-    if (!json_is_object(o) || !json_is_array(lh) || !json_is_integer(json_object_get(o, "global_step"))) {
+    if (!json_is_object(o) || !json_is_array(lh) ||
+        !json_is_integer(json_object_get(o, "global_step"))) {
         json_decref(o);
         return tdm_fail(err, TDM_ERR_PARSE, "%s: global_step or log_history missing", path);
     }
@@ -219,19 +218,15 @@ json_t *tdm_metrics_line_to_json(const tdm_metrics_line *m)
     json_t *o = json_object();
     json_object_set_new(o, "step", json_integer(m->step));
     json_object_set_new(o, "epoch", num_or_null(m->epoch));
-    if (!isnan(m->loss))
-        json_object_set_new(o, "loss", num_or_null(m->loss));
-    if (!isnan(m->val_loss))
-        json_object_set_new(o, "val_loss", num_or_null(m->val_loss));
+    if (!isnan(m->loss)) json_object_set_new(o, "loss", num_or_null(m->loss));
+    if (!isnan(m->val_loss)) json_object_set_new(o, "val_loss", num_or_null(m->val_loss));
     if (!isnan(m->learning_rate))
         json_object_set_new(o, "learning_rate", num_or_null(m->learning_rate));
-    if (!isnan(m->grad_norm))
-        json_object_set_new(o, "grad_norm", num_or_null(m->grad_norm));
+    if (!isnan(m->grad_norm)) json_object_set_new(o, "grad_norm", num_or_null(m->grad_norm));
     json_object_set_new(o, "tokens", json_integer(m->tokens));
     if (!isnan(m->tokens_per_sec))
         json_object_set_new(o, "tokens_per_sec", num_or_null(m->tokens_per_sec));
-    if (!isnan(m->elapsed_ms))
-        json_object_set_new(o, "elapsed_ms", num_or_null(m->elapsed_ms));
+    if (!isnan(m->elapsed_ms)) json_object_set_new(o, "elapsed_ms", num_or_null(m->elapsed_ms));
     json_object_set_new(o, "adapter_index", json_integer(m->adapter_index));
     json_object_set_new(o, "label", m->label ? json_string(m->label) : json_null());
     return o;
@@ -242,8 +237,7 @@ tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_e
     json_t *o = tdm_metrics_line_to_json(m);
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
-    if (!text)
-        return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode a metrics line");
+    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode a metrics line");
     size_t n = strlen(text);
     char *line = realloc(text, n + 2);
     if (!line) {
@@ -268,18 +262,14 @@ tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_e
     return st;
 }
 
-tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *kept,
-                                      tdm_error *err)
+tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *kept, tdm_error *err)
 {
-    if (kept)
-        *kept = 0;
+    if (kept) *kept = 0;
     char *text;
     size_t len;
     tdm_status st = tdm_read_file(path, &text, &len, err);
-    if (st == TDM_ERR_NOT_FOUND)
-        return TDM_OK;
-    if (st != TDM_OK)
-        return st;
+    if (st == TDM_ERR_NOT_FOUND) return TDM_OK;
+    if (st != TDM_OK) return st;
     char *out = malloc(len + 1);
     if (!out) {
         free(text);
@@ -289,8 +279,7 @@ tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *k
     int64_t k = 0;
     for (char *p = text; p < text + len;) {
         char *nl = memchr(p, '\n', (size_t)(text + len - p));
-        if (!nl)
-            break; /* a torn last line */
+        if (!nl) break; /* a torn last line */
         json_t *o = json_loadb(p, (size_t)(nl - p), 0, NULL);
         const json_t *s = o ? json_object_get(o, "step") : NULL;
         if (json_is_integer(s) && json_integer_value(s) <= step) {
@@ -304,7 +293,6 @@ tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *k
     free(text);
     st = tdm_atomic_write(path, out, on, 0644, err);
     free(out);
-    if (st == TDM_OK && kept)
-        *kept = k;
+    if (st == TDM_OK && kept) *kept = k;
     return st;
 }

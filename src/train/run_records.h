@@ -42,11 +42,11 @@ typedef struct tdm_trainer_state {
     int64_t train_batch_size;
     int64_t num_input_tokens_seen;
     double total_flos;
-    bool has_best;              /* false: best_* are written as null */
-    double best_metric;         /* lowest eval_loss */
+    bool has_best;      /* false: best_* are written as null */
+    double best_metric; /* lowest eval_loss */
     int64_t best_global_step;
     char best_model_checkpoint[1024]; /* path of best/ */
-    json_t *log_history;        /* array, owned */
+    json_t *log_history;              /* array, owned */
 } tdm_trainer_state;
 
 /* Zeroes ts and creates an empty log_history. */
@@ -72,18 +72,18 @@ tdm_status tdm_trainer_state_save(const tdm_trainer_state *ts, const char *path,
 tdm_status tdm_trainer_state_load(tdm_trainer_state *ts, const char *path, tdm_error *err);
 
 typedef struct tdm_run_metadata {
-    const char *task;        /* what was trained, e.g. the adapter's label or data file stem */
-    const char *label;       /* may be NULL: written as null */
-    int adapter_index;       /* position in the run's adapter list, from 0 */
-    double epoch;            /* epochs done */
-    double train_loss;       /* mean training loss of the last epoch */
-    double val_loss;         /* NaN when there is no validation split: null */
-    double learning_rate;    /* current */
-    double epoch_time_ms;    /* wall time of the last epoch */
-    double samples_per_sec;  /* training sequences per second */
+    const char *task;       /* what was trained, e.g. the adapter's label or data file stem */
+    const char *label;      /* may be NULL: written as null */
+    int adapter_index;      /* position in the run's adapter list, from 0 */
+    double epoch;           /* epochs done */
+    double train_loss;      /* mean training loss of the last epoch */
+    double val_loss;        /* NaN when there is no validation split: null */
+    double learning_rate;   /* current */
+    double epoch_time_ms;   /* wall time of the last epoch */
+    double samples_per_sec; /* training sequences per second */
     int lora_rank;
     double lora_alpha;
-    const char *data_hash;   /* "sha256:<64 hex>" of the training data file */
+    const char *data_hash; /* "sha256:<64 hex>" of the training data file */
 } tdm_run_metadata;
 
 /* metadata.json: the fields above plus train_perplexity = exp(train_loss) and val_perplexity =
@@ -98,12 +98,12 @@ typedef struct tdm_metrics_line {
     double loss;
     double learning_rate;
     double grad_norm;
-    int64_t tokens;          /* counted tokens since the previous line */
+    int64_t tokens; /* counted tokens since the previous line */
     double tokens_per_sec;
-    double elapsed_ms;       /* since training started */
-    double val_loss;         /* NaN unless evaluated at this step */
+    double elapsed_ms; /* since training started */
+    double val_loss;   /* NaN unless evaluated at this step */
     int adapter_index;
-    const char *label;       /* may be NULL */
+    const char *label; /* may be NULL */
 } tdm_metrics_line;
 
 json_t *tdm_metrics_line_to_json(const tdm_metrics_line *m);

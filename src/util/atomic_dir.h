@@ -3,7 +3,8 @@
  *
  * Calling sequence:
  *     char tmp[PATH_MAX];
- *     tdm_atomic_dir_begin("/out/checkpoint-40", tmp, sizeof tmp, &err);  // makes "/out/.checkpoint-40.tmp-PID"
+ *     tdm_atomic_dir_begin("/out/checkpoint-40", tmp, sizeof tmp, &err);  // makes
+ * "/out/.checkpoint-40.tmp-PID"
  *     ... write files into tmp (each written and fsynced, e.g. with tdm_atomic_write) ...
  *     tdm_atomic_dir_commit(tmp, "/out/checkpoint-40", &err);  // or tdm_atomic_dir_abort(tmp)
  *

@@ -77,8 +77,7 @@ static int count_scratch(const char *dir)
     struct dirent *e;
     int n = 0;
     while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] == '.' && (strstr(e->d_name, ".tmp-") || strstr(e->d_name, ".del-")))
-            n++;
+        if (e->d_name[0] == '.' && (strstr(e->d_name, ".tmp-") || strstr(e->d_name, ".del-"))) n++;
     closedir(d);
     return n;
 }
@@ -127,8 +126,8 @@ static void fixture_free(fixture *f)
 static tdm_status save_step(fixture *f, const char *out, int64_t step, tdm_error *err)
 {
     fixture_fill(f, step);
-    tdm_checkpoint_info info = {.step = step, .epoch = (double)step / 10.0,
-                                .schedule = {TDM_LR_COSINE, 2e-4, 2, 1000}};
+    tdm_checkpoint_info info = {
+        .step = step, .epoch = (double)step / 10.0, .schedule = {TDM_LR_COSINE, 2e-4, 2, 1000}};
     tdm_rng_seed(&info.rng, (uint64_t)step);
     info.data_cursor = json_pack("{s:I}", "position", (json_int_t)step);
     tdm_status st = tdm_checkpoint_save(out, &f->lora, NULL, &f->opt, &info, NULL, NULL, 0, err);
@@ -152,19 +151,19 @@ static void test_round_trip(void **state)
     f.opt.step = 37;
     tdm_rng_normal(&rng); /* leaves a spare behind: it must survive */
     assert_true(rng.has_spare);
-    tdm_checkpoint_info info = {.step = 37, .epoch = 1.0 / 3.0,
-                                .schedule = {TDM_LR_LINEAR, 3e-4, 5, 120}, .rng = rng};
-    info.data_cursor = json_pack("{s:i, s:[i,i,i], s:s}", "epoch", 1, "order", 3, 1, 2, "file",
-                                 "data.jsonl");
+    tdm_checkpoint_info info = {
+        .step = 37, .epoch = 1.0 / 3.0, .schedule = {TDM_LR_LINEAR, 3e-4, 5, 120}, .rng = rng};
+    info.data_cursor =
+        json_pack("{s:i, s:[i,i,i], s:s}", "epoch", 1, "order", 3, 1, 2, "file", "data.jsonl");
     info.extra = json_pack("{s:f}", "tokens_seen", 12345.0);
     json_t *ts = json_pack("{s:i}", "global_step", 37);
     tdm_peft_meta meta = {.lora_dropout = 0.1};
     snprintf(meta.base_model_name_or_path, sizeof meta.base_model_name_or_path, "base");
     char out[300], path[400];
     make_dir(out, sizeof out, "rt");
-    assert_int_equal(tdm_checkpoint_save(out, &f.lora, &meta, &f.opt, &info, ts, path,
-                                         sizeof path, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_checkpoint_save(out, &f.lora, &meta, &f.opt, &info, ts, path, sizeof path, &err),
+        TDM_OK);
     char want[400];
     snprintf(want, sizeof want, "%s/checkpoint-37", out);
     assert_string_equal(path, want);
@@ -226,7 +225,7 @@ static void test_discovery_and_retention(void **state)
     mkdir(p, 0755);
     snprintf(p, sizeof p, "%s/checkpoint-99", out);
     assert_int_equal(tdm_atomic_write(p, "x", 1, 0644, &err), TDM_OK); /* a file */
-    snprintf(p, sizeof p, "%s/.checkpoint-40.tmp-2147483000", out); /* a dead writer's */
+    snprintf(p, sizeof p, "%s/.checkpoint-40.tmp-2147483000", out);    /* a dead writer's */
     mkdir(p, 0755);
     /* a damaged newer checkpoint: truncated optimizer file */
     assert_int_equal(save_step(&f, out, 25, &err), TDM_OK);
@@ -276,9 +275,11 @@ static void test_best(void **state)
     double v;
     assert_int_equal(tdm_checkpoint_read_best(out, &step, &v, &err), TDM_ERR_NOT_FOUND);
     fixture_fill(&f, 3);
-    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 3, "eval_loss", 2.5, &err), TDM_OK);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 3, "eval_loss", 2.5, &err),
+                     TDM_OK);
     fixture_fill(&f, 9);
-    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 9, "eval_loss", 1.25, &err), TDM_OK);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 9, "eval_loss", 1.25, &err),
+                     TDM_OK);
     assert_int_equal(tdm_checkpoint_read_best(out, &step, &v, &err), TDM_OK);
     assert_int_equal(step, 9);
     assert_true(v == 1.25);
@@ -299,10 +300,9 @@ static void test_faults(void **state)
 {
     (void)state;
     static const char *const points[] = {
-        "atomic_dir.mkdir",  "atomic_dir.fsync",    "atomic_dir.rename",
-        "atomic_write.open", "atomic_write.write",  "atomic_write.fsync",
-        "atomic_write.rename", "atomic_write.dirsync", "safetensors.write",
-        "safetensors.fsync", "safetensors.rename",
+        "atomic_dir.mkdir",   "atomic_dir.fsync",   "atomic_dir.rename",   "atomic_write.open",
+        "atomic_write.write", "atomic_write.fsync", "atomic_write.rename", "atomic_write.dirsync",
+        "safetensors.write",  "safetensors.fsync",  "safetensors.rename",
     };
     fixture f;
     fixture_init(&f, 32, 48);
@@ -314,21 +314,19 @@ static void test_faults(void **state)
         setenv("TANDEM_FAULT_INJECT", points[i], 1);
         tdm_status st = save_step(&f, out, 100, &err);
         unsetenv("TANDEM_FAULT_INJECT");
-        if (st != TDM_ERR_IO)
-            fail_msg("fault %s: status %d (%s)", points[i], st, err.message);
+        if (st != TDM_ERR_IO) fail_msg("fault %s: status %d (%s)", points[i], st, err.message);
         snprintf(p, sizeof p, "%s/checkpoint-100", out);
         struct stat sb;
-        if (stat(p, &sb) == 0)
-            fail_msg("fault %s left %s", points[i], p);
+        if (stat(p, &sb) == 0) fail_msg("fault %s left %s", points[i], p);
         int64_t step;
         assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &step, &err), TDM_OK);
         assert_int_equal(step, 50);
-        if (count_scratch(out) != 0)
-            fail_msg("fault %s left a scratch entry", points[i]);
+        if (count_scratch(out) != 0) fail_msg("fault %s left a scratch entry", points[i]);
     }
     /* best/ under a rename fault keeps the old best */
     fixture_fill(&f, 1);
-    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 1, "eval_loss", 3.0, &err), TDM_OK);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 1, "eval_loss", 3.0, &err),
+                     TDM_OK);
     setenv("TANDEM_FAULT_INJECT", "atomic_dir.rename", 1);
     fixture_fill(&f, 2);
     assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 2, "eval_loss", 2.0, &err),
@@ -353,10 +351,8 @@ static void child_loop(const char *out, int64_t first)
         tdm_adamw_state_init(&f.opt, f.lora.n_params, &err) != TDM_OK)
         _exit(3);
     for (int64_t s = first;; s++) {
-        if (save_step(&f, out, s, &err) != TDM_OK)
-            _exit(4);
-        if (tdm_checkpoint_prune(out, 2, &err) != TDM_OK)
-            _exit(5);
+        if (save_step(&f, out, s, &err) != TDM_OK) _exit(4);
+        if (tdm_checkpoint_prune(out, 2, &err) != TDM_OK) _exit(5);
     }
 }
 
@@ -377,10 +373,18 @@ static void test_kill9_during_writes(void **state)
             first = latest + 1;
         pid_t pid = fork();
         assert_true(pid >= 0);
-        if (pid == 0)
-            child_loop(out, first);
+        if (pid == 0) child_loop(out, first);
+        /* Wait (up to 30 s) until the child has committed a checkpoint of its own, so every
+         * round makes progress however slow fsync is, then kill it at a random moment of the
+         * following writes. */
+        char want[400];
+        snprintf(want, sizeof want, "%s/checkpoint-%lld", out, (long long)first);
+        for (int w = 0; w < 30000 && access(want, F_OK) != 0; w++) {
+            struct timespec ms = {0, 1000000L};
+            nanosleep(&ms, NULL);
+        }
         seed = seed * 1103515245u + 12345u;
-        struct timespec ts = {0, (long)(2 + (seed >> 16) % 40) * 1000000L}; /* 2..41 ms */
+        struct timespec ts = {0, (long)((seed >> 16) % 25) * 1000000L}; /* 0..24 ms */
         nanosleep(&ts, NULL);
         kill(pid, SIGKILL);
         int status;
@@ -397,9 +401,8 @@ static void test_kill9_during_writes(void **state)
                 fail_msg("round %d: %s is incomplete: %s", round, p, err.message);
         }
         free(steps);
-        if (tdm_checkpoint_find_latest(out, p, sizeof p, &latest, &err) != TDM_OK)
-            continue; /* killed before its first checkpoint */
-        assert_true(latest >= last_seen);
+        assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &latest, &err), TDM_OK);
+        assert_true(latest >= first && latest > last_seen);
         last_seen = latest;
         tdm_lora l;
         tdm_adamw_state o;

@@ -116,7 +116,8 @@ static void test_init_statistics_and_order(void **state)
     tiny_config(&cfg, 256, 512, 2);
     tdm_lora l;
     tdm_error err = {0};
-    assert_int_equal(tdm_lora_init(&l, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err), TDM_OK);
+    assert_int_equal(tdm_lora_init(&l, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+                     TDM_OK);
     for (int64_t i = 0; i < l.n_params; i++)
         l.params[i] = 1.0f; /* init must overwrite B too */
     tdm_rng rng;
@@ -159,7 +160,8 @@ static void test_init_statistics_and_order(void **state)
 
     /* Determinism: same seed same bits; the stream position after init is n_A draws. */
     tdm_lora l2;
-    assert_int_equal(tdm_lora_init(&l2, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err), TDM_OK);
+    assert_int_equal(tdm_lora_init(&l2, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+                     TDM_OK);
     tdm_rng rb;
     tdm_rng_seed(&rb, 42);
     tdm_lora_init_peft(&l2, &rb);
@@ -176,8 +178,7 @@ static json_t *load_json(const char *path)
 {
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
-    if (!o)
-        fail_msg("%s: %s", path, je.text);
+    if (!o) fail_msg("%s: %s", path, je.text);
     return o;
 }
 
@@ -335,8 +336,8 @@ static void expect_config_error(const char *text, tdm_status want, const char *f
     uint32_t targets;
     bool rs;
     tdm_error err = {0};
-    tdm_status st = tdm_peft_config_parse(text, strlen(text), "cfg.json", &rank, &alpha,
-                                          &targets, &rs, NULL, &err);
+    tdm_status st = tdm_peft_config_parse(text, strlen(text), "cfg.json", &rank, &alpha, &targets,
+                                          &rs, NULL, &err);
     if (st != want || !strstr(err.message, fragment))
         fail_msg("%s -> %d \"%s\", wanted %d with \"%s\"", text, st, err.message, want, fragment);
 }
@@ -380,9 +381,9 @@ static void test_peft_config_refusals(void **state)
     tdm_error err = {0};
     const char *ok = "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"up_proj\", "
                      "\"gate_proj\"], \"layers_to_transform\": null, \"modules_to_save\": null}";
-    assert_int_equal(tdm_peft_config_parse(ok, strlen(ok), "x", &rank, &alpha, &targets, &rs,
-                                           NULL, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_peft_config_parse(ok, strlen(ok), "x", &rank, &alpha, &targets, &rs, NULL, &err),
+        TDM_OK);
     assert_int_equal(rank, 4);
     assert_true(alpha == 8.0 && !rs);
     assert_int_equal(targets, TDM_ADAPTER_TARGET_GATE_PROJ | TDM_ADAPTER_TARGET_UP_PROJ);

@@ -64,16 +64,29 @@ static void test_trainer_state(void **state)
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
     assert_non_null(o);
-    static const char *const keys[] = {
-        "best_global_step", "best_metric", "best_model_checkpoint", "epoch", "eval_steps",
-        "global_step", "is_hyper_param_search", "is_local_process_zero", "is_world_process_zero",
-        "log_history", "logging_steps", "max_steps", "num_input_tokens_seen", "num_train_epochs",
-        "save_steps", "stateful_callbacks", "total_flos", "train_batch_size", "trial_name",
-        "trial_params"};
+    static const char *const keys[] = {"best_global_step",
+                                       "best_metric",
+                                       "best_model_checkpoint",
+                                       "epoch",
+                                       "eval_steps",
+                                       "global_step",
+                                       "is_hyper_param_search",
+                                       "is_local_process_zero",
+                                       "is_world_process_zero",
+                                       "log_history",
+                                       "logging_steps",
+                                       "max_steps",
+                                       "num_input_tokens_seen",
+                                       "num_train_epochs",
+                                       "save_steps",
+                                       "stateful_callbacks",
+                                       "total_flos",
+                                       "train_batch_size",
+                                       "trial_name",
+                                       "trial_params"};
     assert_int_equal(json_object_size(o), sizeof keys / sizeof *keys);
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-        if (!json_object_get(o, keys[i]))
-            fail_msg("trainer_state.json lacks %s", keys[i]);
+        if (!json_object_get(o, keys[i])) fail_msg("trainer_state.json lacks %s", keys[i]);
     assert_int_equal(json_integer_value(json_object_get(o, "global_step")), 20);
     assert_true(json_real_value(json_object_get(o, "best_metric")) == 2.0);
     assert_int_equal(json_integer_value(json_object_get(o, "best_global_step")), 10);
@@ -128,25 +141,42 @@ static void test_metadata(void **state)
 {
     (void)state;
     tdm_error err = {0};
-    tdm_run_metadata m = {.task = "support", .label = "support", .adapter_index = 2,
-                          .epoch = 3, .train_loss = log(4.0), .val_loss = NAN,
-                          .learning_rate = 1e-4, .epoch_time_ms = 1234.5,
-                          .samples_per_sec = 56.7, .lora_rank = 16, .lora_alpha = 32,
-                          .data_hash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+    tdm_run_metadata m = {
+        .task = "support",
+        .label = "support",
+        .adapter_index = 2,
+        .epoch = 3,
+        .train_loss = log(4.0),
+        .val_loss = NAN,
+        .learning_rate = 1e-4,
+        .epoch_time_ms = 1234.5,
+        .samples_per_sec = 56.7,
+        .lora_rank = 16,
+        .lora_alpha = 32,
+        .data_hash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
     char path[300];
     snprintf(path, sizeof path, "%s/metadata.json", tmpdir);
     assert_int_equal(tdm_run_metadata_save(&m, path, &err), TDM_OK);
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
     assert_non_null(o);
-    static const char *const keys[] = {"task", "epoch", "train_loss", "val_loss",
-                                       "train_perplexity", "val_perplexity", "learning_rate",
-                                       "epoch_time_ms", "samples_per_sec", "lora_rank",
-                                       "lora_alpha", "data_hash", "adapter_index", "label"};
+    static const char *const keys[] = {"task",
+                                       "epoch",
+                                       "train_loss",
+                                       "val_loss",
+                                       "train_perplexity",
+                                       "val_perplexity",
+                                       "learning_rate",
+                                       "epoch_time_ms",
+                                       "samples_per_sec",
+                                       "lora_rank",
+                                       "lora_alpha",
+                                       "data_hash",
+                                       "adapter_index",
+                                       "label"};
     assert_int_equal(json_object_size(o), sizeof keys / sizeof *keys);
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-        if (!json_object_get(o, keys[i]))
-            fail_msg("metadata.json lacks %s", keys[i]);
+        if (!json_object_get(o, keys[i])) fail_msg("metadata.json lacks %s", keys[i]);
     assert_true(fabs(json_number_value(json_object_get(o, "train_perplexity")) - 4.0) < 1e-12);
     assert_true(json_is_null(json_object_get(o, "val_loss")));
     assert_true(json_is_null(json_object_get(o, "val_perplexity")));
@@ -176,10 +206,16 @@ static void test_metrics_jsonl(void **state)
     char path[300];
     snprintf(path, sizeof path, "%s/metrics.jsonl", tmpdir);
     for (int s = 1; s <= 6; s++) {
-        tdm_metrics_line m = {.step = s, .epoch = s / 3.0, .loss = 3.0 - 0.1 * s,
-                              .learning_rate = 2e-4, .grad_norm = 0.5, .tokens = 100 * s,
-                              .tokens_per_sec = 1000, .elapsed_ms = 10.0 * s,
-                              .val_loss = s == 3 ? 2.5 : NAN, .adapter_index = 0,
+        tdm_metrics_line m = {.step = s,
+                              .epoch = s / 3.0,
+                              .loss = 3.0 - 0.1 * s,
+                              .learning_rate = 2e-4,
+                              .grad_norm = 0.5,
+                              .tokens = 100 * s,
+                              .tokens_per_sec = 1000,
+                              .elapsed_ms = 10.0 * s,
+                              .val_loss = s == 3 ? 2.5 : NAN,
+                              .adapter_index = 0,
                               .label = "a"};
         assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_OK);
     }
@@ -217,8 +253,13 @@ static void test_metrics_jsonl(void **state)
     assert_int_equal(tdm_metrics_truncate_after(missing, 4, &kept, &err), TDM_OK);
     assert_int_equal(kept, 0);
     setenv("TANDEM_FAULT_INJECT", "metrics.write", 1);
-    tdm_metrics_line m = {.step = 5, .loss = NAN, .learning_rate = NAN, .grad_norm = NAN,
-                          .tokens_per_sec = NAN, .elapsed_ms = NAN, .val_loss = NAN};
+    tdm_metrics_line m = {.step = 5,
+                          .loss = NAN,
+                          .learning_rate = NAN,
+                          .grad_norm = NAN,
+                          .tokens_per_sec = NAN,
+                          .elapsed_ms = NAN,
+                          .val_loss = NAN};
     assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_ERR_IO);
     unsetenv("TANDEM_FAULT_INJECT");
     assert_int_equal(count_lines(path), 4);
