@@ -1,0 +1,103 @@
+/* checkpoint.h — checkpoints for exact resume, best/, retention, and finding the latest one.
+ *
+ * Layout (all under an adapter's OUT_DIR; docs/checkpoints.md has every field):
+ *   OUT_DIR/checkpoint-STEP/            STEP = the adapter's optimizer steps taken, decimal
+ *       adapter_config.json             PEFT (train/peft_io.h)
+ *       adapter_model.safetensors       PEFT, F32
+ *       optimizer.safetensors           AdamW moments, F32, one pair per LoRA tensor:
+ *                                       "<PEFT tensor name>.exp_avg", "<...>.exp_avg_sq", same
+ *                                       shape as the tensor; __metadata__ {"format":
+ *                                       "tandem-adamw", "version": "1", "step": "<t>"}
+ *       trainer_state.json              optional: the caller's Trainer-style state at this step
+ *       tandem_state.json               written last: {"format": "tandem-checkpoint",
+ *                                       "version": 1, "step", "epoch", "schedule": {...},
+ *                                       "rng": {...}, "data_cursor": <caller's JSON>,
+ *                                       "extra": <caller's JSON or null>, "files": [...]}
+ *   OUT_DIR/best/                       PEFT adapter with the lowest validation loss so far,
+ *                                       plus best.json {"step", "metric", "value"}
+ *
+ * Atomicity: a checkpoint is built in OUT_DIR/.checkpoint-STEP.tmp-PID, every file fsynced, the
+ * directory fsynced, then renamed to checkpoint-STEP and OUT_DIR fsynced (util/atomic_dir.h).
+ * So a directory named checkpoint-STEP is always complete; a crash leaves at most a scratch
+ * directory, which tdm_atomic_dir_remove_stale(OUT_DIR) deletes. best/ is replaced the same way
+ * (swapped in one rename). Retention deletes a checkpoint by renaming it to a scratch name first.
+ *
+ * The data layer's position is opaque here: the caller passes any JSON value as data_cursor and
+ * gets it back on load.
+ */
+#ifndef TANDEM_TRAIN_CHECKPOINT_H
+#define TANDEM_TRAIN_CHECKPOINT_H
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "train/adamw.h"
+#include "train/lora.h"
+#include "train/lr_schedule.h"
+#include "train/peft_io.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+#define TDM_CHECKPOINT_PREFIX "checkpoint-"
+#define TDM_CHECKPOINT_STATE_FILE "tandem_state.json"
+#define TDM_CHECKPOINT_OPTIMIZER_FILE "optimizer.safetensors"
+#define TDM_CHECKPOINT_TRAINER_STATE_FILE "trainer_state.json"
+#define TDM_BEST_DIR "best"
+#define TDM_BEST_FILE "best.json"
+
+/* The training position saved with the weights. */
+typedef struct tdm_checkpoint_info {
+    int64_t step;             /* the adapter's optimizer steps taken (= STEP in the name) */
+    double epoch;             /* epochs done, fractional (Trainer's state.epoch) */
+    tdm_lr_schedule schedule; /* the schedule in force (its position is `step`) */
+    tdm_rng rng;              /* the adapter's RNG stream, exactly */
+    json_t *data_cursor;      /* save: borrowed, required; load: a new reference */
+    json_t *extra;            /* save: borrowed, may be NULL; load: new reference or NULL */
+} tdm_checkpoint_info;
+
+/* Drops the references load gave (safe on a zeroed info). */
+void tdm_checkpoint_info_free(tdm_checkpoint_info *info);
+
+/* Writes OUT_DIR/checkpoint-STEP atomically (see above). out_dir must exist. trainer_state may
+ * be NULL. path (cap bytes, may be NULL) receives the checkpoint's path. A checkpoint of the same
+ * step already there is replaced as a whole. opt->n must equal l->n_params. */
+tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm_peft_meta *meta,
+                               const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
+                               const json_t *trainer_state, char *path, size_t cap, tdm_error *err);
+
+/* Reads a checkpoint directory for a model with config cfg: the adapter (*l, *meta may be NULL),
+ * the optimizer state (*opt, allocated here) and *info. Checks that the names, shapes and steps
+ * agree. On failure nothing is left allocated. */
+tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora *l,
+                               tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
+                               tdm_error *err);
+
+/* Steps of the directories named checkpoint-<decimal> in out_dir, ascending (malloc'd *steps,
+ * NULL when none). Scratch entries and other names are ignored. */
+tdm_status tdm_checkpoint_list(const char *out_dir, int64_t **steps, size_t *n, tdm_error *err);
+
+/* Quick completeness check of a checkpoint directory: tandem_state.json parses, every file it
+ * lists exists, and each .safetensors file validates (header, offsets, sizes). */
+tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err);
+
+/* The checkpoint with the highest step that verifies (a damaged one is skipped with a warning
+ * through tdm_warn). path receives its directory, *step its step. TDM_ERR_NOT_FOUND when none. */
+tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t cap, int64_t *step,
+                                      tdm_error *err);
+
+/* Keeps the keep_last checkpoints with the highest steps and deletes the others (keep_last <= 0
+ * keeps all). */
+tdm_status tdm_checkpoint_prune(const char *out_dir, int keep_last, tdm_error *err);
+
+/* Replaces OUT_DIR/best atomically with the adapter l and best.json {"step": step, "metric":
+ * metric_name, "value": value}. */
+tdm_status tdm_checkpoint_save_best(const char *out_dir, const tdm_lora *l,
+                                    const tdm_peft_meta *meta, int64_t step,
+                                    const char *metric_name, double value, tdm_error *err);
+
+/* Reads OUT_DIR/best/best.json. TDM_ERR_NOT_FOUND when there is no best/ yet. */
+tdm_status tdm_checkpoint_read_best(const char *out_dir, int64_t *step, double *value,
+                                    tdm_error *err);
+
+#endif

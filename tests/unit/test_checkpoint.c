@@ -1,0 +1,462 @@
+/* Unit tests of train/checkpoint and util/atomic_dir: exact round trip of everything a resume
+ * needs, discovery of the latest complete checkpoint (scratch, junk and damaged entries ignored),
+ * retention, best/, every injected I/O fault leaving the previous checkpoint as the latest, and
+ * a child process killed with SIGKILL while writing checkpoints in a loop: after each kill the
+ * latest checkpoint, and every other one listed, is complete and holds the values of its step. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train/checkpoint.h"
+#include "util/atomic_dir.h"
+#include "util/atomic_file.h"
+
+static char tmpdir[256];
+
+static void quiet(const char *m, void *u)
+{
+    (void)m;
+    (void)u;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-test-ckpt-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    tdm_set_warn_sink(quiet, NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void tiny_config(tdm_model_config *cfg, int hidden, int inter, int layers)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\","
+             "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d,"
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 128}",
+             hidden, inter, layers);
+    tdm_error err = {0};
+    if (tdm_model_config_parse(cfg, text, strlen(text), "tiny", &err) != TDM_OK)
+        fail_msg("%s", err.message);
+}
+
+static void make_dir(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", tmpdir, name);
+    assert_int_equal(mkdir(out, 0755), 0);
+}
+
+/* Everything in out_dir whose name is a scratch name. */
+static int count_scratch(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] == '.' && (strstr(e->d_name, ".tmp-") || strstr(e->d_name, ".del-"))) n++;
+    closedir(d);
+    return n;
+}
+
+/* A checkpoint whose every number derives from `step`, so a reader can tell what it holds. */
+typedef struct fixture {
+    tdm_model_config cfg;
+    tdm_lora lora;
+    tdm_adamw_state opt;
+} fixture;
+
+static void fixture_init(fixture *f, int hidden, int inter)
+{
+    tdm_error err = {0};
+    tiny_config(&f->cfg, hidden, inter, 2);
+    assert_int_equal(tdm_lora_init(&f->lora, &f->cfg, 4, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+                     TDM_OK);
+    assert_int_equal(tdm_adamw_state_init(&f->opt, f->lora.n_params, &err), TDM_OK);
+}
+
+static void fixture_fill(fixture *f, int64_t step)
+{
+    for (int64_t i = 0; i < f->lora.n_params; i++) {
+        f->lora.params[i] = (float)step + (float)(i % 7) * 0.25f;
+        f->opt.m[i] = (float)step * 0.5f;
+        f->opt.v[i] = (float)step * 0.125f;
+    }
+    f->opt.step = step;
+}
+
+static bool fixture_check(const fixture *f, int64_t step)
+{
+    for (int64_t i = 0; i < f->lora.n_params; i++)
+        if (f->lora.params[i] != (float)step + (float)(i % 7) * 0.25f ||
+            f->opt.m[i] != (float)step * 0.5f || f->opt.v[i] != (float)step * 0.125f)
+            return false;
+    return f->opt.step == step;
+}
+
+static void fixture_free(fixture *f)
+{
+    tdm_lora_free(&f->lora);
+    tdm_adamw_state_free(&f->opt);
+}
+
+static tdm_status save_step(fixture *f, const char *out, int64_t step, tdm_error *err)
+{
+    fixture_fill(f, step);
+    tdm_checkpoint_info info = {
+        .step = step, .epoch = (double)step / 10.0, .schedule = {TDM_LR_COSINE, 2e-4, 2, 1000}};
+    tdm_rng_seed(&info.rng, (uint64_t)step);
+    info.data_cursor = json_pack("{s:I}", "position", (json_int_t)step);
+    tdm_status st = tdm_checkpoint_save(out, &f->lora, NULL, &f->opt, &info, NULL, NULL, 0, err);
+    json_decref(info.data_cursor);
+    return st;
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, 64, 96);
+    tdm_error err = {0};
+    tdm_rng rng;
+    tdm_rng_seed(&rng, 7);
+    for (int64_t i = 0; i < f.lora.n_params; i++) {
+        f.lora.params[i] = (float)tdm_rng_normal(&rng);
+        f.opt.m[i] = (float)tdm_rng_normal(&rng);
+        f.opt.v[i] = (float)tdm_rng_uniform(&rng);
+    }
+    f.opt.step = 37;
+    tdm_rng_normal(&rng); /* leaves a spare behind: it must survive */
+    assert_true(rng.has_spare);
+    tdm_checkpoint_info info = {
+        .step = 37, .epoch = 1.0 / 3.0, .schedule = {TDM_LR_LINEAR, 3e-4, 5, 120}, .rng = rng};
+    info.data_cursor =
+        json_pack("{s:i, s:[i,i,i], s:s}", "epoch", 1, "order", 3, 1, 2, "file", "data.jsonl");
+    info.extra = json_pack("{s:f}", "tokens_seen", 12345.0);
+    json_t *ts = json_pack("{s:i}", "global_step", 37);
+    tdm_peft_meta meta = {.lora_dropout = 0.1};
+    snprintf(meta.base_model_name_or_path, sizeof meta.base_model_name_or_path, "base");
+    char out[300], path[400];
+    make_dir(out, sizeof out, "rt");
+    assert_int_equal(
+        tdm_checkpoint_save(out, &f.lora, &meta, &f.opt, &info, ts, path, sizeof path, &err),
+        TDM_OK);
+    char want[400];
+    snprintf(want, sizeof want, "%s/checkpoint-37", out);
+    assert_string_equal(path, want);
+    assert_int_equal(tdm_checkpoint_verify(path, &err), TDM_OK);
+    char file[500];
+    snprintf(file, sizeof file, "%s/trainer_state.json", path);
+    assert_int_equal(access(file, R_OK), 0);
+
+    tdm_lora l;
+    tdm_adamw_state o;
+    tdm_checkpoint_info back;
+    tdm_peft_meta mb;
+    assert_int_equal(tdm_checkpoint_load(path, &f.cfg, &l, &mb, &o, &back, &err), TDM_OK);
+    assert_memory_equal(l.params, f.lora.params, (size_t)l.n_params * sizeof(float));
+    assert_memory_equal(o.m, f.opt.m, (size_t)l.n_params * sizeof(float));
+    assert_memory_equal(o.v, f.opt.v, (size_t)l.n_params * sizeof(float));
+    assert_int_equal(o.step, 37);
+    assert_int_equal(back.step, 37);
+    assert_true(back.epoch == 1.0 / 3.0);
+    assert_int_equal(back.schedule.kind, TDM_LR_LINEAR);
+    assert_true(back.schedule.peak_lr == 3e-4);
+    assert_int_equal(back.schedule.warmup_steps, 5);
+    assert_int_equal(back.schedule.total_steps, 120);
+    assert_true(json_equal(back.data_cursor, info.data_cursor));
+    assert_true(json_equal(back.extra, info.extra));
+    assert_string_equal(mb.base_model_name_or_path, "base");
+    /* the RNG continues the very same stream, spare included */
+    for (int i = 0; i < 5; i++)
+        assert_true(tdm_rng_normal(&back.rng) == tdm_rng_normal(&rng));
+    tdm_checkpoint_info_free(&back);
+    tdm_checkpoint_info_free(&info);
+    json_decref(ts);
+    tdm_lora_free(&l);
+    tdm_adamw_state_free(&o);
+
+    /* a checkpoint's optimizer must match the adapter it sits with */
+    tdm_model_config other;
+    tiny_config(&other, 64, 128, 2);
+    assert_int_not_equal(tdm_checkpoint_load(path, &other, &l, NULL, &o, &back, &err), TDM_OK);
+    fixture_free(&f);
+}
+
+static void test_discovery_and_retention(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, 32, 48);
+    tdm_error err = {0};
+    char out[300], p[600];
+    make_dir(out, sizeof out, "disc");
+    int64_t step;
+    assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &step, &err), TDM_ERR_NOT_FOUND);
+    for (int64_t s = 5; s <= 20; s += 5)
+        assert_int_equal(save_step(&f, out, s, &err), TDM_OK);
+    /* junk that must be ignored */
+    snprintf(p, sizeof p, "%s/checkpoint-abc", out);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/checkpoint-0030", out);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/checkpoint-99", out);
+    assert_int_equal(tdm_atomic_write(p, "x", 1, 0644, &err), TDM_OK); /* a file */
+    snprintf(p, sizeof p, "%s/.checkpoint-40.tmp-2147483000", out);    /* a dead writer's */
+    mkdir(p, 0755);
+    /* a damaged newer checkpoint: truncated optimizer file */
+    assert_int_equal(save_step(&f, out, 25, &err), TDM_OK);
+    snprintf(p, sizeof p, "%s/checkpoint-25/optimizer.safetensors", out);
+    assert_int_equal(truncate(p, 100), 0);
+    snprintf(p, sizeof p, "%s/checkpoint-25", out);
+    assert_int_equal(tdm_checkpoint_verify(p, &err), TDM_ERR_CORRUPT);
+
+    int64_t *steps;
+    size_t n;
+    assert_int_equal(tdm_checkpoint_list(out, &steps, &n, &err), TDM_OK);
+    assert_int_equal(n, 5);
+    const int64_t want[5] = {5, 10, 15, 20, 25};
+    assert_memory_equal(steps, want, sizeof want);
+    free(steps);
+    assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &step, &err), TDM_OK);
+    assert_int_equal(step, 20);
+    char want_path[400];
+    snprintf(want_path, sizeof want_path, "%s/checkpoint-20", out);
+    assert_string_equal(p, want_path);
+
+    int removed;
+    assert_int_equal(tdm_atomic_dir_remove_stale(out, &removed, &err), TDM_OK);
+    assert_int_equal(removed, 1);
+    assert_int_equal(count_scratch(out), 0);
+
+    assert_int_equal(tdm_checkpoint_prune(out, 2, &err), TDM_OK);
+    assert_int_equal(tdm_checkpoint_list(out, &steps, &n, &err), TDM_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(steps[0], 20);
+    assert_int_equal(steps[1], 25);
+    free(steps);
+    assert_int_equal(count_scratch(out), 0);
+    assert_int_equal(tdm_checkpoint_prune(out, 0, &err), TDM_OK); /* keep all */
+    fixture_free(&f);
+}
+
+static void test_best(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, 32, 48);
+    tdm_error err = {0};
+    char out[300], p[400];
+    make_dir(out, sizeof out, "best");
+    int64_t step;
+    double v;
+    assert_int_equal(tdm_checkpoint_read_best(out, &step, &v, &err), TDM_ERR_NOT_FOUND);
+    fixture_fill(&f, 3);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 3, "eval_loss", 2.5, &err),
+                     TDM_OK);
+    fixture_fill(&f, 9);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 9, "eval_loss", 1.25, &err),
+                     TDM_OK);
+    assert_int_equal(tdm_checkpoint_read_best(out, &step, &v, &err), TDM_OK);
+    assert_int_equal(step, 9);
+    assert_true(v == 1.25);
+    snprintf(p, sizeof p, "%s/best", out);
+    tdm_lora l;
+    assert_int_equal(tdm_peft_load(p, &f.cfg, &l, NULL, &err), TDM_OK);
+    assert_memory_equal(l.params, f.lora.params, (size_t)l.n_params * sizeof(float));
+    tdm_lora_free(&l);
+    assert_int_equal(count_scratch(out), 0);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 9, "eval_loss", NAN, &err),
+                     TDM_ERR_INVALID);
+    fixture_free(&f);
+}
+
+/* Every fault point on the way: the save fails, checkpoint-100 does not exist, the latest is
+ * still the previous one and no scratch entry is left. */
+static void test_faults(void **state)
+{
+    (void)state;
+    static const char *const points[] = {
+        "atomic_dir.mkdir",   "atomic_dir.fsync",   "atomic_dir.rename",   "atomic_write.open",
+        "atomic_write.write", "atomic_write.fsync", "atomic_write.rename", "atomic_write.dirsync",
+        "safetensors.write",  "safetensors.fsync",  "safetensors.rename",
+    };
+    fixture f;
+    fixture_init(&f, 32, 48);
+    tdm_error err = {0};
+    char out[300], p[400];
+    make_dir(out, sizeof out, "faults");
+    assert_int_equal(save_step(&f, out, 50, &err), TDM_OK);
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++) {
+        setenv("TANDEM_FAULT_INJECT", points[i], 1);
+        tdm_status st = save_step(&f, out, 100, &err);
+        unsetenv("TANDEM_FAULT_INJECT");
+        if (st != TDM_ERR_IO) fail_msg("fault %s: status %d (%s)", points[i], st, err.message);
+        snprintf(p, sizeof p, "%s/checkpoint-100", out);
+        struct stat sb;
+        if (stat(p, &sb) == 0) fail_msg("fault %s left %s", points[i], p);
+        int64_t step;
+        assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &step, &err), TDM_OK);
+        assert_int_equal(step, 50);
+        if (count_scratch(out) != 0) fail_msg("fault %s left a scratch entry", points[i]);
+    }
+    /* best/ under a rename fault keeps the old best */
+    fixture_fill(&f, 1);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 1, "eval_loss", 3.0, &err),
+                     TDM_OK);
+    setenv("TANDEM_FAULT_INJECT", "atomic_dir.rename", 1);
+    fixture_fill(&f, 2);
+    assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 2, "eval_loss", 2.0, &err),
+                     TDM_ERR_IO);
+    unsetenv("TANDEM_FAULT_INJECT");
+    int64_t bs;
+    double bv;
+    assert_int_equal(tdm_checkpoint_read_best(out, &bs, &bv, &err), TDM_OK);
+    assert_int_equal(bs, 1);
+    /* retention under a fault fails loudly and keeps everything it did not get to */
+    assert_int_equal(save_step(&f, out, 60, &err), TDM_OK);
+    fixture_free(&f);
+}
+
+/* The child writes checkpoint after checkpoint (keeping the last 2) until killed. */
+static void child_loop(const char *out, int64_t first)
+{
+    fixture f;
+    tdm_error err = {0};
+    tiny_config(&f.cfg, 128, 256, 2);
+    if (tdm_lora_init(&f.lora, &f.cfg, 8, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err) != TDM_OK ||
+        tdm_adamw_state_init(&f.opt, f.lora.n_params, &err) != TDM_OK)
+        _exit(3);
+    for (int64_t s = first;; s++) {
+        if (save_step(&f, out, s, &err) != TDM_OK) _exit(4);
+        if (tdm_checkpoint_prune(out, 2, &err) != TDM_OK) _exit(5);
+    }
+}
+
+static void test_kill9_during_writes(void **state)
+{
+    (void)state;
+    char out[300], p[600];
+    make_dir(out, sizeof out, "kill9");
+    fixture f;
+    fixture_init(&f, 128, 256);
+    tdm_error err = {0};
+    unsigned seed = 12345;
+    int64_t last_seen = 0;
+    for (int round = 0; round < 12; round++) {
+        int64_t first = 1;
+        int64_t latest;
+        if (tdm_checkpoint_find_latest(out, p, sizeof p, &latest, &err) == TDM_OK)
+            first = latest + 1;
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) child_loop(out, first);
+        /* Wait (up to 30 s) until the child has committed a checkpoint of its own, so every
+         * round makes progress however slow fsync is, then kill it at a random moment of the
+         * following writes. */
+        char want[400];
+        snprintf(want, sizeof want, "%s/checkpoint-%lld", out, (long long)first);
+        for (int w = 0; w < 30000 && access(want, F_OK) != 0; w++) {
+            struct timespec ms = {0, 1000000L};
+            nanosleep(&ms, NULL);
+        }
+        seed = seed * 1103515245u + 12345u;
+        struct timespec ts = {0, (long)((seed >> 16) % 25) * 1000000L}; /* 0..24 ms */
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+        /* every checkpoint name present is complete; the latest loads and holds its step */
+        int64_t *steps;
+        size_t n;
+        assert_int_equal(tdm_checkpoint_list(out, &steps, &n, &err), TDM_OK);
+        for (size_t i = 0; i < n; i++) {
+            snprintf(p, sizeof p, "%s/checkpoint-%lld", out, (long long)steps[i]);
+            if (tdm_checkpoint_verify(p, &err) != TDM_OK)
+                fail_msg("round %d: %s is incomplete: %s", round, p, err.message);
+        }
+        free(steps);
+        assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &latest, &err), TDM_OK);
+        assert_true(latest >= first && latest > last_seen);
+        last_seen = latest;
+        tdm_lora l;
+        tdm_adamw_state o;
+        tdm_checkpoint_info info;
+        assert_int_equal(tdm_checkpoint_load(p, &f.cfg, &l, NULL, &o, &info, &err), TDM_OK);
+        tdm_lora_free(&f.lora);
+        tdm_adamw_state_free(&f.opt);
+        f.lora = l;
+        f.opt = o;
+        assert_true(fixture_check(&f, latest));
+        assert_int_equal(info.step, latest);
+        assert_int_equal(json_integer_value(json_object_get(info.data_cursor, "position")), latest);
+        tdm_checkpoint_info_free(&info);
+        assert_int_equal(tdm_atomic_dir_remove_stale(out, NULL, &err), TDM_OK);
+        assert_int_equal(count_scratch(out), 0);
+    }
+    assert_true(last_seen > 0);
+    fixture_free(&f);
+}
+
+static void test_atomic_dir_replace(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    char final[300], tmp[400], file[500];
+    snprintf(final, sizeof final, "%s/adir", tmpdir);
+    for (int gen = 0; gen < 3; gen++) {
+        assert_int_equal(tdm_atomic_dir_begin(final, tmp, sizeof tmp, &err), TDM_OK);
+        char c = (char)('a' + gen);
+        snprintf(file, sizeof file, "%s/f%d", tmp, gen);
+        assert_int_equal(tdm_atomic_write(file, &c, 1, 0644, &err), TDM_OK);
+        assert_int_equal(tdm_atomic_dir_commit(tmp, final, &err), TDM_OK);
+        /* only the new generation's file is there */
+        for (int g = 0; g <= gen; g++) {
+            snprintf(file, sizeof file, "%s/f%d", final, g);
+            assert_int_equal(access(file, F_OK) == 0, g == gen);
+        }
+    }
+    assert_int_equal(count_scratch(tmpdir), 0);
+    assert_int_equal(tdm_remove_tree(final, &err), TDM_OK);
+    assert_int_equal(access(final, F_OK), -1);
+    assert_int_equal(tdm_remove_tree(final, &err), TDM_OK); /* already gone: fine */
+    assert_int_equal(tdm_atomic_dir_begin("", tmp, sizeof tmp, &err), TDM_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_discovery_and_retention),
+        cmocka_unit_test(test_best),
+        cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_kill9_during_writes),
+        cmocka_unit_test(test_atomic_dir_replace),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,276 @@
+/* Unit tests of train/run_records: trainer_state.json has Trainer's fields and log_history
+ * entries (and reads back), metadata.json's fields and perplexities, metrics.jsonl appends and
+ * its resume truncation (torn last line dropped). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/run_records.h"
+#include "util/atomic_file.h"
+
+static char tmpdir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-test-rec-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_trainer_state(void **state)
+{
+    (void)state;
+    tdm_trainer_state ts;
+    tdm_error err = {0};
+    assert_int_equal(tdm_trainer_state_init(&ts, &err), TDM_OK);
+    ts.max_steps = 30;
+    ts.num_train_epochs = 3;
+    ts.logging_steps = 5;
+    ts.eval_steps = 10;
+    ts.save_steps = 10;
+    ts.train_batch_size = 4;
+    ts.global_step = 5;
+    ts.epoch = 0.5;
+    tdm_trainer_state_log_train(&ts, 2.345678, 1.9e-4, 0.75);
+    ts.global_step = 10;
+    ts.epoch = 1.0;
+    assert_true(tdm_trainer_state_log_eval(&ts, 2.0, 0.5, 100.0, 25.0, "out/best"));
+    ts.global_step = 20;
+    ts.epoch = 2.0;
+    assert_false(tdm_trainer_state_log_eval(&ts, 2.1, 0.5, 100.0, 25.0, "out/best"));
+    tdm_trainer_state_log_end(&ts, 1.9, 12.3456789, 9.87654, 2.5);
+
+    char path[300];
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmpdir);
+    assert_int_equal(tdm_trainer_state_save(&ts, path, &err), TDM_OK);
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    assert_non_null(o);
+    static const char *const keys[] = {"best_global_step",
+                                       "best_metric",
+                                       "best_model_checkpoint",
+                                       "epoch",
+                                       "eval_steps",
+                                       "global_step",
+                                       "is_hyper_param_search",
+                                       "is_local_process_zero",
+                                       "is_world_process_zero",
+                                       "log_history",
+                                       "logging_steps",
+                                       "max_steps",
+                                       "num_input_tokens_seen",
+                                       "num_train_epochs",
+                                       "save_steps",
+                                       "stateful_callbacks",
+                                       "total_flos",
+                                       "train_batch_size",
+                                       "trial_name",
+                                       "trial_params"};
+    assert_int_equal(json_object_size(o), sizeof keys / sizeof *keys);
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (!json_object_get(o, keys[i])) fail_msg("trainer_state.json lacks %s", keys[i]);
+    assert_int_equal(json_integer_value(json_object_get(o, "global_step")), 20);
+    assert_true(json_real_value(json_object_get(o, "best_metric")) == 2.0);
+    assert_int_equal(json_integer_value(json_object_get(o, "best_global_step")), 10);
+    assert_string_equal(json_string_value(json_object_get(o, "best_model_checkpoint")), "out/best");
+    json_t *lh = json_object_get(o, "log_history");
+    assert_int_equal(json_array_size(lh), 4);
+    json_t *e0 = json_array_get(lh, 0);
+    assert_int_equal(json_object_size(e0), 5);
+    assert_true(json_real_value(json_object_get(e0, "loss")) == 2.3457); /* rounded like Trainer */
+    assert_true(json_real_value(json_object_get(e0, "learning_rate")) == 1.9e-4);
+    assert_true(json_real_value(json_object_get(e0, "grad_norm")) == 0.75);
+    assert_int_equal(json_integer_value(json_object_get(e0, "step")), 5);
+    assert_true(json_real_value(json_object_get(e0, "epoch")) == 0.5);
+    json_t *e1 = json_array_get(lh, 1);
+    assert_true(json_real_value(json_object_get(e1, "eval_loss")) == 2.0);
+    assert_non_null(json_object_get(e1, "eval_runtime"));
+    assert_non_null(json_object_get(e1, "eval_samples_per_second"));
+    assert_non_null(json_object_get(e1, "eval_steps_per_second"));
+    json_t *e3 = json_array_get(lh, 3);
+    assert_true(json_real_value(json_object_get(e3, "train_loss")) == 1.9);
+    assert_true(json_real_value(json_object_get(e3, "train_runtime")) == 12.3457);
+    assert_non_null(json_object_get(e3, "train_samples_per_second"));
+    json_decref(o);
+
+    /* keys sorted like json.dumps(sort_keys=True) */
+    char *text;
+    assert_int_equal(tdm_read_file(path, &text, NULL, &err), TDM_OK);
+    assert_true(strstr(text, "\"best_global_step\"") < strstr(text, "\"best_metric\""));
+    assert_true(strstr(text, "\"trial_name\"") < strstr(text, "\"trial_params\""));
+    free(text);
+
+    tdm_trainer_state back;
+    assert_int_equal(tdm_trainer_state_load(&back, path, &err), TDM_OK);
+    assert_int_equal(back.global_step, 20);
+    assert_true(back.epoch == 2.0 && back.has_best && back.best_metric == 2.0);
+    assert_int_equal(back.best_global_step, 10);
+    assert_int_equal(back.max_steps, 30);
+    assert_true(json_equal(back.log_history, ts.log_history));
+    tdm_trainer_state_free(&back);
+    tdm_trainer_state_free(&ts);
+
+    /* no eval yet: best_* are null */
+    assert_int_equal(tdm_trainer_state_init(&ts, &err), TDM_OK);
+    o = tdm_trainer_state_to_json(&ts);
+    assert_true(json_is_null(json_object_get(o, "best_metric")));
+    assert_true(json_is_null(json_object_get(o, "best_model_checkpoint")));
+    json_decref(o);
+    tdm_trainer_state_free(&ts);
+}
+
+static void test_metadata(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_run_metadata m = {
+        .task = "support",
+        .label = "support",
+        .adapter_index = 2,
+        .epoch = 3,
+        .train_loss = log(4.0),
+        .val_loss = NAN,
+        .learning_rate = 1e-4,
+        .epoch_time_ms = 1234.5,
+        .samples_per_sec = 56.7,
+        .lora_rank = 16,
+        .lora_alpha = 32,
+        .data_hash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+    char path[300];
+    snprintf(path, sizeof path, "%s/metadata.json", tmpdir);
+    assert_int_equal(tdm_run_metadata_save(&m, path, &err), TDM_OK);
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    assert_non_null(o);
+    static const char *const keys[] = {"task",
+                                       "epoch",
+                                       "train_loss",
+                                       "val_loss",
+                                       "train_perplexity",
+                                       "val_perplexity",
+                                       "learning_rate",
+                                       "epoch_time_ms",
+                                       "samples_per_sec",
+                                       "lora_rank",
+                                       "lora_alpha",
+                                       "data_hash",
+                                       "adapter_index",
+                                       "label"};
+    assert_int_equal(json_object_size(o), sizeof keys / sizeof *keys);
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (!json_object_get(o, keys[i])) fail_msg("metadata.json lacks %s", keys[i]);
+    assert_true(fabs(json_number_value(json_object_get(o, "train_perplexity")) - 4.0) < 1e-12);
+    assert_true(json_is_null(json_object_get(o, "val_loss")));
+    assert_true(json_is_null(json_object_get(o, "val_perplexity")));
+    assert_int_equal(json_integer_value(json_object_get(o, "adapter_index")), 2);
+    assert_int_equal(json_integer_value(json_object_get(o, "lora_rank")), 16);
+    assert_string_equal(json_string_value(json_object_get(o, "data_hash")), m.data_hash);
+    assert_string_equal(json_string_value(json_object_get(o, "label")), "support");
+    json_decref(o);
+}
+
+static int count_lines(const char *path)
+{
+    char *text;
+    tdm_error err = {0};
+    assert_int_equal(tdm_read_file(path, &text, NULL, &err), TDM_OK);
+    int n = 0;
+    for (char *p = text; *p; p++)
+        n += *p == '\n';
+    free(text);
+    return n;
+}
+
+static void test_metrics_jsonl(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    char path[300];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", tmpdir);
+    for (int s = 1; s <= 6; s++) {
+        tdm_metrics_line m = {.step = s,
+                              .epoch = s / 3.0,
+                              .loss = 3.0 - 0.1 * s,
+                              .learning_rate = 2e-4,
+                              .grad_norm = 0.5,
+                              .tokens = 100 * s,
+                              .tokens_per_sec = 1000,
+                              .elapsed_ms = 10.0 * s,
+                              .val_loss = s == 3 ? 2.5 : NAN,
+                              .adapter_index = 0,
+                              .label = "a"};
+        assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_OK);
+    }
+    assert_int_equal(count_lines(path), 6);
+    /* each line is one object; val_loss only where evaluated */
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int i = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *o = json_loads(line, 0, NULL);
+        assert_non_null(o);
+        i++;
+        assert_int_equal(json_integer_value(json_object_get(o, "step")), i);
+        assert_int_equal(json_object_get(o, "val_loss") != NULL, i == 3);
+        assert_non_null(json_object_get(o, "loss"));
+        assert_non_null(json_object_get(o, "tokens_per_sec"));
+        json_decref(o);
+    }
+    fclose(f);
+    /* a torn last line (crash mid-append) and a resume at step 4 */
+    FILE *a = fopen(path, "a");
+    fputs("{\"step\": 7, \"lo", a);
+    fclose(a);
+    int64_t kept;
+    assert_int_equal(tdm_metrics_truncate_after(path, 4, &kept, &err), TDM_OK);
+    assert_int_equal(kept, 4);
+    assert_int_equal(count_lines(path), 4);
+    char *text;
+    assert_int_equal(tdm_read_file(path, &text, NULL, &err), TDM_OK);
+    assert_null(strstr(text, "\"step\":5"));
+    assert_null(strstr(text, "\"step\": 7"));
+    free(text);
+    char missing[320];
+    snprintf(missing, sizeof missing, "%s/none.jsonl", tmpdir);
+    assert_int_equal(tdm_metrics_truncate_after(missing, 4, &kept, &err), TDM_OK);
+    assert_int_equal(kept, 0);
+    setenv("TANDEM_FAULT_INJECT", "metrics.write", 1);
+    tdm_metrics_line m = {.step = 5,
+                          .loss = NAN,
+                          .learning_rate = NAN,
+                          .grad_norm = NAN,
+                          .tokens_per_sec = NAN,
+                          .elapsed_ms = NAN,
+                          .val_loss = NAN};
+    assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_ERR_IO);
+    unsetenv("TANDEM_FAULT_INJECT");
+    assert_int_equal(count_lines(path), 4);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trainer_state),
+        cmocka_unit_test(test_metadata),
+        cmocka_unit_test(test_metrics_jsonl),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
