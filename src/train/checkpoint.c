@@ -74,7 +74,7 @@ static bool hex_u64(const json_t *j, uint64_t *v)
 
 /* ---- optimizer file ---- */
 
-static tdm_status save_optimizer(const char *path, const tdm_lora *l, const tdm_adamw_state *opt,
+static tdm_status save_optimizer(const char *path, const tdm_lora_params *l, const tdm_adamw_state *opt,
                                  tdm_error *err)
 {
     size_t nt = 4 * l->n_modules;
@@ -92,7 +92,7 @@ static tdm_status save_optimizer(const char *path, const tdm_lora *l, const tdm_
         const tdm_lora_module *m = &l->modules[i];
         for (int b = 0; b < 2; b++) {
             char base[NAME_CAP];
-            tdm_lora_tensor_name(m, b, base, sizeof base);
+            tdm_lora_params_tensor_name(m, b, base, sizeof base);
             int64_t off = b ? m->b_offset : m->a_offset;
             for (int which = 0; which < 2; which++, k++) {
                 char *nm = names + k * NAME_CAP;
@@ -117,7 +117,7 @@ static tdm_status save_optimizer(const char *path, const tdm_lora *l, const tdm_
     return st;
 }
 
-static tdm_status load_optimizer(const char *path, const tdm_lora *l, tdm_adamw_state *opt,
+static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm_adamw_state *opt,
                                  tdm_error *err)
 {
     tdm_st_file f = {0};
@@ -140,7 +140,7 @@ static tdm_status load_optimizer(const char *path, const tdm_lora *l, tdm_adamw_
         const tdm_lora_module *m = &l->modules[i];
         for (int b = 0; b < 2 && st == TDM_OK; b++) {
             char base[NAME_CAP], nm[NAME_CAP + 16];
-            tdm_lora_tensor_name(m, b, base, sizeof base);
+            tdm_lora_params_tensor_name(m, b, base, sizeof base);
             int64_t off = b ? m->b_offset : m->a_offset;
             int64_t r0 = b ? m->out : l->rank, r1 = b ? l->rank : m->in;
             for (int which = 0; which < 2 && st == TDM_OK; which++) {
@@ -258,7 +258,7 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
 
 /* ---- save / load ---- */
 
-tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm_peft_meta *meta,
+tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
                                const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
                                const json_t *trainer_state, char *path, size_t cap, tdm_error *err)
 {
@@ -298,7 +298,7 @@ tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm
     return st;
 }
 
-tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora *l,
+tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora_params *l,
                                tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
                                tdm_error *err)
 {
@@ -327,7 +327,7 @@ tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg
                           file, (long long)opt->step, (long long)info->step);
     }
     if (st != TDM_OK) {
-        tdm_lora_free(l);
+        tdm_lora_params_free(l);
         tdm_adamw_state_free(opt);
         tdm_checkpoint_info_free(info);
     }
@@ -474,7 +474,7 @@ tdm_status tdm_checkpoint_prune(const char *out_dir, int keep_last, tdm_error *e
     return st;
 }
 
-tdm_status tdm_checkpoint_save_best(const char *out_dir, const tdm_lora *l,
+tdm_status tdm_checkpoint_save_best(const char *out_dir, const tdm_lora_params *l,
                                     const tdm_peft_meta *meta, int64_t step,
                                     const char *metric_name, double value, tdm_error *err)
 {

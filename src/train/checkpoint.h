@@ -62,14 +62,14 @@ void tdm_checkpoint_info_free(tdm_checkpoint_info *info);
 /* Writes OUT_DIR/checkpoint-STEP atomically (see above). out_dir must exist. trainer_state may
  * be NULL. path (cap bytes, may be NULL) receives the checkpoint's path. A checkpoint of the same
  * step already there is replaced as a whole. opt->n must equal l->n_params. */
-tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora *l, const tdm_peft_meta *meta,
+tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
                                const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
                                const json_t *trainer_state, char *path, size_t cap, tdm_error *err);
 
 /* Reads a checkpoint directory for a model with config cfg: the adapter (*l, *meta may be NULL),
  * the optimizer state (*opt, allocated here) and *info. Checks that the names, shapes and steps
  * agree. On failure nothing is left allocated. */
-tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora *l,
+tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora_params *l,
                                tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
                                tdm_error *err);
 
@@ -92,7 +92,7 @@ tdm_status tdm_checkpoint_prune(const char *out_dir, int keep_last, tdm_error *e
 
 /* Replaces OUT_DIR/best atomically with the adapter l and best.json {"step": step, "metric":
  * metric_name, "value": value}. */
-tdm_status tdm_checkpoint_save_best(const char *out_dir, const tdm_lora *l,
+tdm_status tdm_checkpoint_save_best(const char *out_dir, const tdm_lora_params *l,
                                     const tdm_peft_meta *meta, int64_t step,
                                     const char *metric_name, double value, tdm_error *err);
 

@@ -10,12 +10,12 @@ static const char *const target_paths[TDM_ADAPTER_TARGET_COUNT] = {
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
 };
 
-const char *tdm_lora_target_path(unsigned target)
+const char *tdm_lora_params_target_path(unsigned target)
 {
     return target < TDM_ADAPTER_TARGET_COUNT ? target_paths[target] : NULL;
 }
 
-void tdm_lora_projection_dims(const tdm_model_config *cfg, unsigned target, int64_t *in,
+void tdm_lora_params_projection_dims(const tdm_model_config *cfg, unsigned target, int64_t *in,
                               int64_t *out)
 {
     int64_t h = cfg->hidden_size, inter = cfg->intermediate_size;
@@ -46,7 +46,7 @@ void tdm_lora_projection_dims(const tdm_model_config *cfg, unsigned target, int6
     }
 }
 
-tdm_status tdm_lora_init(tdm_lora *l, const tdm_model_config *cfg, int rank, double alpha,
+tdm_status tdm_lora_params_init(tdm_lora_params *l, const tdm_model_config *cfg, int rank, double alpha,
                          bool use_rslora, uint32_t targets, tdm_error *err)
 {
     memset(l, 0, sizeof *l);
@@ -74,7 +74,7 @@ tdm_status tdm_lora_init(tdm_lora *l, const tdm_model_config *cfg, int rank, dou
             tdm_lora_module *m = &mods[k++];
             m->layer = layer;
             m->target = t;
-            tdm_lora_projection_dims(cfg, t, &m->in, &m->out);
+            tdm_lora_params_projection_dims(cfg, t, &m->in, &m->out);
             if (m->in < 1 || m->out < 1 || m->in > INT64_MAX / 4 / rank ||
                 m->out > INT64_MAX / 4 / rank) {
                 long long o = (long long)m->out, i = (long long)m->in;
@@ -114,14 +114,14 @@ tdm_status tdm_lora_init(tdm_lora *l, const tdm_model_config *cfg, int rank, dou
     return TDM_OK;
 }
 
-void tdm_lora_free(tdm_lora *l)
+void tdm_lora_params_free(tdm_lora_params *l)
 {
     free(l->modules);
     free(l->params);
     memset(l, 0, sizeof *l);
 }
 
-void tdm_lora_init_peft(tdm_lora *l, tdm_rng *rng)
+void tdm_lora_params_init_peft(tdm_lora_params *l, tdm_rng *rng)
 {
     for (size_t i = 0; i < l->n_modules; i++) {
         tdm_lora_module *m = &l->modules[i];
@@ -133,7 +133,7 @@ void tdm_lora_init_peft(tdm_lora *l, tdm_rng *rng)
     }
 }
 
-const tdm_lora_module *tdm_lora_find(const tdm_lora *l, int layer, unsigned target)
+const tdm_lora_module *tdm_lora_params_find(const tdm_lora_params *l, int layer, unsigned target)
 {
     if (layer < 0 || layer >= l->num_layers || target >= TDM_ADAPTER_TARGET_COUNT ||
         !(l->targets & (1u << target)))
@@ -143,14 +143,14 @@ const tdm_lora_module *tdm_lora_find(const tdm_lora *l, int layer, unsigned targ
     return &l->modules[(size_t)layer * (size_t)n_t + (size_t)before];
 }
 
-bool tdm_lora_tensor_name(const tdm_lora_module *m, bool is_b, char *buf, size_t cap)
+bool tdm_lora_params_tensor_name(const tdm_lora_module *m, bool is_b, char *buf, size_t cap)
 {
     int n = snprintf(buf, cap, "base_model.model.model.layers.%d.%s.lora_%c.weight", m->layer,
-                     tdm_lora_target_path(m->target), is_b ? 'B' : 'A');
+                     tdm_lora_params_target_path(m->target), is_b ? 'B' : 'A');
     return n > 0 && (size_t)n < cap;
 }
 
-tdm_status tdm_lora_copy(tdm_lora *dst, const tdm_lora *src, tdm_error *err)
+tdm_status tdm_lora_params_copy(tdm_lora_params *dst, const tdm_lora_params *src, tdm_error *err)
 {
     if (dst->n_params != src->n_params || dst->rank != src->rank || dst->targets != src->targets ||
         dst->num_layers != src->num_layers)

@@ -18,7 +18,7 @@
  * Each module records its offsets, so a gradient or optimizer-state array of n_params floats has
  * the same layout (the flat view the optimizer and the backends use).
  *
- * PEFT initialisation (tdm_lora_init_peft): B = 0 and every A element drawn as
+ * PEFT initialisation (tdm_lora_params_init_peft): B = 0 and every A element drawn as
  *     A[i] = (float)((2 u - 1) * bound),  u = tdm_rng_uniform(rng) in [0, 1),  bound = 1/sqrt(in)
  * which is kaiming_uniform_(a = sqrt(5)) on a (r, in) tensor: gain sqrt(2 / (1 + 5)),
  * bound = gain * sqrt(3 / fan_in) = 1 / sqrt(in). Draw order: modules in the layout order above,
@@ -47,7 +47,7 @@ typedef struct tdm_lora_module {
     float *B;         /* = params + b_offset */
 } tdm_lora_module;
 
-typedef struct tdm_lora {
+typedef struct tdm_lora_params {
     int rank;         /* r */
     double alpha;     /* lora_alpha */
     bool use_rslora;  /* scale = alpha / sqrt(r) instead of alpha / r */
@@ -58,39 +58,39 @@ typedef struct tdm_lora {
     size_t n_modules;
     float *params; /* (n_params) f32: every A and B, the one allocation */
     int64_t n_params;
-} tdm_lora;
+} tdm_lora_params;
 
 /* in/out features of projection `target` (bit index) of a model with config cfg. */
-void tdm_lora_projection_dims(const tdm_model_config *cfg, unsigned target, int64_t *in,
+void tdm_lora_params_projection_dims(const tdm_model_config *cfg, unsigned target, int64_t *in,
                               int64_t *out);
 
 /* Lays out and allocates an adapter for cfg with the given rank (1..TDM_ADAPTER_RANK_MAX),
  * alpha (finite, > 0), rslora flag and targets (non-empty subset of TDM_ADAPTER_TARGET_ALL).
  * Parameters start at zero. TDM_ERR_INVALID for bad arguments, TDM_ERR_NOMEM. On failure l is
  * zeroed. */
-tdm_status tdm_lora_init(tdm_lora *l, const tdm_model_config *cfg, int rank, double alpha,
+tdm_status tdm_lora_params_init(tdm_lora_params *l, const tdm_model_config *cfg, int rank, double alpha,
                          bool use_rslora, uint32_t targets, tdm_error *err);
 
 /* Frees l's memory and zeroes it; a zeroed l is fine. */
-void tdm_lora_free(tdm_lora *l);
+void tdm_lora_params_free(tdm_lora_params *l);
 
 /* PEFT's initialisation (see the header comment): A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0, drawing
  * from rng in the documented order. */
-void tdm_lora_init_peft(tdm_lora *l, tdm_rng *rng);
+void tdm_lora_params_init_peft(tdm_lora_params *l, tdm_rng *rng);
 
 /* The module of (layer, target bit), or NULL when the adapter does not target it. */
-const tdm_lora_module *tdm_lora_find(const tdm_lora *l, int layer, unsigned target);
+const tdm_lora_module *tdm_lora_params_find(const tdm_lora_params *l, int layer, unsigned target);
 
 /* "self_attn.q_proj", "mlp.down_proj", ... for a target bit (the Hugging Face path inside a
  * decoder layer); NULL outside 0..6. */
-const char *tdm_lora_target_path(unsigned target);
+const char *tdm_lora_params_target_path(unsigned target);
 
 /* PEFT tensor name of a module's A (is_b false) or B:
  * "base_model.model.model.layers.{layer}.{path}.lora_{A|B}.weight". Returns false when it does
  * not fit in cap bytes. */
-bool tdm_lora_tensor_name(const tdm_lora_module *m, bool is_b, char *buf, size_t cap);
+bool tdm_lora_params_tensor_name(const tdm_lora_module *m, bool is_b, char *buf, size_t cap);
 
 /* Copies src's parameters into dst; both must have the same layout (TDM_ERR_INVALID if not). */
-tdm_status tdm_lora_copy(tdm_lora *dst, const tdm_lora *src, tdm_error *err);
+tdm_status tdm_lora_params_copy(tdm_lora_params *dst, const tdm_lora_params *src, tdm_error *err);
 
 #endif

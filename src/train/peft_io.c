@@ -13,7 +13,7 @@
 
 #define NAME_CAP 192
 
-tdm_status tdm_peft_config_json(const tdm_lora *l, const tdm_peft_meta *meta, char **out,
+tdm_status tdm_peft_config_json(const tdm_lora_params *l, const tdm_peft_meta *meta, char **out,
                                 tdm_error *err)
 {
     *out = NULL;
@@ -66,7 +66,7 @@ tdm_status tdm_peft_config_json(const tdm_lora *l, const tdm_peft_meta *meta, ch
     return TDM_OK;
 }
 
-tdm_status tdm_peft_write_files(const char *dir, const tdm_lora *l, const tdm_peft_meta *meta,
+tdm_status tdm_peft_write_files(const char *dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
                                 tdm_error *err)
 {
     char path[PATH_MAX];
@@ -85,7 +85,7 @@ tdm_status tdm_peft_write_files(const char *dir, const tdm_lora *l, const tdm_pe
         for (int b = 0; b < 2; b++) {
             size_t k = 2 * i + (size_t)b;
             char *nm = names + k * NAME_CAP;
-            tdm_lora_tensor_name(m, b, nm, NAME_CAP);
+            tdm_lora_params_tensor_name(m, b, nm, NAME_CAP);
             specs[k].name = nm;
             specs[k].dtype = TDM_DTYPE_F32;
             specs[k].rank = 2;
@@ -110,7 +110,7 @@ tdm_status tdm_peft_write_files(const char *dir, const tdm_lora *l, const tdm_pe
     return st;
 }
 
-tdm_status tdm_peft_save(const char *dir, const tdm_lora *l, const tdm_peft_meta *meta,
+tdm_status tdm_peft_save(const char *dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
                          tdm_error *err)
 {
     char tmp[PATH_MAX];
@@ -241,7 +241,7 @@ done:
     return st;
 }
 
-tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora *l,
+tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora_params *l,
                          tdm_peft_meta *meta, tdm_error *err)
 {
     memset(l, 0, sizeof *l);
@@ -262,14 +262,14 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
     st = tdm_peft_config_parse(text, len, path, &rank, &alpha, &targets, &rslora, meta, err);
     free(text);
     if (st != TDM_OK) return st;
-    st = tdm_lora_init(l, cfg, rank, alpha, rslora, targets, err);
+    st = tdm_lora_params_init(l, cfg, rank, alpha, rslora, targets, err);
     if (st != TDM_OK) return tdm_error_prefix(err, "%s", path);
 
     snprintf(path, sizeof path, "%s/%s", dir, TDM_PEFT_WEIGHTS_FILE);
     tdm_st_file f = {0};
     st = tdm_st_open(&f, path, err);
     if (st != TDM_OK) {
-        tdm_lora_free(l);
+        tdm_lora_params_free(l);
         if (st == TDM_ERR_NOT_FOUND)
             return tdm_fail(err, st,
                             "%s has no %s (adapter_model.bin is not read: re-save with "
@@ -281,7 +281,7 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
     for (size_t i = 0; i < l->n_modules && st == TDM_OK; i++) {
         const tdm_lora_module *m = &l->modules[i];
         for (int b = 0; b < 2 && st == TDM_OK; b++) {
-            tdm_lora_tensor_name(m, b, name, sizeof name);
+            tdm_lora_params_tensor_name(m, b, name, sizeof name);
             const tdm_st_tensor *t = tdm_st_find(&f, name);
             int64_t r0 = b ? m->out : rank, r1 = b ? rank : m->in;
             if (!t) {
@@ -315,7 +315,7 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
             bool expected = false;
             for (size_t k = 0; k < l->n_modules && !expected; k++)
                 for (int b = 0; b < 2 && !expected; b++) {
-                    tdm_lora_tensor_name(&l->modules[k], b, name, sizeof name);
+                    tdm_lora_params_tensor_name(&l->modules[k], b, name, sizeof name);
                     expected = strcmp(name, tn) == 0;
                 }
             if (!expected) {
@@ -328,6 +328,6 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora 
         }
     }
     tdm_st_close(&f);
-    if (st != TDM_OK) tdm_lora_free(l);
+    if (st != TDM_OK) tdm_lora_params_free(l);
     return st;
 }

@@ -24,25 +24,25 @@
 #define TDM_PEFT_WEIGHTS_FILE "adapter_model.safetensors"
 #define TDM_PEFT_CONFIG_FILE "adapter_config.json"
 
-/* What adapter_config.json says beyond the shapes tdm_lora carries. */
+/* What adapter_config.json says beyond the shapes tdm_lora_params carries. */
 typedef struct tdm_peft_meta {
     char base_model_name_or_path[1024]; /* "" writes/reads as "" (PEFT then needs the base given) */
     double lora_dropout;                /* 0 <= p < 1 */
 } tdm_peft_meta;
 
 /* The adapter_config.json text for l and meta (malloc'd, NUL-terminated). */
-tdm_status tdm_peft_config_json(const tdm_lora *l, const tdm_peft_meta *meta, char **out,
+tdm_status tdm_peft_config_json(const tdm_lora_params *l, const tdm_peft_meta *meta, char **out,
                                 tdm_error *err);
 
 /* Writes adapter_model.safetensors and adapter_config.json into the existing directory dir, each
  * replaced atomically (temp file, fsync, rename); the pair is not atomic as a whole (use
  * tdm_peft_save for that). */
-tdm_status tdm_peft_write_files(const char *dir, const tdm_lora *l, const tdm_peft_meta *meta,
+tdm_status tdm_peft_write_files(const char *dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
                                 tdm_error *err);
 
 /* Creates or replaces the directory dir as a whole (util/atomic_dir.h): a reader sees the old
  * adapter or the new one, never a mix. */
-tdm_status tdm_peft_save(const char *dir, const tdm_lora *l, const tdm_peft_meta *meta,
+tdm_status tdm_peft_save(const char *dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
                          tdm_error *err);
 
 /* Parses adapter_config.json text: rank, alpha, targets, rslora, dropout and base model. Refuses
@@ -56,10 +56,10 @@ tdm_status tdm_peft_config_parse(const char *text, size_t len, const char *name,
                                  tdm_peft_meta *meta, tdm_error *err);
 
 /* Loads the adapter in dir for a model with config cfg: reads the config, lays out *l
- * (tdm_lora_init), and fills every A and B from the safetensors file, converting F16/BF16 to
+ * (tdm_lora_params_init), and fills every A and B from the safetensors file, converting F16/BF16 to
  * f32. Every module of every layer must be present with shape A (r, in), B (out, r); a tensor the
  * layout does not expect is an error naming it. meta may be NULL. On failure *l is zeroed. */
-tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora *l,
+tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora_params *l,
                          tdm_peft_meta *meta, tdm_error *err);
 
 #endif

@@ -85,7 +85,7 @@ static int count_scratch(const char *dir)
 /* A checkpoint whose every number derives from `step`, so a reader can tell what it holds. */
 typedef struct fixture {
     tdm_model_config cfg;
-    tdm_lora lora;
+    tdm_lora_params lora;
     tdm_adamw_state opt;
 } fixture;
 
@@ -93,7 +93,7 @@ static void fixture_init(fixture *f, int hidden, int inter)
 {
     tdm_error err = {0};
     tiny_config(&f->cfg, hidden, inter, 2);
-    assert_int_equal(tdm_lora_init(&f->lora, &f->cfg, 4, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+    assert_int_equal(tdm_lora_params_init(&f->lora, &f->cfg, 4, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err),
                      TDM_OK);
     assert_int_equal(tdm_adamw_state_init(&f->opt, f->lora.n_params, &err), TDM_OK);
 }
@@ -119,7 +119,7 @@ static bool fixture_check(const fixture *f, int64_t step)
 
 static void fixture_free(fixture *f)
 {
-    tdm_lora_free(&f->lora);
+    tdm_lora_params_free(&f->lora);
     tdm_adamw_state_free(&f->opt);
 }
 
@@ -172,7 +172,7 @@ static void test_round_trip(void **state)
     snprintf(file, sizeof file, "%s/trainer_state.json", path);
     assert_int_equal(access(file, R_OK), 0);
 
-    tdm_lora l;
+    tdm_lora_params l;
     tdm_adamw_state o;
     tdm_checkpoint_info back;
     tdm_peft_meta mb;
@@ -196,7 +196,7 @@ static void test_round_trip(void **state)
     tdm_checkpoint_info_free(&back);
     tdm_checkpoint_info_free(&info);
     json_decref(ts);
-    tdm_lora_free(&l);
+    tdm_lora_params_free(&l);
     tdm_adamw_state_free(&o);
 
     /* a checkpoint's optimizer must match the adapter it sits with */
@@ -284,10 +284,10 @@ static void test_best(void **state)
     assert_int_equal(step, 9);
     assert_true(v == 1.25);
     snprintf(p, sizeof p, "%s/best", out);
-    tdm_lora l;
+    tdm_lora_params l;
     assert_int_equal(tdm_peft_load(p, &f.cfg, &l, NULL, &err), TDM_OK);
     assert_memory_equal(l.params, f.lora.params, (size_t)l.n_params * sizeof(float));
-    tdm_lora_free(&l);
+    tdm_lora_params_free(&l);
     assert_int_equal(count_scratch(out), 0);
     assert_int_equal(tdm_checkpoint_save_best(out, &f.lora, NULL, 9, "eval_loss", NAN, &err),
                      TDM_ERR_INVALID);
@@ -347,7 +347,7 @@ static void child_loop(const char *out, int64_t first)
     fixture f;
     tdm_error err = {0};
     tiny_config(&f.cfg, 128, 256, 2);
-    if (tdm_lora_init(&f.lora, &f.cfg, 8, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err) != TDM_OK ||
+    if (tdm_lora_params_init(&f.lora, &f.cfg, 8, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err) != TDM_OK ||
         tdm_adamw_state_init(&f.opt, f.lora.n_params, &err) != TDM_OK)
         _exit(3);
     for (int64_t s = first;; s++) {
@@ -404,11 +404,11 @@ static void test_kill9_during_writes(void **state)
         assert_int_equal(tdm_checkpoint_find_latest(out, p, sizeof p, &latest, &err), TDM_OK);
         assert_true(latest >= first && latest > last_seen);
         last_seen = latest;
-        tdm_lora l;
+        tdm_lora_params l;
         tdm_adamw_state o;
         tdm_checkpoint_info info;
         assert_int_equal(tdm_checkpoint_load(p, &f.cfg, &l, NULL, &o, &info, &err), TDM_OK);
-        tdm_lora_free(&f.lora);
+        tdm_lora_params_free(&f.lora);
         tdm_adamw_state_free(&f.opt);
         f.lora = l;
         f.opt = o;

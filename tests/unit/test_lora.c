@@ -59,9 +59,9 @@ static void test_layout(void **state)
     (void)state;
     tdm_model_config cfg;
     tiny_config(&cfg, 64, 96, 2);
-    tdm_lora l;
+    tdm_lora_params l;
     tdm_error err = {0};
-    assert_int_equal(tdm_lora_init(&l, &cfg, 8, 16.0, false, TDM_ADAPTER_TARGET_ALL, &err), TDM_OK);
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 8, 16.0, false, TDM_ADAPTER_TARGET_ALL, &err), TDM_OK);
     assert_int_equal(l.n_modules, 14);
     /* per layer: q 8*64+64*8, k,v 8*64+32*8, o 8*64+64*8, gate,up 8*64+96*8, down 8*96+64*8 */
     int64_t per_layer = 1024 + 768 + 768 + 1024 + 1280 + 1280 + 1280;
@@ -80,33 +80,33 @@ static void test_layout(void **state)
         assert_ptr_equal(m->A, l.params + m->a_offset);
         assert_ptr_equal(m->B, l.params + m->b_offset);
         off = m->b_offset + m->out * 8;
-        assert_ptr_equal(tdm_lora_find(&l, m->layer, m->target), m);
+        assert_ptr_equal(tdm_lora_params_find(&l, m->layer, m->target), m);
     }
     assert_int_equal(off, l.n_params);
     assert_true(l.scale == 2.0);
     char name[200];
-    assert_true(tdm_lora_tensor_name(&l.modules[13], true, name, sizeof name));
+    assert_true(tdm_lora_params_tensor_name(&l.modules[13], true, name, sizeof name));
     assert_string_equal(name, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
-    assert_true(tdm_lora_tensor_name(&l.modules[1], false, name, sizeof name));
+    assert_true(tdm_lora_params_tensor_name(&l.modules[1], false, name, sizeof name));
     assert_string_equal(name, "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight");
-    tdm_lora_free(&l);
+    tdm_lora_params_free(&l);
 
     /* q,v only, rslora */
-    assert_int_equal(tdm_lora_init(&l, &cfg, 4, 16.0, true,
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 4, 16.0, true,
                                    TDM_ADAPTER_TARGET_Q_PROJ | TDM_ADAPTER_TARGET_V_PROJ, &err),
                      TDM_OK);
     assert_int_equal(l.n_modules, 4);
     assert_true(l.scale == 8.0);
-    assert_null(tdm_lora_find(&l, 0, 1));
-    assert_null(tdm_lora_find(&l, 2, 0));
-    assert_int_equal(tdm_lora_find(&l, 1, 2)->target, 2);
-    assert_int_equal(tdm_lora_find(&l, 1, 2)->layer, 1);
-    tdm_lora_free(&l);
+    assert_null(tdm_lora_params_find(&l, 0, 1));
+    assert_null(tdm_lora_params_find(&l, 2, 0));
+    assert_int_equal(tdm_lora_params_find(&l, 1, 2)->target, 2);
+    assert_int_equal(tdm_lora_params_find(&l, 1, 2)->layer, 1);
+    tdm_lora_params_free(&l);
 
-    assert_int_equal(tdm_lora_init(&l, &cfg, 0, 16.0, false, 1, &err), TDM_ERR_INVALID);
-    assert_int_equal(tdm_lora_init(&l, &cfg, 4, -1.0, false, 1, &err), TDM_ERR_INVALID);
-    assert_int_equal(tdm_lora_init(&l, &cfg, 4, 1.0, false, 0, &err), TDM_ERR_INVALID);
-    assert_int_equal(tdm_lora_init(&l, &cfg, 4, 1.0, false, 0x80, &err), TDM_ERR_INVALID);
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 0, 16.0, false, 1, &err), TDM_ERR_INVALID);
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 4, -1.0, false, 1, &err), TDM_ERR_INVALID);
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 4, 1.0, false, 0, &err), TDM_ERR_INVALID);
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 4, 1.0, false, 0x80, &err), TDM_ERR_INVALID);
 }
 
 static void test_init_statistics_and_order(void **state)
@@ -114,15 +114,15 @@ static void test_init_statistics_and_order(void **state)
     (void)state;
     tdm_model_config cfg;
     tiny_config(&cfg, 256, 512, 2);
-    tdm_lora l;
+    tdm_lora_params l;
     tdm_error err = {0};
-    assert_int_equal(tdm_lora_init(&l, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err),
                      TDM_OK);
     for (int64_t i = 0; i < l.n_params; i++)
         l.params[i] = 1.0f; /* init must overwrite B too */
     tdm_rng rng;
     tdm_rng_seed(&rng, 42);
-    tdm_lora_init_peft(&l, &rng);
+    tdm_lora_params_init_peft(&l, &rng);
     for (size_t i = 0; i < l.n_modules; i++) {
         const tdm_lora_module *m = &l.modules[i];
         double bound = 1.0 / sqrt((double)m->in);
@@ -159,19 +159,19 @@ static void test_init_statistics_and_order(void **state)
     assert_true(m6->A[0] == (float)((2.0 * tdm_rng_uniform(&r2) - 1.0) / sqrt(512.0)));
 
     /* Determinism: same seed same bits; the stream position after init is n_A draws. */
-    tdm_lora l2;
-    assert_int_equal(tdm_lora_init(&l2, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+    tdm_lora_params l2;
+    assert_int_equal(tdm_lora_params_init(&l2, &cfg, 16, 32.0, false, TDM_ADAPTER_TARGET_ALL, &err),
                      TDM_OK);
     tdm_rng rb;
     tdm_rng_seed(&rb, 42);
-    tdm_lora_init_peft(&l2, &rb);
+    tdm_lora_params_init_peft(&l2, &rb);
     assert_memory_equal(l.params, l2.params, (size_t)l.n_params * sizeof(float));
     assert_memory_equal(rng.s, rb.s, sizeof rng.s);
     tdm_rng_seed(&rb, 43);
-    tdm_lora_init_peft(&l2, &rb);
+    tdm_lora_params_init_peft(&l2, &rb);
     assert_true(memcmp(l.params, l2.params, (size_t)l.n_params * sizeof(float)) != 0);
-    tdm_lora_free(&l2);
-    tdm_lora_free(&l);
+    tdm_lora_params_free(&l2);
+    tdm_lora_params_free(&l);
 }
 
 static json_t *load_json(const char *path)
@@ -187,9 +187,9 @@ static void test_peft_round_trip(void **state)
     (void)state;
     tdm_model_config cfg;
     tiny_config(&cfg, 64, 96, 2);
-    tdm_lora l;
+    tdm_lora_params l;
     tdm_error err = {0};
-    assert_int_equal(tdm_lora_init(&l, &cfg, 8, 16.0, true,
+    assert_int_equal(tdm_lora_params_init(&l, &cfg, 8, 16.0, true,
                                    TDM_ADAPTER_TARGET_V_PROJ | TDM_ADAPTER_TARGET_Q_PROJ |
                                        TDM_ADAPTER_TARGET_DOWN_PROJ,
                                    &err),
@@ -242,7 +242,7 @@ static void test_peft_round_trip(void **state)
     assert_string_equal(tdm_st_metadata(&f, "format"), "pt");
     tdm_st_close(&f);
 
-    tdm_lora back;
+    tdm_lora_params back;
     tdm_peft_meta mb;
     assert_int_equal(tdm_peft_load(dir, &cfg, &back, &mb, &err), TDM_OK);
     assert_int_equal(back.rank, 8);
@@ -251,14 +251,14 @@ static void test_peft_round_trip(void **state)
     assert_memory_equal(back.params, l.params, (size_t)l.n_params * sizeof(float));
     assert_string_equal(mb.base_model_name_or_path, "models/tiny");
     assert_true(mb.lora_dropout == 0.05);
-    tdm_lora_free(&back);
+    tdm_lora_params_free(&back);
 
     /* Replacing the directory as a whole leaves no scratch entries behind. */
     l.params[0] = 42.0f;
     assert_int_equal(tdm_peft_save(dir, &l, &meta, &err), TDM_OK);
     assert_int_equal(tdm_peft_load(dir, &cfg, &back, NULL, &err), TDM_OK);
     assert_true(back.params[0] == 42.0f);
-    tdm_lora_free(&back);
+    tdm_lora_params_free(&back);
     DIR *d = opendir(tmpdir);
     struct dirent *e;
     int n = 0;
@@ -281,7 +281,7 @@ static void test_peft_round_trip(void **state)
     tiny_config(&other, 64, 96, 3);
     assert_int_equal(tdm_peft_load(dir, &other, &back, NULL, &err), TDM_ERR_INVALID);
     assert_non_null(strstr(err.message, "layers.2.self_attn.q_proj.lora_A.weight is missing"));
-    tdm_lora_free(&l);
+    tdm_lora_params_free(&l);
 }
 
 /* Adapters saved in bf16 or f16 (PEFT saves in the model's dtype) are read and converted. */
@@ -318,14 +318,14 @@ static void test_peft_load_half_dtypes(void **state)
         const void *data[2] = {a, b};
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
         assert_int_equal(tdm_st_save(path, specs, data, 2, NULL, 0, &err), TDM_OK);
-        tdm_lora l;
+        tdm_lora_params l;
         assert_int_equal(tdm_peft_load(dir, &cfg, &l, NULL, &err), TDM_OK);
         assert_int_equal(l.rank, 2);
         assert_true(l.scale == 2.0);
         assert_int_equal(l.targets, TDM_ADAPTER_TARGET_O_PROJ);
         assert_memory_equal(l.modules[0].A, want_a, sizeof want_a);
         assert_memory_equal(l.modules[0].B, want_b, sizeof want_b);
-        tdm_lora_free(&l);
+        tdm_lora_params_free(&l);
     }
 }
 
@@ -390,7 +390,7 @@ static void test_peft_config_refusals(void **state)
 
     tdm_model_config cfg;
     tiny_config(&cfg, 64, 96, 1);
-    tdm_lora l;
+    tdm_lora_params l;
     assert_int_equal(tdm_peft_load("/nonexistent-dir", &cfg, &l, NULL, &err), TDM_ERR_NOT_FOUND);
     assert_non_null(strstr(err.message, "not a PEFT adapter directory"));
 }
