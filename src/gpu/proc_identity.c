@@ -112,38 +112,51 @@ static pid_t parent_of(pid_t pid)
 
 size_t tdm_proc_tree(pid_t root, pid_t *pids, size_t max)
 {
-    /* One pass over /proc collecting (pid, ppid), then a closure from root. Process trees of GPU
-     * jobs are small; 4096 processes bound the scan's memory. */
-    enum { MAX_SCAN = 4096 };
-    static pid_t all[MAX_SCAN], parent[MAX_SCAN];
-    size_t n_all = 0;
-    DIR *d = opendir("/proc");
+    /* One pass over /proc collecting (pid, ppid), then a breadth-first closure from root. */
+    size_t cap = 1024, n_all = 0;
+    pid_t *all = malloc(cap * sizeof *all), *parent = malloc(cap * sizeof *parent);
+    DIR *d = all && parent ? opendir("/proc") : NULL;
     if (d) {
         struct dirent *e;
-        while ((e = readdir(d)) && n_all < MAX_SCAN) {
+        while ((e = readdir(d))) {
             char *end;
             long v = strtol(e->d_name, &end, 10);
             if (*end || v <= 0)
                 continue;
+            if (n_all == cap) {
+                pid_t *na = realloc(all, 2 * cap * sizeof *na);
+                if (na)
+                    all = na;
+                pid_t *np = na ? realloc(parent, 2 * cap * sizeof *np) : NULL;
+                if (np)
+                    parent = np;
+                if (!na || !np)
+                    break; /* out of memory: a partial tree, never a crash */
+                cap *= 2;
+            }
             all[n_all] = (pid_t)v;
             parent[n_all] = parent_of((pid_t)v);
             n_all++;
         }
         closedir(d);
     }
-    size_t found = 0;
-    if (max > 0)
+    /* Breadth-first over the whole tree (each process appears once: parent links form a tree),
+     * then the first max entries go to the caller. */
+    pid_t *tree = malloc((n_all + 1) * sizeof *tree);
+    size_t found = 1;
+    if (tree) {
+        tree[0] = root;
+        for (size_t head = 0; head < found; head++)
+            for (size_t i = 0; i < n_all && found <= n_all; i++)
+                if (parent[i] == tree[head] && all[i] != root)
+                    tree[found++] = all[i];
+        for (size_t i = 0; i < found && i < max; i++)
+            pids[i] = tree[i];
+        free(tree);
+    } else if (max > 0) {
         pids[0] = root;
-    found = 1;
-    /* Breadth-first over the stored prefix; `found` keeps counting past max. */
-    for (size_t head = 0; head < found && head < max; head++) {
-        for (size_t i = 0; i < n_all; i++) {
-            if (parent[i] == pids[head]) {
-                if (found < max)
-                    pids[found] = all[i];
-                found++;
-            }
-        }
     }
+    free(all);
+    free(parent);
     return found;
 }

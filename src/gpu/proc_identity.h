@@ -30,7 +30,7 @@ const char *tdm_host_name(void);
 /* The effective user's name (cached; the numeric uid when it has no name). */
 const char *tdm_user_name(void);
 
-/* Collects root and all its descendants (by walking /proc's parent links) into pids, at most max;
- * returns how many were found (may exceed max: only max are stored). */
+/* Collects root and all its descendants (by walking /proc's parent links), root first, breadth
+ * first; stores at most max of them in pids and returns how many there are (may exceed max). */
 size_t tdm_proc_tree(pid_t root, pid_t *pids, size_t max);
 #endif
