@@ -36,8 +36,8 @@ static const char poll_script[] =
     "fi\n"
     "echo \"pid=$p\"; echo \"alive=$alive\"\n"
     "if [ -r \"$d/exit_code\" ]; then echo \"exit_code=$(cat \"$d/exit_code\")\"; fi\n"
-    "echo @@log; tail -n " "20" " -- \"$d/log\" 2>/dev/null; echo; echo @@endlog\n"
-    "for f in \"$@\"; do if [ -r \"$f\" ]; then echo @@file; cat -- \"$f\"; echo; "
+    "echo @@log; tail -n " "20" " -- \"$d/log\" 2>/dev/null | tr -d '\\000'; echo; echo @@endlog\n"
+    "for f in \"$@\"; do if [ -r \"$f\" ]; then echo @@file; tr -d '\\000' < \"$f\"; echo; "
     "else echo @@nofile; fi; done\n"
     "echo @@end\n";
 
