@@ -15,7 +15,7 @@ static const char hash_script[] =
 tdm_status tdm_stage_hashes(tdm_transport *t, const char *const *paths, size_t n,
                             char (*hex)[65], tdm_error *err)
 {
-    const char **argv = calloc(n + 4, sizeof *argv);
+    const char **argv = calloc(n + 5, sizeof *argv); /* NULL-terminated for spawn */
     if (!argv)
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     argv[0] = "sh";
