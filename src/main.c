@@ -13,10 +13,12 @@ static int cmd_version(int argc, char **argv)
 }
 
 static const tdm_command commands[] = {
+    {"cluster", tdm_cmd_cluster, "nodes of cluster.yaml: status, run, watch, pull"},
     {"data", tdm_cmd_data, "check a JSONL training dataset"},
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
     {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},
+    {"submit", tdm_cmd_submit, "place adapters on cluster nodes and start them there"},
     {"tokenize", tdm_cmd_tokenize, "encode text with a model's tokenizer.json"},
     {"version", cmd_version, "print the version"},
     {NULL, NULL, NULL},

@@ -45,6 +45,8 @@ int tdm_cmd_gpu_run(int argc, char **argv);
 int tdm_cmd_tokenize(int argc, char **argv);
 int tdm_cmd_inspect(int argc, char **argv);
 int tdm_cmd_init_model(int argc, char **argv);
+int tdm_cmd_cluster(int argc, char **argv);
+int tdm_cmd_submit(int argc, char **argv);
 int tdm_cmd_data(int argc, char **argv);
 
 #endif

@@ -1,0 +1,21 @@
+/* cluster_common.h — what `tandem cluster ...` and `tandem submit` share in the CLI layer:
+ * finding and loading cluster.yaml, and printing the job table and leaderboard. */
+#ifndef TANDEM_CLI_CLUSTER_COMMON_H
+#define TANDEM_CLI_CLUSTER_COMMON_H
+#include <jansson.h>
+#include <stdio.h>
+
+#include "cluster/cluster_config.h"
+
+/* Loads --cluster FILE (path may be NULL: the default path). Prints and returns an exit code
+ * other than 0 on failure. */
+int tdm_cli_load_cluster(const char *path, tdm_cluster_config *cfg);
+
+/* The jobs table and the leaderboard of jobs (only `submission` when not NULL). */
+void tdm_cli_print_jobs(FILE *out, json_t *jobs, const char *submission);
+void tdm_cli_print_leaderboard(FILE *out, json_t *board);
+
+/* The jobs of one submission (NULL: all), borrowed references in a new array. */
+json_t *tdm_cli_filter_jobs(json_t *jobs, const char *submission);
+
+#endif

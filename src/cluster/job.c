@@ -1,0 +1,195 @@
+/* job.c — the detached-launch wrapper and the poll script (fixed sh text; every variable part
+ * arrives as a quoted positional argument). */
+#include "cluster/job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* $1 job dir, $2 workdir, then the command. The inner wrapper records "PID STARTTIME", runs the
+ * command as its child and records the exit code (temp file + mv, so readers never see half). */
+static const char launch_script[] =
+    "d=$1; w=$2; shift 2\n"
+    "[ -e \"$d/pid\" ] && { echo \"job directory $d is already in use\" >&2; exit 90; }\n"
+    "mkdir -p -- \"$d\" || exit 91\n"
+    "cd -- \"$w\" || exit 92\n"
+    "setsid sh -c '"
+    "d=$1; shift; "
+    "echo \"$$ $(cut -d\" \" -f22 /proc/$$/stat)\" > \"$d/pid.tmp\" && mv -f -- \"$d/pid.tmp\" "
+    "\"$d/pid\"; "
+    "\"$@\"; c=$?; "
+    "echo \"$c\" > \"$d/exit_code.tmp\" && mv -f -- \"$d/exit_code.tmp\" \"$d/exit_code\"; "
+    "exit \"$c\"' tandem-job \"$d\" \"$@\" < /dev/null > \"$d/log\" 2>&1 &\n"
+    "i=0\n"
+    "while [ ! -s \"$d/pid\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
+    "[ -s \"$d/pid\" ] || { echo \"the job did not start (no pid file)\" >&2; exit 93; }\n"
+    "cut -d' ' -f1 \"$d/pid\"\n";
+
+/* $1 job dir, then files to print. Alive is decided before the exit code is read: a job that
+ * ends between the two reads is seen as ended with its code. */
+static const char poll_script[] =
+    "d=$1; shift\n"
+    "alive=0; p=0\n"
+    "if [ -r \"$d/pid\" ]; then read p s < \"$d/pid\"\n"
+    "  if [ -r /proc/$p/stat ] && [ \"$(cut -d' ' -f22 /proc/$p/stat 2>/dev/null)\" = \"$s\" ]; "
+    "then alive=1; fi\n"
+    "fi\n"
+    "echo \"pid=$p\"; echo \"alive=$alive\"\n"
+    "if [ -r \"$d/exit_code\" ]; then echo \"exit_code=$(cat \"$d/exit_code\")\"; fi\n"
+    "echo @@log; tail -n " "20" " -- \"$d/log\" 2>/dev/null | tr -d '\\000'; echo; echo @@endlog\n"
+    "for f in \"$@\"; do if [ -r \"$f\" ]; then echo @@file; tr -d '\\000' < \"$f\"; echo; "
+    "else echo @@nofile; fi; done\n"
+    "echo @@end\n";
+
+const char *tdm_job_state_str(tdm_job_state s)
+{
+    switch (s) {
+    case TDM_JOB_RUNNING: return "running";
+    case TDM_JOB_FINISHED: return "finished";
+    case TDM_JOB_FAILED: return "failed";
+    default: return "unknown";
+    }
+}
+
+tdm_job_state tdm_job_state_parse(const char *s)
+{
+    if (!s)
+        return TDM_JOB_UNKNOWN;
+    if (!strcmp(s, "running"))
+        return TDM_JOB_RUNNING;
+    if (!strcmp(s, "finished"))
+        return TDM_JOB_FINISHED;
+    if (!strcmp(s, "failed"))
+        return TDM_JOB_FAILED;
+    return TDM_JOB_UNKNOWN;
+}
+
+tdm_status tdm_job_launch(tdm_transport *t, const char *job_dir, const char *const *argv,
+                          size_t argc, long *pid, tdm_error *err)
+{
+    *pid = 0;
+    const char **full = calloc(argc + 6, sizeof *full);
+    if (!full)
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    full[0] = "sh";
+    full[1] = "-c";
+    full[2] = launch_script;
+    full[3] = "tandem-launch";
+    full[4] = job_dir;
+    full[5] = t->node->workdir;
+    memcpy(full + 6, argv, argc * sizeof *argv);
+    tdm_spawn_result res;
+    tdm_status st = tdm_transport_run(t, full, argc + 6, NULL, 0, 60000, &res, err);
+    free(full);
+    if (st != TDM_OK)
+        return st;
+    char why[512];
+    if (tdm_transport_unreachable(t, &res, why, sizeof why)) {
+        st = tdm_fail(err, TDM_ERR_IO, "node %s is unreachable: %s", t->node->name, why);
+    } else if (res.exit_code != 0) {
+        const char *tail = tdm_text_tail(res.err, res.err_len, 3);
+        st = tdm_fail(err, TDM_ERR_IO, "starting the job on %s failed (exit %d): %.400s",
+                      t->node->name, res.exit_code, tail);
+    } else {
+        *pid = atol(res.out);
+        if (*pid <= 0)
+            st = tdm_fail(err, TDM_ERR_IO, "starting the job on %s gave no pid", t->node->name);
+    }
+    tdm_spawn_result_free(&res);
+    return st;
+}
+
+static char *between(const char *start, const char *end)
+{
+    return strndup(start, (size_t)(end - start));
+}
+
+tdm_status tdm_job_poll_once(tdm_transport *t, const char *job_dir, const char *const *files,
+                             size_t n_files, tdm_job_poll *out, tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->exit_code = -1;
+    out->state = TDM_JOB_UNKNOWN;
+    out->files = calloc(n_files ? n_files : 1, sizeof *out->files);
+    if (!out->files)
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    out->n_files = n_files;
+    const char **full = calloc(n_files + 5, sizeof *full);
+    if (!full)
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    full[0] = "sh";
+    full[1] = "-c";
+    full[2] = poll_script;
+    full[3] = "tandem-poll";
+    full[4] = job_dir;
+    memcpy(full + 5, files, n_files * sizeof *files);
+    tdm_spawn_result res;
+    tdm_status st = tdm_transport_run(t, full, n_files + 5, NULL, 0, 60000, &res, err);
+    free(full);
+    if (st != TDM_OK)
+        return st;
+    if (tdm_transport_unreachable(t, &res, out->why, sizeof out->why)) {
+        tdm_spawn_result_free(&res);
+        return TDM_OK;
+    }
+    const char *end = strstr(res.out, "\n@@end");
+    const char *log = strstr(res.out, "@@log\n");
+    const char *endlog = log ? strstr(log, "\n@@endlog\n") : NULL;
+    if (!end || !log || !endlog) {
+        snprintf(out->why, sizeof out->why, "the node's answer was incomplete (exit %d): %.300s",
+                 res.exit_code, tdm_text_tail(res.err, res.err_len, 1));
+        tdm_spawn_result_free(&res);
+        return TDM_OK;
+    }
+    bool alive = strstr(res.out, "alive=1\n") != NULL;
+    const char *pid = strstr(res.out, "pid=");
+    out->pid = pid ? atol(pid + 4) : 0;
+    const char *ec = strstr(res.out, "exit_code=");
+    if (ec && ec < log)
+        out->exit_code = atoi(ec + 10);
+    out->log_tail = between(log + 6, endlog);
+    /* the "echo" after tail added one newline; drop it */
+    size_t ll = out->log_tail ? strlen(out->log_tail) : 0;
+    if (ll && out->log_tail[ll - 1] == '\n')
+        out->log_tail[ll - 1] = '\0';
+    const char *p = endlog + strlen("\n@@endlog\n");
+    for (size_t i = 0; i < n_files && p < end; i++) {
+        if (!strncmp(p, "@@nofile\n", 9)) {
+            p += 9;
+            continue;
+        }
+        if (strncmp(p, "@@file\n", 7) != 0)
+            break;
+        p += 7;
+        const char *next = strstr(p, "\n@@");
+        if (!next)
+            break;
+        out->files[i] = between(p, next);
+        p = next + 1;
+    }
+    if (ec && ec < log) {
+        out->state = out->exit_code == 0 ? TDM_JOB_FINISHED : TDM_JOB_FAILED;
+        if (out->exit_code != 0)
+            snprintf(out->why, sizeof out->why, "exited with code %d", out->exit_code);
+    } else if (alive) {
+        out->state = TDM_JOB_RUNNING;
+    } else {
+        out->state = TDM_JOB_FAILED;
+        if (out->pid)
+            snprintf(out->why, sizeof out->why,
+                     "process %ld is gone and left no exit code (killed?)", out->pid);
+        else
+            snprintf(out->why, sizeof out->why, "the job never started (no pid file)");
+    }
+    tdm_spawn_result_free(&res);
+    return TDM_OK;
+}
+
+void tdm_job_poll_free(tdm_job_poll *p)
+{
+    free(p->log_tail);
+    for (size_t i = 0; i < p->n_files; i++)
+        free(p->files[i]);
+    free(p->files);
+    memset(p, 0, sizeof *p);
+}

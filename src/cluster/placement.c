@@ -1,0 +1,159 @@
+/* placement.c — greedy, adapter by adapter, highest score wins (ties: the earlier node). */
+#include "cluster/placement.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/speed.h"
+
+#define MIB (1024.0 * 1024.0)
+
+void tdm_place_estimate(const tdm_place_model *m, tdm_place_budget *out)
+{
+    double bpp = m->quantized ? 0.5625 : 2.0;
+    double base = (double)m->params * bpp / MIB;
+    double lora = (double)m->layers * m->rank * (10.0 * m->hidden + 3.0 * m->intermediate) * 16.0;
+    double tokens = (double)m->batch_size * m->max_seq_len;
+    double act = tokens * (double)m->layers * m->hidden * 34.0 + tokens * (double)m->vocab * 8.0;
+    double adapter = (lora + act) / MIB + 64.0;
+    out->gpu_next_mb = out->cpu_next_mb = (int64_t)(adapter + 0.999);
+    out->gpu_first_mb = (int64_t)(base + 600.0 + adapter + 0.999);
+    out->cpu_first_mb = (int64_t)(base + 200.0 + adapter + 0.999);
+}
+
+void tdm_place_plan_free(tdm_place_plan *plan)
+{
+    free(plan->node_of);
+    free(plan->device_of_node);
+    free(plan->adapters_on_node);
+    free(plan->evals);
+    memset(plan, 0, sizeof *plan);
+}
+
+/* Memory the plan already took on node n's chosen device. */
+static int64_t planned_mb(const tdm_place_plan *p, size_t n, bool cpu, const tdm_place_budget *b)
+{
+    int k = p->adapters_on_node[n];
+    if (k == 0)
+        return 0;
+    return cpu ? b->cpu_first_mb + (k - 1) * b->cpu_next_mb
+               : b->gpu_first_mb + (k - 1) * b->gpu_next_mb;
+}
+
+static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan *p,
+                     const tdm_place_budget *b, int64_t model_params, tdm_place_eval *e)
+{
+    memset(e, 0, sizeof *e);
+    e->gpu = -1;
+    int planned = p->adapters_on_node[n];
+    if (!node->reachable) {
+        snprintf(e->why, sizeof e->why, "unreachable: %s",
+                 node->why_unreachable ? node->why_unreachable : "?");
+        return;
+    }
+    if (node->active_adapters + planned >= node->max_adapters) {
+        snprintf(e->why, sizeof e->why, "max_adapters %d reached (%d running, %d planned)",
+                 node->max_adapters, node->active_adapters, planned);
+        return;
+    }
+    double share = 1.0 / (1.0 + node->active_adapters + planned);
+    if (node->n_gpus == 0) {
+        if (model_params > node->cpu_max_params) {
+            snprintf(e->why, sizeof e->why,
+                     "CPU-only, and the model's %lld parameters exceed cpu_max_params %lld",
+                     (long long)model_params, (long long)node->cpu_max_params);
+            return;
+        }
+        int64_t free_mb = node->ram_free_mb - planned_mb(p, n, true, b);
+        int64_t need = planned ? b->cpu_next_mb : b->cpu_first_mb;
+        e->free_mb = free_mb;
+        e->need_mb = need;
+        if (free_mb < need) {
+            snprintf(e->why, sizeof e->why, "CPU-only with %lld MiB RAM free, needs %lld MiB",
+                     (long long)free_mb, (long long)need);
+            return;
+        }
+        e->eligible = true;
+        e->score = (double)free_mb / (double)b->cpu_first_mb * TDM_SPEED_CPU * share;
+        return;
+    }
+    int64_t need = planned ? b->gpu_next_mb : b->gpu_first_mb;
+    int best = -1;
+    double best_score = -1;
+    int64_t best_free = -1, most_free = -1;
+    for (size_t g = 0; g < node->n_gpus; g++) {
+        if (planned && (int)g != p->device_of_node[n])
+            continue; /* one process per node: later adapters join its GPU */
+        int64_t free_mb = node->gpus[g].free_mb - (planned ? planned_mb(p, n, false, b) : 0);
+        if (free_mb > most_free)
+            most_free = free_mb;
+        if (free_mb < need)
+            continue;
+        double s = (double)free_mb / (double)b->gpu_first_mb * node->gpus[g].speed * share;
+        if (s > best_score) {
+            best_score = s;
+            best = (int)g;
+            best_free = free_mb;
+        }
+    }
+    e->need_mb = need;
+    if (best < 0) {
+        e->free_mb = most_free;
+        snprintf(e->why, sizeof e->why, "%s has %lld MiB free, needs %lld MiB",
+                 planned ? "its process's GPU" : "no GPU has room: the best", (long long)most_free,
+                 (long long)need);
+        return;
+    }
+    e->eligible = true;
+    e->gpu = best;
+    e->free_mb = best_free;
+    e->score = best_score;
+}
+
+tdm_status tdm_place(const tdm_place_node *nodes, size_t n_nodes, size_t n_adapters,
+                     const tdm_place_budget *b, int64_t model_params, tdm_place_plan *plan,
+                     tdm_error *err)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->n_adapters = n_adapters;
+    plan->n_nodes = n_nodes;
+    plan->node_of = calloc(n_adapters ? n_adapters : 1, sizeof *plan->node_of);
+    plan->device_of_node = calloc(n_nodes ? n_nodes : 1, sizeof *plan->device_of_node);
+    plan->adapters_on_node = calloc(n_nodes ? n_nodes : 1, sizeof *plan->adapters_on_node);
+    plan->evals = calloc((n_adapters * n_nodes) > 0 ? n_adapters * n_nodes : 1, sizeof *plan->evals);
+    if (!plan->node_of || !plan->device_of_node || !plan->adapters_on_node || !plan->evals) {
+        tdm_place_plan_free(plan);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    for (size_t n = 0; n < n_nodes; n++)
+        plan->device_of_node[n] = -2;
+    tdm_status st = TDM_OK;
+    for (size_t a = 0; a < n_adapters; a++) {
+        int best = -1;
+        for (size_t n = 0; n < n_nodes; n++) {
+            tdm_place_eval *e = &plan->evals[a * n_nodes + n];
+            evaluate(&nodes[n], n, plan, b, model_params, e);
+            if (e->eligible && (best < 0 || e->score > plan->evals[a * n_nodes + best].score))
+                best = (int)n;
+        }
+        plan->node_of[a] = best;
+        if (best < 0) {
+            if (st == TDM_OK) {
+                char reasons[700] = "";
+                for (size_t n = 0; n < n_nodes; n++) {
+                    size_t used = strlen(reasons);
+                    snprintf(reasons + used, sizeof reasons - used, "%s%s: %s", n ? "; " : "",
+                             nodes[n].name, plan->evals[a * n_nodes + n].why);
+                }
+                st = tdm_fail(err, TDM_ERR_NEVER_FITS, "adapter %zu fits on no node (%s)", a + 1,
+                              reasons);
+            }
+            continue;
+        }
+        if (plan->adapters_on_node[best] == 0)
+            plan->device_of_node[best] = plan->evals[a * n_nodes + best].gpu;
+        plan->adapters_on_node[best]++;
+    }
+    return st;
+}

@@ -1,0 +1,99 @@
+/* placement.h — which node trains which adapter (pure functions: no I/O, unit-tested).
+ *
+ * Every adapter goes to the node with the highest score
+ *
+ *     score = (free / budget) x speed x 1 / (1 + active_adapters)
+ *
+ * free:    the device's free memory right now (MiB; a GPU's live free memory, which the node's
+ *          ledger lowers by its reservations; a CPU-only node's available RAM) minus what this
+ *          plan already put on it;
+ * budget:  the memory one adapter trained alone needs on that kind of device, base model
+ *          included (tdm_place_estimate); the same for every node, so scores compare;
+ * speed:   the GPU's factor (speed.h), 0.01 for a CPU;
+ * active_adapters: adapters already running on the node (from the job registry) plus those this
+ *          plan already placed there.
+ * Adapters are placed one at a time in file order. A node's first adapter picks its best GPU and
+ * needs room for base + adapter; the next ones join the same process (one base in memory) on the
+ * same device and need room for one adapter. Excluded, with the reason kept: unreachable nodes,
+ * nodes at max_adapters, devices without room, CPU-only nodes when the model has more parameters
+ * than cpu_max_params. A node with GPUs never trains on its CPU.
+ */
+#ifndef TANDEM_CLUSTER_PLACEMENT_H
+#define TANDEM_CLUSTER_PLACEMENT_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+typedef struct tdm_place_gpu {
+    const char *uuid;
+    const char *name;
+    double speed;    /* factor, > 0 */
+    int64_t free_mb; /* live free memory, MiB */
+} tdm_place_gpu;
+
+typedef struct tdm_place_node {
+    const char *name;
+    bool reachable;
+    const char *why_unreachable; /* when !reachable */
+    const tdm_place_gpu *gpus;   /* (n_gpus); none: a CPU-only node */
+    size_t n_gpus;
+    int64_t ram_free_mb; /* CPU-only nodes: available RAM, MiB */
+    int max_adapters;
+    int active_adapters;    /* running on the node already */
+    int64_t cpu_max_params; /* CPU-only nodes: largest model they train */
+} tdm_place_node;
+
+/* Memory one adapter needs, MiB, for the first adapter of a process (base included) and for
+ * each further adapter in the same process. */
+typedef struct tdm_place_budget {
+    int64_t gpu_first_mb, gpu_next_mb;
+    int64_t cpu_first_mb, cpu_next_mb;
+} tdm_place_budget;
+
+/* Model and training sizes behind an estimate. */
+typedef struct tdm_place_model {
+    int64_t params;                   /* parameters of the base model */
+    int64_t hidden, intermediate, layers, vocab;
+    int rank;                         /* LoRA rank */
+    int batch_size, max_seq_len;
+    bool quantized;                   /* qlora (NF4 base) rather than lora (bf16 base) */
+} tdm_place_model;
+
+/* The estimate documented in docs/cluster.md:
+ *   base (GPU)  = params x (0.5625 bytes NF4 with scales | 2 bytes bf16) + 600 MiB CUDA context
+ *   base (CPU)  = params x (0.5625 | 2) bytes + 200 MiB
+ *   adapter     = layers x rank x (10 hidden + 3 intermediate) x 16 bytes (weights, gradients,
+ *                 two AdamW moments in f32) + batch x seq x layers x hidden x 34 bytes of
+ *                 activations + batch x seq x vocab x 8 bytes of logits + 64 MiB. */
+void tdm_place_estimate(const tdm_place_model *m, tdm_place_budget *out);
+
+/* One node's standing when one adapter was placed. */
+typedef struct tdm_place_eval {
+    bool eligible;
+    double score;     /* when eligible */
+    int gpu;          /* chosen GPU index, -1 for the CPU */
+    int64_t free_mb;  /* free memory the score used */
+    int64_t need_mb;  /* what this adapter needs there */
+    char why[256];    /* when !eligible: why the node was excluded */
+} tdm_place_eval;
+
+typedef struct tdm_place_plan {
+    size_t n_adapters, n_nodes;
+    int *node_of;           /* (n_adapters) chosen node, -1 when none could take it */
+    int *device_of_node;    /* (n_nodes) GPU index the node's process uses, -1 CPU, -2 unused */
+    int *adapters_on_node;  /* (n_nodes) how many adapters the plan puts there */
+    tdm_place_eval *evals;  /* (n_adapters x n_nodes) row-major: evals[a * n_nodes + n] */
+} tdm_place_plan;
+
+/* Places n_adapters adapters (all alike: budget b) on nodes[0..n_nodes) and fills *plan. When an
+ * adapter fits nowhere it stays -1 and the status is TDM_ERR_NEVER_FITS with a message naming
+ * the adapter (1-based) and each node's reason; the plan is still filled for printing. */
+tdm_status tdm_place(const tdm_place_node *nodes, size_t n_nodes, size_t n_adapters,
+                     const tdm_place_budget *b, int64_t model_params, tdm_place_plan *plan,
+                     tdm_error *err);
+
+void tdm_place_plan_free(tdm_place_plan *plan);
+
+#endif

@@ -1,0 +1,281 @@
+/* Unit tests of src/cluster: shell quoting (also round-tripped through a real /bin/sh), the
+ * cluster.yaml parser's defaults and positions, speed factors, placement scoring, the validation
+ * loss a leaderboard ranks by. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/cluster_config.h"
+#include "cluster/coordinator.h"
+#include "cluster/placement.h"
+#include "cluster/shell_quote.h"
+#include "cluster/spawn.h"
+#include "cluster/speed.h"
+
+static void test_quote(void **state)
+{
+    char *q = tdm_shell_quote("");
+    assert_string_equal(q, "''");
+    free(q);
+    q = tdm_shell_quote("it's");
+    assert_string_equal(q, "'it'\\''s'");
+    free(q);
+    q = tdm_shell_quote("$(x) `y` ; * \n");
+    assert_string_equal(q, "'$(x) `y` ; * \n'");
+    free(q);
+    const char *argv[] = {"a b", "", "'"};
+    char *j = tdm_shell_join(argv, 3);
+    assert_string_equal(j, "'a b' '' ''\\'''");
+    free(j);
+}
+
+/* The joined line, parsed by a real sh, gives back the exact arguments and runs nothing. */
+static void test_quote_through_sh(void **state)
+{
+    const char *hostile[] = {"plain", "", "two words", "it's", "\"dq\"", "$(touch /tmp/tdm-canary-q)",
+                             "`touch /tmp/tdm-canary-q`", "; touch /tmp/tdm-canary-q", "a\nb",
+                             "*", "?[x]", "\\", "'''", "$HOME", "-n", "\t", "&|<>"};
+    size_t n = sizeof hostile / sizeof *hostile;
+    char *line = tdm_shell_join(hostile, n);
+    assert_non_null(line);
+    size_t len = strlen(line) + 64;
+    char *script = malloc(len);
+    snprintf(script, len, "printf '%%s\\0' %s", line);
+    const char *argv[] = {"sh", "-c", script, NULL};
+    tdm_spawn_result res;
+    tdm_error err = {0};
+    remove("/tmp/tdm-canary-q");
+    assert_int_equal(tdm_spawn_run(argv, NULL, 0, 10000, &res, &err), TDM_OK);
+    assert_int_equal(res.exit_code, 0);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(off + strlen(hostile[i]) < res.out_len + 1);
+        assert_memory_equal(res.out + off, hostile[i], strlen(hostile[i]) + 1);
+        off += strlen(hostile[i]) + 1;
+    }
+    assert_int_equal(off, res.out_len);
+    assert_null(fopen("/tmp/tdm-canary-q", "r"));
+    tdm_spawn_result_free(&res);
+    free(script);
+    free(line);
+}
+
+static void test_spawn_stdin_timeout_missing(void **state)
+{
+    const char *cat[] = {"cat", NULL};
+    tdm_spawn_result res;
+    tdm_error err = {0};
+    assert_int_equal(tdm_spawn_run(cat, "abc", 3, 5000, &res, &err), TDM_OK);
+    assert_string_equal(res.out, "abc");
+    tdm_spawn_result_free(&res);
+    const char *slow[] = {"sleep", "5", NULL};
+    assert_int_equal(tdm_spawn_run(slow, NULL, 0, 100, &res, &err), TDM_OK);
+    assert_true(res.timed_out);
+    assert_int_equal(res.exit_code, 128 + 9);
+    tdm_spawn_result_free(&res);
+    const char *none[] = {"/nonexistent/program", NULL};
+    assert_int_equal(tdm_spawn_run(none, NULL, 0, 1000, &res, &err), TDM_OK);
+    assert_int_equal(res.exit_code, 127);
+    tdm_spawn_result_free(&res);
+    assert_string_equal(tdm_text_tail("a\nb\nc\n", 6, 2), "b\nc\n");
+}
+
+static void test_config_defaults_and_paths(void **state)
+{
+    const char *y = "ssh_config: conf/ssh\n"
+                    "nodes:\n"
+                    "  - name: desk\n"
+                    "    host: 10.0.0.2\n"
+                    "    identity_file: keys/id\n"
+                    "    workdir: /w\n"
+                    "    gpus:\n"
+                    "      - {uuid: GPU-1, type: RTX 4090, vram_mb: 24564, memory_type: unified}\n"
+                    "    cpu_max_params: 1.5B\n"
+                    "  - {name: box, transport: local, workdir: /b, cpu_max_params: 350000000}\n";
+    tdm_cluster_config cfg;
+    tdm_error err = {0};
+    assert_int_equal(tdm_cluster_config_parse(y, strlen(y), "/etc/x/cluster.yaml", &cfg, &err),
+                     TDM_OK);
+    assert_int_equal(cfg.n_nodes, 2);
+    assert_string_equal(cfg.ssh_config, "/etc/x/conf/ssh");
+    assert_string_equal(cfg.nodes[0].identity_file, "/etc/x/keys/id");
+    assert_string_equal(cfg.nodes[0].tandem, "tandem");
+    assert_int_equal(cfg.nodes[0].max_adapters, TDM_CLUSTER_DEFAULT_MAX_ADAPTERS);
+    assert_int_equal(cfg.nodes[0].cpu_max_params, 1500000000LL);
+    assert_int_equal(cfg.nodes[0].gpus[0].memory_type, TDM_MEMORY_UNIFIED);
+    assert_int_equal(cfg.nodes[0].gpus[0].line, 8);
+    assert_int_equal(cfg.nodes[0].gpus[0].col, 9);
+    assert_int_equal(cfg.nodes[1].transport, TDM_TRANSPORT_LOCAL);
+    assert_null(cfg.nodes[1].host);
+    assert_int_equal(cfg.nodes[1].cpu_max_params, 350000000LL);
+    assert_non_null(tdm_cluster_config_find(&cfg, "box"));
+    assert_null(tdm_cluster_config_find(&cfg, "nope"));
+    tdm_cluster_config_free(&cfg);
+
+    const char *bad = "nodes:\n  - name: a\n    host: h\n    workdir: /w\n    ram_mb: 0\n";
+    assert_int_equal(tdm_cluster_config_parse(bad, strlen(bad), "c.yaml", &cfg, &err),
+                     TDM_ERR_INVALID);
+    assert_string_equal(err.message, "c.yaml:5:13: ram_mb must be between 1 and 1099511627776, got '0'");
+    assert_null(cfg.nodes);
+    const char *nul = "nodes: []\n\0";
+    assert_int_equal(tdm_cluster_config_parse(nul, 11, "n.yaml", &cfg, &err), TDM_ERR_PARSE);
+    assert_string_equal(err.message, "n.yaml:2:1: NUL byte in the file");
+}
+
+static void test_speed(void **state)
+{
+    assert_true(tdm_gpu_speed_factor("NVIDIA GeForce RTX 4090") == 1.0);
+    assert_true(tdm_gpu_speed_factor("NVIDIA H200") > tdm_gpu_speed_factor("NVIDIA H100 80GB HBM3"));
+    assert_true(tdm_gpu_speed_factor("Orin (nvgpu)") == 0.06);
+    assert_true(tdm_gpu_speed_factor("NVIDIA A100-SXM4-80GB") == 1.5);
+    assert_true(tdm_gpu_speed_factor("rtx 3090") == 0.55);
+    assert_true(tdm_gpu_speed_factor("RTX 4080 SUPER") == 0.75);
+    assert_true(tdm_gpu_speed_factor("Mystery GPU") == TDM_SPEED_UNKNOWN_GPU);
+    assert_true(tdm_gpu_speed_factor(NULL) == TDM_SPEED_UNKNOWN_GPU);
+}
+
+static const tdm_place_budget B = {.gpu_first_mb = 1000, .gpu_next_mb = 200,
+                                   .cpu_first_mb = 800, .cpu_next_mb = 200};
+
+static void test_place_score_formula(void **state)
+{
+    tdm_place_gpu g4090 = {"GPU-a", "RTX 4090", 1.0, 20000};
+    tdm_place_gpu orin = {"GPU-b", "Orin", 0.06, 30000};
+    tdm_place_node nodes[] = {
+        {.name = "desk", .reachable = true, .gpus = &g4090, .n_gpus = 1, .max_adapters = 4,
+         .active_adapters = 1},
+        {.name = "jet", .reachable = true, .gpus = &orin, .n_gpus = 1, .max_adapters = 4},
+    };
+    tdm_place_plan p;
+    tdm_error err = {0};
+    assert_int_equal(tdm_place(nodes, 2, 1, &B, 1000, &p, &err), TDM_OK);
+    /* desk: 20000/1000 x 1.0 x 1/2 = 10; jet: 30000/1000 x 0.06 = 1.8 */
+    assert_true(fabs(p.evals[0].score - 10.0) < 1e-9);
+    assert_true(fabs(p.evals[1].score - 1.8) < 1e-9);
+    assert_int_equal(p.node_of[0], 0);
+    tdm_place_plan_free(&p);
+}
+
+static void test_place_one_process_per_node_and_exclusions(void **state)
+{
+    tdm_place_gpu big[] = {{"GPU-0", "RTX 3090", 0.55, 5000}, {"GPU-1", "RTX 4090", 1.0, 3000}};
+    tdm_place_gpu full = {"GPU-f", "RTX 4090", 1.0, 500};
+    tdm_place_node nodes[] = {
+        {.name = "two", .reachable = true, .gpus = big, .n_gpus = 2, .max_adapters = 2},
+        {.name = "full", .reachable = true, .gpus = &full, .n_gpus = 1, .max_adapters = 8},
+        {.name = "down", .reachable = false, .why_unreachable = "Connection refused"},
+        {.name = "cpu", .reachable = true, .ram_free_mb = 8000, .max_adapters = 8,
+         .cpu_max_params = 350000000},
+    };
+    tdm_place_plan p;
+    tdm_error err = {0};
+    assert_int_equal(tdm_place(nodes, 4, 3, &B, 100000000, &p, &err), TDM_OK);
+    /* adapter 1: GPU-1 (3000/1000 x 1.0 = 3) beats GPU-0 (5 x 0.55 = 2.75) */
+    assert_int_equal(p.node_of[0], 0);
+    assert_int_equal(p.device_of_node[0], 1);
+    /* adapter 2: "two" can only use GPU-1 now: (3000-1000)/1000 x 1 x 1/2 = 1.0 > cpu 0.1 */
+    assert_true(fabs(p.evals[1 * 4 + 0].score - 1.0) < 1e-9);
+    assert_int_equal(p.evals[1 * 4 + 0].gpu, 1);
+    assert_int_equal(p.node_of[1], 0);
+    /* adapter 3: "two" is at max_adapters; the CPU node takes it */
+    assert_false(p.evals[2 * 4 + 0].eligible);
+    assert_string_equal(p.evals[2 * 4 + 0].why, "max_adapters 2 reached (0 running, 2 planned)");
+    assert_int_equal(p.node_of[2], 3);
+    assert_int_equal(p.device_of_node[3], -1);
+    assert_true(fabs(p.evals[2 * 4 + 3].score - 8000.0 / 800 * 0.01) < 1e-9);
+    assert_false(p.evals[0 * 4 + 1].eligible);
+    assert_string_equal(p.evals[0 * 4 + 1].why,
+                        "no GPU has room: the best has 500 MiB free, needs 1000 MiB");
+    assert_string_equal(p.evals[0 * 4 + 2].why, "unreachable: Connection refused");
+    assert_int_equal(p.adapters_on_node[0], 2);
+    assert_int_equal(p.adapters_on_node[3], 1);
+    tdm_place_plan_free(&p);
+
+    /* Too big for the CPU node, and no GPU room anywhere: not placed, with reasons. */
+    assert_int_equal(tdm_place(nodes + 1, 3, 1, &B, 7000000000LL, &p, &err), TDM_ERR_NEVER_FITS);
+    assert_int_equal(p.node_of[0], -1);
+    assert_non_null(strstr(p.evals[2].why, "exceed cpu_max_params 350000000"));
+    assert_non_null(strstr(err.message, "adapter 1 fits on no node"));
+    tdm_place_plan_free(&p);
+}
+
+static void test_estimate(void **state)
+{
+    tdm_place_model m = {.params = 7000000000LL, .hidden = 3584, .intermediate = 18944,
+                         .layers = 28, .vocab = 152064, .rank = 16, .batch_size = 1,
+                         .max_seq_len = 512, .quantized = true};
+    tdm_place_budget b;
+    tdm_place_estimate(&m, &b);
+    /* NF4 base ~3755 MiB + 600 MiB context */
+    assert_true(b.gpu_first_mb > 4355 && b.gpu_first_mb < 8000);
+    assert_true(b.gpu_next_mb < b.gpu_first_mb - 4000);
+    m.quantized = false;
+    tdm_place_budget b16;
+    tdm_place_estimate(&m, &b16);
+    assert_true(b16.gpu_first_mb > 13000);
+}
+
+static void test_val_loss(void **state)
+{
+    double v = 0;
+    assert_true(tdm_coord_val_loss("{\"epoch\": 2, \"val_loss\": 1.25}", NULL, &v));
+    assert_true(v == 1.25);
+    const char *ts = "{\"log_history\": [{\"eval_loss\": 2.0}, {\"loss\": 1.0}, {\"eval_loss\": 1.5}],"
+                     " \"best_metric\": 1.4}";
+    assert_true(tdm_coord_val_loss("{\"epoch\": 1}", ts, &v));
+    assert_true(v == 1.5);
+    assert_true(tdm_coord_val_loss(NULL, "{\"best_metric\": 0.9}", &v));
+    assert_true(v == 0.9);
+    assert_false(tdm_coord_val_loss("not json", "{}", &v));
+}
+
+static void test_leaderboard(void **state)
+{
+    json_t *jobs = json_loads(
+        "[{\"id\": \"j1\", \"submission\": \"s\", \"state\": \"finished\", \"node\": {\"name\": \"a\"},"
+        "  \"adapters\": [{\"index\": 0, \"label\": \"x\", \"val_loss\": 2.0},"
+        "                 {\"index\": 1, \"label\": \"y\"}]},"
+        " {\"id\": \"j2\", \"submission\": \"s\", \"state\": \"running\", \"node\": {\"name\": \"b\"},"
+        "  \"adapters\": [{\"index\": 2, \"label\": \"z\", \"val_loss\": 1.0,"
+        "                  \"metrics\": {\"epoch\": 3, \"train_loss\": 0.5}}]},"
+        " {\"id\": \"j0\", \"submission\": \"old\", \"adapters\": [{\"index\": 0, \"val_loss\": 0.1}]}]",
+        0, NULL);
+    assert_non_null(jobs);
+    json_t *b = tdm_coord_leaderboard(jobs, "s");
+    assert_int_equal(json_array_size(b), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(b, 0), "label")), "z");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(b, 0), "epoch")), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(b, 1), "label")), "x");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(b, 2), "label")), "y");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(b, 2), "rank")), 3);
+    json_decref(b);
+    b = tdm_coord_leaderboard(jobs, NULL);
+    assert_int_equal(json_array_size(b), 4);
+    json_decref(b);
+    assert_string_equal(tdm_coord_latest_submission(jobs), "old");
+    json_decref(jobs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quote),
+        cmocka_unit_test(test_quote_through_sh),
+        cmocka_unit_test(test_spawn_stdin_timeout_missing),
+        cmocka_unit_test(test_config_defaults_and_paths),
+        cmocka_unit_test(test_speed),
+        cmocka_unit_test(test_place_score_formula),
+        cmocka_unit_test(test_place_one_process_per_node_and_exclusions),
+        cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_val_loss),
+        cmocka_unit_test(test_leaderboard),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
