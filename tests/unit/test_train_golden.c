@@ -14,7 +14,11 @@
  *      against the host reference tdm_adamw_step on the same gradients; each step's loss and
  *      the trained adapter vs the reference;
  *   4. "qlora" mode: decoder projections NF4 (blocksize 64, f32 absmax, no double
- *      quantization): the batch loss and per-sequence sums vs the reference's NF4 losses.
+ *      quantization): the batch loss and per-sequence sums vs the reference's NF4 losses;
+ *   5. fused: the cases of one base model (llama: 2, qwen2: 3 with different ranks, targets and
+ *      rsLoRA) as adapters of one run, every step one pass over all their rows and one
+ *      multi-tensor AdamW call: each adapter's losses, gradients and trained weights vs its own
+ *      case's reference.
  * Every tensor prints a "TENSOR OK" line with its errors (llm.c's test_gpt2 habit), so the log
  * is the evidence (docs/golden-tests.md, "Results").
  *
@@ -419,12 +423,144 @@ static void test_qwen2_qv_r4_rslora(void **state)
     run_case("qwen2_qv_r4_rslora");
 }
 
+/* Fused: the cases of one base model as adapters of one run. Every step is one pass over the
+ * rows of all of them (adapter k owns a copy of the same sequences), as the synchronized
+ * schedule runs it; one multi-tensor AdamW call updates all. Each adapter must reproduce its own
+ * case's reference (same tolerances as alone). */
+#define MAX_FUSED 4
+
+/* A fused batch of n adapters: adapter k owns a copy of sequences [s0, s1) of d. tok, lab
+ * (n * MAX_ROWS), cu (n * MAX_SEQS + 1) and segs (n) are the storage the batch points into. */
+static tdm_batch fused_batch(const golden_data *d, int n, int s0, int s1, int32_t *tok,
+                             int32_t *lab, int32_t *cu, tdm_batch_seg *segs)
+{
+    int64_t rows = 0, ns = 0;
+    cu[0] = 0;
+    for (int k = 0; k < n; k++) {
+        int64_t r0 = rows;
+        for (int s = s0; s < s1; s++) {
+            int32_t len = d->cu[s + 1] - d->cu[s];
+            memcpy(tok + rows, d->tokens + d->cu[s], (size_t)len * sizeof(int32_t));
+            memcpy(lab + rows, d->labels + d->cu[s], (size_t)len * sizeof(int32_t));
+            rows += len;
+            cu[++ns] = (int32_t)rows;
+        }
+        segs[k] = (tdm_batch_seg){k, r0, rows};
+    }
+    return (tdm_batch){rows, tok, lab, cu, ns, segs, n};
+}
+static void run_fused(const char *model_name, const char *const *cases, int n)
+{
+    assert_true(n <= MAX_FUSED);
+    golden_data d;
+    load_data(&d);
+    char path[512];
+    snprintf(path, sizeof path, GOLDEN "/%s", model_name);
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, path, NULL, err));
+    json_t *ex[MAX_FUSED];
+    tdm_st_file ref[MAX_FUSED];
+    tdm_lora_params lp[MAX_FUSED];
+    tdm_lora *ad[MAX_FUSED];
+    printf("[fused %s] %d adapters in one pass:", model_name, n);
+    for (int k = 0; k < n; k++) {
+        printf(" %s", cases[k]);
+        snprintf(path, sizeof path, GOLDEN "/%s/expected.json", cases[k]);
+        ex[k] = load_json(path);
+        assert_string_equal(json_string_value(json_object_get(ex[k], "model")), model_name);
+        snprintf(path, sizeof path, GOLDEN "/%s/expected.safetensors", cases[k]);
+        OK(tdm_st_open(&ref[k], path, err));
+        snprintf(path, sizeof path, GOLDEN "/%s/adapter", cases[k]);
+        OK(tdm_peft_load(path, tdm_model_get_config(m), &lp[k], NULL, err));
+        ad[k] = upload_adapter(m, &lp[k]);
+        OK(tdm_lora_zero_grad(ad[k], err));
+    }
+    printf("\n");
+
+    static int32_t tok[MAX_FUSED * MAX_ROWS], lab[MAX_FUSED * MAX_ROWS];
+    int32_t cu[MAX_FUSED * MAX_SEQS + 1];
+    tdm_batch_seg segs[MAX_FUSED];
+    tdm_batch fb;
+    double ls[MAX_FUSED], worst = 0;
+    int64_t nt[MAX_FUSED];
+    fb = fused_batch(&d, n, 0, d.n_seqs, tok, lab, cu, segs);
+    OK(tdm_model_step(m, ad, n, &fb, true, NULL, ls, nt, err));
+    cmp_stats gw = {0, 0, 0, 1};
+    for (int k = 0; k < n; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "fused batch loss of %s", cases[k]);
+        check_loss(what, ls[k] / (double)nt[k], num(ex[k], "loss"), 1e-4, &worst);
+        float *g = malloc((size_t)ad[k]->n_params * sizeof(float));
+        OK(tdm_be_download_f32(be, g, ad[k]->grads, TDM_BE_F32, ad[k]->n_params, err));
+        cmp_stats s = compare_adapter(ad[k], &lp[k], g, &ref[k], "grad.", 1e-4, 1e-4, INFINITY,
+                                      1e-8);
+        gw.rel_l2 = fmax(gw.rel_l2, s.rel_l2);
+        free(g);
+    }
+    /* one epoch: step s fuses sequence s of every adapter */
+    json_t *tr = json_object_get(ex[0], "train");
+    double lr = num(tr, "lr");
+    for (int s = 0; s < d.n_seqs; s++) {
+        tdm_adamw_tensor ts[MAX_FUSED];
+        for (int k = 0; k < n; k++) OK(tdm_lora_zero_grad(ad[k], err));
+        fb = fused_batch(&d, n, s, s + 1, tok, lab, cu, segs);
+        OK(tdm_model_step(m, ad, n, &fb, true, NULL, ls, nt, err));
+        for (int k = 0; k < n; k++) {
+            json_t *trk = json_object_get(ex[k], "train");
+            char what[96];
+            snprintf(what, sizeof what, "fused step %d loss of %s", s + 1, cases[k]);
+            check_loss(what, ls[k] / (double)nt[k],
+                       json_number_value(json_array_get(json_object_get(trk, "step_losses"),
+                                                        (size_t)s)),
+                       1e-4, &worst);
+            json_t *betas = json_object_get(trk, "betas");
+            ts[k] = (tdm_adamw_tensor){ad[k]->params, ad[k]->grads, ad[k]->adam_m, ad[k]->adam_v,
+                                       ad[k]->n_params, NULL, num(trk, "lr"),
+                                       json_number_value(json_array_get(betas, 0)),
+                                       json_number_value(json_array_get(betas, 1)),
+                                       num(trk, "eps"), 0.0, s + 1};
+        }
+        OK(tdm_be_adamw(be, ts, n, err));
+    }
+    cmp_stats tw = {0, 0, 0, 1};
+    for (int k = 0; k < n; k++) {
+        float *p = malloc((size_t)ad[k]->n_params * sizeof(float));
+        OK(tdm_be_download_f32(be, p, ad[k]->params, TDM_BE_F32, ad[k]->n_params, err));
+        cmp_stats s = compare_adapter(ad[k], &lp[k], p, &ref[k], "trained.", 1e-5, INFINITY,
+                                      1e-3 * lr * d.n_seqs, 1e-9);
+        tw.rel_l2 = fmax(tw.rel_l2, s.rel_l2), tw.max_abs = fmax(tw.max_abs, s.max_abs);
+        free(p);
+        tdm_lora_free(ad[k]);
+        tdm_lora_params_free(&lp[k]);
+        tdm_st_close(&ref[k]);
+        json_decref(ex[k]);
+    }
+    printf("[fused %s] SUMMARY worst loss rel err %.2e; gradients worst rel L2 %.2e; trained "
+           "worst rel L2 %.2e, max abs %.2e\n",
+           model_name, worst, gw.rel_l2, tw.rel_l2, tw.max_abs);
+    tdm_model_free(m);
+}
+
+static void test_llama_fused(void **state)
+{
+    (void)state;
+    const char *cases[2] = {"llama_all_r8", "llama_qv_r4"};
+    run_fused("llama", cases, 2);
+}
+static void test_qwen2_fused(void **state)
+{
+    (void)state;
+    const char *cases[3] = {"qwen2_all_r8", "qwen2_qv_r4", "qwen2_qv_r4_rslora"};
+    run_fused("qwen2", cases, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_all_r8),  cmocka_unit_test(test_llama_qv_r4),
         cmocka_unit_test(test_qwen2_all_r8),  cmocka_unit_test(test_qwen2_qv_r4),
-        cmocka_unit_test(test_qwen2_qv_r4_rslora),
+        cmocka_unit_test(test_qwen2_qv_r4_rslora), cmocka_unit_test(test_llama_fused),
+        cmocka_unit_test(test_qwen2_fused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
