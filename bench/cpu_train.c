@@ -41,8 +41,9 @@ static int die(const char *what, const tdm_error *err)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL_DIR N_ADAPTERS [--seq N] [--rank R] [--batch B] "
-                        "[--steps S] [--warmup W] [--method qlora|lora] [--threads T]\n",
+        fprintf(stderr,
+                "usage: %s MODEL_DIR N_ADAPTERS [--seq N] [--rank R] [--batch B] "
+                "[--steps S] [--warmup W] [--method qlora|lora] [--threads T]\n",
                 argv[0]);
         return 2;
     }
@@ -51,13 +52,20 @@ int main(int argc, char **argv)
     int seq = 256, rank = 16, batch = 2, steps = 3, warmup = 1, threads = 0;
     const char *method = "qlora";
     for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seq")) seq = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--rank")) rank = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--method")) method = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--seq"))
+            seq = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--rank"))
+            rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batch"))
+            batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps"))
+            steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warmup"))
+            warmup = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--method"))
+            method = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_cpu_train: unknown option %s\n", argv[i]);
             return 2;
@@ -103,7 +111,8 @@ int main(int argc, char **argv)
 
     /* the fused batch: adapter a owns sequences [a*batch, (a+1)*batch) */
     int64_t n_seqs = (int64_t)n_ad * batch, rows = n_seqs * seq;
-    int32_t *tok = malloc((size_t)rows * sizeof(int32_t)), *lab = malloc((size_t)rows * sizeof(int32_t));
+    int32_t *tok = malloc((size_t)rows * sizeof(int32_t)),
+            *lab = malloc((size_t)rows * sizeof(int32_t));
     int32_t *cu = malloc((size_t)(n_seqs + 1) * sizeof(int32_t));
     tdm_batch_seg segs[MAX_ADAPTERS];
     for (int64_t i = 0; i < rows; i++)
@@ -133,9 +142,9 @@ int main(int argc, char **argv)
         for (int a = 0; a < n_ad; a++) {
             vecs[a] = (tdm_be_vec){ad[a]->grads, ad[a]->n_params, a};
             max_norm[a] = 1.0f;
-            ts[a] = (tdm_adamw_tensor){ad[a]->params, ad[a]->grads, ad[a]->adam_m, ad[a]->adam_v,
-                                       ad[a]->n_params, coef + a, 2e-4, 0.9, 0.999, 1e-8, 0.0,
-                                       step + 1};
+            ts[a] = (tdm_adamw_tensor){ad[a]->params,   ad[a]->grads, ad[a]->adam_m, ad[a]->adam_v,
+                                       ad[a]->n_params, coef + a,     2e-4,          0.9,
+                                       0.999,           1e-8,         0.0,           step + 1};
         }
         if (tdm_be_sumsq(be, vecs, n_ad, n_ad, sumsq, &err) != TDM_OK ||
             tdm_be_clip_coef(be, sumsq, max_norm, n_ad, coef, NULL, &err) != TDM_OK ||

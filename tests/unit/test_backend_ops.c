@@ -1026,10 +1026,9 @@ static void test_sumsq_clip_adamw(void **state)
         for (int t = 0; t < 2; t++) {
             gh[t] = rndf(nn[t], 0.5f);
             OK(tdm_be_upload_f32(be, dgr[t], TDM_BE_F32, gh[t], nn[t], err));
-            ts[t] = (tdm_adamw_tensor){dp[t],        dgr[t],        dm[t],
-                                       dvv[t],       nn[t],         t == 1 ? dcoef + 1 : NULL,
-                                       lr[t],        b1[t],         b2[t],
-                                       1e-8,         wdc[t],        step};
+            ts[t] =
+                (tdm_adamw_tensor){dp[t], dgr[t], dm[t], dvv[t], nn[t],  t == 1 ? dcoef + 1 : NULL,
+                                   lr[t], b1[t],  b2[t], 1e-8,   wdc[t], step};
         }
         OK(tdm_be_adamw(be, ts, 2, err));
         for (int t = 0; t < 2; t++) {

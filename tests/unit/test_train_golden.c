@@ -125,7 +125,8 @@ static void load_data(golden_data *d)
 
 /* A batch of sequences [s0, s1) of d, all rows belonging to adapter 0. The returned batch points
  * into *cu_buf and *seg. */
-static tdm_batch sub_batch(const golden_data *d, int s0, int s1, int32_t *cu_buf, tdm_batch_seg *seg)
+static tdm_batch sub_batch(const golden_data *d, int s0, int s1, int32_t *cu_buf,
+                           tdm_batch_seg *seg)
 {
     int32_t r0 = d->cu[s0];
     for (int s = s0; s <= s1; s++)
@@ -175,8 +176,9 @@ static void check_loss(const char *what, double got, double ref, double tol, dou
     *worst = fmax(*worst, rel);
     printf("  %-44s %.10f ref %.10f rel err %.2e%s\n", what, got, ref, rel,
            rel < tol ? "" : "  FAIL");
-    if (!(rel < tol)) fail_msg("%s: loss %.10f vs reference %.10f (rel err %.3e >= %.0e)", what,
-                               got, ref, rel, tol);
+    if (!(rel < tol))
+        fail_msg("%s: loss %.10f vs reference %.10f (rel err %.3e >= %.0e)", what, got, ref, rel,
+                 tol);
 }
 
 /* Adapter of PEFT layout l on the device (lora targets share tdm_adapter_target bit order). */
@@ -197,7 +199,8 @@ static tdm_lora *upload_adapter(tdm_model *m, const tdm_lora_params *l)
 
 /* Compares every module's A and B of the host f32 array p (adapter layout of a) with the
  * reference tensors "<prefix><PEFT name>"; rel-L2 must stay under tol_l2, max error relative to
- * the tensor's max |ref| under tol_max, max abs error under tol_abs, 1 - cosine under tol_cos. Prints a TENSOR line each; returns the worst stats. */
+ * the tensor's max |ref| under tol_max, max abs error under tol_abs, 1 - cosine under tol_cos.
+ * Prints a TENSOR line each; returns the worst stats. */
 static cmp_stats compare_adapter(const tdm_lora *a, const tdm_lora_params *l, const float *p,
                                  const tdm_st_file *ref, const char *prefix, double tol_l2,
                                  double tol_max, double tol_abs, double tol_cos)
@@ -215,11 +218,11 @@ static cmp_stats compare_adapter(const tdm_lora *a, const tdm_lora_params *l, co
             cmp_stats s = compare(p + off, r, n);
             bool ok = s.rel_l2 < tol_l2 && s.max_rel < tol_max && s.max_abs < tol_abs &&
                       s.cosine > 1 - tol_cos;
-            printf("  TENSOR %s %slayers.%d.%s.lora_%c: rel L2 %.2e, maxdiff %.2e (%.2e of max |ref|), "
+            printf("  TENSOR %s %slayers.%d.%s.lora_%c: rel L2 %.2e, maxdiff %.2e (%.2e of max "
+                   "|ref|), "
                    "cosine 1-%.1e\n",
-                   ok ? "OK  " : "FAIL", prefix, md->layer,
-                   tdm_lora_params_target_path(md->target), is_b ? 'B' : 'A', s.rel_l2,
-                   s.max_abs, s.max_rel, 1 - s.cosine);
+                   ok ? "OK  " : "FAIL", prefix, md->layer, tdm_lora_params_target_path(md->target),
+                   is_b ? 'B' : 'A', s.rel_l2, s.max_abs, s.max_rel, 1 - s.cosine);
             if (!ok)
                 fail_msg("%s: rel L2 %.3e (tol %.0e), max rel %.3e (tol %.0e), max abs %.3e (tol "
                          "%.1e), cosine 1-%.2e",
@@ -257,8 +260,8 @@ static void run_case(const char *name)
     OK(tdm_st_open(&ref, path, err));
     golden_data d;
     load_data(&d);
-    printf("[%s] model %s, r %d, alpha %g, rslora %s, %d sequences (%lld rows)\n", name,
-           model_name, (int)num(ex, "r"), num(ex, "lora_alpha"),
+    printf("[%s] model %s, r %d, alpha %g, rslora %s, %d sequences (%lld rows)\n", name, model_name,
+           (int)num(ex, "r"), num(ex, "lora_alpha"),
            json_is_true(json_object_get(ex, "use_rslora")) ? "yes" : "no", d.n_seqs,
            (long long)d.m);
 
@@ -340,8 +343,8 @@ static void run_case(const char *name)
         snprintf(what, sizeof what, "step %d loss (before its update)", s + 1);
         check_loss(what, ls / (double)nt, json_number_value(json_array_get(step_losses, (size_t)s)),
                    1e-4, &worst_loss);
-        tdm_adamw_tensor t = {a->params, a->grads, a->adam_m, a->adam_v, np, NULL,
-                              lr, hc.beta1, hc.beta2, hc.eps, 0.0, s + 1};
+        tdm_adamw_tensor t = {a->params, a->grads, a->adam_m, a->adam_v, np,  NULL,
+                              lr,        hc.beta1, hc.beta2,  hc.eps,    0.0, s + 1};
         OK(tdm_be_adamw(be, &t, 1, err));
         OK(tdm_be_download_f32(be, g, a->grads, TDM_BE_F32, np, err));
         tdm_adamw_step(&hs, &hc, lr, hp, g);
@@ -355,8 +358,8 @@ static void run_case(const char *name)
         if (diff) fail_msg("backend AdamW differs from tdm_adamw_step at step %d", s + 1);
     }
     /* The trained adapter: see the header comment for the tolerance. */
-    cmp_stats tw = compare_adapter(a, &lp, dp, &ref, "trained.", 1e-5, INFINITY,
-                                   1e-3 * lr * d.n_seqs, 1e-9);
+    cmp_stats tw =
+        compare_adapter(a, &lp, dp, &ref, "trained.", 1e-5, INFINITY, 1e-3 * lr * d.n_seqs, 1e-9);
 
     /* ---- qlora mode: NF4 projections, no double quantization ---- */
     tdm_model_opts oq = {.nf4 = true, .double_quant = false};
@@ -381,7 +384,8 @@ static void run_case(const char *name)
     }
 
     printf("[%s] SUMMARY worst loss rel err %.2e; gradients: worst rel L2 %.2e, worst max rel "
-           "%.2e, min cosine 1-%.1e; trained adapter: worst rel L2 %.2e, worst max abs %.2e (%.2e of max |ref|, %.2e of lr * "
+           "%.2e, min cosine 1-%.1e; trained adapter: worst rel L2 %.2e, worst max abs %.2e (%.2e "
+           "of max |ref|, %.2e of lr * "
            "steps)\n",
            name, worst_loss, gw.rel_l2, gw.max_rel, 1 - gw.cosine, tw.rel_l2, tw.max_abs,
            tw.max_rel, tw.max_abs / (lr * d.n_seqs));
@@ -492,8 +496,8 @@ static void run_fused(const char *model_name, const char *const *cases, int n)
         check_loss(what, ls[k] / (double)nt[k], num(ex[k], "loss"), 1e-4, &worst);
         float *g = malloc((size_t)ad[k]->n_params * sizeof(float));
         OK(tdm_be_download_f32(be, g, ad[k]->grads, TDM_BE_F32, ad[k]->n_params, err));
-        cmp_stats s = compare_adapter(ad[k], &lp[k], g, &ref[k], "grad.", 1e-4, 1e-4, INFINITY,
-                                      1e-8);
+        cmp_stats s =
+            compare_adapter(ad[k], &lp[k], g, &ref[k], "grad.", 1e-4, 1e-4, INFINITY, 1e-8);
         gw.rel_l2 = fmax(gw.rel_l2, s.rel_l2);
         free(g);
     }
@@ -502,23 +506,31 @@ static void run_fused(const char *model_name, const char *const *cases, int n)
     double lr = num(tr, "lr");
     for (int s = 0; s < d.n_seqs; s++) {
         tdm_adamw_tensor ts[MAX_FUSED];
-        for (int k = 0; k < n; k++) OK(tdm_lora_zero_grad(ad[k], err));
+        for (int k = 0; k < n; k++)
+            OK(tdm_lora_zero_grad(ad[k], err));
         fb = fused_batch(&d, n, s, s + 1, tok, lab, cu, segs);
         OK(tdm_model_step(m, ad, n, &fb, true, NULL, ls, nt, err));
         for (int k = 0; k < n; k++) {
             json_t *trk = json_object_get(ex[k], "train");
             char what[96];
             snprintf(what, sizeof what, "fused step %d loss of %s", s + 1, cases[k]);
-            check_loss(what, ls[k] / (double)nt[k],
-                       json_number_value(json_array_get(json_object_get(trk, "step_losses"),
-                                                        (size_t)s)),
-                       1e-4, &worst);
+            check_loss(
+                what, ls[k] / (double)nt[k],
+                json_number_value(json_array_get(json_object_get(trk, "step_losses"), (size_t)s)),
+                1e-4, &worst);
             json_t *betas = json_object_get(trk, "betas");
-            ts[k] = (tdm_adamw_tensor){ad[k]->params, ad[k]->grads, ad[k]->adam_m, ad[k]->adam_v,
-                                       ad[k]->n_params, NULL, num(trk, "lr"),
+            ts[k] = (tdm_adamw_tensor){ad[k]->params,
+                                       ad[k]->grads,
+                                       ad[k]->adam_m,
+                                       ad[k]->adam_v,
+                                       ad[k]->n_params,
+                                       NULL,
+                                       num(trk, "lr"),
                                        json_number_value(json_array_get(betas, 0)),
                                        json_number_value(json_array_get(betas, 1)),
-                                       num(trk, "eps"), 0.0, s + 1};
+                                       num(trk, "eps"),
+                                       0.0,
+                                       s + 1};
         }
         OK(tdm_be_adamw(be, ts, n, err));
     }
@@ -557,8 +569,8 @@ static void test_qwen2_fused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama_all_r8),  cmocka_unit_test(test_llama_qv_r4),
-        cmocka_unit_test(test_qwen2_all_r8),  cmocka_unit_test(test_qwen2_qv_r4),
+        cmocka_unit_test(test_llama_all_r8),       cmocka_unit_test(test_llama_qv_r4),
+        cmocka_unit_test(test_qwen2_all_r8),       cmocka_unit_test(test_qwen2_qv_r4),
         cmocka_unit_test(test_qwen2_qv_r4_rslora), cmocka_unit_test(test_llama_fused),
         cmocka_unit_test(test_qwen2_fused),
     };
