@@ -12,3 +12,5 @@ export TANDEM_FAKE_GPUS="uuid=GPU-bench,name=bench,total_mb=100000,memory=discre
 for procs in 1 16; do
     TANDEM_LEDGER_DIR="$work/l$procs" "$BIN/bench_ledger_contention" "$procs" 200
 done
+# Training engine on the CPU, tiny preset (bench/cpu_train_bench.sh BIN qwen2.5-0.5b for the big one).
+"$here/cpu_train_bench.sh" "$BIN" tiny

@@ -332,7 +332,10 @@ typedef struct tdm_adamw_tensor {
     float *m, *v;   /* (n) f32 moments (updated; start at 0) */
     int64_t n;
     const float *grad_scale; /* device f32 scalar multiplying g first (clip coef), or NULL */
-    float lr, beta1, beta2, eps, weight_decay;
+    /* double, as torch holds them (Python floats): the f32 constants of the update (1 - b1,
+     * b2, 1 - b2, eps, -lr / bc1, ...) are derived from these exactly as torch derives them, so
+     * the result is torch's bits (train/adamw.h); passing 0.9f instead of 0.9 changes them. */
+    double lr, beta1, beta2, eps, weight_decay;
     int64_t step; /* t >= 1: this update's step number, for the bias corrections */
 } tdm_adamw_tensor;
 

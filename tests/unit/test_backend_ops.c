@@ -1026,18 +1026,17 @@ static void test_sumsq_clip_adamw(void **state)
         for (int t = 0; t < 2; t++) {
             gh[t] = rndf(nn[t], 0.5f);
             OK(tdm_be_upload_f32(be, dgr[t], TDM_BE_F32, gh[t], nn[t], err));
-            ts[t] = (tdm_adamw_tensor){dp[t],        dgr[t],        dm[t],
-                                       dvv[t],       nn[t],         t == 1 ? dcoef + 1 : NULL,
-                                       (float)lr[t], (float)b1[t],  (float)b2[t],
-                                       1e-8f,        (float)wdc[t], step};
+            ts[t] =
+                (tdm_adamw_tensor){dp[t], dgr[t], dm[t], dvv[t], nn[t],  t == 1 ? dcoef + 1 : NULL,
+                                   lr[t], b1[t],  b2[t], 1e-8,   wdc[t], step};
         }
         OK(tdm_be_adamw(be, ts, 2, err));
         for (int t = 0; t < 2; t++) {
             double gs = t == 1 ? coef[1] : 1.0;
-            double flr = (float)lr[t], fb1 = (float)b1[t], fb2 = (float)b2[t];
+            double flr = lr[t], fb1 = b1[t], fb2 = b2[t];
             for (int64_t i = 0; i < nn[t]; i++) {
                 double gg = gh[t][i] * gs;
-                pd[t][i] *= 1 - flr * (float)wdc[t];
+                pd[t][i] *= 1 - flr * wdc[t];
                 md[t][i] = fb1 * md[t][i] + (1 - fb1) * gg;
                 vd[t][i] = fb2 * vd[t][i] + (1 - fb2) * gg * gg;
                 double mh = md[t][i] / (1 - pow(fb1, step)), vh = vd[t][i] / (1 - pow(fb2, step));
@@ -1166,7 +1165,7 @@ static void test_argument_checks(void **state)
     assert_int_not_equal(tdm_be_attention_fwd(be, &s, x, x, x, 2, 2, 4, 1, x, x, &e), TDM_OK);
     assert_int_equal(tdm_be_attention_fwd(be, &s, x, x, x, 3, 2, 4, 1, x, x, &e), TDM_ERR_INVALID);
     assert_int_equal(tdm_be_rope(be, x, 2, 1, 5, 5, dcu, x, false, &e), TDM_ERR_INVALID);
-    tdm_adamw_tensor t = {x, x, x, x, 4, NULL, 1e-3f, 0.9f, 0.999f, 1e-8f, 0, 0};
+    tdm_adamw_tensor t = {x, x, x, x, 4, NULL, 1e-3, 0.9, 0.999, 1e-8, 0, 0};
     assert_int_equal(tdm_be_adamw(be, &t, 1, &e), TDM_ERR_INVALID);
     tdm_backend *other;
     assert_int_equal(tdm_backend_create(&other, "tpu", NULL, &e), TDM_ERR_NOT_FOUND);

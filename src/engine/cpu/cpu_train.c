@@ -193,10 +193,10 @@ tdm_status cpu_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t n
         float w1 = (float)(1.0 - b1); /* lerp weight */
         float fb2 = (float)b2, w2 = (float)(1.0 - b2);
         float neg_step = (float)(-(lr / bc1));
-        float fbc2 = (float)bc2_sqrt, feps = t->eps;
+        float fbc2 = (float)bc2_sqrt, feps = (float)t->eps;
         bool scaled = t->grad_scale != NULL;
         float gs = scaled ? *t->grad_scale : 1.0f;
-        bool wd = t->weight_decay != 0.0f;
+        bool wd = t->weight_decay != 0.0;
         float *p = t->p, *m = t->m, *v = t->v;
         const float *gp = t->g;
 #pragma omp parallel for schedule(static) num_threads(nt) if (t->n > TDM_CPU_PAR_MIN)
