@@ -102,8 +102,7 @@ void tdm_be_free(tdm_backend *be, void *ptr)
     if (ptr) be->vt->free(be, ptr);
 }
 
-tdm_status tdm_be_upload(tdm_backend *be, void *dst, const void *src, size_t bytes,
-                         tdm_error *err)
+tdm_status tdm_be_upload(tdm_backend *be, void *dst, const void *src, size_t bytes, tdm_error *err)
 {
     if (bytes == 0) return TDM_OK;
     CHECK(dst && src, "upload: NULL pointer");
@@ -194,8 +193,8 @@ tdm_status tdm_be_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n,
     return be->vt->scale(be, x, dtype, n, alpha, err);
 }
 
-tdm_status tdm_be_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows,
-                           int64_t cols, tdm_error *err)
+tdm_status tdm_be_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows, int64_t cols,
+                           tdm_error *err)
 {
     CHECK(dim_ok(rows) && dim_ok(cols), "add_bias: bad shape");
     if (rows == 0 || cols == 0) return TDM_OK;
@@ -288,8 +287,8 @@ tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void
     return be->vt->linear_bwd(be, w, dy, m, dx, beta, err);
 }
 
-tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids,
-                            int64_t m, void *out, tdm_error *err)
+tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
+                            void *out, tdm_error *err)
 {
     TRY(check_weight(w, "embedding", err));
     CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16,
@@ -345,8 +344,8 @@ static tdm_status check_attention(const tdm_be_seqs *s, int64_t n_heads, int64_t
     return TDM_OK;
 }
 
-tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *q,
-                                const void *k, const void *v, int64_t n_heads, int64_t n_kv_heads,
+tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                                const void *v, int64_t n_heads, int64_t n_kv_heads,
                                 int64_t head_dim, float scale, void *out, float *lse,
                                 tdm_error *err)
 {
@@ -357,11 +356,10 @@ tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const voi
                                  err);
 }
 
-tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *q,
-                                const void *k, const void *v, const void *out, const float *lse,
-                                const void *dout, int64_t n_heads, int64_t n_kv_heads,
-                                int64_t head_dim, float scale, void *dq, void *dk, void *dv,
-                                tdm_error *err)
+tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                                const void *v, const void *out, const float *lse, const void *dout,
+                                int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                                void *dq, void *dk, void *dv, tdm_error *err)
 {
     TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_bwd", err));
     if (s->m == 0) return TDM_OK;
@@ -419,14 +417,15 @@ static tdm_status check_segs(const tdm_lora_seg *segs, int64_t n_segs, int64_t m
         CHECK(s->b, "%s: segment %lld has A but no B", op, (long long)i);
         CHECK(s->rank >= 1 && s->rank <= u_ld, "%s: segment %lld rank %lld not in [1, u_ld %lld]",
               op, (long long)i, (long long)s->rank, (long long)u_ld);
-        if (bwd) CHECK(s->da && s->db, "%s: segment %lld has no gradient buffers", op, (long long)i);
+        if (bwd)
+            CHECK(s->da && s->db, "%s: segment %lld has no gradient buffers", op, (long long)i);
     }
     return TDM_OK;
 }
 
-tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs,
-                           const void *x, int64_t m, int64_t in, int64_t out, float *u,
-                           int64_t u_ld, void *y, tdm_error *err)
+tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
+                           int64_t m, int64_t in, int64_t out, float *u, int64_t u_ld, void *y,
+                           tdm_error *err)
 {
     CHECK(dim_ok(m) && in > 0 && out > 0 && dim_ok(in) && dim_ok(out), "lora_fwd: bad shape");
     TRY(check_segs(segs, n_segs, m, u_ld, false, "lora_fwd", err));
@@ -435,9 +434,9 @@ tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
     return be->vt->lora_fwd(be, segs, n_segs, x, m, in, out, u, u_ld, y, err);
 }
 
-tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs,
-                           const void *x, const float *u, int64_t u_ld, const void *dy, int64_t m,
-                           int64_t in, int64_t out, void *dx, tdm_error *err)
+tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
+                           const float *u, int64_t u_ld, const void *dy, int64_t m, int64_t in,
+                           int64_t out, void *dx, tdm_error *err)
 {
     CHECK(dim_ok(m) && in > 0 && out > 0 && dim_ok(in) && dim_ok(out), "lora_bwd: bad shape");
     TRY(check_segs(segs, n_segs, m, u_ld, true, "lora_bwd", err));
@@ -454,8 +453,7 @@ tdm_status tdm_be_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs,
     CHECK(out, "sumsq: NULL output");
     for (int64_t i = 0; i < n_vecs; i++) {
         CHECK(vecs[i].group >= 0 && vecs[i].group < n_groups,
-              "sumsq: vector %lld group %d outside [0, %d)", (long long)i, vecs[i].group,
-              n_groups);
+              "sumsq: vector %lld group %d outside [0, %d)", (long long)i, vecs[i].group, n_groups);
         CHECK(dim_ok(vecs[i].n) && (vecs[i].n == 0 || vecs[i].x), "sumsq: vector %lld bad",
               (long long)i);
     }

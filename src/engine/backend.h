@@ -88,8 +88,7 @@ tdm_status tdm_be_alloc(tdm_backend *be, tdm_be_dtype dtype, int64_t numel, void
 void tdm_be_free(tdm_backend *be, void *ptr);
 
 /* Copies bytes host -> device (dst device, src host). Synchronous. */
-tdm_status tdm_be_upload(tdm_backend *be, void *dst, const void *src, size_t bytes,
-                         tdm_error *err);
+tdm_status tdm_be_upload(tdm_backend *be, void *dst, const void *src, size_t bytes, tdm_error *err);
 /* Copies bytes device -> host (waits for the ops issued before). */
 tdm_status tdm_be_download(tdm_backend *be, void *dst, const void *src, size_t bytes,
                            tdm_error *err);
@@ -101,8 +100,7 @@ tdm_status tdm_be_upload_f32(tdm_backend *be, void *dst, tdm_be_dtype dtype, con
 tdm_status tdm_be_download_f32(tdm_backend *be, float *dst, const void *src, tdm_be_dtype dtype,
                                int64_t n, tdm_error *err);
 /* Device -> device copy of bytes (asynchronous; regions must not overlap). */
-tdm_status tdm_be_copy(tdm_backend *be, void *dst, const void *src, size_t bytes,
-                       tdm_error *err);
+tdm_status tdm_be_copy(tdm_backend *be, void *dst, const void *src, size_t bytes, tdm_error *err);
 
 typedef struct tdm_be_mem_info {
     uint64_t used_bytes;  /* currently allocated through this backend (buffers + workspace) */
@@ -128,8 +126,8 @@ tdm_status tdm_be_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dty
 tdm_status tdm_be_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float alpha,
                         tdm_error *err);
 /* y (rows, cols) act += bias (cols) f32 broadcast over rows. */
-tdm_status tdm_be_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows,
-                           int64_t cols, tdm_error *err);
+tdm_status tdm_be_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows, int64_t cols,
+                           tdm_error *err);
 
 /* ----------------------------------------------------------------- GEMM ---- */
 
@@ -160,9 +158,9 @@ tdm_status tdm_be_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err);
 /* ------------------------------------------------------- frozen weights ---- */
 
 typedef enum tdm_be_wformat {
-    TDM_BE_W_F32,  /* data: (rows, cols) f32 */
-    TDM_BE_W_BF16, /* data: (rows, cols) bf16 */
-    TDM_BE_W_NF4,  /* codes + absmax (f32 per 64-block), model/nf4.h layout */
+    TDM_BE_W_F32,    /* data: (rows, cols) f32 */
+    TDM_BE_W_BF16,   /* data: (rows, cols) bf16 */
+    TDM_BE_W_NF4,    /* codes + absmax (f32 per 64-block), model/nf4.h layout */
     TDM_BE_W_NF4_DQ, /* codes + absmax_q (u8 per block) + absmax2 (f32 per 256 blocks) + offset */
 } tdm_be_wformat;
 
@@ -174,12 +172,12 @@ typedef enum tdm_be_wformat {
 typedef struct tdm_be_weight {
     tdm_be_wformat format;
     int64_t rows, cols;
-    const void *data;       /* dense formats */
-    const uint8_t *codes;   /* NF4 */
-    const float *absmax;    /* NF4: ceil(rows*cols/64) f32 */
+    const void *data;        /* dense formats */
+    const uint8_t *codes;    /* NF4 */
+    const float *absmax;     /* NF4: ceil(rows*cols/64) f32 */
     const uint8_t *absmax_q; /* NF4_DQ: ceil(rows*cols/64) u8 */
-    const float *absmax2;   /* NF4_DQ: ceil(nblocks/256) f32 */
-    float offset;           /* NF4_DQ */
+    const float *absmax2;    /* NF4_DQ: ceil(nblocks/256) f32 */
+    float offset;            /* NF4_DQ */
 } tdm_be_weight;
 
 /* Dequantizes rows [row_begin, row_end) of an NF4 / NF4_DQ weight into out
@@ -203,8 +201,8 @@ tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void
 /* Gathers rows of a frozen embedding table: out (m, w.cols) act = W[ids[i]] for i < m, W a dense
  * weight (rows = vocab). ids (m) i32; an id outside [0, rows) is an error (reported at the
  * latest by synchronize; the CPU backend reports it in the call). */
-tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids,
-                            int64_t m, void *out, tdm_error *err);
+tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
+                            void *out, tdm_error *err);
 
 /* RMSNorm over rows: y (rows, d) act = x * rstd * w, rstd (rows) f32 = 1/sqrt(mean(x^2) + eps),
  * computed in f32 (Hugging Face: x.float(), variance, rsqrt, then weight * x.to(dtype)).
@@ -242,17 +240,16 @@ typedef struct tdm_be_seqs {
  * query head h uses KV head h / (n_heads / n_kv_heads). scale is usually 1/sqrt(head_dim).
  * lse (n_heads, m) f32 receives each query's log-sum-exp of the scaled scores (natural log),
  * kept for the backward (probabilities are recomputed there, flash-attention style). */
-tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *q,
-                                const void *k, const void *v, int64_t n_heads, int64_t n_kv_heads,
+tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                                const void *v, int64_t n_heads, int64_t n_kv_heads,
                                 int64_t head_dim, float scale, void *out, float *lse,
                                 tdm_error *err);
 /* Backward of the above: given dout and the forward's q, k, v, out and lse, OVERWRITES
  * dq (m, n_heads*head_dim), dk, dv (m, n_kv_heads*head_dim), act. */
-tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *q,
-                                const void *k, const void *v, const void *out, const float *lse,
-                                const void *dout, int64_t n_heads, int64_t n_kv_heads,
-                                int64_t head_dim, float scale, void *dq, void *dk, void *dv,
-                                tdm_error *err);
+tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                                const void *v, const void *out, const float *lse, const void *dout,
+                                int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                                void *dq, void *dk, void *dv, tdm_error *err);
 
 /* SwiGLU: h (m, n) act = silu(g) * u, silu(g) = g / (1 + exp(-g)); g, u (m, n) act. */
 tdm_status tdm_be_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
@@ -295,16 +292,16 @@ typedef struct tdm_lora_seg {
  * of each row; u_ld >= the largest rank), and Y[rows] += scale * U B^T.
  * x (m, in) act, y (m, out) act. Segments must not overlap; rows outside every segment are not
  * touched. One call covers all segments (one launch on a GPU). */
-tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs,
-                           const void *x, int64_t m, int64_t in, int64_t out, float *u,
-                           int64_t u_ld, void *y, tdm_error *err);
+tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
+                           int64_t m, int64_t in, int64_t out, float *u, int64_t u_ld, void *y,
+                           tdm_error *err);
 /* For every segment with dY (m, out) act, X and U from the forward:
  *   dB += scale * dY^T U,  dU = scale * dY B,  dA += dU^T X,  dX += dU A
  * dx (m, in) act is ACCUMULATED (it normally already holds dY W from tdm_be_linear_bwd); dx may
  * be NULL when the input gradient is not needed. */
-tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs,
-                           const void *x, const float *u, int64_t u_ld, const void *dy, int64_t m,
-                           int64_t in, int64_t out, void *dx, tdm_error *err);
+tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
+                           const float *u, int64_t u_ld, const void *dy, int64_t m, int64_t in,
+                           int64_t out, void *dx, tdm_error *err);
 
 /* --------------------------------------------------------- optimizer ---- */
 
@@ -330,9 +327,9 @@ tdm_status tdm_be_clip_coef(tdm_backend *be, const float *sumsq, const float *ma
 
 /* One parameter tensor of the multi-tensor AdamW, with its own hyper-parameters. */
 typedef struct tdm_adamw_tensor {
-    float *p;          /* (n) f32 parameter (updated) */
-    const float *g;    /* (n) f32 gradient */
-    float *m, *v;      /* (n) f32 moments (updated; start at 0) */
+    float *p;       /* (n) f32 parameter (updated) */
+    const float *g; /* (n) f32 gradient */
+    float *m, *v;   /* (n) f32 moments (updated; start at 0) */
     int64_t n;
     const float *grad_scale; /* device f32 scalar multiplying g first (clip coef), or NULL */
     float lr, beta1, beta2, eps, weight_decay;

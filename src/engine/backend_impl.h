@@ -14,8 +14,7 @@ typedef struct tdm_backend_vtable {
     void (*destroy)(tdm_backend *be);
     tdm_status (*alloc)(tdm_backend *be, size_t bytes, void **out, tdm_error *err);
     void (*free)(tdm_backend *be, void *ptr);
-    tdm_status (*upload)(tdm_backend *be, void *dst, const void *src, size_t bytes,
-                         tdm_error *err);
+    tdm_status (*upload)(tdm_backend *be, void *dst, const void *src, size_t bytes, tdm_error *err);
     tdm_status (*download)(tdm_backend *be, void *dst, const void *src, size_t bytes,
                            tdm_error *err);
     tdm_status (*upload_f32)(tdm_backend *be, void *dst, tdm_be_dtype dtype, const float *src,
@@ -33,8 +32,8 @@ typedef struct tdm_backend_vtable {
                        float alpha, tdm_error *err);
     tdm_status (*scale)(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float alpha,
                         tdm_error *err);
-    tdm_status (*add_bias)(tdm_backend *be, void *y, const float *bias, int64_t rows,
-                           int64_t cols, tdm_error *err);
+    tdm_status (*add_bias)(tdm_backend *be, void *y, const float *bias, int64_t rows, int64_t cols,
+                           tdm_error *err);
     tdm_status (*gemm)(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err);
     tdm_status (*weight_rows)(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
                               int64_t row_end, void *out, tdm_be_dtype out_dtype, tdm_error *err);
@@ -42,8 +41,8 @@ typedef struct tdm_backend_vtable {
                              void *y, float beta, tdm_error *err);
     tdm_status (*linear_bwd)(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,
                              void *dx, float beta, tdm_error *err);
-    tdm_status (*embedding)(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids,
-                            int64_t m, void *out, tdm_error *err);
+    tdm_status (*embedding)(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
+                            void *out, tdm_error *err);
     tdm_status (*rmsnorm_fwd)(tdm_backend *be, const void *x, const float *w, int64_t rows,
                               int64_t d, float eps, void *y, float *rstd, tdm_error *err);
     tdm_status (*rmsnorm_bwd)(tdm_backend *be, const void *dy, const void *x, const float *w,
@@ -52,15 +51,14 @@ typedef struct tdm_backend_vtable {
     tdm_status (*rope)(tdm_backend *be, void *x, int64_t m, int64_t n_heads, int64_t head_dim,
                        int64_t ld, const int32_t *pos, const float *inv_freq, bool inverse,
                        tdm_error *err);
-    tdm_status (*attention_fwd)(tdm_backend *be, const tdm_be_seqs *s, const void *q,
-                                const void *k, const void *v, int64_t n_heads, int64_t n_kv_heads,
+    tdm_status (*attention_fwd)(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                                const void *v, int64_t n_heads, int64_t n_kv_heads,
                                 int64_t head_dim, float scale, void *out, float *lse,
                                 tdm_error *err);
-    tdm_status (*attention_bwd)(tdm_backend *be, const tdm_be_seqs *s, const void *q,
-                                const void *k, const void *v, const void *out, const float *lse,
-                                const void *dout, int64_t n_heads, int64_t n_kv_heads,
-                                int64_t head_dim, float scale, void *dq, void *dk, void *dv,
-                                tdm_error *err);
+    tdm_status (*attention_bwd)(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                                const void *v, const void *out, const float *lse, const void *dout,
+                                int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                                void *dq, void *dk, void *dv, tdm_error *err);
     tdm_status (*swiglu_fwd)(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
                              void *h, tdm_error *err);
     tdm_status (*swiglu_bwd)(tdm_backend *be, const void *g, const void *u, const void *dh,
@@ -68,12 +66,12 @@ typedef struct tdm_backend_vtable {
     tdm_status (*cross_entropy)(tdm_backend *be, const void *h, const tdm_be_weight *w,
                                 const int32_t *labels, const float *weight, int64_t m,
                                 int64_t chunk_rows, float *loss, void *dh, tdm_error *err);
-    tdm_status (*lora_fwd)(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs,
-                           const void *x, int64_t m, int64_t in, int64_t out, float *u,
-                           int64_t u_ld, void *y, tdm_error *err);
-    tdm_status (*lora_bwd)(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs,
-                           const void *x, const float *u, int64_t u_ld, const void *dy, int64_t m,
-                           int64_t in, int64_t out, void *dx, tdm_error *err);
+    tdm_status (*lora_fwd)(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
+                           int64_t m, int64_t in, int64_t out, float *u, int64_t u_ld, void *y,
+                           tdm_error *err);
+    tdm_status (*lora_bwd)(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
+                           const float *u, int64_t u_ld, const void *dy, int64_t m, int64_t in,
+                           int64_t out, void *dx, tdm_error *err);
     tdm_status (*sumsq)(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs, int n_groups,
                         float *out, tdm_error *err);
     tdm_status (*clip_coef)(tdm_backend *be, const float *sumsq, const float *max_norm,
@@ -90,8 +88,7 @@ struct tdm_backend {
 };
 
 /* Constructors of the compiled-in backends (backend.c picks by name). */
-tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts,
-                                  tdm_error *err);
+tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err);
 /* engine/cuda/: TDM_ERR_NOT_FOUND when no usable CUDA device is present (no driver, no GPU,
  * ordinal out of range), so callers can fall back to the CPU backend. */
 tdm_status tdm_backend_cuda_create(tdm_backend **out, const tdm_backend_opts *opts,

@@ -13,7 +13,8 @@ void tdm_rope_inv_freq(const tdm_model_config *cfg, float *inv_freq)
         inv_freq[i] = 1.0f / powf(base, e);
     }
     if (r->type == TDM_ROPE_LINEAR) {
-        for (int64_t i = 0; i < half; i++) inv_freq[i] = inv_freq[i] / (float)r->factor;
+        for (int64_t i = 0; i < half; i++)
+            inv_freq[i] = inv_freq[i] / (float)r->factor;
     } else if (r->type == TDM_ROPE_LLAMA3) {
         double old = (double)r->original_max_position_embeddings;
         float low_wl = (float)(old / r->low_freq_factor);

@@ -10,9 +10,14 @@
 #include "model/nf4.h"
 #include "util/half.h"
 
-/* Each allocation carries a 64-byte header holding its size (for the used/peak accounting), so
- * the pointer handed out stays 64-byte aligned. */
+/* Each allocation carries a 64-byte header (its size and the links of the backend's list of live
+ * allocations, so destroy frees what is left), and the pointer handed out stays 64-byte aligned. */
 #define HDR 64
+
+typedef struct alloc_hdr {
+    size_t bytes;
+    struct alloc_hdr *prev, *next;
+} alloc_hdr;
 
 static tdm_status cpu_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
 {
@@ -20,10 +25,14 @@ static tdm_status cpu_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error
     size_t total = HDR + ((bytes + HDR - 1) / HDR) * HDR;
     if (total < bytes) return tdm_fail(err, TDM_ERR_NOMEM, "alloc: size overflow");
     char *p = aligned_alloc(HDR, total);
-    if (!p)
-        return tdm_fail(err, TDM_ERR_NOMEM, "alloc: out of host memory (%zu bytes)", bytes);
+    if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "alloc: out of host memory (%zu bytes)", bytes);
     memset(p + HDR, 0, total - HDR);
-    memcpy(p, &bytes, sizeof bytes);
+    alloc_hdr *h = (alloc_hdr *)p;
+    h->bytes = bytes;
+    h->prev = NULL;
+    h->next = cpu->allocs;
+    if (cpu->allocs) cpu->allocs->prev = h;
+    cpu->allocs = h;
     cpu->used += bytes;
     if (cpu->used > cpu->peak) cpu->peak = cpu->used;
     *out = p + HDR;
@@ -33,16 +42,22 @@ static tdm_status cpu_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error
 static void cpu_free(tdm_backend *be, void *ptr)
 {
     cpu_backend *cpu = cpu_of(be);
-    char *p = (char *)ptr - HDR;
-    size_t bytes;
-    memcpy(&bytes, p, sizeof bytes);
-    cpu->used -= bytes;
-    free(p);
+    alloc_hdr *h = (alloc_hdr *)((char *)ptr - HDR);
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        cpu->allocs = h->next;
+    if (h->next) h->next->prev = h->prev;
+    cpu->used -= h->bytes;
+    free(h);
 }
 
 static void cpu_destroy(tdm_backend *be)
 {
-    free(cpu_of(be));
+    cpu_backend *cpu = cpu_of(be);
+    while (cpu->allocs)
+        cpu_free(be, (char *)cpu->allocs + HDR);
+    free(cpu);
 }
 
 static tdm_status cpu_upload(tdm_backend *be, void *dst, const void *src, size_t bytes,
@@ -62,8 +77,8 @@ static tdm_status cpu_upload_f32(tdm_backend *be, void *dst, tdm_be_dtype dtype,
     return TDM_OK;
 }
 
-static tdm_status cpu_download_f32(tdm_backend *be, float *dst, const void *src,
-                                   tdm_be_dtype dtype, int64_t n, tdm_error *err)
+static tdm_status cpu_download_f32(tdm_backend *be, float *dst, const void *src, tdm_be_dtype dtype,
+                                   int64_t n, tdm_error *err)
 {
     if (dtype == TDM_BE_F32)
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -104,18 +119,21 @@ static tdm_status cpu_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t
     switch (dtype) {
     case TDM_BE_F32: {
         float *f = x;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) f[i] = value;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++)
+            f[i] = value;
         break;
     }
     case TDM_BE_BF16: {
         uint16_t h = tdm_f32_to_bf16(value), *p = x;
-        for (int64_t i = 0; i < n; i++) p[i] = h;
+        for (int64_t i = 0; i < n; i++)
+            p[i] = h;
         break;
     }
     case TDM_BE_I32: {
         int32_t v = (int32_t)value, *p = x;
-        for (int64_t i = 0; i < n; i++) p[i] = v;
+        for (int64_t i = 0; i < n; i++)
+            p[i] = v;
         break;
     }
     case TDM_BE_U8:
@@ -125,15 +143,16 @@ static tdm_status cpu_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t
     return TDM_OK;
 }
 
-static tdm_status cpu_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dtype,
-                           int64_t n, float alpha, tdm_error *err)
+static tdm_status cpu_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dtype, int64_t n,
+                           float alpha, tdm_error *err)
 {
     int nt = cpu_of(be)->n_threads;
     if (dtype == TDM_BE_F32) {
         float *fy = y;
         const float *fx = x;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) fy[i] += alpha * fx[i];
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++)
+            fy[i] += alpha * fx[i];
     } else {
         uint16_t *hy = y;
         const uint16_t *hx = x;
@@ -149,11 +168,13 @@ static tdm_status cpu_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_
     int nt = cpu_of(be)->n_threads;
     if (dtype == TDM_BE_F32) {
         float *f = x;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) f[i] *= alpha;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++)
+            f[i] *= alpha;
     } else {
         uint16_t *h = x;
-        for (int64_t i = 0; i < n; i++) h[i] = tdm_f32_to_bf16(tdm_bf16_to_f32(h[i]) * alpha);
+        for (int64_t i = 0; i < n; i++)
+            h[i] = tdm_f32_to_bf16(tdm_bf16_to_f32(h[i]) * alpha);
     }
     return TDM_OK;
 }
@@ -163,16 +184,27 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
 {
     int nt = cpu_of(be)->n_threads;
     float *f = y;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) f[r * cols + c] += bias[c];
+        for (int64_t c = 0; c < cols; c++)
+            f[r * cols + c] += bias[c];
     return TDM_OK;
 }
 
 /* ---- GEMM ---- */
 
-void cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+/* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
+ * call with 1 and 3 threads differs in the last bits). So OpenBLAS always runs single-threaded,
+ * and we cut C into tiles of fixed size (GEMM_TILE_M rows x GEMM_TILE_N columns, chosen by the
+ * shape alone) that OpenMP threads compute independently: each element's sum is the same
+ * whatever the thread count. Re-packing A and B per tile costs about (1/TILE_N + 1/TILE_M) of the
+ * multiply-adds. */
+#define GEMM_TILE_M 128
+#define GEMM_TILE_N 1024
+
+void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+               int64_t ldc)
 {
     if (m == 0 || n == 0) return;
     if (k == 0) {
@@ -182,11 +214,24 @@ void cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
-    if (beta == 0.0f)
-        for (int64_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
-                c, (blasint)ldc);
+    int64_t tm = (m + GEMM_TILE_M - 1) / GEMM_TILE_M, tn = (n + GEMM_TILE_N - 1) / GEMM_TILE_N;
+    int64_t tiles = tm * tn;
+#pragma omp parallel for schedule(dynamic, 1)                                                      \
+    num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t i0 = (t / tn) * GEMM_TILE_M, j0 = (t % tn) * GEMM_TILE_N;
+        int64_t mb = m - i0 < GEMM_TILE_M ? m - i0 : GEMM_TILE_M;
+        int64_t nb = n - j0 < GEMM_TILE_N ? n - j0 : GEMM_TILE_N;
+        const float *at = ta ? a + i0 : a + i0 * lda;
+        const float *bt = tb ? b + j0 * ldb : b + j0;
+        float *ct = c + i0 * ldc + j0;
+        if (beta == 0.0f)
+            for (int64_t i = 0; i < mb; i++)
+                memset(ct + i * ldc, 0, (size_t)nb * sizeof(float));
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (blasint)mb, (blasint)nb, (blasint)k, alpha, at, (blasint)lda, bt, (blasint)ldb,
+                    beta, ct, (blasint)ldc);
+    }
 }
 
 /* Elements spanned by a batch of row-major matrices of `rows` rows, `cols` cols, ld, stride. */
@@ -223,7 +268,7 @@ static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *e
         return tdm_fail(err, TDM_ERR_NOMEM, "gemm: out of memory converting bf16 operands");
     }
     for (int64_t i = 0; i < batch; i++)
-        cpu_sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
+        cpu_sgemm(cpu_of(be)->n_threads, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
                   a ? a + i * g->stride_a : NULL, g->lda, b ? b + i * g->stride_b : NULL, g->ldb,
                   g->beta, c + i * g->stride_c, g->ldc);
     if (tc) tdm_f32_to_bf16_n(tc, g->c, (size_t)c_span);
@@ -250,7 +295,7 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
         break;
     }
     bool dq = w->format == TDM_BE_W_NF4_DQ;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
     for (int64_t r = r0; r < r1; r++) {
         float *o = out + (r - r0) * cols;
         int64_t e0 = r * cols;
@@ -306,13 +351,13 @@ static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64
 
 /* Y (m, rows) = X (m, cols) W^T + beta Y. Dense f32 weights go to one GEMM; others are
  * dequantized a tile of rows at a time, each tile giving a block of Y's columns. */
-static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x,
-                                 int64_t m, void *y, float beta, tdm_error *err)
+static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
+                                 void *y, float beta, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols, beta, y,
-                  w->rows);
+        cpu_sgemm(cpu->n_threads, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data,
+                  w->cols, beta, y, w->rows);
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->cols);
@@ -322,8 +367,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols, beta,
-                  (float *)y + r0, w->rows);
+        cpu_sgemm(cpu->n_threads, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols,
+                  beta, (float *)y + r0, w->rows);
     }
     free(buf);
     return TDM_OK;
@@ -331,13 +376,13 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
 
 /* dX (m, cols) = dY (m, rows) W + beta dX; tiles of W's rows are the K dimension here, so the
  * tiles' products are summed into dX in tile order (fixed, thread-independent). */
-static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy,
-                                 int64_t m, void *dx, float beta, tdm_error *err)
+static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,
+                                 void *dx, float beta, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols, beta,
-                  dx, w->cols);
+        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data,
+                  w->cols, beta, dx, w->cols);
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->cols);
@@ -347,8 +392,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0, w->rows, buf,
-                  w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
+        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
+                  w->rows, buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
     }
     free(buf);
     return TDM_OK;
@@ -390,8 +435,7 @@ static const tdm_backend_vtable cpu_vtable = {
     .adamw = cpu_adamw,
 };
 
-tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts,
-                                  tdm_error *err)
+tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
 {
     cpu_backend *cpu = calloc(1, sizeof *cpu);
     if (!cpu) return tdm_fail(err, TDM_ERR_NOMEM, "backend cpu: out of memory");
@@ -400,8 +444,8 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     cpu->base.act_dtype = TDM_BE_F32;
     cpu->n_threads = opts->n_threads > 0 ? opts->n_threads : omp_get_max_threads();
     if (cpu->n_threads < 1) cpu->n_threads = 1;
-    /* OpenBLAS's own pool follows the requested count (its results do not depend on it). */
-    if (opts->n_threads > 0) openblas_set_num_threads(opts->n_threads);
+    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there). */
+    openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
     *out = &cpu->base;
     return TDM_OK;

@@ -4,8 +4,9 @@
  * with `num_threads(cpu->n_threads)`; every output element is produced by exactly one thread
  * with a fixed inner order, and every reduction over many elements uses fixed-size blocks
  * combined in index order, so results do not depend on the thread count. GEMMs go to OpenBLAS
- * (cblas_sgemm), which partitions M and N over its threads but never K, so its sums are also
- * thread-count independent (tests/unit/test_backend_ops.c checks 1 vs several threads).
+ * (cblas_sgemm) run single-threaded on tiles of C of a fixed size, the tiles spread over OpenMP
+ * threads (cpu_sgemm), so they too are thread-count independent (tests/unit/test_backend_ops.c
+ * checks 1 vs several threads).
  */
 #ifndef TANDEM_ENGINE_CPU_INTERNAL_H
 #define TANDEM_ENGINE_CPU_INTERNAL_H
@@ -13,11 +14,17 @@
 
 #include "engine/backend_impl.h"
 
+/* Loops over fewer elements than this run on the calling thread: a parallel region costs
+ * microseconds, more than small ops take. (Which thread computes an element never changes the
+ * result, so this only affects speed.) */
+#define TDM_CPU_PAR_MIN ((int64_t)1 << 15)
+
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;
     uint64_t used, peak;
-    float dmap[256]; /* NF4 double-quant dynamic map */
+    struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
+    float dmap[256];          /* NF4 double-quant dynamic map */
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(tdm_backend *be)
@@ -25,9 +32,10 @@ static inline cpu_backend *cpu_of(tdm_backend *be)
     return (cpu_backend *)be;
 }
 
-/* C = alpha op(A) op(B) + beta C, f32 row-major (cblas_sgemm). */
-void cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* C = alpha op(A) op(B) + beta C, f32 row-major (cblas_sgemm over fixed tiles, nt threads). */
+void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+               int64_t ldc);
 
 /* Dequantizes / converts rows [r0, r1) of w into out ((r1-r0), cols) f32. */
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
@@ -43,8 +51,8 @@ int64_t cpu_tile_rows(int64_t cols);
 /* Op entry points defined in cpu_layers.c and cpu_train.c. */
 tdm_status cpu_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
                          void *out, tdm_error *err);
-tdm_status cpu_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int64_t rows,
-                           int64_t d, float eps, void *y, float *rstd, tdm_error *err);
+tdm_status cpu_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int64_t rows, int64_t d,
+                           float eps, void *y, float *rstd, tdm_error *err);
 tdm_status cpu_rmsnorm_bwd(tdm_backend *be, const void *dy, const void *x, const float *w,
                            const float *rstd, int64_t rows, int64_t d, void *dx, float beta,
                            tdm_error *err);
@@ -60,8 +68,8 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
                              void *dq, void *dk, void *dv, tdm_error *err);
 tdm_status cpu_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
                           void *h, tdm_error *err);
-tdm_status cpu_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const void *dh,
-                          int64_t m, int64_t n, void *dg, void *du, tdm_error *err);
+tdm_status cpu_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const void *dh, int64_t m,
+                          int64_t n, void *dg, void *du, tdm_error *err);
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weight *w,
                              const int32_t *labels, const float *weight, int64_t m,
                              int64_t chunk_rows, float *loss, void *dh, tdm_error *err);

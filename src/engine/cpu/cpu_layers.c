@@ -13,31 +13,34 @@ tdm_status cpu_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t 
     cpu_backend *cpu = cpu_of(be);
     for (int64_t i = 0; i < m; i++)
         if (ids[i] < 0 || ids[i] >= w->rows)
-            return tdm_fail(err, TDM_ERR_INVALID, "embedding: token id %d at row %lld outside [0, %lld)",
-                            ids[i], (long long)i, (long long)w->rows);
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "embedding: token id %d at row %lld outside [0, %lld)", ids[i],
+                            (long long)i, (long long)w->rows);
     float *o = out;
     int nt = cpu->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (m * w->cols > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < m; i++)
         cpu_weight_rows_f32(cpu, w, ids[i], ids[i] + 1, o + i * w->cols);
     return TDM_OK;
 }
 
-tdm_status cpu_rmsnorm_fwd(tdm_backend *be, const void *xv, const float *w, int64_t rows,
-                           int64_t d, float eps, void *yv, float *rstd, tdm_error *err)
+tdm_status cpu_rmsnorm_fwd(tdm_backend *be, const void *xv, const float *w, int64_t rows, int64_t d,
+                           float eps, void *yv, float *rstd, tdm_error *err)
 {
     const float *x = xv;
     float *y = yv;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * d > TDM_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
         double ss = 0;
-        for (int64_t j = 0; j < d; j++) ss += (double)xr[j] * xr[j];
+        for (int64_t j = 0; j < d; j++)
+            ss += (double)xr[j] * xr[j];
         float var = (float)(ss / (double)d);
         float rs = 1.0f / sqrtf(var + eps);
-        for (int64_t j = 0; j < d; j++) yr[j] = w[j] * (xr[j] * rs);
+        for (int64_t j = 0; j < d; j++)
+            yr[j] = w[j] * (xr[j] * rs);
         if (rstd) rstd[r] = rs;
     }
     return TDM_OK;
@@ -52,12 +55,13 @@ tdm_status cpu_rmsnorm_bwd(tdm_backend *be, const void *dyv, const void *xv, con
     const float *dy = dyv, *x = xv;
     float *dx = dxv;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * d > TDM_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *dyr = dy + r * d, *xr = x + r * d;
         float *dxr = dx + r * d;
         double dot = 0;
-        for (int64_t j = 0; j < d; j++) dot += (double)w[j] * dyr[j] * xr[j];
+        for (int64_t j = 0; j < d; j++)
+            dot += (double)w[j] * dyr[j] * xr[j];
         double rs = rstd[r];
         double c = dot * rs * rs * rs / (double)d;
         for (int64_t j = 0; j < d; j++) {
@@ -75,7 +79,8 @@ tdm_status cpu_rope(tdm_backend *be, void *xv, int64_t m, int64_t n_heads, int64
     float *x = xv;
     int64_t half = head_dim / 2;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(nt) if (m * n_heads * head_dim > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < m; i++) {
         float *row = x + i * ld;
         float p = (float)pos[i];
@@ -97,16 +102,16 @@ tdm_status cpu_rope(tdm_backend *be, void *xv, int64_t m, int64_t n_heads, int64
 static double dotf(const float *a, const float *b, int64_t n)
 {
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
     return s;
 }
 
 /* One task per (sequence, query head); each query row of the task is computed in full by the
  * task's thread: scores against keys 0..i of its sequence, max, exp-sum (double), lse, output. */
-tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv,
-                             const void *kv, const void *vv, int64_t n_heads, int64_t n_kv_heads,
-                             int64_t head_dim, float scale, void *outv, float *lse,
-                             tdm_error *err)
+tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv, const void *kv,
+                             const void *vv, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                             float scale, void *outv, float *lse, tdm_error *err)
 {
     const int32_t *cu = s->cu_seqlens;
     if (cu[0] != 0 || cu[s->n_seqs] != s->m)
@@ -123,7 +128,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN)
     {
         double *p = malloc((size_t)maxlen * sizeof(double));
         double *acc = malloc((size_t)D * sizeof(double));
@@ -144,16 +149,19 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
                     if (p[j] > mx) mx = p[j];
                 }
                 double sum = 0;
-                for (int64_t j = 0; j <= i; j++) sum += exp(p[j] - mx);
+                for (int64_t j = 0; j <= i; j++)
+                    sum += exp(p[j] - mx);
                 double l = mx + log(sum);
                 memset(acc, 0, (size_t)D * sizeof(double));
                 for (int64_t j = 0; j <= i; j++) {
                     double pj = exp(p[j] - l);
                     const float *vj = v + (base + j) * kld + kvh * D;
-                    for (int64_t e = 0; e < D; e++) acc[e] += pj * vj[e];
+                    for (int64_t e = 0; e < D; e++)
+                        acc[e] += pj * vj[e];
                 }
                 float *oi = out + (base + i) * qld + h * D;
-                for (int64_t e = 0; e < D; e++) oi[e] = (float)acc[e];
+                for (int64_t e = 0; e < D; e++)
+                    oi[e] = (float)acc[e];
                 lse[h * s->m + base + i] = (float)l;
             }
         }
@@ -169,11 +177,10 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
  * P_ij = exp(scale q_i.k_j - lse_i), Di = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - Di):
  *   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i P_ij dout_i
  * (the last two summed over the group's query heads in head order, then i order). */
-tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv,
-                             const void *kv, const void *vv, const void *outv, const float *lse,
-                             const void *doutv, int64_t n_heads, int64_t n_kv_heads,
-                             int64_t head_dim, float scale, void *dqv, void *dkv, void *dvv,
-                             tdm_error *err)
+tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv, const void *kv,
+                             const void *vv, const void *outv, const float *lse, const void *doutv,
+                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                             void *dqv, void *dkv, void *dvv, tdm_error *err)
 {
     const int32_t *cu = s->cu_seqlens;
     if (cu[0] != 0 || cu[s->n_seqs] != s->m)
@@ -190,7 +197,7 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN)
     {
         double *dka = malloc((size_t)(maxlen * D) * sizeof(double));
         double *dva = malloc((size_t)(maxlen * D) * sizeof(double));
@@ -227,7 +234,8 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
                         }
                     }
                     float *dqi = dq + (base + i) * qld + h * D;
-                    for (int64_t e = 0; e < D; e++) dqi[e] = (float)(scale * dqa[e]);
+                    for (int64_t e = 0; e < D; e++)
+                        dqi[e] = (float)(scale * dqa[e]);
                 }
             }
             for (int64_t j = 0; j < len; j++) {
@@ -254,7 +262,7 @@ tdm_status cpu_swiglu_fwd(tdm_backend *be, const void *gv, const void *uv, int64
     float *h = hv;
     int64_t total = m * n;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < total; i++) {
         float sg = 1.0f / (1.0f + expf(-g[i]));
         h[i] = g[i] * sg * u[i];
@@ -269,7 +277,7 @@ tdm_status cpu_swiglu_bwd(tdm_backend *be, const void *gv, const void *uv, const
     float *dg = dgv, *du = duv;
     int64_t total = m * n;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < total; i++) {
         float gi = g[i], ui = u[i], d = dh[i];
         float sg = 1.0f / (1.0f + expf(-gi));

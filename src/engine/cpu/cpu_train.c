@@ -36,8 +36,8 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     int nt = cpu->n_threads;
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
-        cpu_sgemm(false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
-#pragma omp parallel for schedule(static) num_threads(nt)
+        cpu_sgemm(nt, false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
+#pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < c; i++) {
             float *l = logits + i * V;
             int32_t lab = labels[r0 + i];
@@ -50,14 +50,15 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
             for (int64_t j = 0; j < V; j++)
                 if (l[j] > mx) mx = l[j];
             double sum = 0;
-            for (int64_t j = 0; j < V; j++) sum += exp((double)l[j] - mx);
+            for (int64_t j = 0; j < V; j++)
+                sum += exp((double)l[j] - mx);
             double lse = mx + log(sum);
             loss[r0 + i] = (float)(lse - (double)l[lab]);
             double wt = weight[r0 + i];
             for (int64_t j = 0; j < V; j++)
                 l[j] = (float)(wt * (exp((double)l[j] - lse) - (j == lab ? 1.0 : 0.0)));
         }
-        if (dh) cpu_sgemm(false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh + r0 * d, d);
+        if (dh) cpu_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh + r0 * d, d);
     }
     free(wtmp);
     free(logits);
@@ -72,14 +73,15 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
 {
     const float *x = xv;
     float *y = yv;
+    int nt = cpu_of(be)->n_threads;
     for (int64_t i = 0; i < n_segs; i++) {
         const tdm_lora_seg *s = &segs[i];
         int64_t R = s->row_end - s->row_begin;
         if (!s->a || R == 0) continue;
         float *us = u + s->row_begin * u_ld;
-        cpu_sgemm(false, true, R, s->rank, in, 1.0f, x + s->row_begin * in, in, s->a, in, 0.0f,
+        cpu_sgemm(nt, false, true, R, s->rank, in, 1.0f, x + s->row_begin * in, in, s->a, in, 0.0f,
                   us, u_ld);
-        cpu_sgemm(false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
+        cpu_sgemm(nt, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
                   y + s->row_begin * out, out);
     }
     return TDM_OK;
@@ -91,6 +93,7 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
 {
     const float *x = xv, *dy = dyv;
     float *dx = dxv;
+    int nt = cpu_of(be)->n_threads;
     int64_t max_r = 0, max_rows = 0;
     for (int64_t i = 0; i < n_segs; i++) {
         if (!segs[i].a) continue;
@@ -108,13 +111,15 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
         const float *dys = dy + s->row_begin * out, *xs = x + s->row_begin * in;
         const float *us = u + s->row_begin * u_ld;
         /* dB (out, r) += scale dY^T U */
-        cpu_sgemm(true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
+        cpu_sgemm(nt, true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
         /* dU (R, r) = scale dY B */
-        cpu_sgemm(false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
+        cpu_sgemm(nt, false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
         /* dA (r, in) += dU^T X */
-        cpu_sgemm(true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
+        cpu_sgemm(nt, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
         /* dX (R, in) += dU A */
-        if (dx) cpu_sgemm(false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f, dx + s->row_begin * in, in);
+        if (dx)
+            cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
+                      dx + s->row_begin * in, in);
     }
     free(du);
     return TDM_OK;
@@ -139,17 +144,20 @@ tdm_status cpu_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs, in
             return tdm_fail(err, TDM_ERR_NOMEM, "sumsq: out of memory");
         }
         const float *x = vecs[v].x;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
         for (int64_t b = 0; b < nb; b++) {
             int64_t lo = b * SUMSQ_BLOCK, hi = lo + SUMSQ_BLOCK < n ? lo + SUMSQ_BLOCK : n;
             double s = 0;
-            for (int64_t i = lo; i < hi; i++) s += (double)x[i] * x[i];
+            for (int64_t i = lo; i < hi; i++)
+                s += (double)x[i] * x[i];
             part[b] = s;
         }
-        for (int64_t b = 0; b < nb; b++) acc[vecs[v].group] += part[b];
+        for (int64_t b = 0; b < nb; b++)
+            acc[vecs[v].group] += part[b];
         free(part);
     }
-    for (int g = 0; g < n_groups; g++) out[g] = (float)acc[g];
+    for (int g = 0; g < n_groups; g++)
+        out[g] = (float)acc[g];
     free(acc);
     return TDM_OK;
 }
@@ -191,7 +199,7 @@ tdm_status cpu_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t n
         bool wd = t->weight_decay != 0.0f;
         float *p = t->p, *m = t->m, *v = t->v;
         const float *gp = t->g;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt) if (t->n > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < t->n; i++) {
             float g = scaled ? gp[i] * gs : gp[i];
             float pi = p[i];

@@ -1,0 +1,839 @@
+/* model.c — loading the frozen base onto a backend, LoRA adapters, and the fused forward +
+ * hand-written backward (see model.h; activations kept for backward: docs/engine.md). */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/rope.h"
+#include "model/layout.h"
+#include "model/nf4.h"
+#include "model/weights.h"
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        tdm_status st_ = (expr);                                                                   \
+        if (st_ != TDM_OK) return st_;                                                             \
+    } while (0)
+
+#define NT TDM_LORA_N_TARGETS
+
+static const char *const target_names[NT] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+static const char *const target_paths[NT] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+const char *tdm_lora_target_name(tdm_lora_target t)
+{
+    return t < NT ? target_names[t] : "?";
+}
+
+const char *tdm_lora_target_path(tdm_lora_target t)
+{
+    return t < NT ? target_paths[t] : "?";
+}
+
+bool tdm_lora_target_parse(const char *name, tdm_lora_target *out)
+{
+    for (int t = 0; t < NT; t++)
+        if (strcmp(name, target_names[t]) == 0) {
+            *out = (tdm_lora_target)t;
+            return true;
+        }
+    return false;
+}
+
+/* ------------------------------------------------------------ model state ---- */
+
+typedef struct layer_weights {
+    float *in_norm, *post_norm; /* (H) */
+    float *q_norm, *k_norm;     /* (head_dim), Qwen3 */
+    tdm_be_weight w[NT];        /* projections, indexed by tdm_lora_target */
+    float *bias[NT];            /* q, k, v (qkv_bias), o (o_bias); NULL otherwise */
+} layer_weights;
+
+/* Activations of one layer kept for its backward. */
+typedef struct acts {
+    float *rstd1, *rstd2;   /* (M) */
+    float *rstd_q, *rstd_k; /* (M * heads), (M * kv_heads): Qwen3 q/k norms */
+    float *lse;             /* (heads, M) */
+    void *xn1;              /* (M, H) normed layer input: q/k/v input */
+    void *q_pre, *k_pre;    /* (M, Q), (M, K): q/k before their norm (Qwen3) */
+    void *q, *k, *v;        /* (M, Q), (M, K), (M, K): after norm and RoPE */
+    void *attn;             /* (M, Q): attention output = o_proj input */
+    void *x_mid;            /* (M, H): residual after attention */
+    void *xn2;              /* (M, H): normed, gate/up input */
+    void *g, *u;            /* (M, I): gate and up outputs */
+    float *U[NT];           /* (M, u_ld) f32: x A^T of each module some adapter targets */
+} acts;
+
+/* Device workspace of a step, carved out of one allocation. */
+typedef struct workspace {
+    int64_t m, cu_cap, u_ld;
+    unsigned tmask;
+    int n_sets;
+    void *base;
+    uint64_t bytes;
+    void **x;   /* (L + 1) x (M, H): each layer's input, x[L] the final norm's input */
+    acts *sets; /* L sets, or 1 set reused layer by layer (checkpointing / forward only) */
+    void *dres, *dxn, *d1, *d2, *hre, *dattn, *dq, *dk, *dv, *hf;
+    float *rstd_f, *loss, *lw;
+    int32_t *tokens, *labels, *pos, *cu;
+} workspace;
+
+struct tdm_model {
+    tdm_backend *be;
+    tdm_model_config cfg;
+    tdm_model_opts opts;
+    tdm_be_dtype act, dense;
+    tdm_be_weight embed, lm_head;
+    float *final_norm;
+    float *inv_freq; /* (head_dim / 2) */
+    layer_weights *layers;
+    void **bufs; /* every device allocation of the weights */
+    size_t n_bufs, cap_bufs;
+    uint64_t weight_bytes;
+    workspace ws;
+};
+
+const tdm_model_config *tdm_model_get_config(const tdm_model *m)
+{
+    return &m->cfg;
+}
+
+tdm_backend *tdm_model_backend(const tdm_model *m)
+{
+    return m->be;
+}
+
+uint64_t tdm_model_weight_bytes(const tdm_model *m)
+{
+    return m->weight_bytes;
+}
+
+uint64_t tdm_model_activation_bytes(const tdm_model *m)
+{
+    return m->ws.bytes;
+}
+
+void tdm_model_target_shape(const tdm_model *m, tdm_lora_target t, int64_t *in, int64_t *out)
+{
+    const tdm_model_config *c = &m->cfg;
+    int64_t H = c->hidden_size, I = c->intermediate_size, Q = c->num_heads * c->head_dim,
+            K = c->num_kv_heads * c->head_dim;
+    switch (t) {
+    case TDM_LORA_Q:
+        *in = H, *out = Q;
+        return;
+    case TDM_LORA_K:
+    case TDM_LORA_V:
+        *in = H, *out = K;
+        return;
+    case TDM_LORA_O:
+        *in = Q, *out = H;
+        return;
+    case TDM_LORA_GATE:
+    case TDM_LORA_UP:
+        *in = H, *out = I;
+        return;
+    case TDM_LORA_DOWN:
+    default:
+        *in = I, *out = H;
+        return;
+    }
+}
+
+static tdm_status dev_alloc(tdm_model *m, tdm_be_dtype dt, int64_t n, void **out, tdm_error *err)
+{
+    if (m->n_bufs == m->cap_bufs) {
+        size_t cap = m->cap_bufs ? 2 * m->cap_bufs : 64;
+        void **nb = realloc(m->bufs, cap * sizeof *nb);
+        if (!nb) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        m->bufs = nb, m->cap_bufs = cap;
+    }
+    TRY(tdm_be_alloc(m->be, dt, n, out, err));
+    m->bufs[m->n_bufs++] = *out;
+    m->weight_bytes += (uint64_t)n * tdm_be_dtype_size(dt);
+    return TDM_OK;
+}
+
+/* Uploads host f32 data as a device array of dtype dt. */
+static tdm_status put(tdm_model *m, const float *host, int64_t n, tdm_be_dtype dt, void **out,
+                      tdm_error *err)
+{
+    TRY(dev_alloc(m, dt, n, out, err));
+    return tdm_be_upload_f32(m->be, *out, dt, host, n, err);
+}
+
+/* Fills a frozen weight descriptor from host f32 data: NF4 (quantized here) or dense. */
+static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int64_t cols,
+                             bool quantize, tdm_be_weight *w, tdm_error *err)
+{
+    memset(w, 0, sizeof *w);
+    w->rows = rows, w->cols = cols;
+    if (!quantize) {
+        w->format = m->dense == TDM_BE_F32 ? TDM_BE_W_F32 : TDM_BE_W_BF16;
+        return put(m, host, rows * cols, m->dense, (void **)&w->data, err);
+    }
+    tdm_nf4 q;
+    TRY(tdm_nf4_quantize(host, rows * cols, m->opts.double_quant, &q, err));
+    tdm_status st;
+    void *codes = NULL;
+    st = dev_alloc(m, TDM_BE_U8, (q.numel + 1) / 2, &codes, err);
+    if (st == TDM_OK) st = tdm_be_upload(m->be, codes, q.packed, (size_t)(q.numel + 1) / 2, err);
+    w->codes = codes;
+    if (st == TDM_OK && q.double_quant) {
+        void *aq = NULL, *a2 = NULL;
+        int64_t n2 = (q.nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
+        w->format = TDM_BE_W_NF4_DQ;
+        st = dev_alloc(m, TDM_BE_U8, q.nblocks, &aq, err);
+        if (st == TDM_OK) st = tdm_be_upload(m->be, aq, q.absmax_q, (size_t)q.nblocks, err);
+        if (st == TDM_OK) st = put(m, q.absmax2, n2, TDM_BE_F32, &a2, err);
+        w->absmax_q = aq, w->absmax2 = a2, w->offset = q.offset;
+    } else if (st == TDM_OK) {
+        void *am = NULL;
+        w->format = TDM_BE_W_NF4;
+        st = put(m, q.absmax, q.nblocks, TDM_BE_F32, &am, err);
+        w->absmax = am;
+    }
+    tdm_nf4_free(&q);
+    return st;
+}
+
+void tdm_model_free(tdm_model *m)
+{
+    if (!m) return;
+    for (size_t i = 0; i < m->n_bufs; i++)
+        tdm_be_free(m->be, m->bufs[i]);
+    tdm_be_free(m->be, m->ws.base);
+    free(m->ws.x);
+    free(m->ws.sets);
+    free(m->bufs);
+    free(m->layers);
+    free(m);
+}
+
+/* Which projection a layout name is, or -1. */
+static int target_of(const char *name)
+{
+    for (int t = 0; t < NT; t++) {
+        char suffix[64];
+        snprintf(suffix, sizeof suffix, ".%s.weight", target_paths[t]);
+        size_t n = strlen(name), k = strlen(suffix);
+        if (n > k && strcmp(name + n - k, suffix) == 0) return t;
+    }
+    return -1;
+}
+
+static int bias_target_of(const char *name)
+{
+    for (int t = 0; t < NT; t++) {
+        char suffix[64];
+        snprintf(suffix, sizeof suffix, ".%s.bias", target_paths[t]);
+        size_t n = strlen(name), k = strlen(suffix);
+        if (n > k && strcmp(name + n - k, suffix) == 0) return t;
+    }
+    return -1;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
+                          const tdm_model_opts *opts, tdm_error *err)
+{
+    *out = NULL;
+    tdm_model *m = calloc(1, sizeof *m);
+    if (!m) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    m->be = be;
+    if (opts) m->opts = *opts;
+    m->act = tdm_be_act_dtype(be);
+    m->dense = m->act;
+    tdm_weights w = {0};
+    tdm_tensor_desc *layout = NULL;
+    float *host = NULL;
+    size_t n_layout = 0;
+    tdm_status st = tdm_model_config_load(&m->cfg, dir, err);
+    if (st == TDM_OK) st = tdm_weights_open(&w, dir, err);
+    if (st == TDM_OK) st = tdm_model_check_weights(&m->cfg, &w, NULL, err);
+    if (st == TDM_OK) st = tdm_model_layout(&m->cfg, &layout, &n_layout, err);
+    const tdm_model_config *c = &m->cfg;
+    if (st == TDM_OK && c->head_dim % 2 != 0)
+        st = tdm_fail(err, TDM_ERR_UNSUPPORTED, "%s: head_dim %lld is odd (RoPE needs pairs)", dir,
+                      (long long)c->head_dim);
+    if (st == TDM_OK && !(m->layers = calloc((size_t)c->num_layers, sizeof *m->layers)))
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    int64_t max_numel = 0;
+    for (size_t i = 0; st == TDM_OK && i < n_layout; i++) {
+        int64_t n = layout[i].shape[0] * (layout[i].rank == 2 ? layout[i].shape[1] : 1);
+        if (n > max_numel) max_numel = n;
+    }
+    if (st == TDM_OK && !(host = malloc((size_t)max_numel * sizeof(float))))
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory for a %lld-element tensor",
+                      (long long)max_numel);
+    for (size_t i = 0; st == TDM_OK && i < n_layout; i++) {
+        const tdm_tensor_desc *d = &layout[i];
+        const tdm_st_tensor *t = tdm_weights_find(&w, d->name);
+        st = tdm_st_tensor_to_f32(t, host, err);
+        if (st != TDM_OK) {
+            tdm_error_prefix(err, "%s", d->name);
+            break;
+        }
+        int64_t rows = d->shape[0], cols = d->rank == 2 ? d->shape[1] : 1;
+        layer_weights *L = d->layer >= 0 ? &m->layers[d->layer] : NULL;
+        switch (d->role) {
+        case TDM_ROLE_EMBED:
+            st = put_weight(m, host, rows, cols, false, &m->embed, err);
+            break;
+        case TDM_ROLE_LM_HEAD:
+            st = put_weight(m, host, rows, cols, false, &m->lm_head, err);
+            break;
+        case TDM_ROLE_LINEAR: {
+            int tg = target_of(d->name);
+            st = put_weight(m, host, rows, cols, m->opts.nf4, &L->w[tg], err);
+            break;
+        }
+        case TDM_ROLE_BIAS:
+            st = put(m, host, rows, TDM_BE_F32, (void **)&L->bias[bias_target_of(d->name)], err);
+            break;
+        case TDM_ROLE_NORM: {
+            float **slot = !L                                                      ? &m->final_norm
+                           : ends_with(d->name, "input_layernorm.weight")          ? &L->in_norm
+                           : ends_with(d->name, "post_attention_layernorm.weight") ? &L->post_norm
+                           : ends_with(d->name, "q_norm.weight")                   ? &L->q_norm
+                                                                                   : &L->k_norm;
+            st = put(m, host, rows, TDM_BE_F32, (void **)slot, err);
+            break;
+        }
+        }
+    }
+    if (st == TDM_OK && c->tie_word_embeddings) m->lm_head = m->embed;
+    if (st == TDM_OK) {
+        tdm_rope_inv_freq(c, host);
+        st = put(m, host, c->head_dim / 2, TDM_BE_F32, (void **)&m->inv_freq, err);
+    }
+    free(host);
+    free(layout);
+    tdm_weights_close(&w);
+    if (st != TDM_OK) {
+        tdm_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TDM_OK;
+}
+
+/* ---------------------------------------------------------------- adapters ---- */
+
+tdm_status tdm_lora_create(tdm_lora **out, tdm_model *m, int64_t rank, float scale,
+                           unsigned targets, tdm_error *err)
+{
+    *out = NULL;
+    if (rank < 1 || rank > 65536)
+        return tdm_fail(err, TDM_ERR_INVALID, "LoRA rank %lld outside [1, 65536]", (long long)rank);
+    if (targets == 0 || targets >= (1u << NT))
+        return tdm_fail(err, TDM_ERR_INVALID, "LoRA targets: none or unknown");
+    int64_t L = m->cfg.num_layers;
+    tdm_lora *a = calloc(1, sizeof *a);
+    if (!a) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    a->model = m, a->rank = rank, a->scale = scale, a->targets = targets;
+    a->a_off = malloc((size_t)(L * NT) * sizeof(int64_t));
+    a->b_off = malloc((size_t)(L * NT) * sizeof(int64_t));
+    if (!a->a_off || !a->b_off) {
+        tdm_lora_free(a);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    int64_t n = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int t = 0; t < NT; t++) {
+            a->a_off[l * NT + t] = a->b_off[l * NT + t] = -1;
+            if (!(targets & TDM_LORA_BIT(t))) continue;
+            int64_t in, o;
+            tdm_model_target_shape(m, (tdm_lora_target)t, &in, &o);
+            a->a_off[l * NT + t] = n;
+            n += rank * in;
+            a->b_off[l * NT + t] = n;
+            n += o * rank;
+        }
+    a->n_params = n;
+    tdm_status st = tdm_be_alloc(m->be, TDM_BE_F32, n, (void **)&a->params, err);
+    if (st == TDM_OK) st = tdm_be_alloc(m->be, TDM_BE_F32, n, (void **)&a->grads, err);
+    if (st == TDM_OK) st = tdm_be_alloc(m->be, TDM_BE_F32, n, (void **)&a->adam_m, err);
+    if (st == TDM_OK) st = tdm_be_alloc(m->be, TDM_BE_F32, n, (void **)&a->adam_v, err);
+    if (st != TDM_OK) {
+        tdm_lora_free(a);
+        return st;
+    }
+    *out = a;
+    return TDM_OK;
+}
+
+void tdm_lora_free(tdm_lora *a)
+{
+    if (!a) return;
+    tdm_backend *be = a->model->be;
+    tdm_be_free(be, a->params);
+    tdm_be_free(be, a->grads);
+    tdm_be_free(be, a->adam_m);
+    tdm_be_free(be, a->adam_v);
+    free(a->a_off);
+    free(a->b_off);
+    free(a);
+}
+
+static tdm_status lora_module(tdm_lora *a, int layer, tdm_lora_target t, int64_t *na, int64_t *nb,
+                              int64_t *ao, int64_t *bo, tdm_error *err)
+{
+    if (layer < 0 || layer >= a->model->cfg.num_layers || t >= NT)
+        return tdm_fail(err, TDM_ERR_INVALID, "LoRA module layer %d target %d out of range", layer,
+                        (int)t);
+    if (!(a->targets & TDM_LORA_BIT(t)))
+        return tdm_fail(err, TDM_ERR_NOT_FOUND, "the adapter does not target %s", target_names[t]);
+    int64_t in, o;
+    tdm_model_target_shape(a->model, t, &in, &o);
+    *na = a->rank * in, *nb = o * a->rank;
+    *ao = a->a_off[layer * NT + t], *bo = a->b_off[layer * NT + t];
+    return TDM_OK;
+}
+
+tdm_status tdm_lora_set(tdm_lora *a, int layer, tdm_lora_target t, const float *A, const float *B,
+                        tdm_error *err)
+{
+    int64_t na, nb, ao, bo;
+    TRY(lora_module(a, layer, t, &na, &nb, &ao, &bo, err));
+    tdm_backend *be = a->model->be;
+    if (A) TRY(tdm_be_upload_f32(be, a->params + ao, TDM_BE_F32, A, na, err));
+    if (B) TRY(tdm_be_upload_f32(be, a->params + bo, TDM_BE_F32, B, nb, err));
+    return TDM_OK;
+}
+
+static tdm_status lora_download(tdm_lora *a, const float *vec, int layer, tdm_lora_target t,
+                                float *A, float *B, tdm_error *err)
+{
+    int64_t na, nb, ao, bo;
+    TRY(lora_module(a, layer, t, &na, &nb, &ao, &bo, err));
+    tdm_backend *be = a->model->be;
+    if (A) TRY(tdm_be_download_f32(be, A, vec + ao, TDM_BE_F32, na, err));
+    if (B) TRY(tdm_be_download_f32(be, B, vec + bo, TDM_BE_F32, nb, err));
+    return TDM_OK;
+}
+
+tdm_status tdm_lora_get(tdm_lora *a, int layer, tdm_lora_target t, float *A, float *B,
+                        tdm_error *err)
+{
+    return lora_download(a, a->params, layer, t, A, B, err);
+}
+
+tdm_status tdm_lora_get_grad(tdm_lora *a, int layer, tdm_lora_target t, float *dA, float *dB,
+                             tdm_error *err)
+{
+    return lora_download(a, a->grads, layer, t, dA, dB, err);
+}
+
+tdm_status tdm_lora_zero_grad(tdm_lora *a, tdm_error *err)
+{
+    return tdm_be_fill(a->model->be, a->grads, TDM_BE_F32, a->n_params, 0.0f, err);
+}
+
+/* -------------------------------------------------------------- workspace ---- */
+
+typedef struct carver {
+    char *base;
+    uint64_t off;
+} carver;
+
+static void *carve(carver *c, int64_t n, tdm_be_dtype dt)
+{
+    uint64_t bytes = (uint64_t)n * tdm_be_dtype_size(dt);
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += (bytes + 255) / 256 * 256;
+    return p;
+}
+
+/* Lays out (or, with c->base NULL, only measures) the workspace. */
+static void ws_layout(tdm_model *m, workspace *w, carver *c)
+{
+    const tdm_model_config *cf = &m->cfg;
+    int64_t M = w->m, H = cf->hidden_size, I = cf->intermediate_size;
+    int64_t Q = cf->num_heads * cf->head_dim, K = cf->num_kv_heads * cf->head_dim;
+    tdm_be_dtype a = m->act, f = TDM_BE_F32;
+    for (int64_t l = 0; l <= cf->num_layers; l++) {
+        void *p = carve(c, M * H, a);
+        if (w->x) w->x[l] = p;
+    }
+    for (int s = 0; s < w->n_sets; s++) {
+        acts A = {0};
+        A.rstd1 = carve(c, M, f);
+        A.rstd2 = carve(c, M, f);
+        A.lse = carve(c, M * cf->num_heads, f);
+        A.xn1 = carve(c, M * H, a);
+        if (cf->qk_norm) {
+            A.rstd_q = carve(c, M * cf->num_heads, f);
+            A.rstd_k = carve(c, M * cf->num_kv_heads, f);
+            A.q_pre = carve(c, M * Q, a);
+            A.k_pre = carve(c, M * K, a);
+        }
+        A.q = carve(c, M * Q, a);
+        A.k = carve(c, M * K, a);
+        A.v = carve(c, M * K, a);
+        A.attn = carve(c, M * Q, a);
+        A.x_mid = carve(c, M * H, a);
+        A.xn2 = carve(c, M * H, a);
+        A.g = carve(c, M * I, a);
+        A.u = carve(c, M * I, a);
+        for (int t = 0; t < NT; t++)
+            if (w->tmask & TDM_LORA_BIT(t)) A.U[t] = carve(c, M * w->u_ld, f);
+        if (w->sets) w->sets[s] = A;
+    }
+    w->dres = carve(c, M * H, a);
+    w->dxn = carve(c, M * H, a);
+    w->hf = carve(c, M * H, a);
+    w->d1 = carve(c, M * I, a);
+    w->d2 = carve(c, M * I, a);
+    w->hre = carve(c, M * I, a);
+    w->dattn = carve(c, M * Q, a);
+    w->dq = carve(c, M * Q, a);
+    w->dk = carve(c, M * K, a);
+    w->dv = carve(c, M * K, a);
+    w->rstd_f = carve(c, M, f);
+    w->loss = carve(c, M, f);
+    w->lw = carve(c, M, f);
+    w->tokens = carve(c, M, TDM_BE_I32);
+    w->labels = carve(c, M, TDM_BE_I32);
+    w->pos = carve(c, M, TDM_BE_I32);
+    w->cu = carve(c, w->cu_cap, TDM_BE_I32);
+}
+
+static tdm_status ws_ensure(tdm_model *m, int64_t M, int64_t n_seqs, int64_t u_ld, unsigned tmask,
+                            int n_sets, tdm_error *err)
+{
+    workspace *w = &m->ws;
+    if (w->base && w->m >= M && w->cu_cap >= n_seqs + 1 && w->u_ld >= u_ld &&
+        (w->tmask & tmask) == tmask && w->n_sets >= n_sets)
+        return TDM_OK;
+    tdm_be_free(m->be, w->base);
+    free(w->x);
+    free(w->sets);
+    memset(w, 0, sizeof *w);
+    w->m = M, w->cu_cap = n_seqs + 1, w->u_ld = u_ld, w->tmask = tmask, w->n_sets = n_sets;
+    w->x = calloc((size_t)m->cfg.num_layers + 1, sizeof *w->x);
+    w->sets = calloc((size_t)n_sets, sizeof *w->sets);
+    if (!w->x || !w->sets) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    carver c = {NULL, 0};
+    ws_layout(m, w, &c);
+    w->bytes = c.off;
+    tdm_status st = tdm_be_alloc(m->be, TDM_BE_U8, (int64_t)c.off, &w->base, err);
+    if (st != TDM_OK) {
+        tdm_error_prefix(err, "activations for %lld rows (%.1f MiB)", (long long)M,
+                         (double)c.off / (1 << 20));
+        w->m = 0;
+        return st;
+    }
+    c = (carver){w->base, 0};
+    ws_layout(m, w, &c);
+    return TDM_OK;
+}
+
+/* ------------------------------------------------------------------- a step ---- */
+
+typedef struct step {
+    tdm_model *m;
+    tdm_lora *const *adapters;
+    const tdm_batch *b;
+    int64_t M, u_ld;
+    tdm_lora_seg *segs; /* scratch: one table of n_segs entries */
+} step;
+
+/* The segment table of (layer, target); returns how many segments carry LoRA (0: skip). */
+static int64_t build_segs(step *s, int l, int t)
+{
+    int64_t with = 0;
+    for (int64_t i = 0; i < s->b->n_segs; i++) {
+        const tdm_batch_seg *bs = &s->b->segs[i];
+        tdm_lora *a = s->adapters[bs->adapter];
+        tdm_lora_seg *g = &s->segs[i];
+        memset(g, 0, sizeof *g);
+        g->row_begin = bs->row_begin, g->row_end = bs->row_end;
+        if (!a || !(a->targets & TDM_LORA_BIT(t))) continue;
+        g->rank = a->rank, g->scale = a->scale;
+        g->a = a->params + a->a_off[l * NT + t];
+        g->b = a->params + a->b_off[l * NT + t];
+        g->da = a->grads + a->a_off[l * NT + t];
+        g->db = a->grads + a->b_off[l * NT + t];
+        with++;
+    }
+    return with;
+}
+
+/* y = x W^T (+ bias) (+ LoRA, keeping U). */
+static tdm_status proj_fwd(step *s, int l, int t, const void *x, void *y, float *U, tdm_error *err)
+{
+    tdm_model *m = s->m;
+    layer_weights *L = &m->layers[l];
+    int64_t in, out;
+    tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
+    TRY(tdm_be_linear_fwd(m->be, &L->w[t], x, s->M, y, 0.0f, err));
+    if (L->bias[t]) TRY(tdm_be_add_bias(m->be, y, L->bias[t], s->M, out, err));
+    if (U && build_segs(s, l, t) > 0)
+        TRY(tdm_be_lora_fwd(m->be, s->segs, s->b->n_segs, x, s->M, in, out, U, s->u_ld, y, err));
+    return TDM_OK;
+}
+
+/* dx = beta dx + dy W (+ the LoRA terms, accumulating dA and dB). */
+static tdm_status proj_bwd(step *s, int l, int t, const void *x, const float *U, const void *dy,
+                           void *dx, float beta, tdm_error *err)
+{
+    tdm_model *m = s->m;
+    int64_t in, out;
+    tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
+    TRY(tdm_be_linear_bwd(m->be, &m->layers[l].w[t], dy, s->M, dx, beta, err));
+    if (U && build_segs(s, l, t) > 0)
+        TRY(tdm_be_lora_bwd(m->be, s->segs, s->b->n_segs, x, U, s->u_ld, dy, s->M, in, out, dx,
+                            err));
+    return TDM_OK;
+}
+
+static tdm_be_seqs seqs_of(step *s)
+{
+    int64_t maxlen = 0;
+    for (int64_t i = 0; i < s->b->n_seqs; i++) {
+        int64_t len = s->b->cu_seqlens[i + 1] - s->b->cu_seqlens[i];
+        if (len > maxlen) maxlen = len;
+    }
+    return (tdm_be_seqs){s->m->ws.cu, s->b->n_seqs, maxlen, s->M};
+}
+
+/* One decoder layer: x (M, H) -> x_out (M, H), keeping its activations in A. With
+ * need_out false (recomputation for the backward) the MLP's output is not formed. */
+static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, void *x_out, bool need_out,
+                            tdm_error *err)
+{
+    tdm_model *m = s->m;
+    tdm_backend *be = m->be;
+    const tdm_model_config *c = &m->cfg;
+    layer_weights *L = &m->layers[l];
+    int64_t M = s->M, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
+    float eps = (float)c->rms_norm_eps;
+    TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
+    void *qo = c->qk_norm ? A->q_pre : A->q, *ko = c->qk_norm ? A->k_pre : A->k;
+    TRY(proj_fwd(s, l, TDM_LORA_Q, A->xn1, qo, A->U[TDM_LORA_Q], err));
+    TRY(proj_fwd(s, l, TDM_LORA_K, A->xn1, ko, A->U[TDM_LORA_K], err));
+    TRY(proj_fwd(s, l, TDM_LORA_V, A->xn1, A->v, A->U[TDM_LORA_V], err));
+    if (c->qk_norm) {
+        TRY(tdm_be_rmsnorm_fwd(be, A->q_pre, L->q_norm, M * nh, hd, eps, A->q, A->rstd_q, err));
+        TRY(tdm_be_rmsnorm_fwd(be, A->k_pre, L->k_norm, M * nkv, hd, eps, A->k, A->rstd_k, err));
+    }
+    TRY(tdm_be_rope(be, A->q, M, nh, hd, Q, m->ws.pos, m->inv_freq, false, err));
+    TRY(tdm_be_rope(be, A->k, M, nkv, hd, K, m->ws.pos, m->inv_freq, false, err));
+    tdm_be_seqs sq = seqs_of(s);
+    float scale = (float)(1.0 / sqrt((double)hd));
+    TRY(tdm_be_attention_fwd(be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse, err));
+    TRY(proj_fwd(s, l, TDM_LORA_O, A->attn, A->x_mid, A->U[TDM_LORA_O], err));
+    TRY(tdm_be_axpy(be, A->x_mid, x, m->act, M * H, 1.0f, err));
+    TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
+    TRY(proj_fwd(s, l, TDM_LORA_GATE, A->xn2, A->g, A->U[TDM_LORA_GATE], err));
+    TRY(proj_fwd(s, l, TDM_LORA_UP, A->xn2, A->u, A->U[TDM_LORA_UP], err));
+    if (!need_out) {
+        /* only U of down_proj is needed from here: U = h A^T, formed by lora_fwd into a
+         * throw-away output */
+        if (A->U[TDM_LORA_DOWN] && build_segs(s, l, TDM_LORA_DOWN) > 0) {
+            TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
+            TRY(tdm_be_lora_fwd(be, s->segs, s->b->n_segs, m->ws.hre, M, I, H, A->U[TDM_LORA_DOWN],
+                                s->u_ld, x_out, err));
+        }
+        return TDM_OK;
+    }
+    TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
+    TRY(proj_fwd(s, l, TDM_LORA_DOWN, m->ws.hre, x_out, A->U[TDM_LORA_DOWN], err));
+    return tdm_be_axpy(be, x_out, A->x_mid, m->act, M * H, 1.0f, err);
+}
+
+/* Backward of one layer: dres (M, H) holds dL/d(x_out) on entry and dL/d(x) on return. */
+static tdm_status layer_bwd(step *s, int l, const void *x, acts *A, tdm_error *err)
+{
+    tdm_model *m = s->m;
+    tdm_backend *be = m->be;
+    workspace *w = &m->ws;
+    const tdm_model_config *c = &m->cfg;
+    layer_weights *L = &m->layers[l];
+    int64_t M = s->M, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
+    /* MLP: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))) */
+    const float *Ud = A->U[TDM_LORA_DOWN];
+    if (Ud) TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, w->hre, err)); /* down's input */
+    TRY(proj_bwd(s, l, TDM_LORA_DOWN, w->hre, Ud, w->dres, w->d1, 0.0f, err));
+    TRY(tdm_be_swiglu_bwd(be, A->g, A->u, w->d1, M, I, w->d1, w->d2, err)); /* d1 = dg, d2 = du */
+    TRY(proj_bwd(s, l, TDM_LORA_GATE, A->xn2, A->U[TDM_LORA_GATE], w->d1, w->dxn, 0.0f, err));
+    TRY(proj_bwd(s, l, TDM_LORA_UP, A->xn2, A->U[TDM_LORA_UP], w->d2, w->dxn, 1.0f, err));
+    TRY(tdm_be_rmsnorm_bwd(be, w->dxn, A->x_mid, L->post_norm, A->rstd2, M, H, w->dres, 1.0f, err));
+    /* attention: x_mid = x + o(attn) */
+    TRY(proj_bwd(s, l, TDM_LORA_O, A->attn, A->U[TDM_LORA_O], w->dres, w->dattn, 0.0f, err));
+    tdm_be_seqs sq = seqs_of(s);
+    float scale = (float)(1.0 / sqrt((double)hd));
+    TRY(tdm_be_attention_bwd(be, &sq, A->q, A->k, A->v, A->attn, A->lse, w->dattn, nh, nkv, hd,
+                             scale, w->dq, w->dk, w->dv, err));
+    TRY(tdm_be_rope(be, w->dq, M, nh, hd, Q, w->pos, m->inv_freq, true, err));
+    TRY(tdm_be_rope(be, w->dk, M, nkv, hd, K, w->pos, m->inv_freq, true, err));
+    if (c->qk_norm) {
+        TRY(tdm_be_rmsnorm_bwd(be, w->dq, A->q_pre, L->q_norm, A->rstd_q, M * nh, hd, w->dq, 0.0f,
+                               err));
+        TRY(tdm_be_rmsnorm_bwd(be, w->dk, A->k_pre, L->k_norm, A->rstd_k, M * nkv, hd, w->dk, 0.0f,
+                               err));
+    }
+    TRY(proj_bwd(s, l, TDM_LORA_Q, A->xn1, A->U[TDM_LORA_Q], w->dq, w->dxn, 0.0f, err));
+    TRY(proj_bwd(s, l, TDM_LORA_K, A->xn1, A->U[TDM_LORA_K], w->dk, w->dxn, 1.0f, err));
+    TRY(proj_bwd(s, l, TDM_LORA_V, A->xn1, A->U[TDM_LORA_V], w->dv, w->dxn, 1.0f, err));
+    return tdm_be_rmsnorm_bwd(be, w->dxn, x, L->in_norm, A->rstd1, M, H, w->dres, 1.0f, err);
+}
+
+static tdm_status check_batch(const tdm_model *m, int n_adapters, const tdm_batch *b,
+                              tdm_error *err)
+{
+    if (b->m < 1 || !b->tokens || !b->labels || !b->cu_seqlens || b->n_seqs < 1 || !b->segs ||
+        b->n_segs < 1)
+        return tdm_fail(err, TDM_ERR_INVALID, "batch: empty or missing arrays");
+    const int32_t *cu = b->cu_seqlens;
+    if (cu[0] != 0 || cu[b->n_seqs] != b->m)
+        return tdm_fail(err, TDM_ERR_INVALID, "batch: cu_seqlens must run from 0 to m = %lld",
+                        (long long)b->m);
+    for (int64_t i = 0; i < b->n_seqs; i++)
+        if (cu[i + 1] <= cu[i])
+            return tdm_fail(err, TDM_ERR_INVALID, "batch: sequence %lld is empty or reversed",
+                            (long long)i);
+    int64_t seq = 0, prev = 0;
+    for (int64_t i = 0; i < b->n_segs; i++) {
+        const tdm_batch_seg *g = &b->segs[i];
+        if (g->adapter < 0 || g->adapter >= n_adapters)
+            return tdm_fail(err, TDM_ERR_INVALID, "batch: segment %lld adapter %d outside [0, %d)",
+                            (long long)i, g->adapter, n_adapters);
+        if (g->row_begin != prev || g->row_end <= g->row_begin)
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "batch: segments must tile [0, m) in order (segment %lld)",
+                            (long long)i);
+        while (seq < b->n_seqs && cu[seq] < g->row_end)
+            seq++;
+        if (cu[seq] != g->row_end)
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "batch: segment %lld ends at row %lld, inside a sequence", (long long)i,
+                            (long long)g->row_end);
+        prev = g->row_end;
+    }
+    if (prev != b->m) return tdm_fail(err, TDM_ERR_INVALID, "batch: segments do not cover m rows");
+    for (int64_t i = 0; i < b->m; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab_size)
+            return tdm_fail(err, TDM_ERR_INVALID, "batch: token %d at row %lld outside [0, %lld)",
+                            b->tokens[i], (long long)i, (long long)m->cfg.vocab_size);
+    return TDM_OK;
+}
+
+tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                          const tdm_batch *b, bool backward, const double *loss_weight,
+                          double *loss_sum_out, int64_t *tokens_out, tdm_error *err)
+{
+    if (n_adapters < 1 || !adapters)
+        return tdm_fail(err, TDM_ERR_INVALID, "step: no adapter slots");
+    TRY(check_batch(m, n_adapters, b, err));
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    int64_t M = b->m, L = c->num_layers, H = c->hidden_size;
+    int64_t u_ld = 1;
+    unsigned tmask = 0;
+    for (int i = 0; i < n_adapters; i++) {
+        if (!adapters[i]) continue;
+        if (adapters[i]->model != m)
+            return tdm_fail(err, TDM_ERR_INVALID, "step: adapter %d belongs to another model", i);
+        tmask |= adapters[i]->targets;
+        if (adapters[i]->rank > u_ld) u_ld = adapters[i]->rank;
+    }
+    bool keep_all = backward && !m->opts.grad_checkpoint;
+    TRY(ws_ensure(m, M, b->n_seqs, u_ld, tmask, keep_all ? (int)L : 1, err));
+    workspace *w = &m->ws;
+
+    /* host side: positions, shifted labels, per-row loss weights, counted tokens */
+    int32_t *pos = malloc((size_t)M * sizeof(int32_t));
+    int32_t *lab = malloc((size_t)M * sizeof(int32_t));
+    float *lw = malloc((size_t)M * sizeof(float));
+    float *loss = malloc((size_t)M * sizeof(float));
+    int64_t *count = calloc((size_t)n_adapters, sizeof(int64_t));
+    tdm_lora_seg *segs = malloc((size_t)b->n_segs * sizeof *segs);
+    tdm_status st = TDM_OK;
+    if (!pos || !lab || !lw || !loss || !count || !segs) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int64_t sq = 0; sq < b->n_seqs; sq++)
+        for (int64_t i = b->cu_seqlens[sq]; i < b->cu_seqlens[sq + 1]; i++) {
+            pos[i] = (int32_t)(i - b->cu_seqlens[sq]);
+            lab[i] = i + 1 < b->cu_seqlens[sq + 1] ? b->labels[i + 1] : -100;
+            if (lab[i] != -100 && (lab[i] < 0 || lab[i] >= c->vocab_size)) {
+                st = tdm_fail(err, TDM_ERR_INVALID,
+                              "batch: label %d at row %lld outside [0, %lld) and not -100", lab[i],
+                              (long long)i + 1, (long long)c->vocab_size);
+                goto done;
+            }
+        }
+    for (int64_t g = 0; g < b->n_segs; g++)
+        for (int64_t i = b->segs[g].row_begin; i < b->segs[g].row_end; i++)
+            count[b->segs[g].adapter] += lab[i] != -100;
+    for (int64_t g = 0; g < b->n_segs; g++) {
+        int a = b->segs[g].adapter;
+        double wa = loss_weight ? loss_weight[a] : count[a] > 0 ? 1.0 / (double)count[a] : 0.0;
+        for (int64_t i = b->segs[g].row_begin; i < b->segs[g].row_end; i++)
+            lw[i] = lab[i] != -100 ? (float)wa : 0.0f;
+    }
+    st = tdm_be_upload(be, w->tokens, b->tokens, (size_t)M * sizeof(int32_t), err);
+    if (st == TDM_OK) st = tdm_be_upload(be, w->labels, lab, (size_t)M * sizeof(int32_t), err);
+    if (st == TDM_OK) st = tdm_be_upload(be, w->pos, pos, (size_t)M * sizeof(int32_t), err);
+    if (st == TDM_OK)
+        st =
+            tdm_be_upload(be, w->cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof(int32_t), err);
+    if (st == TDM_OK) st = tdm_be_upload_f32(be, w->lw, TDM_BE_F32, lw, M, err);
+    if (st != TDM_OK) goto done;
+
+    step s = {m, adapters, b, M, w->u_ld, segs};
+    /* forward */
+    st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
+    for (int64_t l = 0; st == TDM_OK && l < L; l++)
+        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[keep_all ? l : 0], w->x[l + 1], true, err);
+    if (st == TDM_OK)
+        st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
+                                w->rstd_f, err);
+    int64_t chunk = ((int64_t)1 << 24) / c->vocab_size; /* logits chunk of at most 64 MiB f32 */
+    if (chunk < 1) chunk = 1;
+    if (st == TDM_OK)
+        st = tdm_be_cross_entropy(be, w->hf, &m->lm_head, w->labels, w->lw, M, chunk, w->loss,
+                                  backward ? w->dxn : NULL, err);
+    if (st == TDM_OK) st = tdm_be_download_f32(be, loss, w->loss, TDM_BE_F32, M, err);
+    if (st != TDM_OK) goto done;
+    if (loss_sum_out)
+        for (int a = 0; a < n_adapters; a++)
+            loss_sum_out[a] = 0;
+    for (int64_t g = 0; g < b->n_segs; g++)
+        for (int64_t i = b->segs[g].row_begin; i < b->segs[g].row_end; i++)
+            if (lab[i] != -100 && loss_sum_out) loss_sum_out[b->segs[g].adapter] += loss[i];
+    if (tokens_out)
+        for (int a = 0; a < n_adapters; a++)
+            tokens_out[a] = count[a];
+
+    /* backward */
+    if (backward) {
+        st = tdm_be_rmsnorm_bwd(be, w->dxn, w->x[L], m->final_norm, w->rstd_f, M, H, w->dres, 0.0f,
+                                err);
+        for (int64_t l = L - 1; st == TDM_OK && l >= 0; l--) {
+            acts *A = &w->sets[keep_all ? l : 0];
+            if (!keep_all) /* recompute the layer from its kept input */
+                st = layer_fwd(&s, (int)l, w->x[l], A, w->hf, false, err);
+            if (st == TDM_OK) st = layer_bwd(&s, (int)l, w->x[l], A, err);
+        }
+    }
+done:
+    free(pos), free(lab), free(lw), free(loss), free(count), free(segs);
+    return st;
+}

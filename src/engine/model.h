@@ -1,0 +1,138 @@
+/* model.h — the decoder (Llama / Mistral / Qwen2 / Qwen3) over the backend interface: a frozen
+ * base loaded once, any number of LoRA adapters, and one fused forward + backward over a batch
+ * whose rows belong to different adapters (docs/engine.md, /work/shared/ENGINE.md).
+ *
+ * Typical use (a golden test, or one trainer step):
+ *     tdm_model *m;   tdm_model_load(&m, be, "models/tiny", &opts, &err);
+ *     tdm_lora *a;    tdm_lora_create(&a, m, rank, alpha / rank, TDM_LORA_BIT(TDM_LORA_Q) | ...,
+ * &err); tdm_lora_set(a, layer, TDM_LORA_Q, host_A, host_B, &err);        // e.g. from a PEFT file
+ *     tdm_lora_zero_grad(a, &err);
+ *     tdm_model_step(m, &a, 1, &batch, true, NULL, loss_sum, tokens, &err);
+ *     tdm_lora_get_grad(a, layer, TDM_LORA_Q, host_dA, host_dB, &err);
+ *
+ * Math (Hugging Face transformers + PEFT): embeddings; per layer
+ *   xn = RMSNorm(x); q,k,v = xn W^T (+ bias) (+ LoRA); [Qwen3: per-head RMSNorm of q, k];
+ *   RoPE(q, k); a = causal GQA attention per packed sequence; x += a Wo^T (+ bias) (+ LoRA);
+ *   xn = RMSNorm(x); x += (silu(xn Wg^T) * (xn Wu^T)) Wd^T (each with its LoRA);
+ * final RMSNorm, lm_head (tied or not), cross-entropy of each row against the NEXT row's label
+ * of the same sequence (labels shifted inside, per sequence; -100 ignored).
+ * LoRA of one module: y += scale * (x A^T) B^T, A (r, in), B (out, r).
+ */
+#ifndef TANDEM_ENGINE_MODEL_H
+#define TANDEM_ENGINE_MODEL_H
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "model/config.h"
+#include "util/error.h"
+
+/* The projections LoRA can target, in PEFT's module names. */
+typedef enum tdm_lora_target {
+    TDM_LORA_Q,    /* self_attn.q_proj  in H, out heads*head_dim */
+    TDM_LORA_K,    /* self_attn.k_proj  in H, out kv_heads*head_dim */
+    TDM_LORA_V,    /* self_attn.v_proj  in H, out kv_heads*head_dim */
+    TDM_LORA_O,    /* self_attn.o_proj  in heads*head_dim, out H */
+    TDM_LORA_GATE, /* mlp.gate_proj     in H, out I */
+    TDM_LORA_UP,   /* mlp.up_proj       in H, out I */
+    TDM_LORA_DOWN, /* mlp.down_proj     in I, out H */
+    TDM_LORA_N_TARGETS
+} tdm_lora_target;
+#define TDM_LORA_BIT(t) (1u << (t))
+
+/* "q_proj", ... ; and the Hugging Face module path inside a layer ("self_attn.q_proj"). */
+const char *tdm_lora_target_name(tdm_lora_target t);
+const char *tdm_lora_target_path(tdm_lora_target t);
+/* Parses "q_proj" etc.; false when unknown. */
+bool tdm_lora_target_parse(const char *name, tdm_lora_target *out);
+
+typedef struct tdm_model_opts {
+    bool nf4;          /* "qlora": decoder projections stored in NF4 and dequantized on the fly */
+    bool double_quant; /* with nf4: 8-bit absmax (QLoRA's double quantization) */
+    bool grad_checkpoint; /* keep only each layer's input; recompute the layer in backward */
+} tdm_model_opts;
+
+typedef struct tdm_model tdm_model;
+
+/* Loads config.json and the safetensors weights of a Hugging Face model directory onto the
+ * backend (projections quantized to NF4 when opts->nf4; everything else f32, or the backend's
+ * act dtype for dense projections and embeddings when it is not f32). The backend must outlive
+ * the model. Errors name the file / tensor. */
+tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
+                          const tdm_model_opts *opts, tdm_error *err);
+void tdm_model_free(tdm_model *m);
+const tdm_model_config *tdm_model_get_config(const tdm_model *m);
+tdm_backend *tdm_model_backend(const tdm_model *m);
+/* in / out features of a target module. */
+void tdm_model_target_shape(const tdm_model *m, tdm_lora_target t, int64_t *in, int64_t *out);
+
+/* ---------------------------------------------------------------- adapters ---- */
+
+/* One adapter's LoRA weights on the device, as one parameter vector (so one AdamW tensor and
+ * one gradient-norm vector cover the adapter). Layout of params / grads / adam_m / adam_v:
+ * for layer 0..L-1, for each targeted module in tdm_lora_target order: A (rank, in) row-major,
+ * then B (out, rank). a_off/b_off give the offsets (-1 for a module not targeted). */
+typedef struct tdm_lora {
+    tdm_model *model;
+    int64_t rank;
+    float scale;      /* alpha / rank, or alpha / sqrt(rank) with rsLoRA */
+    unsigned targets; /* TDM_LORA_BIT set */
+    int64_t n_params;
+    float *params;          /* (n_params) f32 device, zero after create */
+    float *grads;           /* (n_params) f32 device: tdm_model_step ACCUMULATES into it */
+    float *adam_m, *adam_v; /* (n_params) f32 device, zero after create: the trainer's AdamW */
+    int64_t *a_off, *b_off; /* (num_layers * TDM_LORA_N_TARGETS) host, indexed l * 7 + t */
+} tdm_lora;
+
+/* Allocates an adapter of rank r for the targets (all zero: the caller initializes A). */
+tdm_status tdm_lora_create(tdm_lora **out, tdm_model *m, int64_t rank, float scale,
+                           unsigned targets, tdm_error *err);
+void tdm_lora_free(tdm_lora *a);
+/* Uploads A (rank, in) and B (out, rank) host f32 of one module (either may be NULL: kept). */
+tdm_status tdm_lora_set(tdm_lora *a, int layer, tdm_lora_target t, const float *A, const float *B,
+                        tdm_error *err);
+/* Downloads the module's A, B (either may be NULL). */
+tdm_status tdm_lora_get(tdm_lora *a, int layer, tdm_lora_target t, float *A, float *B,
+                        tdm_error *err);
+/* Downloads the module's accumulated gradients dA (rank, in), dB (out, rank). */
+tdm_status tdm_lora_get_grad(tdm_lora *a, int layer, tdm_lora_target t, float *dA, float *dB,
+                             tdm_error *err);
+tdm_status tdm_lora_zero_grad(tdm_lora *a, tdm_error *err);
+
+/* ------------------------------------------------------------------- a step ---- */
+
+/* A contiguous run of rows (whole sequences) that belong to one adapter. A NULL entry of the
+ * adapters array means the bare base model (no LoRA), e.g. for evaluation without an adapter. */
+typedef struct tdm_batch_seg {
+    int adapter; /* index into the adapters array of tdm_model_step */
+    int64_t row_begin, row_end;
+} tdm_batch_seg;
+
+/* The fused batch, host memory: m rows of packed sequences (no padding). */
+typedef struct tdm_batch {
+    int64_t m;
+    const int32_t *tokens;     /* (m) input ids */
+    const int32_t *labels;     /* (m) Hugging Face style, NOT shifted (labels = ids, -100 off) */
+    const int32_t *cu_seqlens; /* (n_seqs + 1): 0 = c[0] < c[1] < ... < c[n_seqs] = m */
+    int64_t n_seqs;
+    const tdm_batch_seg *segs; /* cover [0, m) in order, boundaries on sequence boundaries */
+    int64_t n_segs;
+} tdm_batch;
+
+/* Runs the forward (and, when backward, the backward) of the fused batch.
+ * Loss: row i of a sequence is scored against labels[i + 1] of the same sequence (the last row
+ * of a sequence and labels of -100 are not counted). For adapter index a: tokens_out[a] = its
+ * counted tokens N_a, loss_sum_out[a] = sum of their cross-entropies (double). The gradient is
+ * that of sum_a w_a * loss_sum_a with w_a = loss_weight[a], or 1 / N_a when loss_weight is NULL
+ * (the mean over the adapter's counted tokens, as transformers computes it), ACCUMULATED into
+ * each adapter's grads (a NULL adapter has none). Both output arrays may be NULL.
+ * Memory: activations are sized for m and kept between calls (grown when m grows). */
+tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                          const tdm_batch *b, bool backward, const double *loss_weight,
+                          double *loss_sum_out, int64_t *tokens_out, tdm_error *err);
+
+/* Bytes of device memory the base weights take, and the activations of the last step. */
+uint64_t tdm_model_weight_bytes(const tdm_model *m);
+uint64_t tdm_model_activation_bytes(const tdm_model *m);
+
+#endif

@@ -1,0 +1,436 @@
+/* test_model.c — the whole decoder over the CPU backend:
+ *   - finite-difference check of every LoRA gradient kind (A and B of all seven modules, a
+ *     sample of elements) on tiny random Llama (llama3 RoPE, untied), Qwen2 (q/k/v biases,
+ *     tied), Qwen3 (q/k norms, head_dim != hidden/heads) and Mistral models, in f32 ("lora")
+ *     and NF4 ("qlora") modes, with packed sequences and -100 labels;
+ *   - gradient checkpointing gives bit-identical losses and gradients;
+ *   - fused equals alone: three adapters of different ranks and targets in one batch give each
+ *     adapter the same loss and gradients as running it alone, to float rounding.
+ * The models are written by the test (config.json + model.safetensors with random weights,
+ * random norm weights and biases), so nothing depends on fixtures. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "model/config.h"
+#include "model/layout.h"
+#include "model/presets.h"
+#include "model/safetensors.h"
+#include "util/rng.h"
+
+static tdm_backend *be;
+static char tmpdir[256];
+
+static int setup(void **state)
+{
+    tdm_error err = {0};
+    if (tdm_backend_create(&be, "cpu", NULL, &err) != TDM_OK) return -1;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-test-model-XXXXXX");
+    if (!mkdtemp(tmpdir)) return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    tdm_backend_free(be);
+    return 0;
+}
+
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        tdm_error err_ = {0};                                                                      \
+        tdm_error *err = &err_;                                                                    \
+        if ((call) != TDM_OK) fail_msg("%s: %s", #call, err_.message);                             \
+    } while (0)
+
+static double unif(tdm_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * tdm_rng_uniform(r);
+}
+
+/* Writes a tiny model of the preset's architecture into tmpdir/<name>; returns its path. */
+static const char *write_model(const char *preset, const char *name, uint64_t seed)
+{
+    static char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, F_OK) == 0) return dir;
+    assert_int_equal(mkdir(dir, 0755), 0);
+    tdm_model_config c;
+    OK(tdm_preset_config(preset, &c, err));
+    c.hidden_size = 16;
+    c.intermediate_size = 24;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = c.qk_norm ? 8 : 4; /* Qwen3: q is 32 wide while hidden is 16 */
+    c.vocab_size = 40;
+    c.max_position_embeddings = 64;
+    if (c.rope.type == TDM_ROPE_LLAMA3) c.rope.original_max_position_embeddings = 16;
+    char *json;
+    OK(tdm_model_config_to_json(&c, &json, err));
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    fclose(f);
+    free(json);
+    tdm_model_config back;
+    OK(tdm_model_config_load(&back, dir, err)); /* round trip: what the loader will see */
+
+    tdm_tensor_desc *lay;
+    size_t n;
+    OK(tdm_model_layout(&back, &lay, &n, err));
+    tdm_st_spec *specs = calloc(n, sizeof *specs);
+    const void **data = calloc(n, sizeof *data);
+    tdm_rng r;
+    tdm_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) {
+        int64_t numel = lay[i].shape[0] * (lay[i].rank == 2 ? lay[i].shape[1] : 1);
+        float *v = malloc((size_t)numel * sizeof(float));
+        for (int64_t j = 0; j < numel; j++) {
+            switch (lay[i].role) {
+            case TDM_ROLE_NORM:
+                v[j] = (float)unif(&r, 0.6, 1.4);
+                break;
+            case TDM_ROLE_BIAS:
+                v[j] = (float)unif(&r, -0.3, 0.3);
+                break;
+            default: /* matrices: big enough that the model is far from linear */
+                v[j] = (float)unif(&r, -0.5, 0.5);
+            }
+        }
+        specs[i].name = lay[i].name;
+        specs[i].dtype = TDM_DTYPE_F32;
+        specs[i].rank = lay[i].rank;
+        specs[i].shape[0] = lay[i].shape[0];
+        specs[i].shape[1] = lay[i].shape[1];
+        data[i] = v;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    OK(tdm_st_save(path, specs, data, n, NULL, 0, err));
+    for (size_t i = 0; i < n; i++)
+        free((void *)data[i]);
+    free(specs), free(data), free(lay);
+    return dir;
+}
+
+/* Random A and B for every targeted module of an adapter (B non-zero, unlike PEFT's init, so
+ * that every gradient is exercised). */
+static void randomize(tdm_lora *a, uint64_t seed)
+{
+    tdm_rng r;
+    tdm_rng_seed(&r, seed);
+    const tdm_model_config *c = tdm_model_get_config(a->model);
+    for (int l = 0; l < c->num_layers; l++)
+        for (int t = 0; t < TDM_LORA_N_TARGETS; t++) {
+            if (!(a->targets & TDM_LORA_BIT(t))) continue;
+            int64_t in, out;
+            tdm_model_target_shape(a->model, (tdm_lora_target)t, &in, &out);
+            float *A = malloc((size_t)(a->rank * in) * sizeof(float));
+            float *B = malloc((size_t)(out * a->rank) * sizeof(float));
+            for (int64_t i = 0; i < a->rank * in; i++)
+                A[i] = (float)unif(&r, -0.4, 0.4);
+            for (int64_t i = 0; i < out * a->rank; i++)
+                B[i] = (float)unif(&r, -0.4, 0.4);
+            OK(tdm_lora_set(a, l, (tdm_lora_target)t, A, B, err));
+            free(A), free(B);
+        }
+}
+
+/* A packed batch: sequences of the given lengths, tokens pseudo-random, some labels -100
+ * (prompt-like prefix), segments of adapter indices per sequence group. */
+typedef struct test_batch {
+    int32_t tokens[64], labels[64], cu[16];
+    tdm_batch_seg segs[8];
+    tdm_batch b;
+} test_batch;
+
+static void make_batch(test_batch *t, const int *lens, int n_seqs, const int *seq_adapter,
+                       uint64_t seed)
+{
+    tdm_rng r;
+    tdm_rng_seed(&r, seed);
+    int m = 0;
+    t->cu[0] = 0;
+    int n_segs = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        for (int i = 0; i < lens[s]; i++) {
+            t->tokens[m + i] = (int32_t)(tdm_rng_next(&r) % 40);
+            t->labels[m + i] = i < 2 ? -100 : t->tokens[m + i];
+        }
+        m += lens[s];
+        t->cu[s + 1] = m;
+        if (n_segs > 0 && t->segs[n_segs - 1].adapter == seq_adapter[s])
+            t->segs[n_segs - 1].row_end = m;
+        else
+            t->segs[n_segs++] = (tdm_batch_seg){seq_adapter[s], m - lens[s], m};
+    }
+    t->b = (tdm_batch){m, t->tokens, t->labels, t->cu, n_seqs, t->segs, n_segs};
+}
+
+/* L = sum over adapters of loss_sum / tokens (what the backward differentiates). */
+static double total_loss(tdm_model *m, tdm_lora **ad, int n, const tdm_batch *b, bool backward)
+{
+    double ls[4];
+    int64_t nt[4];
+    OK(tdm_model_step(m, ad, n, b, backward, NULL, ls, nt, err));
+    double L = 0;
+    for (int i = 0; i < n; i++)
+        if (nt[i] > 0) L += ls[i] / (double)nt[i];
+    return L;
+}
+
+static void fd_check(const char *preset, bool nf4)
+{
+    const char *dir = write_model(preset, preset, 7);
+    tdm_model_opts o = {.nf4 = nf4, .double_quant = nf4};
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, &o, err));
+    tdm_lora *a;
+    OK(tdm_lora_create(&a, m, 3, 0.7f, (1u << TDM_LORA_N_TARGETS) - 1, err));
+    randomize(a, 11);
+    test_batch tb;
+    const int lens[3] = {6, 4, 7};
+    const int ad[3] = {0, 0, 0};
+    make_batch(&tb, lens, 3, ad, 5);
+    OK(tdm_lora_zero_grad(a, err));
+    double L0 = total_loss(m, &a, 1, &tb.b, true);
+    int64_t np = a->n_params;
+    float *grad = malloc((size_t)np * sizeof(float)), *p = malloc((size_t)np * sizeof(float));
+    OK(tdm_be_download_f32(be, grad, a->grads, TDM_BE_F32, np, err));
+    OK(tdm_be_download_f32(be, p, a->params, TDM_BE_F32, np, err));
+
+    /* For each module's A and B: the 4 elements of largest |gradient| plus 2 others, central
+     * differences with h = 1e-2 (the forward is f32; the error of the difference quotient is
+     * dominated by f32 rounding of the loss, ~1e-6 / h). */
+    const tdm_model_config *c = tdm_model_get_config(m);
+    double worst = 0;
+    int checked = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        for (int t = 0; t < TDM_LORA_N_TARGETS; t++)
+            for (int which = 0; which < 2; which++) {
+                int64_t in, out;
+                tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
+                int64_t off = which == 0 ? a->a_off[l * 7 + t] : a->b_off[l * 7 + t];
+                int64_t n = a->rank * (which == 0 ? in : out);
+                double gmax = 0;
+                for (int64_t i = 0; i < n; i++)
+                    gmax = fmax(gmax, fabs(grad[off + i]));
+                int64_t picks[10];
+                int np_ = 0;
+                bool *used = calloc((size_t)n, 1);
+                for (int k = 0; k < 4 && k < n; k++) {
+                    int64_t best = -1;
+                    for (int64_t i = 0; i < n; i++)
+                        if (!used[i] && (best < 0 || fabs(grad[off + i]) > fabs(grad[off + best])))
+                            best = i;
+                    used[best] = true;
+                    picks[np_++] = best;
+                }
+                for (int k = 0; k < 2 && np_ < n; k++)
+                    picks[np_++] = (k * 7919 + 13) % n;
+                free(used);
+                double err_max = 0;
+                for (int k = 0; k < np_; k++) {
+                    int64_t i = off + picks[k];
+                    float orig = p[i], h = 1e-2f;
+                    float v = orig + h;
+                    OK(tdm_be_upload_f32(be, a->params + i, TDM_BE_F32, &v, 1, err));
+                    double lp = total_loss(m, &a, 1, &tb.b, false);
+                    v = orig - h;
+                    OK(tdm_be_upload_f32(be, a->params + i, TDM_BE_F32, &v, 1, err));
+                    double lm = total_loss(m, &a, 1, &tb.b, false);
+                    OK(tdm_be_upload_f32(be, a->params + i, TDM_BE_F32, &orig, 1, err));
+                    double fd = (lp - lm) / (2.0 * h);
+                    err_max = fmax(err_max, fabs(fd - grad[i]));
+                    checked++;
+                }
+                double rel = err_max / fmax(gmax, 1e-3);
+                worst = fmax(worst, rel);
+                if (rel > 1e-2)
+                    fail_msg("%s%s layer %d %s lora_%c: FD error %.3e relative to max |grad| "
+                             "%.3e",
+                             preset, nf4 ? " nf4" : "", l, tdm_lora_target_name(t),
+                             which ? 'B' : 'A', rel, gmax);
+            }
+    printf("  %-14s %-5s loss %.6f  %d gradient elements vs finite differences: worst error "
+           "%.2e of max |grad|\n",
+           preset, nf4 ? "nf4" : "f32", L0, checked, worst);
+
+    /* gradient checkpointing: the same bits */
+    tdm_model *mc;
+    tdm_model_opts oc = o;
+    oc.grad_checkpoint = true;
+    OK(tdm_model_load(&mc, be, dir, &oc, err));
+    tdm_lora *ac;
+    OK(tdm_lora_create(&ac, mc, 3, 0.7f, (1u << TDM_LORA_N_TARGETS) - 1, err));
+    randomize(ac, 11);
+    double Lc = total_loss(mc, &ac, 1, &tb.b, true);
+    float *gc = malloc((size_t)np * sizeof(float));
+    OK(tdm_be_download_f32(be, gc, ac->grads, TDM_BE_F32, np, err));
+    assert_true(Lc == L0);
+    assert_memory_equal(gc, grad, (size_t)np * sizeof(float));
+    free(gc);
+    tdm_lora_free(ac);
+    tdm_model_free(mc);
+
+    free(grad), free(p);
+    tdm_lora_free(a);
+    tdm_model_free(m);
+}
+
+static void test_fd_llama(void **state)
+{
+    fd_check("tiny-llama", false);
+}
+static void test_fd_qwen2(void **state)
+{
+    fd_check("tiny", false);
+}
+static void test_fd_qwen3(void **state)
+{
+    fd_check("tiny-qwen3", false);
+}
+static void test_fd_mistral(void **state)
+{
+    fd_check("tiny-mistral", false);
+}
+static void test_fd_qwen2_nf4(void **state)
+{
+    fd_check("tiny", true);
+}
+static void test_fd_llama_nf4(void **state)
+{
+    fd_check("tiny-llama", true);
+}
+
+/* Three adapters: ranks 2, 4, 3; targets {q, v}, all seven, {o, gate, down}. */
+static void test_fused_equals_alone(void **state)
+{
+    const char *presets[2] = {"tiny", "tiny-qwen3"};
+    for (int pi = 0; pi < 2; pi++) {
+        const char *dir = write_model(presets[pi], presets[pi], 7);
+        tdm_model *m;
+        OK(tdm_model_load(&m, be, dir, NULL, err));
+        const int64_t ranks[3] = {2, 4, 3};
+        const unsigned tg[3] = {
+            TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V), (1u << TDM_LORA_N_TARGETS) - 1,
+            TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_GATE) | TDM_LORA_BIT(TDM_LORA_DOWN)};
+        tdm_lora *ad[3];
+        for (int i = 0; i < 3; i++) {
+            OK(tdm_lora_create(&ad[i], m, ranks[i], 2.0f / (float)ranks[i], tg[i], err));
+            randomize(ad[i], 100 + (uint64_t)i);
+            OK(tdm_lora_zero_grad(ad[i], err));
+        }
+        /* fused: 6 sequences, adapters 0 0 1 2 2 2 (different data lengths per adapter) */
+        const int lens[6] = {5, 7, 9, 3, 6, 4};
+        const int which[6] = {0, 0, 1, 2, 2, 2};
+        test_batch fused;
+        make_batch(&fused, lens, 6, which, 77);
+        double ls[3];
+        int64_t nt[3];
+        OK(tdm_model_step(m, ad, 3, &fused.b, true, NULL, ls, nt, err));
+        float *gf[3];
+        for (int i = 0; i < 3; i++) {
+            gf[i] = malloc((size_t)ad[i]->n_params * sizeof(float));
+            OK(tdm_be_download_f32(be, gf[i], ad[i]->grads, TDM_BE_F32, ad[i]->n_params, err));
+            OK(tdm_lora_zero_grad(ad[i], err));
+        }
+        /* alone: the same sequences of each adapter (same tokens), one adapter per step */
+        double worst_loss = 0, worst_grad = 0;
+        for (int i = 0; i < 3; i++) {
+            test_batch alone;
+            int al[6], aw[6], n = 0;
+            for (int s = 0; s < 6; s++)
+                if (which[s] == i) al[n] = lens[s], aw[n++] = 0;
+            make_batch(&alone, al, n, aw, 1);
+            /* copy the fused batch's tokens and labels of adapter i's rows */
+            int64_t r0 = -1, r1 = 0;
+            for (int g = 0; g < fused.b.n_segs; g++)
+                if (fused.segs[g].adapter == i)
+                    r0 = fused.segs[g].row_begin, r1 = fused.segs[g].row_end;
+            assert_int_equal(r1 - r0, alone.b.m);
+            memcpy(alone.tokens, fused.tokens + r0, (size_t)(r1 - r0) * sizeof(int32_t));
+            memcpy(alone.labels, fused.labels + r0, (size_t)(r1 - r0) * sizeof(int32_t));
+            double l1;
+            int64_t n1;
+            OK(tdm_model_step(m, &ad[i], 1, &alone.b, true, NULL, &l1, &n1, err));
+            assert_int_equal(n1, nt[i]);
+            double dl = fabs(l1 - ls[i]) / fabs(l1);
+            worst_loss = fmax(worst_loss, dl);
+            float *g1 = malloc((size_t)ad[i]->n_params * sizeof(float));
+            OK(tdm_be_download_f32(be, g1, ad[i]->grads, TDM_BE_F32, ad[i]->n_params, err));
+            double num = 0, den = 0;
+            for (int64_t k = 0; k < ad[i]->n_params; k++) {
+                num = fmax(num, fabs((double)g1[k] - gf[i][k]));
+                den = fmax(den, fabs((double)g1[k]));
+            }
+            worst_grad = fmax(worst_grad, num / den);
+            if (dl > 1e-6 || num / den > 1e-5)
+                fail_msg("%s adapter %d: fused vs alone loss rel diff %.3e, grad rel diff %.3e",
+                         presets[pi], i, dl, num / den);
+            free(g1);
+        }
+        printf("  %-12s fused vs alone (3 adapters, ranks 2/4/3): loss rel diff %.2e, gradient "
+               "rel diff %.2e\n",
+               presets[pi], worst_loss, worst_grad);
+        for (int i = 0; i < 3; i++)
+            free(gf[i]), tdm_lora_free(ad[i]);
+        tdm_model_free(m);
+    }
+}
+
+static void test_batch_checks(void **state)
+{
+    const char *dir = write_model("tiny", "tiny", 7);
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, NULL, err));
+    tdm_lora *a = NULL;
+    test_batch tb;
+    const int lens[2] = {4, 5}, ad[2] = {0, 0};
+    make_batch(&tb, lens, 2, ad, 3);
+    tdm_error e = {0};
+    /* a segment boundary inside a sequence */
+    tdm_batch_seg bad[2] = {{0, 0, 3}, {0, 3, 9}};
+    tdm_batch b = tb.b;
+    b.segs = bad, b.n_segs = 2;
+    assert_int_equal(tdm_model_step(m, &a, 1, &b, false, NULL, NULL, NULL, &e), TDM_ERR_INVALID);
+    assert_non_null(strstr(e.message, "inside a sequence"));
+    /* a token outside the vocabulary */
+    tb.tokens[3] = 40;
+    assert_int_equal(tdm_model_step(m, &a, 1, &tb.b, false, NULL, NULL, NULL, &e), TDM_ERR_INVALID);
+    /* the bare base (NULL adapter) evaluates: loss of a random model near log(40) */
+    tb.tokens[3] = 1;
+    double ls;
+    int64_t n;
+    OK(tdm_model_step(m, &a, 1, &tb.b, false, NULL, &ls, &n, err));
+    assert_int_equal(n, (4 - 2) + (5 - 2)); /* rows 1.. of each sequence score labels 2.. */
+    assert_true(ls / (double)n > 0.5 && ls / (double)n < 20);
+    tdm_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fd_llama),           cmocka_unit_test(test_fd_qwen2),
+        cmocka_unit_test(test_fd_qwen3),           cmocka_unit_test(test_fd_mistral),
+        cmocka_unit_test(test_fd_qwen2_nf4),       cmocka_unit_test(test_fd_llama_nf4),
+        cmocka_unit_test(test_fused_equals_alone), cmocka_unit_test(test_batch_checks),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
