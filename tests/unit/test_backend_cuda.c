@@ -20,7 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "engine/backend.h"
+#include "engine/model.h"
+#include "model/init_model.h"
 #include "model/nf4.h"
 #include "util/half.h"
 #include "util/rng.h"
@@ -743,6 +747,76 @@ static void test_determinism(void **state)
     tdm_be_free(gpu, dk[1]);
 }
 
+/* ------------------------------------------------------ the whole model ---- */
+
+/* One fused step (forward + backward) of a random tiny model with one adapter on both backends:
+ * loss within bf16 tolerance, LoRA gradients with cosine similarity > 0.999 (issue 6). */
+static void model_case(const char *preset, bool nf4, unsigned targets)
+{
+    char dir[] = "/tmp/tandem-cuda-model-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    tdm_init_model_opts io = {0};
+    io.preset = preset;
+    io.seed = 7;
+    io.dtype = TDM_DTYPE_F32;
+    tdm_model_config cfg;
+    OK(tdm_init_model(dir, &io, &cfg, err));
+    tdm_model_opts mo = {nf4, false, false};
+    tdm_backend *bes[2] = {gpu, cpu};
+    tdm_model *mdl[2];
+    tdm_lora *ad[2];
+    for (int i = 0; i < 2; i++) {
+        OK(tdm_model_load(&mdl[i], bes[i], dir, &mo, err));
+        OK(tdm_lora_create(&ad[i], mdl[i], 8, 2.0f, targets, err));
+    }
+    for (int l = 0; l < cfg.num_layers; l++)
+        for (int t = 0; t < TDM_LORA_N_TARGETS; t++) {
+            if (!(targets & TDM_LORA_BIT(t))) continue;
+            int64_t in, out;
+            tdm_model_target_shape(mdl[0], (tdm_lora_target)t, &in, &out);
+            float *A = rndb(8 * in, 0.05f), *B = rndb(out * 8, 0.05f);
+            for (int i = 0; i < 2; i++) OK(tdm_lora_set(ad[i], l, (tdm_lora_target)t, A, B, err));
+            free(A), free(B);
+        }
+    int32_t tokens[33], labels[33], cu[3] = {0, 20, 33};
+    for (int i = 0; i < 33; i++) {
+        tokens[i] = (int32_t)(tdm_rng_next(&rng) % (uint64_t)cfg.vocab_size);
+        labels[i] = i % 9 == 4 ? -100 : tokens[i];
+    }
+    tdm_batch_seg seg = {0, 0, 33};
+    tdm_batch b = {33, tokens, labels, cu, 2, &seg, 1};
+    double loss[2];
+    int64_t ntok[2];
+    for (int i = 0; i < 2; i++)
+        OK(tdm_model_step(mdl[i], &ad[i], 1, &b, true, NULL, &loss[i], &ntok[i], err));
+    assert_int_equal(ntok[0], ntok[1]);
+    double lg = loss[0] / (double)ntok[0], lc = loss[1] / (double)ntok[1];
+    float *gg = get(gpu, ad[0]->grads, TDM_BE_F32, ad[0]->n_params);
+    float *gc = get(cpu, ad[1]->grads, TDM_BE_F32, ad[1]->n_params);
+    double dot = 0, ng = 0, nc = 0;
+    for (int64_t i = 0; i < ad[0]->n_params; i++)
+        dot += (double)gg[i] * gc[i], ng += (double)gg[i] * gg[i], nc += (double)gc[i] * gc[i];
+    double cosv = dot / sqrt(ng * nc), rel = fabs(lg - lc) / fabs(lc);
+    printf("  model %-12s %s targets 0x%02x: loss gpu %.6f cpu %.6f rel %.2e; grad cosine %.6f\n",
+           preset, nf4 ? "nf4 " : "f32 ", targets, lg, lc, rel, cosv);
+    assert_true(rel <= 1e-2);
+    assert_true(cosv > 0.999);
+    free(gg), free(gc);
+    for (int i = 0; i < 2; i++) tdm_lora_free(ad[i]), tdm_model_free(mdl[i]);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_model_step(void **state)
+{
+    unsigned qv = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
+    model_case("tiny", false, qv);
+    model_case("tiny", true, qv);
+    model_case("tiny-llama", true, (1u << TDM_LORA_N_TARGETS) - 1);
+    model_case("tiny-qwen3", false, (1u << TDM_LORA_N_TARGETS) - 1);
+}
+
 static int setup(void **state)
 {
     tdm_error err = {0};
@@ -780,6 +854,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_lora),
         cmocka_unit_test(test_sumsq_clip),    cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_errors_and_memory), cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_model_step),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
