@@ -42,9 +42,15 @@ tdm_status tdm_backend_create(tdm_backend **out, const char *name, const tdm_bac
     tdm_backend_opts defaults = {0};
     if (!opts) opts = &defaults;
     if (strcmp(name, "cpu") == 0) return tdm_backend_cpu_create(out, opts, err);
-    if (strcmp(name, "cuda") == 0)
+    if (strcmp(name, "cuda") == 0) {
+#ifdef TANDEM_HAVE_CUDA
+        return tdm_backend_cuda_create(out, opts, err);
+#else
         return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                        "backend cuda: this build of tandem has no CUDA backend yet");
+                        "backend cuda: this build of tandem has no CUDA support (rebuild where "
+                        "the CUDA toolkit is installed)");
+#endif
+    }
     return tdm_fail(err, TDM_ERR_NOT_FOUND, "backend '%s': unknown (known: cpu, cuda)", name);
 }
 

@@ -89,5 +89,9 @@ struct tdm_backend {
 
 /* Constructors of the compiled-in backends (backend.c picks by name). */
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err);
+/* engine/cuda/: TDM_ERR_NOT_FOUND when no usable CUDA device is present (no driver, no GPU,
+ * ordinal out of range), so callers can fall back to the CPU backend. */
+tdm_status tdm_backend_cuda_create(tdm_backend **out, const tdm_backend_opts *opts,
+                                   tdm_error *err);
 
 #endif

@@ -73,6 +73,7 @@ const char *tdm_status_str(tdm_status status)
     case TDM_ERR_BUSY: return "busy";
     case TDM_ERR_NEVER_FITS: return "never fits";
     case TDM_ERR_CORRUPT: return "corrupt data";
+    case TDM_ERR_DEVICE: return "device failure";
     }
     return "unknown status";
 }

@@ -21,6 +21,7 @@ typedef enum tdm_status {
     TDM_ERR_BUSY,        /* the resource is taken and the caller asked not to wait */
     TDM_ERR_NEVER_FITS,  /* a request larger than the capacity it could ever get */
     TDM_ERR_CORRUPT,     /* on-disk data is damaged */
+    TDM_ERR_DEVICE,      /* the GPU, its driver or a GPU library failed (message: call + reason) */
 } tdm_status;
 
 typedef struct tdm_error {

@@ -1,0 +1,747 @@
+/* cuda_backend.cu — the CUDA backend: device selection, memory, errors, elementwise ops, GEMM
+ * through cuBLASLt, NF4 dequantization and the frozen linear layers. Layer ops are in
+ * cuda_layers.cu, loss / LoRA / optimizer in cuda_train.cu. docs/cuda-backend.md describes it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
+
+#include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/nf4_dequant.cuh"
+
+extern "C" {
+#include "model/nf4.h"
+#include "util/half.h"
+}
+
+/* ------------------------------------------------------------------ errors ---- */
+
+tdm_status cuda_fail(tdm_error *err, cudaError_t e, const char *call, const char *file, int line)
+{
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    bool oom = e == cudaErrorMemoryAllocation;
+    (void)cudaGetLastError(); /* clear a non-sticky error */
+    return tdm_fail(err, oom ? TDM_ERR_NOMEM : TDM_ERR_DEVICE, "cuda: %s failed at %s:%d: %s: %s%s",
+                    call, base, line, cudaGetErrorName(e), cudaGetErrorString(e),
+                    oom ? " (GPU out of memory)" : "");
+}
+
+tdm_status lt_fail(tdm_error *err, cublasStatus_t s, const char *call, const char *file, int line)
+{
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    bool oom = s == CUBLAS_STATUS_ALLOC_FAILED;
+    return tdm_fail(err, oom ? TDM_ERR_NOMEM : TDM_ERR_DEVICE, "cublasLt: %s failed at %s:%d: %s: %s",
+                    call, base, line, cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+}
+
+/* Turns the device error word into a status (after the stream has been synchronized). */
+static tdm_status check_dev_error(cuda_backend *cb, tdm_error *err)
+{
+    int code = 0;
+    CU(cudaMemcpyAsync(&code, cb->dev_error, sizeof code, cudaMemcpyDeviceToHost, cb->stream));
+    CU(cudaStreamSynchronize(cb->stream));
+    if (code == CUDA_DEVERR_NONE) return TDM_OK;
+    CU(cudaMemsetAsync(cb->dev_error, 0, sizeof(int), cb->stream));
+    CU(cudaStreamSynchronize(cb->stream));
+    switch (code) {
+    case CUDA_DEVERR_TOKEN_ID:
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "embedding: a token id outside [0, vocab) (found on the GPU)");
+    case CUDA_DEVERR_LABEL:
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "cross_entropy: a label outside [0, vocab) and not -100 (found on the GPU)");
+    }
+    return tdm_fail(err, TDM_ERR_DEVICE, "cuda: unknown device error code %d", code);
+}
+
+/* ------------------------------------------------------------------ memory ---- */
+
+static void account(cuda_backend *cb, int64_t delta)
+{
+    cb->used = (uint64_t)((int64_t)cb->used + delta);
+    if (cb->used > cb->peak) cb->peak = cb->used;
+}
+
+static tdm_status device_malloc(cuda_backend *cb, size_t bytes, void **out, tdm_error *err)
+{
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError();
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        *out = NULL;
+        bool oom = e == cudaErrorMemoryAllocation;
+        return tdm_fail(err, oom ? TDM_ERR_NOMEM : TDM_ERR_DEVICE,
+                        "cuda: cudaMalloc(%zu bytes) failed at %s:%d: %s: %s (device %d: %zu MiB "
+                        "free of %zu MiB; this backend holds %llu MiB)",
+                        bytes, "cuda_backend.cu", __LINE__, cudaGetErrorName(e),
+                        cudaGetErrorString(e), cb->device, free_b >> 20, total_b >> 20,
+                        (unsigned long long)(cb->used >> 20));
+    }
+    return TDM_OK;
+}
+
+tdm_status cuda_scratch_get(cuda_backend *cb, int slot, size_t bytes, void **out, tdm_error *err)
+{
+    cuda_scratch *s = &cb->scratch[slot];
+    if (s->bytes < bytes) {
+        if (s->ptr) {
+            CU(cudaFree(s->ptr)); /* implicit device synchronization: no reader left */
+            account(cb, -(int64_t)s->bytes);
+            s->ptr = NULL;
+            s->bytes = 0;
+        }
+        size_t want = bytes + bytes / 4; /* some headroom against regrowth */
+        TRY(device_malloc(cb, want, &s->ptr, err));
+        s->bytes = want;
+        account(cb, (int64_t)want);
+    }
+    *out = s->ptr;
+    return TDM_OK;
+}
+
+tdm_status cuda_table_upload(cuda_backend *cb, const void *host, size_t bytes, void **dev,
+                             tdm_error *err)
+{
+    TRY(cuda_scratch_get(cb, 4, bytes, dev, err));
+    CU(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, cb->stream));
+    return TDM_OK;
+}
+
+static tdm_status cuda_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    TRY(device_malloc(cb, bytes, out, err));
+    cudaError_t e = cudaMemsetAsync(*out, 0, bytes ? bytes : 1, cb->stream);
+    if (e != cudaSuccess) {
+        cudaFree(*out);
+        *out = NULL;
+        return cuda_fail(err, e, "cudaMemsetAsync(new buffer)", __FILE__, __LINE__);
+    }
+    (*cb->allocs)[*out] = bytes;
+    account(cb, (int64_t)bytes);
+    return TDM_OK;
+}
+
+static void cuda_free_buf(tdm_backend *be, void *ptr)
+{
+    cuda_backend *cb = cuda_of(be);
+    auto it = cb->allocs->find(ptr);
+    if (it == cb->allocs->end()) return; /* not ours: ignore rather than corrupt the heap */
+    account(cb, -(int64_t)it->second);
+    cb->allocs->erase(it);
+    cudaFree(ptr); /* an error here would be a pending asynchronous one: synchronize reports it */
+}
+
+static void cuda_destroy(tdm_backend *be)
+{
+    cuda_backend *cb = cuda_of(be);
+    cudaStreamSynchronize(cb->stream);
+    for (auto &kv : *cb->allocs) cudaFree(kv.first);
+    delete cb->allocs;
+    for (auto &s : cb->scratch)
+        if (s.ptr) cudaFree(s.ptr);
+    if (cb->lt_ws) cudaFree(cb->lt_ws);
+    if (cb->dev_error) cudaFree(cb->dev_error);
+    if (cb->lt) cublasLtDestroy(cb->lt);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    free(cb);
+}
+
+static tdm_status cuda_upload(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                              tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
+    CU(cudaStreamSynchronize(cb->stream));
+    return TDM_OK;
+}
+
+static tdm_status cuda_download(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                                tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+    CU(cudaStreamSynchronize(cb->stream));
+    return check_dev_error(cb, err);
+}
+
+static tdm_status cuda_copy(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                            tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream));
+    return TDM_OK;
+}
+
+static tdm_status cuda_upload_f32(tdm_backend *be, void *dst, tdm_be_dtype dtype, const float *src,
+                                  int64_t n, tdm_error *err)
+{
+    if (dtype == TDM_BE_F32) return cuda_upload(be, dst, src, (size_t)n * sizeof(float), err);
+    uint16_t *tmp = (uint16_t *)malloc((size_t)n * sizeof(uint16_t));
+    if (!tmp) return tdm_fail(err, TDM_ERR_NOMEM, "upload_f32: out of host memory");
+    tdm_f32_to_bf16_n(src, tmp, (size_t)n);
+    tdm_status st = cuda_upload(be, dst, tmp, (size_t)n * sizeof(uint16_t), err);
+    free(tmp);
+    return st;
+}
+
+static tdm_status cuda_download_f32(tdm_backend *be, float *dst, const void *src,
+                                    tdm_be_dtype dtype, int64_t n, tdm_error *err)
+{
+    if (dtype == TDM_BE_F32) return cuda_download(be, dst, src, (size_t)n * sizeof(float), err);
+    uint16_t *tmp = (uint16_t *)malloc((size_t)n * sizeof(uint16_t));
+    if (!tmp) return tdm_fail(err, TDM_ERR_NOMEM, "download_f32: out of host memory");
+    tdm_status st = cuda_download(be, tmp, src, (size_t)n * sizeof(uint16_t), err);
+    if (st == TDM_OK) tdm_bf16_to_f32_n(tmp, dst, (size_t)n);
+    free(tmp);
+    return st;
+}
+
+static tdm_status cuda_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    size_t free_b = 0, total_b = 0;
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    info->used_bytes = cb->used;
+    info->peak_bytes = cb->peak;
+    info->total_bytes = total_b;
+    info->free_bytes = free_b;
+    return TDM_OK;
+}
+
+static void cuda_reset_peak(tdm_backend *be)
+{
+    cuda_backend *cb = cuda_of(be);
+    cb->peak = cb->used;
+}
+
+static tdm_status cuda_synchronize(tdm_backend *be, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    CU(cudaStreamSynchronize(cb->stream));
+    return check_dev_error(cb, err);
+}
+
+/* ------------------------------------------------------------- elementwise ---- */
+
+template <typename T> __global__ void fill_kernel(T *x, int64_t n, T v)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = v;
+}
+
+template <typename T> __global__ void axpy_kernel(T *y, const T *x, int64_t n, float alpha)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (T)((float)y[i] + alpha * (float)x[i]);
+}
+
+template <typename T> __global__ void scale_kernel(T *x, int64_t n, float alpha)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = (T)((float)x[i] * alpha);
+}
+
+__global__ void add_bias_kernel(bf16 *y, const float *bias, int64_t rows, int64_t cols)
+{
+    int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + bias[i % cols]);
+}
+
+#define EW_THREADS 256
+#define EW_BLOCKS(n) cuda_blocks((n), EW_THREADS * 4)
+
+static tdm_status cuda_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float value,
+                            tdm_error *err)
+{
+    cudaStream_t st = cuda_of(be)->stream;
+    switch (dtype) {
+    case TDM_BE_F32:
+        fill_kernel<float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((float *)x, n, value);
+        break;
+    case TDM_BE_BF16:
+        fill_kernel<bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)x, n,
+                                                               __float2bfloat16_rn(value));
+        break;
+    case TDM_BE_I32:
+        fill_kernel<int32_t><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((int32_t *)x, n, (int32_t)value);
+        break;
+    case TDM_BE_U8:
+        CU(cudaMemsetAsync(x, (int)(uint8_t)value, (size_t)n, st));
+        return TDM_OK;
+    }
+    CU_LAUNCHED("fill_kernel");
+    return TDM_OK;
+}
+
+static tdm_status cuda_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dtype, int64_t n,
+                            float alpha, tdm_error *err)
+{
+    cudaStream_t st = cuda_of(be)->stream;
+    if (dtype == TDM_BE_F32)
+        axpy_kernel<float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((float *)y, (const float *)x, n,
+                                                                alpha);
+    else
+        axpy_kernel<bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)y, (const bf16 *)x, n,
+                                                               alpha);
+    CU_LAUNCHED("axpy_kernel");
+    return TDM_OK;
+}
+
+static tdm_status cuda_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float alpha,
+                             tdm_error *err)
+{
+    cudaStream_t st = cuda_of(be)->stream;
+    if (dtype == TDM_BE_F32)
+        scale_kernel<float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((float *)x, n, alpha);
+    else
+        scale_kernel<bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)x, n, alpha);
+    CU_LAUNCHED("scale_kernel");
+    return TDM_OK;
+}
+
+static tdm_status cuda_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows,
+                                int64_t cols, tdm_error *err)
+{
+    add_bias_kernel<<<EW_BLOCKS(rows * cols), EW_THREADS, 0, cuda_of(be)->stream>>>(
+        (bf16 *)y, bias, rows, cols);
+    CU_LAUNCHED("add_bias_kernel");
+    return TDM_OK;
+}
+
+/* ------------------------------------------------------------------- GEMM ---- */
+
+/* C (m, n) = beta C for k == 0 (beta == 0: zeros, C not read), batch of strided matrices. */
+template <typename T>
+__global__ void scale_c_kernel(T *c, int64_t m, int64_t n, int64_t ldc, int64_t stride,
+                               int64_t batch, float beta)
+{
+    int64_t total = batch * m * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = i / (m * n), r = (i / n) % m, col = i % n;
+        T *p = c + b * stride + r * ldc + col;
+        *p = beta == 0.0f ? (T)0.0f : (T)(beta * (float)*p);
+    }
+}
+
+static int64_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    int64_t al = 256;
+    while (al > 1 && (a % (uintptr_t)al) != 0) al /= 2;
+    return al;
+}
+
+static cudaDataType_t lt_type(tdm_be_dtype d)
+{
+    return d == TDM_BE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* RAII-free cleanup of the descriptors of one matmul. */
+struct lt_descs {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    ~lt_descs()
+    {
+        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        if (c) cublasLtMatrixLayoutDestroy(c);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (op) cublasLtMatmulDescDestroy(op);
+    }
+};
+
+static tdm_status layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols,
+                         int64_t ld, int64_t batch, int64_t stride, tdm_error *err)
+{
+    LT(cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld));
+    if (batch > 1) {
+        int32_t bc = (int32_t)batch;
+        LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                            sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &stride, sizeof stride));
+    }
+    return TDM_OK;
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is
+ * our B (its memory read column-major is B^T when B is not transposed), the second our A. */
+static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err)
+{
+    int64_t batch = g->batch > 0 ? g->batch : 1;
+    cudaDataType_t ab = lt_type(g->a_dtype), ct = lt_type(g->c_dtype);
+    lt_descs d;
+    LT(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
+    cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* second operand */
+    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
+    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
+    /* first operand (our B): stored column-major as (n, k) when N, (k, n) when T */
+    TRY(layout(&d.a, ab, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, batch,
+               g->stride_b, err));
+    /* second operand (our A): (k, m) when N, (m, k) when T */
+    TRY(layout(&d.b, ab, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, batch,
+               g->stride_a, err));
+    TRY(layout(&d.c, ct, g->n, g->m, g->ldc, batch, g->stride_c, err));
+    LT(cublasLtMatmulPreferenceCreate(&d.pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &cb->lt_ws_bytes, sizeof cb->lt_ws_bytes));
+    uint32_t al_a = (uint32_t)align_of(g->b), al_b = (uint32_t)align_of(g->a);
+    uint32_t al_c = (uint32_t)align_of(g->c);
+    LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                            &al_a, sizeof al_a));
+    LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                            &al_b, sizeof al_b));
+    LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                            &al_c, sizeof al_c));
+    LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                            &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    LT(cublasLtMatmulAlgoGetHeuristic(cb->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found));
+    if (found < 1)
+        return tdm_fail(err, TDM_ERR_DEVICE,
+                        "cublasLt: no algorithm for gemm m %lld n %lld k %lld (%s x %s -> %s, lda "
+                        "%lld ldb %lld ldc %lld, batch %lld)",
+                        (long long)g->m, (long long)g->n, (long long)g->k,
+                        tdm_be_dtype_name(g->a_dtype), tdm_be_dtype_name(g->b_dtype),
+                        tdm_be_dtype_name(g->c_dtype), (long long)g->lda, (long long)g->ldb,
+                        (long long)g->ldc, (long long)batch);
+    float alpha = g->alpha, beta = g->beta;
+    LT(cublasLtMatmul(cb->lt, d.op, &alpha, g->b, d.a, g->a, d.b, &beta, g->c, d.c, g->c, d.c,
+                      &heur.algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
+    return TDM_OK;
+}
+
+static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride)
+{
+    if (rows == 0 || cols == 0) return 0;
+    return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err)
+{
+    int64_t batch = g->batch > 0 ? g->batch : 1;
+    if (g->m == 0 || g->n == 0) return TDM_OK;
+    if (g->k == 0) {
+        int64_t total = batch * g->m * g->n;
+        if (g->c_dtype == TDM_BE_F32)
+            scale_c_kernel<float><<<EW_BLOCKS(total), EW_THREADS, 0, cb->stream>>>(
+                (float *)g->c, g->m, g->n, g->ldc, g->stride_c, batch, g->beta);
+        else
+            scale_c_kernel<bf16><<<EW_BLOCKS(total), EW_THREADS, 0, cb->stream>>>(
+                (bf16 *)g->c, g->m, g->n, g->ldc, g->stride_c, batch, g->beta);
+        CU_LAUNCHED("scale_c_kernel");
+        return TDM_OK;
+    }
+    if (g->a_dtype == g->b_dtype) return gemm_same_types(cb, g, err);
+    /* Mixed f32 / bf16 operands: widen the bf16 one into scratch slot 2 (same ld and strides). */
+    tdm_gemm_args h = *g;
+    bool a_bf = g->a_dtype == TDM_BE_BF16;
+    int64_t n = a_bf ? span(g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, batch,
+                            g->stride_a)
+                     : span(g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, batch,
+                            g->stride_b);
+    void *tmp;
+    TRY(cuda_scratch_get(cb, 2, (size_t)n * sizeof(float), &tmp, err));
+    convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
+        (const bf16 *)(a_bf ? g->a : g->b), (float *)tmp, n);
+    CU_LAUNCHED("convert_kernel");
+    if (a_bf) {
+        h.a = tmp;
+        h.a_dtype = TDM_BE_F32;
+    } else {
+        h.b = tmp;
+        h.b_dtype = TDM_BE_F32;
+    }
+    return gemm_same_types(cb, &h, err);
+}
+
+static tdm_status cuda_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err)
+{
+    return cuda_gemm_rm(cuda_of(be), g, err);
+}
+
+/* -------------------------------------------------------- frozen weights ---- */
+
+tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0, int64_t r1,
+                            void *out, tdm_be_dtype dtype, tdm_error *err)
+{
+    int64_t n = (r1 - r0) * w->cols, e0 = r0 * w->cols;
+    cudaStream_t st = cb->stream;
+    bool f32 = dtype == TDM_BE_F32;
+    switch (w->format) {
+    case TDM_BE_W_F32:
+        if (f32) {
+            CU(cudaMemcpyAsync(out, (const float *)w->data + e0, (size_t)n * sizeof(float),
+                               cudaMemcpyDeviceToDevice, st));
+            return TDM_OK;
+        }
+        convert_kernel<float, bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(
+            (const float *)w->data + e0, (bf16 *)out, n);
+        CU_LAUNCHED("convert_kernel");
+        return TDM_OK;
+    case TDM_BE_W_BF16:
+        if (!f32) {
+            CU(cudaMemcpyAsync(out, (const bf16 *)w->data + e0, (size_t)n * sizeof(bf16),
+                               cudaMemcpyDeviceToDevice, st));
+            return TDM_OK;
+        }
+        convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(
+            (const bf16 *)w->data + e0, (float *)out, n);
+        CU_LAUNCHED("convert_kernel");
+        return TDM_OK;
+    case TDM_BE_W_NF4:
+    case TDM_BE_W_NF4_DQ:
+        break;
+    }
+    nf4_args a;
+    a.codes = w->codes;
+    a.absmax = w->format == TDM_BE_W_NF4 ? w->absmax : NULL;
+    a.absmax_q = w->absmax_q;
+    a.absmax2 = w->absmax2;
+    a.offset = w->offset;
+    a.e0 = e0;
+    a.n = n;
+    if (e0 % 8 == 0) {
+        unsigned blocks = cuda_blocks(n / 8 > 0 ? n / 8 : 1, 256);
+        if (f32)
+            nf4_dequant_v2<float><<<blocks, 256, 0, st>>>(a, (float *)out);
+        else
+            nf4_dequant_v2<bf16><<<blocks, 256, 0, st>>>(a, (bf16 *)out);
+        CU_LAUNCHED("nf4_dequant_v2");
+    } else {
+        if (f32)
+            nf4_dequant_v1<float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(a, (float *)out);
+        else
+            nf4_dequant_v1<bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(a, (bf16 *)out);
+        CU_LAUNCHED("nf4_dequant_v1");
+    }
+    return TDM_OK;
+}
+
+static tdm_status cuda_weight_rows_op(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
+                                      int64_t row_end, void *out, tdm_be_dtype out_dtype,
+                                      tdm_error *err)
+{
+    return cuda_weight_rows(cuda_of(be), w, row_begin, row_end, out, out_dtype, err);
+}
+
+tdm_status cuda_dense_bf16(cuda_backend *cb, const tdm_be_weight *w, int slot, const bf16 **out,
+                           tdm_error *err)
+{
+    if (w->format == TDM_BE_W_BF16) {
+        *out = (const bf16 *)w->data;
+        return TDM_OK;
+    }
+    void *tmp;
+    TRY(cuda_scratch_get(cb, slot, (size_t)(w->rows * w->cols) * sizeof(bf16), &tmp, err));
+    TRY(cuda_weight_rows(cb, w, 0, w->rows, tmp, TDM_BE_BF16, err));
+    *out = (const bf16 *)tmp;
+    return TDM_OK;
+}
+
+/* Elements of W dequantized per tile: 8 Mi bf16 (16 MiB of workspace), whole rows, a multiple
+ * of 64 rows when the tile does not cover W. */
+static int64_t tile_rows(const tdm_be_weight *w)
+{
+    int64_t rows = ((int64_t)8 << 20) / w->cols;
+    rows = rows >= 64 ? rows / 64 * 64 : (rows < 1 ? 1 : rows);
+    return rows < w->rows ? rows : w->rows;
+}
+
+/* Y (m, rows) = X (m, cols) W^T + beta Y. A bf16 weight is one GEMM; others (NF4, f32) are
+ * dequantized to bf16 a tile of rows at a time into workspace, each tile producing a block of
+ * Y's columns. */
+static tdm_status cuda_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x,
+                                  int64_t m, void *y, float beta, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    tdm_gemm_args g = {};
+    g.trans_a = false;
+    g.trans_b = true;
+    g.m = m;
+    g.k = w->cols;
+    g.alpha = 1.0f;
+    g.beta = beta;
+    g.a = x;
+    g.a_dtype = TDM_BE_BF16;
+    g.lda = w->cols;
+    g.b_dtype = TDM_BE_BF16;
+    g.ldb = w->cols;
+    g.c_dtype = TDM_BE_BF16;
+    g.ldc = w->rows;
+    g.batch = 1;
+    if (w->format == TDM_BE_W_BF16) {
+        g.n = w->rows;
+        g.b = w->data;
+        g.c = y;
+        return cuda_gemm_rm(cb, &g, err);
+    }
+    int64_t tile = tile_rows(w);
+    void *buf;
+    TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+        int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+        TRY(cuda_weight_rows(cb, w, r0, r1, buf, TDM_BE_BF16, err));
+        g.n = r1 - r0;
+        g.b = buf;
+        g.c = (bf16 *)y + r0;
+        TRY(cuda_gemm_rm(cb, &g, err));
+    }
+    return TDM_OK;
+}
+
+/* dst (n) bf16 = beta * dst + acc (n) f32 */
+__global__ void finish_acc_kernel(bf16 *dst, const float *acc, int64_t n, float beta)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = acc[i];
+        if (beta != 0.0f) v += beta * __bfloat162float(dst[i]);
+        dst[i] = __float2bfloat16_rn(v);
+    }
+}
+
+/* dX (m, cols) = dY (m, rows) W + beta dX. W's rows are the K dimension: with several tiles the
+ * partial products accumulate in an f32 workspace (no bf16 rounding between tiles), and the
+ * result is rounded once into dX. */
+static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy,
+                                  int64_t m, void *dx, float beta, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    tdm_gemm_args g = {};
+    g.m = m;
+    g.n = w->cols;
+    g.alpha = 1.0f;
+    g.a_dtype = TDM_BE_BF16;
+    g.lda = w->rows;
+    g.b_dtype = TDM_BE_BF16;
+    g.ldb = w->cols;
+    g.ldc = w->cols;
+    g.batch = 1;
+    if (w->format == TDM_BE_W_BF16) {
+        g.k = w->rows;
+        g.a = dy;
+        g.b = w->data;
+        g.c = dx;
+        g.c_dtype = TDM_BE_BF16;
+        g.beta = beta;
+        return cuda_gemm_rm(cb, &g, err);
+    }
+    int64_t tile = tile_rows(w);
+    void *buf;
+    TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
+    bool single = tile >= w->rows;
+    void *acc = NULL;
+    if (!single) TRY(cuda_scratch_get(cb, 1, (size_t)(m * w->cols) * sizeof(float), &acc, err));
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+        int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+        TRY(cuda_weight_rows(cb, w, r0, r1, buf, TDM_BE_BF16, err));
+        g.k = r1 - r0;
+        g.a = (const bf16 *)dy + r0;
+        g.b = buf;
+        if (single) {
+            g.c = dx;
+            g.c_dtype = TDM_BE_BF16;
+            g.beta = beta;
+        } else {
+            g.c = acc;
+            g.c_dtype = TDM_BE_F32;
+            g.beta = r0 == 0 ? 0.0f : 1.0f;
+        }
+        TRY(cuda_gemm_rm(cb, &g, err));
+    }
+    if (!single) {
+        int64_t n = m * w->cols;
+        finish_acc_kernel<<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>((bf16 *)dx,
+                                                                       (const float *)acc, n, beta);
+        CU_LAUNCHED("finish_acc_kernel");
+    }
+    return TDM_OK;
+}
+
+/* ---------------------------------------------------------------- create ---- */
+
+static const tdm_backend_vtable cuda_vtable = {
+    cuda_destroy,       cuda_alloc,        cuda_free_buf,      cuda_upload,
+    cuda_download,      cuda_upload_f32,   cuda_download_f32,  cuda_copy,
+    cuda_memory,        cuda_reset_peak,   cuda_synchronize,   cuda_fill,
+    cuda_axpy,          cuda_scale,        cuda_add_bias,      cuda_gemm,
+    cuda_weight_rows_op, cuda_linear_fwd,  cuda_linear_bwd,    cuda_embedding,
+    cuda_rmsnorm_fwd,   cuda_rmsnorm_bwd,  cuda_rope,          cuda_attention_fwd,
+    cuda_attention_bwd, cuda_swiglu_fwd,   cuda_swiglu_bwd,    cuda_cross_entropy,
+    cuda_lora_fwd,      cuda_lora_bwd,     cuda_sumsq,         cuda_clip_coef,
+    cuda_adamw,
+};
+
+static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)
+{
+    CU(cudaSetDevice(cb->device));
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, cb->device));
+    if (prop.major < 8)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "backend cuda: device %d (%s) has compute capability %d.%d; tandem needs "
+                        "8.0 or newer (bf16)",
+                        cb->device, prop.name, prop.major, prop.minor);
+    cb->n_sms = prop.multiProcessorCount;
+    cb->max_smem_optin = prop.sharedMemPerBlockOptin;
+    CU(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    LT(cublasLtCreate(&cb->lt));
+    cb->lt_ws_bytes = (size_t)32 << 20;
+    TRY(device_malloc(cb, cb->lt_ws_bytes, &cb->lt_ws, err));
+    account(cb, (int64_t)cb->lt_ws_bytes);
+    TRY(device_malloc(cb, sizeof(int), (void **)&cb->dev_error, err));
+    CU(cudaMemsetAsync(cb->dev_error, 0, sizeof(int), cb->stream));
+    float dmap[256];
+    tdm_nf4_dynamic_map(dmap);
+    CU(cudaMemcpyToSymbol(nf4_code_c, tdm_nf4_code, sizeof(float) * 16));
+    CU(cudaMemcpyToSymbol(nf4_dmap_c, dmap, sizeof dmap));
+    CU(cudaStreamSynchronize(cb->stream));
+    return TDM_OK;
+}
+
+extern "C" tdm_status tdm_backend_cuda_create(tdm_backend **out, const tdm_backend_opts *opts,
+                                              tdm_error *err)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return tdm_fail(err, TDM_ERR_NOT_FOUND, "backend cuda: no usable CUDA device (%s: %s)",
+                        cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    if (count == 0) return tdm_fail(err, TDM_ERR_NOT_FOUND, "backend cuda: no CUDA device found");
+    if (opts->device < 0 || opts->device >= count)
+        return tdm_fail(err, TDM_ERR_NOT_FOUND, "backend cuda: device %d not in [0, %d)",
+                        opts->device, count);
+    cuda_backend *cb = (cuda_backend *)calloc(1, sizeof *cb);
+    if (!cb) return tdm_fail(err, TDM_ERR_NOMEM, "backend cuda: out of memory");
+    cb->base.vt = &cuda_vtable;
+    cb->base.name = "cuda";
+    cb->base.act_dtype = TDM_BE_BF16;
+    cb->device = opts->device;
+    cb->allocs = new (std::nothrow) std::unordered_map<void *, size_t>();
+    tdm_status st = cb->allocs ? init_device(cb, opts, err)
+                               : tdm_fail(err, TDM_ERR_NOMEM, "backend cuda: out of memory");
+    if (st != TDM_OK) {
+        if (cb->allocs) cuda_destroy(&cb->base);
+        else free(cb);
+        return st;
+    }
+    *out = &cb->base;
+    return TDM_OK;
+}

@@ -1,0 +1,333 @@
+/* cuda_layers.cu — the CUDA backend's layer ops: embedding, RMSNorm, RoPE, attention, SwiGLU.
+ * bf16 in and out, f32 arithmetic; row reductions are done by one block in a fixed order. */
+#include "engine/cuda/attention.cuh"
+#include "engine/cuda/cuda_internal.h"
+
+#define EW_THREADS 256
+
+/* ---------------------------------------------------------------- embedding ---- */
+
+template <typename W>
+__global__ void embedding_kernel(const W *table, int64_t vocab, int64_t d, const int32_t *ids,
+                                 int64_t m, bf16 *out, int *dev_error)
+{
+    int64_t n = m * d;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / d, c = i % d;
+        int32_t id = ids[r];
+        if (id < 0 || id >= vocab) {
+            if (c == 0) atomicCAS(dev_error, 0, CUDA_DEVERR_TOKEN_ID);
+            out[i] = __float2bfloat16_rn(0.0f);
+            continue;
+        }
+        out[i] = __float2bfloat16_rn((float)table[id * d + c]);
+    }
+}
+
+tdm_status cuda_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
+                          void *out, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    unsigned blocks = cuda_blocks(m * w->cols, EW_THREADS * 4);
+    if (w->format == TDM_BE_W_BF16)
+        embedding_kernel<bf16><<<blocks, EW_THREADS, 0, cb->stream>>>(
+            (const bf16 *)w->data, w->rows, w->cols, ids, m, (bf16 *)out, cb->dev_error);
+    else
+        embedding_kernel<float><<<blocks, EW_THREADS, 0, cb->stream>>>(
+            (const float *)w->data, w->rows, w->cols, ids, m, (bf16 *)out, cb->dev_error);
+    CU_LAUNCHED("embedding_kernel");
+    return TDM_OK;
+}
+
+/* ------------------------------------------------------------------ RMSNorm ---- */
+
+/* Sum of x over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
+__device__ float block_sum(float x, float *shared32)
+{
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads(); /* shared32 may still be read from a previous call */
+    if (lane == 0) shared32[warp] = x;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += shared32[i]; /* same order in every thread */
+    return s;
+}
+
+/* One block per row: rstd = 1/sqrt(mean(x^2) + eps), y = w * (x * rstd). In place allowed. */
+__global__ void rmsnorm_fwd_kernel(const bf16 *x, const float *w, int64_t d, float eps, bf16 *y,
+                                   float *rstd)
+{
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const bf16 *xr = x + r * d;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = __bfloat162float(xr[j]);
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);
+    float rs = rsqrtf(ss / (float)d + eps);
+    bf16 *yr = y + r * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+        yr[j] = __float2bfloat16_rn(w[j] * (__bfloat162float(xr[j]) * rs));
+    if (rstd && threadIdx.x == 0) rstd[r] = rs;
+}
+
+/* dx_j = r w_j dy_j - x_j r^3 / d * sum_k w_k dy_k x_k, then dx = beta dx + that. */
+__global__ void rmsnorm_bwd_kernel(const bf16 *dy, const bf16 *x, const float *w,
+                                   const float *rstd, int64_t d, bf16 *dx, float beta)
+{
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const bf16 *dyr = dy + r * d, *xr = x + r * d;
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+        dot = fmaf(w[j] * __bfloat162float(dyr[j]), __bfloat162float(xr[j]), dot);
+    dot = block_sum(dot, red);
+    float rs = rstd[r];
+    float c = dot * rs * rs * rs / (float)d;
+    bf16 *dxr = dx + r * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float g = rs * w[j] * __bfloat162float(dyr[j]) - c * __bfloat162float(xr[j]);
+        if (beta != 0.0f) g += beta * __bfloat162float(dxr[j]);
+        dxr[j] = __float2bfloat16_rn(g);
+    }
+}
+
+static unsigned row_threads(int64_t d)
+{
+    return d >= 1024 ? 256 : d >= 256 ? 128 : 64;
+}
+
+tdm_status cuda_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int64_t rows,
+                            int64_t d, float eps, void *y, float *rstd, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    if (rows > 0x7fffffff) return tdm_fail(err, TDM_ERR_UNSUPPORTED, "rmsnorm_fwd: too many rows");
+    rmsnorm_fwd_kernel<<<(unsigned)rows, row_threads(d), 0, cb->stream>>>(
+        (const bf16 *)x, w, d, eps, (bf16 *)y, rstd);
+    CU_LAUNCHED("rmsnorm_fwd_kernel");
+    return TDM_OK;
+}
+
+tdm_status cuda_rmsnorm_bwd(tdm_backend *be, const void *dy, const void *x, const float *w,
+                            const float *rstd, int64_t rows, int64_t d, void *dx, float beta,
+                            tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    if (rows > 0x7fffffff) return tdm_fail(err, TDM_ERR_UNSUPPORTED, "rmsnorm_bwd: too many rows");
+    rmsnorm_bwd_kernel<<<(unsigned)rows, row_threads(d), 0, cb->stream>>>(
+        (const bf16 *)dy, (const bf16 *)x, w, rstd, d, (bf16 *)dx, beta);
+    CU_LAUNCHED("rmsnorm_bwd_kernel");
+    return TDM_OK;
+}
+
+/* --------------------------------------------------------------------- RoPE ---- */
+
+/* One thread per (row, j < half): angle = f32(pos) * inv_freq[j] (accurate sincosf, angles reach
+ * thousands of radians), rotating pair (j, j + half) of every head. */
+__global__ void rope_kernel(bf16 *x, int64_t m, int n_heads, int head_dim, int64_t ld,
+                            const int32_t *pos, const float *inv_freq, bool inverse)
+{
+    const int half = head_dim / 2;
+    int64_t n = m * half;
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = t / half;
+        int j = (int)(t % half);
+        float ang = (float)pos[i] * inv_freq[j];
+        float s, c;
+        sincosf(ang, &s, &c);
+        if (inverse) s = -s;
+        bf16 *row = x + i * ld;
+        for (int h = 0; h < n_heads; h++) {
+            bf16 *hx = row + (int64_t)h * head_dim;
+            float a = __bfloat162float(hx[j]), b = __bfloat162float(hx[j + half]);
+            hx[j] = __float2bfloat16_rn(a * c - b * s);
+            hx[j + half] = __float2bfloat16_rn(b * c + a * s);
+        }
+    }
+}
+
+tdm_status cuda_rope(tdm_backend *be, void *x, int64_t m, int64_t n_heads, int64_t head_dim,
+                     int64_t ld, const int32_t *pos, const float *inv_freq, bool inverse,
+                     tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    rope_kernel<<<cuda_blocks(m * head_dim / 2, EW_THREADS), EW_THREADS, 0, cb->stream>>>(
+        (bf16 *)x, m, (int)n_heads, (int)head_dim, ld, pos, inv_freq, inverse);
+    CU_LAUNCHED("rope_kernel");
+    return TDM_OK;
+}
+
+/* ---------------------------------------------------------------- attention ---- */
+
+static tdm_status att_check(const tdm_be_seqs *s, int64_t head_dim, const char *op,
+                            tdm_error *err)
+{
+    if (head_dim % 2 != 0 || head_dim > 256)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "%s: head_dim %lld not supported on CUDA (even, at most 256)", op,
+                        (long long)head_dim);
+    if (s->n_seqs > 65535)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "%s: more than 65535 sequences in one batch",
+                        op);
+    return TDM_OK;
+}
+
+/* Sets the dynamic shared-memory limit of a kernel when it needs more than the default 48 KB. */
+template <typename K>
+static tdm_status att_smem(cuda_backend *cb, K kernel, size_t bytes, const char *op,
+                           tdm_error *err)
+{
+    if (bytes > cb->max_smem_optin)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "%s: needs %zu bytes of shared memory, device "
+                        "allows %zu", op, bytes, cb->max_smem_optin);
+    if (bytes > 48 * 1024)
+        CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return TDM_OK;
+}
+
+#define ATT_DISPATCH(NTV, CALL)                                                                    \
+    switch (NTV) {                                                                                 \
+    case 1: CALL(1); break;                                                                        \
+    case 2: CALL(2); break;                                                                        \
+    case 3: CALL(3); break;                                                                        \
+    case 4: CALL(4); break;                                                                        \
+    case 5: CALL(5); break;                                                                        \
+    case 6: CALL(6); break;                                                                        \
+    case 7: CALL(7); break;                                                                        \
+    default: CALL(8); break;                                                                       \
+    }
+
+tdm_status cuda_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                              const void *v, int64_t n_heads, int64_t n_kv_heads,
+                              int64_t head_dim, float scale, void *out, float *lse,
+                              tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    TRY(att_check(s, head_dim, "attention_fwd", err));
+    if (s->n_seqs == 0 || s->max_seqlen == 0) return TDM_OK;
+    att_args a = {};
+    a.cu = s->cu_seqlens;
+    a.q = (const bf16 *)q;
+    a.k = (const bf16 *)k;
+    a.v = (const bf16 *)v;
+    a.o = (bf16 *)out;
+    a.lse = lse;
+    a.m = s->m;
+    a.H = (int)n_heads;
+    a.KVH = (int)n_kv_heads;
+    a.D = (int)head_dim;
+    a.scale = scale;
+    dim3 grid((unsigned)((s->max_seqlen + ATT_ROWS - 1) / ATT_ROWS), (unsigned)s->n_seqs,
+              (unsigned)n_heads);
+    size_t smem = att_fwd_smem(a.D);
+    int nt = (a.D + 31) / 32;
+#define FWD(N)                                                                                     \
+    do {                                                                                           \
+        TRY(att_smem(cb, att_fwd_v2<N>, smem, "attention_fwd", err));                             \
+        att_fwd_v2<N><<<grid, ATT_WARPS * 32, smem, cb->stream>>>(a);                             \
+    } while (0)
+    ATT_DISPATCH(nt, FWD)
+#undef FWD
+    CU_LAUNCHED("att_fwd_v2");
+    return TDM_OK;
+}
+
+tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
+                              const void *v, const void *out, const float *lse, const void *dout,
+                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                              void *dq, void *dk, void *dv, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    TRY(att_check(s, head_dim, "attention_bwd", err));
+    if (s->n_seqs == 0 || s->max_seqlen == 0) return TDM_OK;
+    void *di;
+    TRY(cuda_scratch_get(cb, 1, (size_t)(n_heads * s->m) * sizeof(float), &di, err));
+    att_args a = {};
+    a.cu = s->cu_seqlens;
+    a.q = (const bf16 *)q;
+    a.k = (const bf16 *)k;
+    a.v = (const bf16 *)v;
+    a.out = (const bf16 *)out;
+    a.dout = (const bf16 *)dout;
+    a.lse = (float *)lse;
+    a.Di = (const float *)di;
+    a.o = (bf16 *)dq;
+    a.dk = (bf16 *)dk;
+    a.dv = (bf16 *)dv;
+    a.m = s->m;
+    a.H = (int)n_heads;
+    a.KVH = (int)n_kv_heads;
+    a.D = (int)head_dim;
+    a.scale = scale;
+    att_bwd_di<<<cuda_blocks(s->m * n_heads * 32, 256), 256, 0, cb->stream>>>(a, (float *)di);
+    CU_LAUNCHED("att_bwd_di");
+    unsigned tiles = (unsigned)((s->max_seqlen + ATT_ROWS - 1) / ATT_ROWS);
+    dim3 gq(tiles, (unsigned)s->n_seqs, (unsigned)n_heads);
+    dim3 gkv(tiles, (unsigned)s->n_seqs, (unsigned)n_kv_heads);
+    size_t sq = att_dq_smem(a.D), skv = att_dkv_smem(a.D);
+    int nt = (a.D + 31) / 32;
+#define BWD(N)                                                                                     \
+    do {                                                                                           \
+        TRY(att_smem(cb, att_bwd_dq_v2<N>, sq, "attention_bwd", err));                            \
+        TRY(att_smem(cb, att_bwd_dkv_v2<N>, skv, "attention_bwd", err));                          \
+        att_bwd_dq_v2<N><<<gq, ATT_WARPS * 32, sq, cb->stream>>>(a);                              \
+        att_bwd_dkv_v2<N><<<gkv, ATT_WARPS * 32, skv, cb->stream>>>(a);                           \
+    } while (0)
+    ATT_DISPATCH(nt, BWD)
+#undef BWD
+    CU_LAUNCHED("att_bwd_dq_v2 / att_bwd_dkv_v2");
+    return TDM_OK;
+}
+
+/* ------------------------------------------------------------------- SwiGLU ---- */
+
+__global__ void swiglu_fwd_kernel(const bf16 *g, const bf16 *u, int64_t n, bf16 *h)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float gi = __bfloat162float(g[i]);
+        float sg = 1.0f / (1.0f + expf(-gi));
+        h[i] = __float2bfloat16_rn(gi * sg * __bfloat162float(u[i]));
+    }
+}
+
+__global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const bf16 *dh, int64_t n, bf16 *dg,
+                                  bf16 *du)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float gi = __bfloat162float(g[i]), ui = __bfloat162float(u[i]);
+        float d = __bfloat162float(dh[i]);
+        float sg = 1.0f / (1.0f + expf(-gi));
+        /* read everything before writing: dg or du may alias dh */
+        float dgv = d * ui * sg * (1.0f + gi * (1.0f - sg));
+        float duv = d * gi * sg;
+        dg[i] = __float2bfloat16_rn(dgv);
+        du[i] = __float2bfloat16_rn(duv);
+    }
+}
+
+tdm_status cuda_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
+                           void *h, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    swiglu_fwd_kernel<<<cuda_blocks(m * n, EW_THREADS * 4), EW_THREADS, 0, cb->stream>>>(
+        (const bf16 *)g, (const bf16 *)u, m * n, (bf16 *)h);
+    CU_LAUNCHED("swiglu_fwd_kernel");
+    return TDM_OK;
+}
+
+tdm_status cuda_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const void *dh,
+                           int64_t m, int64_t n, void *dg, void *du, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    swiglu_bwd_kernel<<<cuda_blocks(m * n, EW_THREADS * 4), EW_THREADS, 0, cb->stream>>>(
+        (const bf16 *)g, (const bf16 *)u, (const bf16 *)dh, m * n, (bf16 *)dg, (bf16 *)du);
+    CU_LAUNCHED("swiglu_bwd_kernel");
+    return TDM_OK;
+}

@@ -1,0 +1,258 @@
+/* lora.cuh — segmented LoRA over the fused multi-adapter batch (device code only; included by
+ * cuda_train.cu and dev/cuda/lora.cu).
+ *
+ * The batch's rows are cut into segments, one per adapter, each with its own A (r, in), B (out, r)
+ * f32 and scale. The segment table travels by value in the kernel parameters (no upload, no host
+ * synchronization), and one launch covers every segment:
+ *   lora_fwd_kernel      block = 16 rows of one segment: U = X A^T (kept in shared memory and
+ *                        written to u), then Y += scale U B^T over all output columns. ONE launch.
+ *   lora_bwd_rows_kernel block = 16 rows: dU = scale dY B, then dX += dU A. (dU to workspace.)
+ *   lora_bwd_red_kernel  block = 64 columns of dA or dB of one segment, summing over all the
+ *                        segment's rows in order: dA += dU^T X, dB += scale dY^T U.
+ * Every output element has one owner thread and a fixed summation order: deterministic.
+ * X, Y, dY, dX are bf16 (act), everything else f32; products accumulate in f32.
+ */
+#ifndef TANDEM_ENGINE_CUDA_LORA_CUH
+#define TANDEM_ENGINE_CUDA_LORA_CUH
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define LORA_MAX_SEGS 16 /* per launch; longer tables are split into several launches */
+#define LORA_MAX_RANK 128
+#define LORA_TM 16  /* rows per block (row kernels) */
+#define LORA_KC 64  /* K chunk staged in shared memory */
+#define LORA_THREADS 256
+#define LORA_RED_COLS 64
+#define LORA_RED_ROWS 32
+
+struct lora_seg_d {
+    int64_t row_begin, row_end;
+    const float *a, *b;
+    float *da, *db;
+    float scale;
+    int rank;
+    int tile0; /* first block of this segment in the launch */
+};
+
+struct lora_params {
+    lora_seg_d seg[LORA_MAX_SEGS];
+    int n_segs, n_blocks;
+    const __nv_bfloat16 *x; /* (m, in) */
+    __nv_bfloat16 *y;       /* fwd: (m, out) */
+    const __nv_bfloat16 *dy;
+    __nv_bfloat16 *dx; /* may be NULL */
+    float *u;          /* fwd: written; bwd: read. (m, u_ld) */
+    float *du;         /* bwd: (m, u_ld) workspace */
+    int64_t u_ld, in, out;
+};
+
+__device__ __forceinline__ int lora_find_seg(const lora_params &p, int block)
+{
+    int s = 0;
+    while (s + 1 < p.n_segs && p.seg[s + 1].tile0 <= block) s++;
+    return s;
+}
+
+/* Shared memory: Xs [TM][KC] f32, As [MAX_RANK][KC + 1] f32, Us [TM][MAX_RANK] f32. */
+#define LORA_FWD_SMEM                                                                              \
+    (sizeof(float) * (LORA_TM * LORA_KC + LORA_MAX_RANK * (LORA_KC + 1) + LORA_TM * LORA_MAX_RANK))
+
+__global__ void __launch_bounds__(LORA_THREADS) lora_fwd_kernel(lora_params p)
+{
+    extern __shared__ __align__(16) float lora_smem[];
+    float *Xs = lora_smem;
+    float *As = Xs + LORA_TM * LORA_KC;
+    float *Us = As + LORA_MAX_RANK * (LORA_KC + 1);
+    const lora_seg_d sg = p.seg[lora_find_seg(p, blockIdx.x)];
+    const int64_t r0 = sg.row_begin + (int64_t)(blockIdx.x - sg.tile0) * LORA_TM;
+    const int rows = (int)(sg.row_end - r0 < LORA_TM ? sg.row_end - r0 : LORA_TM);
+    const int r = sg.rank, t = threadIdx.x;
+    constexpr int PER = LORA_TM * LORA_MAX_RANK / LORA_THREADS; /* 8 */
+    float acc[PER];
+#pragma unroll
+    for (int q = 0; q < PER; q++) acc[q] = 0.0f;
+    /* U = X A^T over K = in, in chunks */
+    for (int64_t k0 = 0; k0 < p.in; k0 += LORA_KC) {
+        int kc = (int)(p.in - k0 < LORA_KC ? p.in - k0 : LORA_KC);
+        __syncthreads();
+        for (int i = t; i < LORA_TM * LORA_KC; i += LORA_THREADS) {
+            int rr = i / LORA_KC, kk = i % LORA_KC;
+            Xs[i] = rr < rows && kk < kc ? __bfloat162float(p.x[(r0 + rr) * p.in + k0 + kk]) : 0.0f;
+        }
+        for (int i = t; i < r * LORA_KC; i += LORA_THREADS) {
+            int c = i / LORA_KC, kk = i % LORA_KC;
+            As[c * (LORA_KC + 1) + kk] = kk < kc ? sg.a[c * p.in + k0 + kk] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+            int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
+            if (c >= r) continue;
+            const float *xr = Xs + rr * LORA_KC, *ar = As + c * (LORA_KC + 1);
+            float s = acc[q];
+            for (int kk = 0; kk < LORA_KC; kk++) s = fmaf(xr[kk], ar[kk], s);
+            acc[q] = s;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
+        if (c >= r) continue;
+        Us[rr * LORA_MAX_RANK + c] = acc[q];
+        if (rr < rows) p.u[(r0 + rr) * p.u_ld + c] = acc[q];
+    }
+    __syncthreads();
+    /* Y += scale U B^T: thread = output column, all TM rows */
+    for (int64_t c0 = 0; c0 < p.out; c0 += LORA_THREADS) {
+        int64_t col = c0 + t;
+        if (col >= p.out) break;
+        float ys[LORA_TM];
+#pragma unroll
+        for (int rr = 0; rr < LORA_TM; rr++) ys[rr] = 0.0f;
+        const float *br = sg.b + col * r;
+        for (int k = 0; k < r; k++) {
+            float bk = br[k];
+#pragma unroll
+            for (int rr = 0; rr < LORA_TM; rr++) ys[rr] = fmaf(Us[rr * LORA_MAX_RANK + k], bk, ys[rr]);
+        }
+        for (int rr = 0; rr < rows; rr++) {
+            __nv_bfloat16 *yp = p.y + (r0 + rr) * p.out + col;
+            *yp = __float2bfloat16_rn(__bfloat162float(*yp) + sg.scale * ys[rr]);
+        }
+    }
+}
+
+/* Shared memory: dYs [TM][KC] f32, Bs [KC][MAX_RANK] f32, dUs [TM][MAX_RANK] f32. */
+#define LORA_BWD_ROWS_SMEM                                                                         \
+    (sizeof(float) * (LORA_TM * LORA_KC + LORA_KC * LORA_MAX_RANK + LORA_TM * LORA_MAX_RANK))
+
+__global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params p)
+{
+    extern __shared__ __align__(16) float lora_smem[];
+    float *dYs = lora_smem;
+    float *Bs = dYs + LORA_TM * LORA_KC;
+    float *dUs = Bs + LORA_KC * LORA_MAX_RANK;
+    const lora_seg_d sg = p.seg[lora_find_seg(p, blockIdx.x)];
+    const int64_t r0 = sg.row_begin + (int64_t)(blockIdx.x - sg.tile0) * LORA_TM;
+    const int rows = (int)(sg.row_end - r0 < LORA_TM ? sg.row_end - r0 : LORA_TM);
+    const int r = sg.rank, t = threadIdx.x;
+    constexpr int PER = LORA_TM * LORA_MAX_RANK / LORA_THREADS;
+    float acc[PER];
+#pragma unroll
+    for (int q = 0; q < PER; q++) acc[q] = 0.0f;
+    /* dU = scale dY B over K = out */
+    for (int64_t k0 = 0; k0 < p.out; k0 += LORA_KC) {
+        int kc = (int)(p.out - k0 < LORA_KC ? p.out - k0 : LORA_KC);
+        __syncthreads();
+        for (int i = t; i < LORA_TM * LORA_KC; i += LORA_THREADS) {
+            int rr = i / LORA_KC, kk = i % LORA_KC;
+            dYs[i] = rr < rows && kk < kc ? __bfloat162float(p.dy[(r0 + rr) * p.out + k0 + kk])
+                                          : 0.0f;
+        }
+        for (int i = t; i < LORA_KC * r; i += LORA_THREADS) {
+            int kk = i / r, c = i % r;
+            Bs[kk * LORA_MAX_RANK + c] = kk < kc ? sg.b[(k0 + kk) * r + c] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+            int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
+            if (c >= r) continue;
+            const float *dyr = dYs + rr * LORA_KC;
+            float s = acc[q];
+            for (int kk = 0; kk < LORA_KC; kk++) s = fmaf(dyr[kk], Bs[kk * LORA_MAX_RANK + c], s);
+            acc[q] = s;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
+        if (c >= r) continue;
+        float v = sg.scale * acc[q];
+        dUs[rr * LORA_MAX_RANK + c] = v;
+        if (rr < rows) p.du[(r0 + rr) * p.u_ld + c] = v;
+    }
+    if (!p.dx) return;
+    __syncthreads();
+    /* dX += dU A: thread = input column, all TM rows */
+    for (int64_t c0 = 0; c0 < p.in; c0 += LORA_THREADS) {
+        int64_t col = c0 + t;
+        if (col >= p.in) break;
+        float xs[LORA_TM];
+#pragma unroll
+        for (int rr = 0; rr < LORA_TM; rr++) xs[rr] = 0.0f;
+        for (int k = 0; k < r; k++) {
+            float ak = sg.a[k * p.in + col];
+#pragma unroll
+            for (int rr = 0; rr < LORA_TM; rr++)
+                xs[rr] = fmaf(dUs[rr * LORA_MAX_RANK + k], ak, xs[rr]);
+        }
+        for (int rr = 0; rr < rows; rr++) {
+            __nv_bfloat16 *xp = p.dx + (r0 + rr) * p.in + col;
+            *xp = __float2bfloat16_rn(__bfloat162float(*xp) + xs[rr]);
+        }
+    }
+}
+
+/* Reduction blocks: segment s owns ceil(in/64) blocks for dA then ceil(out/64) for dB, starting
+ * at its tile0. Shared memory: Ls [RED_ROWS][MAX_RANK] f32, Rs [RED_ROWS][RED_COLS] f32. */
+#define LORA_RED_SMEM (sizeof(float) * (LORA_RED_ROWS * LORA_MAX_RANK + LORA_RED_ROWS * LORA_RED_COLS))
+
+__global__ void __launch_bounds__(LORA_THREADS) lora_bwd_red_kernel(lora_params p)
+{
+    extern __shared__ __align__(16) float lora_smem[];
+    float *Ls = lora_smem;
+    float *Rs = Ls + LORA_RED_ROWS * LORA_MAX_RANK;
+    const lora_seg_d sg = p.seg[lora_find_seg(p, blockIdx.x)];
+    const int r = sg.rank, t = threadIdx.x;
+    const int a_tiles = (int)((p.in + LORA_RED_COLS - 1) / LORA_RED_COLS);
+    int tile = blockIdx.x - sg.tile0;
+    const bool is_a = tile < a_tiles;
+    if (!is_a) tile -= a_tiles;
+    /* dA (r, in): L = dU (rows, r), R = X (rows, in). dB (out, r): L = U, R = dY (rows, out). */
+    const float *L = is_a ? p.du : p.u;
+    const __nv_bfloat16 *R = is_a ? p.x : p.dy;
+    const int64_t rcols = is_a ? p.in : p.out;
+    const int64_t col0 = (int64_t)tile * LORA_RED_COLS;
+    const int cl = t % LORA_RED_COLS, cg = t / LORA_RED_COLS; /* 4 rank groups */
+    constexpr int PER = LORA_MAX_RANK / (LORA_THREADS / LORA_RED_COLS); /* 32 */
+    float acc[PER];
+#pragma unroll
+    for (int q = 0; q < PER; q++) acc[q] = 0.0f;
+    for (int64_t row0 = sg.row_begin; row0 < sg.row_end; row0 += LORA_RED_ROWS) {
+        int nr = (int)(sg.row_end - row0 < LORA_RED_ROWS ? sg.row_end - row0 : LORA_RED_ROWS);
+        __syncthreads();
+        for (int i = t; i < LORA_RED_ROWS * r; i += LORA_THREADS) {
+            int rr = i / r, c = i % r;
+            Ls[rr * LORA_MAX_RANK + c] = rr < nr ? L[(row0 + rr) * p.u_ld + c] : 0.0f;
+        }
+        for (int i = t; i < LORA_RED_ROWS * LORA_RED_COLS; i += LORA_THREADS) {
+            int rr = i / LORA_RED_COLS, cc = i % LORA_RED_COLS;
+            Rs[i] = rr < nr && col0 + cc < rcols
+                        ? __bfloat162float(R[(row0 + rr) * rcols + col0 + cc])
+                        : 0.0f;
+        }
+        __syncthreads();
+        for (int rr = 0; rr < nr; rr++) {
+            float rv = Rs[rr * LORA_RED_COLS + cl];
+#pragma unroll
+            for (int q = 0; q < PER; q++) {
+                int c = cg + 4 * q;
+                if (c < r) acc[q] = fmaf(Ls[rr * LORA_MAX_RANK + c], rv, acc[q]);
+            }
+        }
+    }
+    const int64_t col = col0 + cl;
+    if (col >= rcols) return;
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        int c = cg + 4 * q;
+        if (c >= r) continue;
+        if (is_a)
+            sg.da[c * p.in + col] += acc[q];
+        else
+            sg.db[col * r + c] += sg.scale * acc[q];
+    }
+}
+
+#endif

@@ -1,0 +1,860 @@
+/* test_backend_cuda.c — every op of the CUDA backend against the CPU backend on the same random
+ * inputs (never zero; inputs rounded to bf16 first so both backends see identical values), with
+ * per-op tolerances: bf16 activations ~1e-2 relative (norm-wise: max |got - want| / max |want|),
+ * f32-only ops (AdamW, sums of squares) 1e-5. Each check prints
+ *     op                                   max_rel_err  (tol)
+ * Also: device-side errors (bad token id) surface at synchronize, an impossible allocation is
+ * TDM_ERR_NOMEM naming cudaMalloc, determinism (two runs, same bits), and memory accounting.
+ *
+ * Without a GPU (or a build without CUDA) it checks that creating the "cuda" backend fails
+ * cleanly with NOT_FOUND / UNSUPPORTED, then exits 77 (ctest: skipped).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "model/init_model.h"
+#include "model/nf4.h"
+#include "util/half.h"
+#include "util/rng.h"
+
+static tdm_backend *cpu, *gpu;
+static tdm_rng rng;
+
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        tdm_error err_ = {0};                                                                      \
+        tdm_error *err = &err_;                                                                    \
+        if ((call) != TDM_OK) fail_msg("%s: %s", #call, err_.message);                             \
+    } while (0)
+
+/* ---- host data ---- */
+
+static float rnd1(void)
+{
+    double u = tdm_rng_uniform(&rng);
+    double mag = 0.1 + 0.9 * tdm_rng_uniform(&rng);
+    return (float)(u < 0.5 ? -mag : mag);
+}
+
+/* n random values (|x| in [0.1, 1] * scale), rounded to bf16. */
+static float *rndb(int64_t n, float scale)
+{
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = tdm_bf16_to_f32(tdm_f32_to_bf16(scale * rnd1()));
+    return x;
+}
+
+/* ---- device helpers: the same host data on a backend, as dtype ---- */
+
+static void *put(tdm_backend *be, tdm_be_dtype dt, const float *host, int64_t n)
+{
+    void *p;
+    OK(tdm_be_alloc(be, dt, n, &p, err));
+    if (host) OK(tdm_be_upload_f32(be, p, dt, host, n, err));
+    return p;
+}
+
+/* act-dtype buffer of the backend */
+static void *put_act(tdm_backend *be, const float *host, int64_t n)
+{
+    return put(be, tdm_be_act_dtype(be), host, n);
+}
+
+static void *put_raw(tdm_backend *be, const void *host, size_t bytes)
+{
+    void *p;
+    OK(tdm_be_alloc(be, TDM_BE_U8, (int64_t)bytes, &p, err));
+    OK(tdm_be_upload(be, p, host, bytes, err));
+    return p;
+}
+
+static float *get(tdm_backend *be, const void *dev, tdm_be_dtype dt, int64_t n)
+{
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    OK(tdm_be_download_f32(be, h, dev, dt, n, err));
+    return h;
+}
+
+/* Poisons an act buffer with NaN on the GPU so unwritten outputs show. */
+static void poison(tdm_backend *be, void *dev, tdm_be_dtype dt, int64_t n)
+{
+    OK(tdm_be_fill(be, dev, dt, n, NAN, err));
+}
+
+/* ---- comparison ---- */
+
+static double max_rel_err(const float *got, const float *want, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= num)) num = d; /* NaN propagates */
+        if (fabs(want[i]) > den) den = fabs(want[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+static void check(const char *what, const float *got, const float *want, int64_t n, double tol)
+{
+    double e = max_rel_err(got, want, n);
+    printf("  %-48s max_rel_err %.3e  (tol %.0e)\n", what, e, tol);
+    fflush(stdout);
+    if (!(e <= tol)) fail_msg("%s: max relative error %.3e above %.0e", what, e, tol);
+}
+
+/* Downloads the same buffer of both backends and compares. */
+static void cmp(const char *what, const void *dg, const void *dc, tdm_be_dtype gdt,
+                tdm_be_dtype cdt, int64_t n, double tol)
+{
+    float *g = get(gpu, dg, gdt, n), *c = get(cpu, dc, cdt, n);
+    check(what, g, c, n, tol);
+    free(g);
+    free(c);
+}
+
+static void cmp_act(const char *what, const void *dg, const void *dc, int64_t n, double tol)
+{
+    cmp(what, dg, dc, tdm_be_act_dtype(gpu), tdm_be_act_dtype(cpu), n, tol);
+}
+
+#define BF_TOL 1e-2
+#define F32_TOL 1e-5
+
+/* ------------------------------------------------------------------ GEMM ---- */
+
+static void gemm_case(bool ta, bool tb, int64_t m, int64_t n, int64_t k, tdm_be_dtype at,
+                      tdm_be_dtype bt, tdm_be_dtype ct, float beta, int64_t batch)
+{
+    int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+    int64_t ra = ta ? k : m, rb = tb ? n : k;
+    int64_t sa = ra * lda + 5, sb = rb * ldb + 7, sc = m * ldc + 1;
+    int64_t na = batch * sa, nb = batch * sb, nc = batch * sc;
+    float *A = rndb(na, 1), *B = rndb(nb, 1), *C = rndb(nc, 1);
+    tdm_backend *bes[2] = {gpu, cpu};
+    void *dc[2];
+    for (int i = 0; i < 2; i++) {
+        void *da = put(bes[i], at, A, na), *db = put(bes[i], bt, B, nb);
+        dc[i] = put(bes[i], ct, C, nc);
+        tdm_gemm_args g = {ta, tb, m, n, k, 0.75f, beta, da, at, lda, sa, db, bt, ldb, sb,
+                           dc[i], ct, ldc, sc, batch};
+        OK(tdm_be_gemm(bes[i], &g, err));
+        tdm_be_free(bes[i], da);
+        tdm_be_free(bes[i], db);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "gemm %c%c %lldx%lldx%lld %s*%s->%s beta %.1f batch %lld",
+             ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
+             tdm_be_dtype_name(at), tdm_be_dtype_name(bt), tdm_be_dtype_name(ct), beta,
+             (long long)batch);
+    cmp(name, dc[0], dc[1], ct, ct, nc, ct == TDM_BE_BF16 ? BF_TOL : 1e-4);
+    tdm_be_free(gpu, dc[0]);
+    tdm_be_free(cpu, dc[1]);
+    free(A), free(B), free(C);
+}
+
+static void test_gemm(void **state)
+{
+    for (int t = 0; t < 4; t++)
+        gemm_case(t & 1, t & 2, 37, 45, 70, TDM_BE_BF16, TDM_BE_BF16, TDM_BE_F32, 0.0f, 1);
+    gemm_case(false, true, 64, 128, 96, TDM_BE_BF16, TDM_BE_BF16, TDM_BE_BF16, 0.5f, 1);
+    gemm_case(true, false, 33, 17, 50, TDM_BE_F32, TDM_BE_F32, TDM_BE_F32, 1.0f, 1);
+    gemm_case(false, false, 20, 30, 40, TDM_BE_F32, TDM_BE_BF16, TDM_BE_F32, 0.0f, 1);
+    gemm_case(false, false, 20, 30, 40, TDM_BE_BF16, TDM_BE_F32, TDM_BE_BF16, 0.0f, 1);
+    gemm_case(false, true, 16, 24, 32, TDM_BE_BF16, TDM_BE_BF16, TDM_BE_F32, 0.25f, 3);
+    gemm_case(false, false, 5, 6, 0, TDM_BE_BF16, TDM_BE_BF16, TDM_BE_F32, 0.5f, 2);
+}
+
+/* ------------------------------------------------------ frozen weights ---- */
+
+typedef struct wpair {
+    tdm_be_weight w[2]; /* gpu, cpu */
+    void *bufs[2][4];
+} wpair;
+
+static void weight_make(wpair *p, tdm_be_wformat fmt, int64_t rows, int64_t cols)
+{
+    memset(p, 0, sizeof *p);
+    int64_t n = rows * cols;
+    float *w = rndb(n, 0.5f);
+    tdm_backend *bes[2] = {gpu, cpu};
+    tdm_nf4 q = {0};
+    if (fmt == TDM_BE_W_NF4 || fmt == TDM_BE_W_NF4_DQ)
+        OK(tdm_nf4_quantize(w, n, fmt == TDM_BE_W_NF4_DQ, &q, err));
+    for (int i = 0; i < 2; i++) {
+        tdm_be_weight *x = &p->w[i];
+        x->format = fmt;
+        x->rows = rows;
+        x->cols = cols;
+        switch (fmt) {
+        case TDM_BE_W_F32:
+            x->data = p->bufs[i][0] = put(bes[i], TDM_BE_F32, w, n);
+            break;
+        case TDM_BE_W_BF16:
+            x->data = p->bufs[i][0] = put(bes[i], TDM_BE_BF16, w, n);
+            break;
+        case TDM_BE_W_NF4:
+            x->codes = p->bufs[i][0] = put_raw(bes[i], q.packed, (size_t)(n + 1) / 2);
+            x->absmax = p->bufs[i][1] = put(bes[i], TDM_BE_F32, q.absmax, q.nblocks);
+            break;
+        case TDM_BE_W_NF4_DQ:
+            x->codes = p->bufs[i][0] = put_raw(bes[i], q.packed, (size_t)(n + 1) / 2);
+            x->absmax_q = p->bufs[i][1] = put_raw(bes[i], q.absmax_q, (size_t)q.nblocks);
+            x->absmax2 = p->bufs[i][2] =
+                put(bes[i], TDM_BE_F32, q.absmax2, (q.nblocks + 255) / 256);
+            x->offset = q.offset;
+            break;
+        }
+    }
+    tdm_nf4_free(&q);
+    free(w);
+}
+
+static void weight_free(wpair *p)
+{
+    for (int i = 0; i < 4; i++) {
+        tdm_be_free(gpu, p->bufs[0][i]);
+        tdm_be_free(cpu, p->bufs[1][i]);
+    }
+}
+
+static const char *fmt_name(tdm_be_wformat f)
+{
+    return f == TDM_BE_W_F32 ? "f32" : f == TDM_BE_W_BF16 ? "bf16" : f == TDM_BE_W_NF4 ? "nf4"
+                                                                                        : "nf4-dq";
+}
+
+static void linear_case(tdm_be_wformat fmt, int64_t rows, int64_t cols, int64_t m, float beta)
+{
+    wpair w;
+    weight_make(&w, fmt, rows, cols);
+    char name[128];
+    /* weight_rows at an odd start (not a multiple of 8 elements when cols is not) */
+    int64_t r0 = 1, r1 = rows < 40 ? rows : 40;
+    int64_t nr = (r1 - r0) * cols;
+    void *og = put(gpu, TDM_BE_F32, NULL, nr), *oc = put(cpu, TDM_BE_F32, NULL, nr);
+    poison(gpu, og, TDM_BE_F32, nr);
+    OK(tdm_be_weight_rows(gpu, &w.w[0], r0, r1, og, TDM_BE_F32, err));
+    OK(tdm_be_weight_rows(cpu, &w.w[1], r0, r1, oc, TDM_BE_F32, err));
+    snprintf(name, sizeof name, "weight_rows %s (%lld, %lld) rows [%lld, %lld) f32",
+             fmt_name(fmt), (long long)rows, (long long)cols, (long long)r0, (long long)r1);
+    cmp(name, og, oc, TDM_BE_F32, TDM_BE_F32, nr, 1e-6); /* same f32 products */
+    tdm_be_free(gpu, og);
+    tdm_be_free(cpu, oc);
+
+    float *X = rndb(m * cols, 1), *Y0 = rndb(m * rows, 1), *DY = rndb(m * rows, 1),
+          *DX0 = rndb(m * cols, 1);
+    void *xg = put_act(gpu, X, m * cols), *xc = put_act(cpu, X, m * cols);
+    void *yg = put_act(gpu, Y0, m * rows), *yc = put_act(cpu, Y0, m * rows);
+    OK(tdm_be_linear_fwd(gpu, &w.w[0], xg, m, yg, beta, err));
+    OK(tdm_be_linear_fwd(cpu, &w.w[1], xc, m, yc, beta, err));
+    snprintf(name, sizeof name, "linear_fwd %s (%lld, %lld) m %lld beta %.1f", fmt_name(fmt),
+             (long long)rows, (long long)cols, (long long)m, beta);
+    cmp_act(name, yg, yc, m * rows, BF_TOL);
+    void *dyg = put_act(gpu, DY, m * rows), *dyc = put_act(cpu, DY, m * rows);
+    void *dxg = put_act(gpu, DX0, m * cols), *dxc = put_act(cpu, DX0, m * cols);
+    OK(tdm_be_linear_bwd(gpu, &w.w[0], dyg, m, dxg, beta, err));
+    OK(tdm_be_linear_bwd(cpu, &w.w[1], dyc, m, dxc, beta, err));
+    snprintf(name, sizeof name, "linear_bwd %s (%lld, %lld) m %lld beta %.1f", fmt_name(fmt),
+             (long long)rows, (long long)cols, (long long)m, beta);
+    cmp_act(name, dxg, dxc, m * cols, BF_TOL);
+    void *ptrs[2][4] = {{xg, yg, dyg, dxg}, {xc, yc, dyc, dxc}};
+    for (int i = 0; i < 4; i++) {
+        tdm_be_free(gpu, ptrs[0][i]);
+        tdm_be_free(cpu, ptrs[1][i]);
+    }
+    free(X), free(Y0), free(DY), free(DX0);
+    weight_free(&w);
+}
+
+static void test_linear(void **state)
+{
+    tdm_be_wformat fmts[4] = {TDM_BE_W_F32, TDM_BE_W_BF16, TDM_BE_W_NF4, TDM_BE_W_NF4_DQ};
+    for (int f = 0; f < 4; f++) {
+        linear_case(fmts[f], 200, 96, 33, 0.0f);
+        linear_case(fmts[f], 72, 100, 9, 0.5f);
+    }
+    /* more than one 8 Mi-element tile: forward by column blocks, backward accumulated in f32 */
+    linear_case(TDM_BE_W_NF4_DQ, 9000, 1024, 12, 0.0f);
+    linear_case(TDM_BE_W_NF4, 9000, 1024, 12, 0.5f);
+}
+
+/* --------------------------------------------------------------- layers ---- */
+
+static void test_embedding(void **state)
+{
+    tdm_be_wformat fmts[2] = {TDM_BE_W_BF16, TDM_BE_W_F32};
+    for (int f = 0; f < 2; f++) {
+        wpair w;
+        weight_make(&w, fmts[f], 300, 40);
+        int32_t ids[23];
+        for (int i = 0; i < 23; i++) ids[i] = (int32_t)(tdm_rng_next(&rng) % 300);
+        void *ig = put_raw(gpu, ids, sizeof ids), *ic = put_raw(cpu, ids, sizeof ids);
+        void *og = put_act(gpu, NULL, 23 * 40), *oc = put_act(cpu, NULL, 23 * 40);
+        poison(gpu, og, TDM_BE_BF16, 23 * 40);
+        OK(tdm_be_embedding(gpu, &w.w[0], ig, 23, og, err));
+        OK(tdm_be_embedding(cpu, &w.w[1], ic, 23, oc, err));
+        cmp_act(f == 0 ? "embedding bf16 table" : "embedding f32 table", og, oc, 23 * 40, BF_TOL);
+        tdm_be_free(gpu, ig), tdm_be_free(cpu, ic), tdm_be_free(gpu, og), tdm_be_free(cpu, oc);
+        weight_free(&w);
+    }
+}
+
+static void test_rmsnorm(void **state)
+{
+    int64_t dims[3] = {64, 896, 3000}, rows = 19;
+    for (int t = 0; t < 3; t++) {
+        int64_t d = dims[t], n = rows * d;
+        float *X = rndb(n, 2), *W = rndb(d, 1), *DY = rndb(n, 1), *DX = rndb(n, 1);
+        void *xg = put_act(gpu, X, n), *xc = put_act(cpu, X, n);
+        float *wg = put(gpu, TDM_BE_F32, W, d), *wc = put(cpu, TDM_BE_F32, W, d);
+        void *yg = put_act(gpu, NULL, n), *yc = put_act(cpu, NULL, n);
+        float *rg = put(gpu, TDM_BE_F32, NULL, rows), *rc = put(cpu, TDM_BE_F32, NULL, rows);
+        poison(gpu, yg, TDM_BE_BF16, n);
+        OK(tdm_be_rmsnorm_fwd(gpu, xg, wg, rows, d, 1e-6f, yg, rg, err));
+        OK(tdm_be_rmsnorm_fwd(cpu, xc, wc, rows, d, 1e-6f, yc, rc, err));
+        char name[96];
+        snprintf(name, sizeof name, "rmsnorm_fwd d %lld", (long long)d);
+        cmp_act(name, yg, yc, n, BF_TOL);
+        snprintf(name, sizeof name, "rmsnorm_fwd rstd d %lld", (long long)d);
+        cmp(name, rg, rc, TDM_BE_F32, TDM_BE_F32, rows, 1e-5);
+        for (int b = 0; b < 2; b++) {
+            float beta = b ? 0.5f : 0.0f;
+            void *dyg = put_act(gpu, DY, n), *dyc = put_act(cpu, DY, n);
+            void *dxg = put_act(gpu, DX, n), *dxc = put_act(cpu, DX, n);
+            OK(tdm_be_rmsnorm_bwd(gpu, dyg, xg, wg, rg, rows, d, dxg, beta, err));
+            OK(tdm_be_rmsnorm_bwd(cpu, dyc, xc, wc, rc, rows, d, dxc, beta, err));
+            snprintf(name, sizeof name, "rmsnorm_bwd d %lld beta %.1f", (long long)d, beta);
+            cmp_act(name, dxg, dxc, n, BF_TOL);
+            tdm_be_free(gpu, dyg), tdm_be_free(cpu, dyc), tdm_be_free(gpu, dxg),
+                tdm_be_free(cpu, dxc);
+        }
+        /* in place */
+        OK(tdm_be_rmsnorm_fwd(gpu, xg, wg, rows, d, 1e-6f, xg, NULL, err));
+        snprintf(name, sizeof name, "rmsnorm_fwd in place d %lld", (long long)d);
+        cmp_act(name, xg, yc, n, BF_TOL);
+        tdm_be_free(gpu, xg), tdm_be_free(cpu, xc), tdm_be_free(gpu, wg), tdm_be_free(cpu, wc);
+        tdm_be_free(gpu, yg), tdm_be_free(cpu, yc), tdm_be_free(gpu, rg), tdm_be_free(cpu, rc);
+        free(X), free(W), free(DY), free(DX);
+    }
+}
+
+static void test_rope(void **state)
+{
+    int64_t m = 21, H = 3, D = 64, ld = H * D + 8, n = m * ld;
+    float *X = rndb(n, 1);
+    int32_t pos[21];
+    for (int i = 0; i < 21; i++) pos[i] = i < 10 ? i : 4000 + 37 * i; /* large angles too */
+    float inv[32];
+    for (int j = 0; j < 32; j++) inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)D);
+    for (int inverse = 0; inverse < 2; inverse++) {
+        void *xg = put_act(gpu, X, n), *xc = put_act(cpu, X, n);
+        void *pg = put_raw(gpu, pos, sizeof pos), *pc = put_raw(cpu, pos, sizeof pos);
+        float *fg = put(gpu, TDM_BE_F32, inv, 32), *fc = put(cpu, TDM_BE_F32, inv, 32);
+        OK(tdm_be_rope(gpu, xg, m, H, D, ld, pg, fg, inverse, err));
+        OK(tdm_be_rope(cpu, xc, m, H, D, ld, pc, fc, inverse, err));
+        cmp_act(inverse ? "rope inverse (ld > H*D, positions to 4777)"
+                        : "rope (ld > H*D, positions to 4777)",
+                xg, xc, n, BF_TOL);
+        tdm_be_free(gpu, xg), tdm_be_free(cpu, xc), tdm_be_free(gpu, pg), tdm_be_free(cpu, pc);
+        tdm_be_free(gpu, fg), tdm_be_free(cpu, fc);
+    }
+    free(X);
+}
+
+static void attention_case(const int32_t *lens, int n_seqs, int64_t H, int64_t KVH, int64_t D)
+{
+    int32_t cu[16];
+    cu[0] = 0;
+    int64_t maxlen = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        cu[i + 1] = cu[i] + lens[i];
+        if (lens[i] > maxlen) maxlen = lens[i];
+    }
+    int64_t m = cu[n_seqs], nq = m * H * D, nk = m * KVH * D;
+    float scale = 1.0f / sqrtf((float)D);
+    float *Q = rndb(nq, 1), *K = rndb(nk, 1), *V = rndb(nk, 1), *DO = rndb(nq, 1);
+    tdm_backend *bes[2] = {gpu, cpu};
+    void *o[2], *dq[2], *dk[2], *dv[2], *bufs[2][6];
+    float *lse[2];
+    for (int i = 0; i < 2; i++) {
+        tdm_backend *be = bes[i];
+        void *cud = put_raw(be, cu, (size_t)(n_seqs + 1) * sizeof(int32_t));
+        tdm_be_seqs s = {cud, n_seqs, maxlen, m};
+        void *q = put_act(be, Q, nq), *k = put_act(be, K, nk), *v = put_act(be, V, nk);
+        void *dout = put_act(be, DO, nq);
+        o[i] = put_act(be, NULL, nq);
+        lse[i] = put(be, TDM_BE_F32, NULL, H * m);
+        dq[i] = put_act(be, NULL, nq);
+        dk[i] = put_act(be, NULL, nk);
+        dv[i] = put_act(be, NULL, nk);
+        if (be == gpu) {
+            poison(be, o[i], TDM_BE_BF16, nq), poison(be, dq[i], TDM_BE_BF16, nq);
+            poison(be, dk[i], TDM_BE_BF16, nk), poison(be, dv[i], TDM_BE_BF16, nk);
+            poison(be, lse[i], TDM_BE_F32, H * m);
+        }
+        OK(tdm_be_attention_fwd(be, &s, q, k, v, H, KVH, D, scale, o[i], lse[i], err));
+        OK(tdm_be_attention_bwd(be, &s, q, k, v, o[i], lse[i], dout, H, KVH, D, scale, dq[i],
+                                dk[i], dv[i], err));
+        void *b[6] = {cud, q, k, v, dout, NULL};
+        memcpy(bufs[i], b, sizeof b);
+    }
+    char name[128];
+    const char *parts[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int p = 0; p < 5; p++) {
+        snprintf(name, sizeof name, "attention %s (%d seqs, max %lld, H %lld KVH %lld D %lld)",
+                 parts[p], n_seqs, (long long)maxlen, (long long)H, (long long)KVH, (long long)D);
+        switch (p) {
+        case 0: cmp_act(name, o[0], o[1], nq, BF_TOL); break;
+        case 1: cmp(name, lse[0], lse[1], TDM_BE_F32, TDM_BE_F32, H * m, 1e-3); break;
+        case 2: cmp_act(name, dq[0], dq[1], nq, 2e-2); break;
+        case 3: cmp_act(name, dk[0], dk[1], nk, 2e-2); break;
+        case 4: cmp_act(name, dv[0], dv[1], nk, 2e-2); break;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 5; j++) tdm_be_free(bes[i], bufs[i][j]);
+        tdm_be_free(bes[i], o[i]), tdm_be_free(bes[i], lse[i]), tdm_be_free(bes[i], dq[i]);
+        tdm_be_free(bes[i], dk[i]), tdm_be_free(bes[i], dv[i]);
+    }
+    free(Q), free(K), free(V), free(DO);
+}
+
+static void test_attention(void **state)
+{
+    int32_t a[4] = {37, 1, 70, 5};
+    attention_case(a, 4, 4, 2, 64);
+    int32_t b[2] = {100, 33};
+    attention_case(b, 2, 2, 1, 128);
+    int32_t c[3] = {9, 40, 64};
+    attention_case(c, 3, 6, 6, 16);
+    int32_t d[1] = {45};
+    attention_case(d, 1, 2, 2, 80); /* head_dim not a multiple of 32 */
+}
+
+static void test_swiglu(void **state)
+{
+    int64_t m = 17, n = 300, t = m * n;
+    float *G = rndb(t, 3), *U = rndb(t, 1), *DH = rndb(t, 1);
+    void *gg = put_act(gpu, G, t), *gc = put_act(cpu, G, t);
+    void *ug = put_act(gpu, U, t), *uc = put_act(cpu, U, t);
+    void *hg = put_act(gpu, NULL, t), *hc = put_act(cpu, NULL, t);
+    poison(gpu, hg, TDM_BE_BF16, t);
+    OK(tdm_be_swiglu_fwd(gpu, gg, ug, m, n, hg, err));
+    OK(tdm_be_swiglu_fwd(cpu, gc, uc, m, n, hc, err));
+    cmp_act("swiglu_fwd", hg, hc, t, BF_TOL);
+    void *dhg = put_act(gpu, DH, t), *dhc = put_act(cpu, DH, t);
+    void *dgg = put_act(gpu, NULL, t), *dgc = put_act(cpu, NULL, t);
+    /* du aliases dh (allowed) */
+    OK(tdm_be_swiglu_bwd(gpu, gg, ug, dhg, m, n, dgg, dhg, err));
+    OK(tdm_be_swiglu_bwd(cpu, gc, uc, dhc, m, n, dgc, dhc, err));
+    cmp_act("swiglu_bwd dg", dgg, dgc, t, BF_TOL);
+    cmp_act("swiglu_bwd du (aliasing dh)", dhg, dhc, t, BF_TOL);
+    void *all[2][6] = {{gg, ug, hg, dhg, dgg, NULL}, {gc, uc, hc, dhc, dgc, NULL}};
+    for (int i = 0; i < 5; i++) tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
+    free(G), free(U), free(DH);
+}
+
+/* --------------------------------------------------------- cross-entropy ---- */
+
+static void test_cross_entropy(void **state)
+{
+    int64_t V = 1000, d = 64, m = 50;
+    wpair w;
+    weight_make(&w, TDM_BE_W_BF16, V, d);
+    float *H = rndb(m * d, 2);
+    int32_t labels[50];
+    float weight[50];
+    for (int i = 0; i < 50; i++) {
+        labels[i] = i % 7 == 3 ? -100 : (int32_t)(tdm_rng_next(&rng) % (uint64_t)V);
+        weight[i] = labels[i] == -100 ? 0.0f : 1.0f / 43.0f;
+    }
+    void *hg = put_act(gpu, H, m * d), *hc = put_act(cpu, H, m * d);
+    void *lg = put_raw(gpu, labels, sizeof labels), *lc = put_raw(cpu, labels, sizeof labels);
+    float *wg = put(gpu, TDM_BE_F32, weight, m), *wc = put(cpu, TDM_BE_F32, weight, m);
+    float *sg = put(gpu, TDM_BE_F32, NULL, m), *sc = put(cpu, TDM_BE_F32, NULL, m);
+    void *dg = put_act(gpu, NULL, m * d), *dc = put_act(cpu, NULL, m * d);
+    poison(gpu, sg, TDM_BE_F32, m);
+    poison(gpu, dg, TDM_BE_BF16, m * d);
+    OK(tdm_be_cross_entropy(gpu, hg, &w.w[0], lg, wg, m, 16, sg, dg, err));
+    OK(tdm_be_cross_entropy(cpu, hc, &w.w[1], lc, wc, m, 16, sc, dc, err));
+    cmp("cross_entropy loss (V 1000, chunk 16, ignored rows)", sg, sc, TDM_BE_F32, TDM_BE_F32, m,
+        BF_TOL);
+    cmp_act("cross_entropy dh", dg, dc, m * d, BF_TOL);
+    /* no dh: loss only */
+    OK(tdm_be_cross_entropy(gpu, hg, &w.w[0], lg, wg, m, 64, sg, NULL, err));
+    cmp("cross_entropy loss only (one chunk)", sg, sc, TDM_BE_F32, TDM_BE_F32, m, BF_TOL);
+    void *all[2][5] = {{hg, lg, wg, sg, dg}, {hc, lc, wc, sc, dc}};
+    for (int i = 0; i < 5; i++) tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
+    free(H);
+    weight_free(&w);
+}
+
+/* ------------------------------------------------------------------ LoRA ---- */
+
+static void test_lora(void **state)
+{
+    int64_t m = 90, in = 96, out = 80, u_ld = 32;
+    /* segments: rank 4 rows [0, 30), no LoRA [30, 41), gap [41, 45), rank 16 [45, 80),
+     * rank 32 [80, 90) */
+    int64_t rb[4] = {0, 30, 45, 80}, re[4] = {30, 41, 80, 90}, rk[4] = {4, 0, 16, 32};
+    float sc[4] = {2.0f, 0, 0.5f, 1.25f};
+    float *X = rndb(m * in, 1), *Y = rndb(m * out, 1), *DY = rndb(m * out, 1),
+          *DX = rndb(m * in, 1);
+    float *A[4], *B[4], *DA0[4], *DB0[4];
+    for (int s = 0; s < 4; s++) {
+        int64_t r = rk[s] ? rk[s] : 1;
+        A[s] = rndb(r * in, 0.3f), B[s] = rndb(out * r, 0.3f);
+        DA0[s] = rndb(r * in, 0.1f), DB0[s] = rndb(out * r, 0.1f);
+    }
+    tdm_backend *bes[2] = {gpu, cpu};
+    void *x[2], *y[2], *dy[2], *dx[2];
+    float *u[2], *a[2][4], *b[2][4], *da[2][4], *db[2][4];
+    for (int i = 0; i < 2; i++) {
+        tdm_backend *be = bes[i];
+        x[i] = put_act(be, X, m * in), y[i] = put_act(be, Y, m * out);
+        dy[i] = put_act(be, DY, m * out), dx[i] = put_act(be, DX, m * in);
+        u[i] = put(be, TDM_BE_F32, NULL, m * u_ld);
+        tdm_lora_seg segs[4];
+        for (int s = 0; s < 4; s++) {
+            int64_t r = rk[s] ? rk[s] : 1;
+            a[i][s] = put(be, TDM_BE_F32, A[s], r * in), b[i][s] = put(be, TDM_BE_F32, B[s], out * r);
+            da[i][s] = put(be, TDM_BE_F32, DA0[s], r * in);
+            db[i][s] = put(be, TDM_BE_F32, DB0[s], out * r);
+            tdm_lora_seg sg = {rb[s], re[s], rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
+                               b[i][s], da[i][s], db[i][s]};
+            segs[s] = sg;
+        }
+        OK(tdm_be_lora_fwd(be, segs, 4, x[i], m, in, out, u[i], u_ld, y[i], err));
+        OK(tdm_be_lora_bwd(be, segs, 4, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
+    }
+    cmp_act("lora_fwd y (3 adapters r 4/16/32, a no-LoRA run, a gap)", y[0], y[1], m * out,
+            BF_TOL);
+    /* u: compare only the columns each segment writes */
+    float *ug = get(gpu, u[0], TDM_BE_F32, m * u_ld), *uc = get(cpu, u[1], TDM_BE_F32, m * u_ld);
+    for (int s = 0; s < 4; s++)
+        for (int64_t r = rb[s]; r < re[s]; r++)
+            for (int64_t c = 0; c < u_ld; c++)
+                if (!rk[s] || c >= rk[s]) ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
+    for (int64_t r = 41; r < 45; r++)
+        for (int64_t c = 0; c < u_ld; c++) ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
+    check("lora_fwd u", ug, uc, m * u_ld, BF_TOL);
+    free(ug), free(uc);
+    cmp_act("lora_bwd dx (accumulated)", dx[0], dx[1], m * in, BF_TOL);
+    for (int s = 0; s < 4; s++) {
+        if (!rk[s]) continue;
+        char name[64];
+        snprintf(name, sizeof name, "lora_bwd dA rank %lld (accumulated)", (long long)rk[s]);
+        cmp(name, da[0][s], da[1][s], TDM_BE_F32, TDM_BE_F32, rk[s] * in, BF_TOL);
+        snprintf(name, sizeof name, "lora_bwd dB rank %lld (accumulated)", (long long)rk[s]);
+        cmp(name, db[0][s], db[1][s], TDM_BE_F32, TDM_BE_F32, out * rk[s], BF_TOL);
+    }
+    for (int i = 0; i < 2; i++) {
+        tdm_be_free(bes[i], x[i]), tdm_be_free(bes[i], y[i]), tdm_be_free(bes[i], dy[i]);
+        tdm_be_free(bes[i], dx[i]), tdm_be_free(bes[i], u[i]);
+        for (int s = 0; s < 4; s++) {
+            tdm_be_free(bes[i], a[i][s]), tdm_be_free(bes[i], b[i][s]);
+            tdm_be_free(bes[i], da[i][s]), tdm_be_free(bes[i], db[i][s]);
+        }
+    }
+    for (int s = 0; s < 4; s++) free(A[s]), free(B[s]), free(DA0[s]), free(DB0[s]);
+    free(X), free(Y), free(DY), free(DX);
+}
+
+/* ------------------------------------------------------------- optimizer ---- */
+
+static void test_sumsq_clip(void **state)
+{
+    int64_t ns[5] = {10, 20000, 3, 8192, 100};
+    int groups[5] = {0, 1, 0, 2, 1};
+    float *h[5];
+    tdm_be_vec vg[5], vc[5];
+    for (int i = 0; i < 5; i++) {
+        h[i] = rndb(ns[i], 1);
+        vg[i] = (tdm_be_vec){put(gpu, TDM_BE_F32, h[i], ns[i]), ns[i], groups[i]};
+        vc[i] = (tdm_be_vec){put(cpu, TDM_BE_F32, h[i], ns[i]), ns[i], groups[i]};
+    }
+    float *og = put(gpu, TDM_BE_F32, NULL, 4), *oc = put(cpu, TDM_BE_F32, NULL, 4);
+    OK(tdm_be_sumsq(gpu, vg, 5, 4, og, err));
+    OK(tdm_be_sumsq(cpu, vc, 5, 4, oc, err));
+    cmp("sumsq (4 groups, one empty)", og, oc, TDM_BE_F32, TDM_BE_F32, 4, F32_TOL);
+    float maxn[4] = {1.0f, 1000.0f, 0.0f, 0.5f};
+    float *cg = put(gpu, TDM_BE_F32, NULL, 4), *cc = put(cpu, TDM_BE_F32, NULL, 4);
+    float *ng = put(gpu, TDM_BE_F32, NULL, 4), *nc = put(cpu, TDM_BE_F32, NULL, 4);
+    OK(tdm_be_clip_coef(gpu, og, maxn, 4, cg, ng, err));
+    OK(tdm_be_clip_coef(cpu, oc, maxn, 4, cc, nc, err));
+    cmp("clip_coef", cg, cc, TDM_BE_F32, TDM_BE_F32, 4, F32_TOL);
+    cmp("clip_coef norm", ng, nc, TDM_BE_F32, TDM_BE_F32, 4, F32_TOL);
+    for (int i = 0; i < 5; i++) {
+        tdm_be_free(gpu, (void *)vg[i].x), tdm_be_free(cpu, (void *)vc[i].x);
+        free(h[i]);
+    }
+    tdm_be_free(gpu, og), tdm_be_free(cpu, oc), tdm_be_free(gpu, cg), tdm_be_free(cpu, cc);
+    tdm_be_free(gpu, ng), tdm_be_free(cpu, nc);
+}
+
+static void test_adamw(void **state)
+{
+    int64_t ns[3] = {100, 10000, 7};
+    float lrs[3] = {2e-4f, 1e-3f, 5e-2f}, wds[3] = {0.0f, 0.01f, 0.1f};
+    tdm_backend *bes[2] = {gpu, cpu};
+    float *p[2][3], *g[2][3], *mm[2][3], *vv[2][3], *coef[2];
+    float *hp[3], *hg[3];
+    for (int t = 0; t < 3; t++) hp[t] = rndb(ns[t], 1), hg[t] = rndb(ns[t], 0.1f);
+    float c = 0.37f;
+    for (int i = 0; i < 2; i++) {
+        coef[i] = put(bes[i], TDM_BE_F32, &c, 1);
+        for (int t = 0; t < 3; t++) {
+            p[i][t] = put(bes[i], TDM_BE_F32, hp[t], ns[t]);
+            g[i][t] = put(bes[i], TDM_BE_F32, hg[t], ns[t]);
+            mm[i][t] = put(bes[i], TDM_BE_F32, NULL, ns[t]);
+            vv[i][t] = put(bes[i], TDM_BE_F32, NULL, ns[t]);
+        }
+        for (int64_t step = 1; step <= 3; step++) {
+            tdm_adamw_tensor ts[3];
+            for (int t = 0; t < 3; t++)
+                ts[t] = (tdm_adamw_tensor){p[i][t], g[i][t], mm[i][t], vv[i][t], ns[t],
+                                           t == 1 ? coef[i] : NULL, lrs[t], 0.9f, 0.999f, 1e-8f,
+                                           wds[t], step};
+            OK(tdm_be_adamw(bes[i], ts, 3, err));
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        char name[64];
+        snprintf(name, sizeof name, "adamw p (tensor %d, 3 steps)", t);
+        cmp(name, p[0][t], p[1][t], TDM_BE_F32, TDM_BE_F32, ns[t], F32_TOL);
+        snprintf(name, sizeof name, "adamw m (tensor %d)", t);
+        cmp(name, mm[0][t], mm[1][t], TDM_BE_F32, TDM_BE_F32, ns[t], F32_TOL);
+        snprintf(name, sizeof name, "adamw v (tensor %d)", t);
+        cmp(name, vv[0][t], vv[1][t], TDM_BE_F32, TDM_BE_F32, ns[t], F32_TOL);
+    }
+    for (int i = 0; i < 2; i++) {
+        tdm_be_free(bes[i], coef[i]);
+        for (int t = 0; t < 3; t++) {
+            tdm_be_free(bes[i], p[i][t]), tdm_be_free(bes[i], g[i][t]);
+            tdm_be_free(bes[i], mm[i][t]), tdm_be_free(bes[i], vv[i][t]);
+        }
+    }
+    for (int t = 0; t < 3; t++) free(hp[t]), free(hg[t]);
+}
+
+/* --------------------------------------------------------- elementwise ---- */
+
+static void test_elementwise(void **state)
+{
+    int64_t rows = 13, cols = 77, n = rows * cols;
+    float *X = rndb(n, 1), *Y = rndb(n, 1), *bias = rndb(cols, 1);
+    tdm_backend *bes[2] = {gpu, cpu};
+    void *x[2], *y[2], *f[2];
+    float *b[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = put_act(bes[i], X, n), y[i] = put_act(bes[i], Y, n);
+        f[i] = put(bes[i], TDM_BE_F32, Y, n);
+        b[i] = put(bes[i], TDM_BE_F32, bias, cols);
+        OK(tdm_be_axpy(bes[i], y[i], x[i], tdm_be_act_dtype(bes[i]), n, -0.5f, err));
+        OK(tdm_be_scale(bes[i], y[i], tdm_be_act_dtype(bes[i]), n, 3.0f, err));
+        OK(tdm_be_add_bias(bes[i], y[i], b[i], rows, cols, err));
+        OK(tdm_be_axpy(bes[i], f[i], b[i], TDM_BE_F32, cols, 2.0f, err));
+        OK(tdm_be_fill(bes[i], (float *)f[i] + cols, TDM_BE_F32, 5, 1.5f, err));
+    }
+    cmp_act("axpy + scale + add_bias (act)", y[0], y[1], n, BF_TOL);
+    cmp("axpy + fill f32", f[0], f[1], TDM_BE_F32, TDM_BE_F32, n, F32_TOL);
+    for (int i = 0; i < 2; i++)
+        tdm_be_free(bes[i], x[i]), tdm_be_free(bes[i], y[i]), tdm_be_free(bes[i], f[i]),
+            tdm_be_free(bes[i], b[i]);
+    free(X), free(Y), free(bias);
+}
+
+/* ---------------------------------------------------- errors & memory ---- */
+
+static void test_errors_and_memory(void **state)
+{
+    tdm_error e = {0};
+    void *p = NULL;
+    /* far beyond any GPU: a distinct out-of-memory status naming the call */
+    tdm_status st = tdm_be_alloc(gpu, TDM_BE_F32, (int64_t)1 << 38, &p, &e);
+    printf("  huge alloc -> %s: %s\n", tdm_status_str(st), e.message);
+    assert_int_equal(st, TDM_ERR_NOMEM);
+    assert_non_null(strstr(e.message, "cudaMalloc"));
+    assert_non_null(strstr(e.message, "cuda_backend.cu:"));
+    /* the backend still works after it */
+    tdm_be_mem_info mi0, mi1;
+    OK(tdm_be_memory(gpu, &mi0, err));
+    void *q;
+    OK(tdm_be_alloc(gpu, TDM_BE_F32, 1 << 20, &q, err));
+    OK(tdm_be_memory(gpu, &mi1, err));
+    assert_true(mi1.used_bytes >= mi0.used_bytes + (4u << 20));
+    assert_true(mi1.peak_bytes >= mi1.used_bytes);
+    assert_true(mi1.total_bytes > 0);
+    tdm_be_free(gpu, q);
+    /* a token id out of range is found on the GPU and reported by synchronize */
+    wpair w;
+    weight_make(&w, TDM_BE_W_BF16, 10, 8);
+    int32_t ids[3] = {1, 10, 2};
+    void *ig = put_raw(gpu, ids, sizeof ids), *og = put_act(gpu, NULL, 24);
+    OK(tdm_be_embedding(gpu, &w.w[0], ig, 3, og, err));
+    memset(&e, 0, sizeof e);
+    st = tdm_be_synchronize(gpu, &e);
+    printf("  bad token id -> %s: %s\n", tdm_status_str(st), e.message);
+    assert_int_equal(st, TDM_ERR_INVALID);
+    assert_non_null(strstr(e.message, "token id"));
+    OK(tdm_be_synchronize(gpu, err)); /* reported once, then cleared */
+    tdm_be_free(gpu, ig), tdm_be_free(gpu, og);
+    weight_free(&w);
+}
+
+/* Same inputs twice: the same bits (no atomics in the reductions). */
+static void test_determinism(void **state)
+{
+    int32_t lens[3] = {50, 64, 13};
+    int32_t cu[4] = {0, 50, 114, 127};
+    int64_t m = 127, H = 4, KVH = 2, D = 64, nq = m * H * D, nk = m * KVH * D;
+    float *Q = rndb(nq, 1), *K = rndb(nk, 1), *V = rndb(nk, 1), *DO = rndb(nq, 1);
+    (void)lens;
+    void *cud = put_raw(gpu, cu, sizeof cu);
+    tdm_be_seqs s = {cud, 3, 64, m};
+    void *q = put_act(gpu, Q, nq), *k = put_act(gpu, K, nk), *v = put_act(gpu, V, nk);
+    void *dout = put_act(gpu, DO, nq), *o = put_act(gpu, NULL, nq);
+    float *lse = put(gpu, TDM_BE_F32, NULL, H * m);
+    void *dk[2];
+    for (int r = 0; r < 2; r++) {
+        void *dq = put_act(gpu, NULL, nq), *dv = put_act(gpu, NULL, nk);
+        dk[r] = put_act(gpu, NULL, nk);
+        OK(tdm_be_attention_fwd(gpu, &s, q, k, v, H, KVH, D, 0.125f, o, lse, err));
+        OK(tdm_be_attention_bwd(gpu, &s, q, k, v, o, lse, dout, H, KVH, D, 0.125f, dq, dk[r], dv,
+                                err));
+        tdm_be_free(gpu, dq), tdm_be_free(gpu, dv);
+    }
+    uint16_t *a = malloc((size_t)nk * 2), *b = malloc((size_t)nk * 2);
+    OK(tdm_be_download(gpu, a, dk[0], (size_t)nk * 2, err));
+    OK(tdm_be_download(gpu, b, dk[1], (size_t)nk * 2, err));
+    assert_memory_equal(a, b, (size_t)nk * 2);
+    printf("  attention_bwd twice: identical bits\n");
+    free(a), free(b), free(Q), free(K), free(V), free(DO);
+    void *all[8] = {cud, q, k, v, dout, o, lse, dk[0]};
+    for (int i = 0; i < 8; i++) tdm_be_free(gpu, all[i]);
+    tdm_be_free(gpu, dk[1]);
+}
+
+/* ------------------------------------------------------ the whole model ---- */
+
+/* One fused step (forward + backward) of a random tiny model with one adapter on both backends:
+ * loss within bf16 tolerance, LoRA gradients with cosine similarity > 0.999 (issue 6). */
+static void model_case(const char *preset, bool nf4, unsigned targets)
+{
+    char dir[] = "/tmp/tandem-cuda-model-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    tdm_init_model_opts io = {0};
+    io.preset = preset;
+    io.seed = 7;
+    io.dtype = TDM_DTYPE_F32;
+    tdm_model_config cfg;
+    OK(tdm_init_model(dir, &io, &cfg, err));
+    tdm_model_opts mo = {nf4, false, false};
+    tdm_backend *bes[2] = {gpu, cpu};
+    tdm_model *mdl[2];
+    tdm_lora *ad[2];
+    for (int i = 0; i < 2; i++) {
+        OK(tdm_model_load(&mdl[i], bes[i], dir, &mo, err));
+        OK(tdm_lora_create(&ad[i], mdl[i], 8, 2.0f, targets, err));
+    }
+    for (int l = 0; l < cfg.num_layers; l++)
+        for (int t = 0; t < TDM_LORA_N_TARGETS; t++) {
+            if (!(targets & TDM_LORA_BIT(t))) continue;
+            int64_t in, out;
+            tdm_model_target_shape(mdl[0], (tdm_lora_target)t, &in, &out);
+            float *A = rndb(8 * in, 0.05f), *B = rndb(out * 8, 0.05f);
+            for (int i = 0; i < 2; i++) OK(tdm_lora_set(ad[i], l, (tdm_lora_target)t, A, B, err));
+            free(A), free(B);
+        }
+    int32_t tokens[33], labels[33], cu[3] = {0, 20, 33};
+    for (int i = 0; i < 33; i++) {
+        tokens[i] = (int32_t)(tdm_rng_next(&rng) % (uint64_t)cfg.vocab_size);
+        labels[i] = i % 9 == 4 ? -100 : tokens[i];
+    }
+    tdm_batch_seg seg = {0, 0, 33};
+    tdm_batch b = {33, tokens, labels, cu, 2, &seg, 1};
+    double loss[2];
+    int64_t ntok[2];
+    for (int i = 0; i < 2; i++)
+        OK(tdm_model_step(mdl[i], &ad[i], 1, &b, true, NULL, &loss[i], &ntok[i], err));
+    assert_int_equal(ntok[0], ntok[1]);
+    double lg = loss[0] / (double)ntok[0], lc = loss[1] / (double)ntok[1];
+    float *gg = get(gpu, ad[0]->grads, TDM_BE_F32, ad[0]->n_params);
+    float *gc = get(cpu, ad[1]->grads, TDM_BE_F32, ad[1]->n_params);
+    double dot = 0, ng = 0, nc = 0;
+    for (int64_t i = 0; i < ad[0]->n_params; i++)
+        dot += (double)gg[i] * gc[i], ng += (double)gg[i] * gg[i], nc += (double)gc[i] * gc[i];
+    double cosv = dot / sqrt(ng * nc), rel = fabs(lg - lc) / fabs(lc);
+    printf("  model %-12s %s targets 0x%02x: loss gpu %.6f cpu %.6f rel %.2e; grad cosine %.6f\n",
+           preset, nf4 ? "nf4 " : "f32 ", targets, lg, lc, rel, cosv);
+    assert_true(rel <= 1e-2);
+    assert_true(cosv > 0.999);
+    free(gg), free(gc);
+    for (int i = 0; i < 2; i++) tdm_lora_free(ad[i]), tdm_model_free(mdl[i]);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_model_step(void **state)
+{
+    unsigned qv = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
+    model_case("tiny", false, qv);
+    model_case("tiny", true, qv);
+    model_case("tiny-llama", true, (1u << TDM_LORA_N_TARGETS) - 1);
+    model_case("tiny-qwen3", false, (1u << TDM_LORA_N_TARGETS) - 1);
+}
+
+static int setup(void **state)
+{
+    tdm_error err = {0};
+    if (tdm_backend_create(&cpu, "cpu", NULL, &err) != TDM_OK) return -1;
+    tdm_rng_seed(&rng, 20261129);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    tdm_backend_free(cpu);
+    tdm_backend_free(gpu);
+    return 0;
+}
+
+int main(void)
+{
+    tdm_error err = {0};
+    tdm_status st = tdm_backend_create(&gpu, "cuda", NULL, &err);
+    if (st != TDM_OK) {
+        /* the no-GPU path must be a clean, named failure that callers can fall back from */
+        if ((st != TDM_ERR_NOT_FOUND && st != TDM_ERR_UNSUPPORTED) || !strstr(err.message, "cuda")) {
+            fprintf(stderr, "creating the cuda backend failed badly: %s: %s\n",
+                    tdm_status_str(st), err.message);
+            return 1;
+        }
+        printf("SKIP: no CUDA backend here (%s: %s)\n", tdm_status_str(st), err.message);
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_linear),        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),     cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_sumsq_clip),    cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_errors_and_memory), cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_model_step),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
