@@ -37,8 +37,8 @@ int main(int argc, char **argv)
         int64_t off = 0;
         for (size_t t = 0; t < sizes.size(); t++) {
             adamw_desc d;
-            adamw_desc_fill(&d, p + off, g + off, mm + off, vv + off, NULL, 2e-4f, 0.9f, 0.999f,
-                            1e-8f, t % 2 ? 0.01f : 0.0f, 1);
+            adamw_desc_fill(&d, p + off, g + off, mm + off, vv + off, NULL, 2e-4, 0.9, 0.999,
+                            1e-8, t % 2 ? 0.01 : 0.0, 1);
             descs.push_back(d);
             for (int64_t o = 0; o < sizes[t]; o += MT_ADAMW_CHUNK)
                 chunks.push_back({NULL, o, std::min<int64_t>(MT_ADAMW_CHUNK, sizes[t] - o), (int)t, 0});

@@ -35,8 +35,8 @@ struct adamw_desc {
 
 /* Scalars exactly as cpu_adamw computes them (double, rounded to f32). */
 static inline void adamw_desc_fill(adamw_desc *d, float *p, const float *g, float *m, float *v,
-                                   const float *grad_scale, float lr, float beta1, float beta2,
-                                   float eps, float weight_decay, int64_t step)
+                                   const float *grad_scale, double lr, double beta1, double beta2,
+                                   double eps, double weight_decay, int64_t step)
 {
     double dlr = lr, b1 = beta1, b2 = beta2;
     double bc1 = 1.0 - pow(b1, (double)step);
@@ -51,7 +51,7 @@ static inline void adamw_desc_fill(adamw_desc *d, float *p, const float *g, floa
     d->w2 = (float)(1.0 - b2);
     d->neg_step = (float)(-(dlr / bc1));
     d->bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step));
-    d->eps = eps;
+    d->eps = (float)eps;
     d->wd = weight_decay != 0.0f;
 }
 
