@@ -46,5 +46,7 @@ int tdm_cmd_tokenize(int argc, char **argv);
 int tdm_cmd_inspect(int argc, char **argv);
 int tdm_cmd_init_model(int argc, char **argv);
 int tdm_cmd_data(int argc, char **argv);
+int tdm_cmd_finetune(int argc, char **argv);
+int tdm_cmd_eval(int argc, char **argv);
 
 #endif
