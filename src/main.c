@@ -26,7 +26,6 @@ static const tdm_command commands[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "--version"))
-        return cmd_version(0, NULL);
+    if (argc >= 2 && !strcmp(argv[1], "--version")) return cmd_version(0, NULL);
     return tdm_cli_dispatch("tandem", commands, argc - 1, argv + 1);
 }

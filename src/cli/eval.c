@@ -53,16 +53,24 @@ int tdm_cmd_eval(int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
-        case E_DATA: data = optarg; break;
-        case E_ADAPTER: adapter = optarg; break;
+        case E_DATA:
+            data = optarg;
+            break;
+        case E_ADAPTER:
+            adapter = optarg;
+            break;
         case E_METHOD:
-            if (!strcmp(optarg, "qlora")) nf4 = true;
-            else if (!strcmp(optarg, "lora")) nf4 = false;
+            if (!strcmp(optarg, "qlora"))
+                nf4 = true;
+            else if (!strcmp(optarg, "lora"))
+                nf4 = false;
             else
                 return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --method: '%s' is not qlora or lora",
                                     optarg);
             break;
-        case E_NODQ: dq = false; break;
+        case E_NODQ:
+            dq = false;
+            break;
         case E_SEQ:
             if (!tdm_cli_parse_long(optarg, &seqlen) || seqlen < 2 || seqlen > (1L << 20))
                 return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --max-seq-len needs an integer >= 2");
@@ -76,9 +84,13 @@ int tdm_cmd_eval(int argc, char **argv)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --chat-template: %s", err.message);
             tmpl_given = true;
             break;
-        case E_JSON: json = true; break;
+        case E_JSON:
+            json = true;
+            break;
         case E_HELP:
-        case 'h': usage(stdout); return TDM_EXIT_OK;
+        case 'h':
+            usage(stdout);
+            return TDM_EXIT_OK;
         default:
             usage(stderr);
             return tdm_cli_fail(TDM_EXIT_USAGE, "eval: unknown or incomplete option '%s'",
@@ -140,7 +152,8 @@ int tdm_cmd_eval(int argc, char **argv)
         code = tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
         goto out;
     }
-    for (uint32_t i = 0; i < ds.n_samples; i++) idx[i] = i;
+    for (uint32_t i = 0; i < ds.n_samples; i++)
+        idx[i] = i;
     double sum = 0;
     int64_t tokens = 0;
     st = tdm_trainer_evaluate(m, adapter ? &lp : NULL, &ds, idx, ds.n_samples, (int)batch, &sum,
@@ -160,8 +173,7 @@ int tdm_cmd_eval(int argc, char **argv)
         json_decref(j);
     } else {
         printf("%s%s%s: loss %.6f over %lld tokens, perplexity %.4f\n", data,
-               adapter ? " with " : "", adapter ? adapter : "", loss, (long long)tokens,
-               exp(loss));
+               adapter ? " with " : "", adapter ? adapter : "", loss, (long long)tokens, exp(loss));
     }
 out:
     tdm_model_free(m);

@@ -57,10 +57,14 @@ typedef struct progress_ctx {
 
 static void fmt_eta(double s, char *buf, size_t cap)
 {
-    if (!isfinite(s) || s < 0) snprintf(buf, cap, "--");
-    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
-    else if (s < 3600) snprintf(buf, cap, "%.0fm%02.0fs", floor(s / 60), fmod(s, 60));
-    else snprintf(buf, cap, "%.0fh%02.0fm", floor(s / 3600), fmod(s / 60, 60));
+    if (!isfinite(s) || s < 0)
+        snprintf(buf, cap, "--");
+    else if (s < 60)
+        snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600)
+        snprintf(buf, cap, "%.0fm%02.0fs", floor(s / 60), fmod(s, 60));
+    else
+        snprintf(buf, cap, "%.0fh%02.0fm", floor(s / 3600), fmod(s / 60, 60));
 }
 
 static void on_progress(const tdm_trainer_progress *p, void *user)
@@ -72,27 +76,29 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
         int width = 24;
         int fill = p->total_steps > 0 ? (int)(width * p->step / p->total_steps) : width;
         char bar[32];
-        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        for (int i = 0; i < width; i++)
+            bar[i] = i < fill ? '#' : '.';
         bar[width] = 0;
         char val[32] = "";
         if (!isnan(p->val_loss)) snprintf(val, sizeof val, " val %.4f", p->val_loss);
         snprintf(c->lines[p->adapter], 256,
                  "%-16.16s [%s] ep %.2f/%d step %lld/%lld loss %.4f%s %.0f tok/s ETA %s%s",
-                 p->label, bar, p->epoch, p->epochs, (long long)p->step,
-                 (long long)p->total_steps, p->loss, val,
-                 isfinite(p->tokens_per_sec) ? p->tokens_per_sec : 0.0, eta,
+                 p->label, bar, p->epoch, p->epochs, (long long)p->step, (long long)p->total_steps,
+                 p->loss, val, isfinite(p->tokens_per_sec) ? p->tokens_per_sec : 0.0, eta,
                  p->event == TDM_TRAINER_EVENT_DONE ? " done" : "");
         int64_t now = tdm_now_mono_ns();
         if (p->event == TDM_TRAINER_EVENT_STEP && now - c->last_draw_ns < 100000000) return;
         c->last_draw_ns = now;
         if (c->drawn) printf("\033[%dA", c->n);
-        for (int i = 0; i < c->n; i++) printf("\r\033[K%s\n", c->lines[i]);
+        for (int i = 0; i < c->n; i++)
+            printf("\r\033[K%s\n", c->lines[i]);
         c->drawn = true;
         fflush(stdout);
         return;
     }
     switch (p->event) {
-    case TDM_TRAINER_EVENT_STEP: return;
+    case TDM_TRAINER_EVENT_STEP:
+        return;
     case TDM_TRAINER_EVENT_LOG:
         printf("[%s] epoch %.2f/%d step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s "
                "ETA %s\n",
@@ -155,46 +161,45 @@ enum {
 
 int tdm_cmd_finetune(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"adapter", required_argument, NULL, O_ADAPTER},
-        {"adapters-config", required_argument, NULL, O_CONFIG},
-        {"method", required_argument, NULL, O_METHOD},
-        {"task", required_argument, NULL, O_TASK},
-        {"rank", required_argument, NULL, O_RANK},
-        {"alpha", required_argument, NULL, O_ALPHA},
-        {"rslora", no_argument, NULL, O_RSLORA},
-        {"targets", required_argument, NULL, O_TARGETS},
-        {"lr", required_argument, NULL, O_LR},
-        {"weight-decay", required_argument, NULL, O_WD},
-        {"max-grad-norm", required_argument, NULL, O_MGN},
-        {"lr-schedule", required_argument, NULL, O_LRS},
-        {"warmup-steps", required_argument, NULL, O_WARMUP},
-        {"epochs", required_argument, NULL, O_EPOCHS},
-        {"batch-size", required_argument, NULL, O_BATCH},
-        {"grad-accum", required_argument, NULL, O_ACCUM},
-        {"max-seq-len", required_argument, NULL, O_SEQ},
-        {"seed", required_argument, NULL, O_SEED},
-        {"no-shuffle", no_argument, NULL, O_NOSHUF},
-        {"val-split", required_argument, NULL, O_VAL},
-        {"eval-every", required_argument, NULL, O_EVAL},
-        {"save-every", required_argument, NULL, O_SAVE},
-        {"log-every", required_argument, NULL, O_LOG},
-        {"schedule", required_argument, NULL, O_SCHED},
-        {"chat-template", required_argument, NULL, O_TMPL},
-        {"train-on-prompt", no_argument, NULL, O_TOP},
-        {"skip-bad-lines", no_argument, NULL, O_SKIP},
-        {"no-double-quant", no_argument, NULL, O_NODQ},
-        {"vram", required_argument, NULL, O_VRAM},
-        {"no-wait-gpu", no_argument, NULL, O_NOWAIT},
-        {"timeout", required_argument, NULL, O_TIMEOUT},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"experimental-mps", no_argument, NULL, O_MPS},
-        {"gpu-share", required_argument, NULL, O_SHARE},
-        {"resume", no_argument, NULL, O_RESUME},
-        {"grad-checkpoint", no_argument, NULL, O_GCKPT},
-        {"lora-dropout", required_argument, NULL, O_DROPOUT},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {{"adapter", required_argument, NULL, O_ADAPTER},
+                                             {"adapters-config", required_argument, NULL, O_CONFIG},
+                                             {"method", required_argument, NULL, O_METHOD},
+                                             {"task", required_argument, NULL, O_TASK},
+                                             {"rank", required_argument, NULL, O_RANK},
+                                             {"alpha", required_argument, NULL, O_ALPHA},
+                                             {"rslora", no_argument, NULL, O_RSLORA},
+                                             {"targets", required_argument, NULL, O_TARGETS},
+                                             {"lr", required_argument, NULL, O_LR},
+                                             {"weight-decay", required_argument, NULL, O_WD},
+                                             {"max-grad-norm", required_argument, NULL, O_MGN},
+                                             {"lr-schedule", required_argument, NULL, O_LRS},
+                                             {"warmup-steps", required_argument, NULL, O_WARMUP},
+                                             {"epochs", required_argument, NULL, O_EPOCHS},
+                                             {"batch-size", required_argument, NULL, O_BATCH},
+                                             {"grad-accum", required_argument, NULL, O_ACCUM},
+                                             {"max-seq-len", required_argument, NULL, O_SEQ},
+                                             {"seed", required_argument, NULL, O_SEED},
+                                             {"no-shuffle", no_argument, NULL, O_NOSHUF},
+                                             {"val-split", required_argument, NULL, O_VAL},
+                                             {"eval-every", required_argument, NULL, O_EVAL},
+                                             {"save-every", required_argument, NULL, O_SAVE},
+                                             {"log-every", required_argument, NULL, O_LOG},
+                                             {"schedule", required_argument, NULL, O_SCHED},
+                                             {"chat-template", required_argument, NULL, O_TMPL},
+                                             {"train-on-prompt", no_argument, NULL, O_TOP},
+                                             {"skip-bad-lines", no_argument, NULL, O_SKIP},
+                                             {"no-double-quant", no_argument, NULL, O_NODQ},
+                                             {"vram", required_argument, NULL, O_VRAM},
+                                             {"no-wait-gpu", no_argument, NULL, O_NOWAIT},
+                                             {"timeout", required_argument, NULL, O_TIMEOUT},
+                                             {"device", required_argument, NULL, O_DEVICE},
+                                             {"experimental-mps", no_argument, NULL, O_MPS},
+                                             {"gpu-share", required_argument, NULL, O_SHARE},
+                                             {"resume", no_argument, NULL, O_RESUME},
+                                             {"grad-checkpoint", no_argument, NULL, O_GCKPT},
+                                             {"lora-dropout", required_argument, NULL, O_DROPOUT},
+                                             {"help", no_argument, NULL, O_HELP},
+                                             {NULL, 0, NULL, 0}};
 
     tdm_trainer_opts o;
     tdm_trainer_opts_default(&o);
@@ -217,7 +222,7 @@ int tdm_cmd_finetune(int argc, char **argv)
 #define USAGE(...)                                                                                 \
     do {                                                                                           \
         free(adapter_args);                                                                        \
-        return tdm_cli_fail(TDM_EXIT_USAGE, "finetune: " __VA_ARGS__);                            \
+        return tdm_cli_fail(TDM_EXIT_USAGE, "finetune: " __VA_ARGS__);                             \
     } while (0)
 
     optind = 1;
@@ -225,12 +230,19 @@ int tdm_cmd_finetune(int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
-        case O_ADAPTER: adapter_args[n_adapter_args++] = optarg; break;
-        case O_CONFIG: config_file = optarg; break;
+        case O_ADAPTER:
+            adapter_args[n_adapter_args++] = optarg;
+            break;
+        case O_CONFIG:
+            config_file = optarg;
+            break;
         case O_METHOD:
-            if (!strcmp(optarg, "qlora")) o.nf4 = true;
-            else if (!strcmp(optarg, "lora")) o.nf4 = false;
-            else USAGE("--method: '%s' is not qlora or lora", optarg);
+            if (!strcmp(optarg, "qlora"))
+                o.nf4 = true;
+            else if (!strcmp(optarg, "lora"))
+                o.nf4 = false;
+            else
+                USAGE("--method: '%s' is not qlora or lora", optarg);
             break;
         case O_TASK:
             if (strcmp(optarg, "instruct")) USAGE("--task: only 'instruct' is supported");
@@ -244,7 +256,9 @@ int tdm_cmd_finetune(int argc, char **argv)
             if (!tdm_cli_parse_double(optarg, &alpha) || !(alpha > 0))
                 USAGE("--alpha needs a positive number, not '%s'", optarg);
             break;
-        case O_RSLORA: rslora = true; break;
+        case O_RSLORA:
+            rslora = true;
+            break;
         case O_TARGETS:
             if (tdm_adapter_targets_parse(optarg, &targets, &err) != TDM_OK)
                 USAGE("--targets: %s", err.message);
@@ -284,8 +298,8 @@ int tdm_cmd_finetune(int argc, char **argv)
             break;
         case O_SEQ:
             if (!parse_int(optarg, 2, TDM_ADAPTER_MAX_SEQ_LEN_MAX, &seqlen))
-                USAGE("--max-seq-len needs an integer 2..%d, not '%s'",
-                      TDM_ADAPTER_MAX_SEQ_LEN_MAX, optarg);
+                USAGE("--max-seq-len needs an integer 2..%d, not '%s'", TDM_ADAPTER_MAX_SEQ_LEN_MAX,
+                      optarg);
             break;
         case O_SEED: {
             char *end;
@@ -296,7 +310,9 @@ int tdm_cmd_finetune(int argc, char **argv)
             o.seed = s;
             break;
         }
-        case O_NOSHUF: o.shuffle = false; break;
+        case O_NOSHUF:
+            o.shuffle = false;
+            break;
         case O_VAL:
             if (!tdm_cli_parse_double(optarg, &o.val_split) || !(o.val_split >= 0) ||
                 o.val_split >= 1)
@@ -324,16 +340,24 @@ int tdm_cmd_finetune(int argc, char **argv)
                 USAGE("--chat-template: %s", err.message);
             o.chat_template_given = true;
             break;
-        case O_TOP: o.train_on_prompt = true; break;
-        case O_SKIP: o.skip_bad_lines = true; break;
-        case O_NODQ: o.double_quant = false; break;
+        case O_TOP:
+            o.train_on_prompt = true;
+            break;
+        case O_SKIP:
+            o.skip_bad_lines = true;
+            break;
+        case O_NODQ:
+            o.double_quant = false;
+            break;
         case O_VRAM:
             if (strcmp(optarg, "auto") &&
                 (!tdm_cli_parse_double(optarg, &d) || !(d > 0) || d > 1e6))
                 USAGE("--vram needs a positive number of GiB or 'auto', not '%s'", optarg);
             vram = optarg;
             break;
-        case O_NOWAIT: no_wait = true; break;
+        case O_NOWAIT:
+            no_wait = true;
+            break;
         case O_TIMEOUT:
             if (!tdm_cli_parse_double(optarg, &timeout) || !(timeout >= 0))
                 USAGE("--timeout needs seconds >= 0, not '%s'", optarg);
@@ -343,14 +367,20 @@ int tdm_cmd_finetune(int argc, char **argv)
                 USAGE("--device: '%s' is not auto, cpu or cuda", optarg);
             device = optarg;
             break;
-        case O_MPS: mps.enabled = true; break;
+        case O_MPS:
+            mps.enabled = true;
+            break;
         case O_SHARE:
             if (!parse_int(optarg, 1, 100, &v)) USAGE("--gpu-share needs a percentage 1..100");
             mps.gpu_share_pct = (int)v;
             have_share = true;
             break;
-        case O_RESUME: o.resume = true; break;
-        case O_GCKPT: o.grad_checkpoint = true; break;
+        case O_RESUME:
+            o.resume = true;
+            break;
+        case O_GCKPT:
+            o.grad_checkpoint = true;
+            break;
         case O_DROPOUT:
             if (!tdm_cli_parse_double(optarg, &o.lora_dropout) || !(o.lora_dropout >= 0) ||
                 o.lora_dropout >= 1)
@@ -441,9 +471,9 @@ int tdm_cmd_finetune(int argc, char **argv)
             t->output = colon + 1;
             for (int b = 0; b < a; b++)
                 if (!strcmp(ads[b].output, t->output)) {
-                    code = tdm_cli_fail(TDM_EXIT_USAGE,
-                                        "finetune: two adapters write the same OUT_DIR %s",
-                                        t->output);
+                    code =
+                        tdm_cli_fail(TDM_EXIT_USAGE,
+                                     "finetune: two adapters write the same OUT_DIR %s", t->output);
                     goto out;
                 }
         }
@@ -513,9 +543,9 @@ int tdm_cmd_finetune(int argc, char **argv)
                 ao.wait = !no_wait;
                 ao.timeout_sec = timeout;
                 if (tdm_reservation_acquire(&lease, &ao, &err) != TDM_OK) {
-                    code = err.status == TDM_ERR_TIMEOUT ? tdm_cli_fail(TDM_EXIT_TIMEOUT, "%s",
-                                                                         err.message)
-                                                         : tdm_cli_fail_err(&err);
+                    code = err.status == TDM_ERR_TIMEOUT
+                               ? tdm_cli_fail(TDM_EXIT_TIMEOUT, "%s", err.message)
+                               : tdm_cli_fail_err(&err);
                     goto out_tr;
                 }
                 tdm_reservation_release_at_exit(&lease);
@@ -523,8 +553,8 @@ int tdm_cmd_finetune(int argc, char **argv)
                         lease.gpu_uuid);
                 if (mps.enabled) {
                     char env[512];
-                    int len = tdm_mps_child_env(&mps, lease.gpu_uuid, lease.budget_mb, env,
-                                                sizeof env);
+                    int len =
+                        tdm_mps_child_env(&mps, lease.gpu_uuid, lease.budget_mb, env, sizeof env);
                     for (int i = 0; len > 0 && i < len; i += (int)strlen(env + i) + 1)
                         putenv(strdup(env + i));
                 }
@@ -570,7 +600,8 @@ out:
     free(ads);
     tdm_adapters_config_free(&acfg);
     free(adapter_args);
-    for (int a = 0; pc.lines && a < n; a++) free(pc.lines[a]);
+    for (int a = 0; pc.lines && a < n; a++)
+        free(pc.lines[a]);
     free(pc.lines);
     return code;
 #undef USAGE

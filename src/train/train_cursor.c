@@ -28,8 +28,14 @@ void tdm_train_cursor_free(tdm_train_cursor *c)
     free(c);
 }
 
-uint64_t tdm_train_cursor_epoch(const tdm_train_cursor *c) { return c->c.epoch; }
-uint64_t tdm_train_cursor_position(const tdm_train_cursor *c) { return c->c.position; }
+uint64_t tdm_train_cursor_epoch(const tdm_train_cursor *c)
+{
+    return c->c.epoch;
+}
+uint64_t tdm_train_cursor_position(const tdm_train_cursor *c)
+{
+    return c->c.position;
+}
 
 tdm_status tdm_train_cursor_next(tdm_train_cursor *c, uint32_t *index, tdm_error *err)
 {

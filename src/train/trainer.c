@@ -115,7 +115,10 @@ struct tdm_trainer {
     double t0_ms;
 };
 
-static double now_ms(void) { return (double)tdm_now_mono_ns() / 1e6; }
+static double now_ms(void)
+{
+    return (double)tdm_now_mono_ns() / 1e6;
+}
 
 static void stem_of(const char *path, char *out, size_t cap)
 {
@@ -213,7 +216,8 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
         free(t);
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
-    for (int a = 0; a < n_adapters; a++) t->ad[a].cfg = adapters[a];
+    for (int a = 0; a < n_adapters; a++)
+        t->ad[a].cfg = adapters[a];
     t->mcfg_host = calloc(1, sizeof *t->mcfg_host);
     if (!t->mcfg_host) {
         free(t->ad);
@@ -276,8 +280,10 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     }
     tdm_tokenizer_free(&tok);
     if (first_bad != TDM_OK) {
-        if (report) *report = bad;
-        else free(bad);
+        if (report)
+            *report = bad;
+        else
+            free(bad);
         *err = first_err;
         st = first_bad;
         goto fail;
@@ -287,8 +293,10 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     /* 2. adapter shapes (--init-adapter decides them), layouts, schedules */
     for (int a = 0; a < n_adapters; a++) {
         adapter_state *s = &t->ad[a];
-        if (s->cfg.label) snprintf(s->task, sizeof s->task, "%s", s->cfg.label);
-        else stem_of(s->cfg.data, s->task, sizeof s->task);
+        if (s->cfg.label)
+            snprintf(s->task, sizeof s->task, "%s", s->cfg.label);
+        else
+            stem_of(s->cfg.data, s->task, sizeof s->task);
         s->meta.lora_dropout = 0;
         snprintf(s->meta.base_model_name_or_path, sizeof s->meta.base_model_name_or_path, "%s",
                  opts->model_dir);
@@ -450,7 +458,8 @@ static tdm_status fused_add(fused *f, const tdm_dataset *ds, const uint32_t *idx
                             int adapter, tdm_error *err)
 {
     int64_t rows = 0;
-    for (int i = 0; i < k; i++) rows += ds->samples[idx[i]].len;
+    for (int i = 0; i < k; i++)
+        rows += ds->samples[idx[i]].len;
     if (f->m + rows > INT32_MAX) return tdm_fail(err, TDM_ERR_INVALID, "batch too large");
     TRY(fused_reserve(f, f->m + rows, f->n_seqs + k, f->n_segs + 1, err));
     if (f->n_seqs == 0) f->cu[0] = 0;
@@ -607,7 +616,8 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
         memset(tk, 0, (size_t)n * sizeof *tk);
         if ((st = tdm_model_step(t->model, slots, n, &b, true, w, ls, tk, err)) != TDM_OK)
             goto done;
-        for (int p = 0; p < np; p++) t->ad[part[p]].step_loss_sum += ls[part[p]];
+        for (int p = 0; p < np; p++)
+            t->ad[part[p]].step_loss_sum += ls[part[p]];
     }
     /* clipping and AdamW, one launch each for all participating adapters */
     for (int p = 0; p < np; p++) {
@@ -642,12 +652,12 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
         adapter_state *s = &t->ad[part[p]];
         s->step++;
         s->last_grad_norm = norms[p];
-        s->last_train_loss =
-            s->step_counted > 0 ? s->step_loss_sum / (double)s->step_counted : NAN;
+        s->last_train_loss = s->step_counted > 0 ? s->step_loss_sum / (double)s->step_counted : NAN;
         s->tokens_seen += s->step_counted;
         s->run_tokens += s->step_counted;
         s->run_steps++;
-        for (int j = 0; j < s->n_micro; j++) s->samples_seen += s->micro_n[j];
+        for (int j = 0; j < s->n_micro; j++)
+            s->samples_seen += s->micro_n[j];
         s->epoch_loss_sum += s->step_loss_sum;
         s->epoch_tokens += s->step_counted;
         s->log_loss_sum += s->step_loss_sum;
@@ -711,8 +721,8 @@ static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
                            .label = s->cfg.label,
                            .adapter_index = a,
                            .epoch = adapter_epoch(s),
-                           .train_loss = isnan(s->last_epoch_loss) ? s->last_train_loss
-                                                                   : s->last_epoch_loss,
+                           .train_loss =
+                               isnan(s->last_epoch_loss) ? s->last_train_loss : s->last_epoch_loss,
                            .val_loss = s->last_val,
                            .learning_rate = s->last_lr,
                            .epoch_time_ms = s->last_epoch_ms,
@@ -766,9 +776,9 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
     s->ts.global_step = s->step;
     s->ts.epoch = adapter_epoch(s);
     int64_t nb = (s->ds.n_val + s->cfg.batch_size - 1) / s->cfg.batch_size;
-    bool is_best = tdm_trainer_state_log_eval(&s->ts, v, secs,
-                                              secs > 0 ? (double)s->ds.n_val / secs : 0,
-                                              secs > 0 ? (double)nb / secs : 0, best);
+    bool is_best =
+        tdm_trainer_state_log_eval(&s->ts, v, secs, secs > 0 ? (double)s->ds.n_val / secs : 0,
+                                   secs > 0 ? (double)nb / secs : 0, best);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
     tdm_metrics_line ml = {.step = s->step,
@@ -792,7 +802,10 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
     return TDM_OK;
 }
 
-static json_t *jreal(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+static json_t *jreal(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
 static double jget(const json_t *o, const char *k)
 {
     const json_t *v = json_object_get(o, k);
@@ -823,7 +836,8 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
         "log_tokens", (json_int_t)s->log_tokens, "rr_next", (json_int_t)t->rr_next);
     json_t *tsj = tdm_trainer_state_to_json(&s->ts);
     tdm_status st = TDM_OK;
-    if (!cursor || !extra || !tsj) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!cursor || !extra || !tsj)
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     else {
         tdm_checkpoint_info info = {.step = s->step,
                                     .epoch = adapter_epoch(s),
@@ -954,8 +968,10 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
             gs[a][i] = -1;
             tdm_error e;
             if (tdm_checkpoint_verify(d, &e) != TDM_OK) continue;
-            if (!read_ckpt_global(d, &gs[a][i], &dn[a][i])) gs[a][i] = -1;
-            else any = true;
+            if (!read_ckpt_global(d, &gs[a][i], &dn[a][i]))
+                gs[a][i] = -1;
+            else
+                any = true;
         }
     }
     if (st != TDM_OK || !any) goto done;
@@ -992,9 +1008,12 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
     }
     *found = true;
 done:
-    for (int a = 0; a < n && gs; a++) free(gs[a]);
-    for (int a = 0; a < n && dn; a++) free(dn[a]);
-    for (int a = 0; a < n && steps; a++) free(steps[a]);
+    for (int a = 0; a < n && gs; a++)
+        free(gs[a]);
+    for (int a = 0; a < n && dn; a++)
+        free(dn[a]);
+    for (int a = 0; a < n && steps; a++)
+        free(steps[a]);
     free(gs);
     free(dn);
     free(steps);
@@ -1049,8 +1068,8 @@ uint64_t tdm_trainer_estimate_bytes(const tdm_trainer *t, size_t act_size)
     double proj = base - emb;
     if (proj < 0) proj = 0;
     /* NF4: 4 bits + absmax (8-bit with double quantization, else f32) per 64 weights */
-    double bits = t->o.nf4 ? (t->o.double_quant ? 4.0 + 8.0 / 64 : 4.0 + 32.0 / 64)
-                           : 8.0 * (double)act_size;
+    double bits =
+        t->o.nf4 ? (t->o.double_quant ? 4.0 + 8.0 / 64 : 4.0 + 32.0 / 64) : 8.0 * (double)act_size;
     double bytes = proj * bits / 8 + emb * (double)act_size;
     double rows = 0;
     for (int a = 0; a < t->n; a++) {
@@ -1060,9 +1079,9 @@ uint64_t tdm_trainer_estimate_bytes(const tdm_trainer *t, size_t act_size)
     }
     double H = (double)c->hidden_size, I = (double)c->intermediate_size;
     double per_row_layer = (12 * H + 4 * I) * (double)act_size;
-    double layers = t->o.grad_checkpoint ? 1 + (double)c->num_layers * H * (double)act_size /
-                                                   per_row_layer
-                                         : (double)c->num_layers;
+    double layers = t->o.grad_checkpoint
+                        ? 1 + (double)c->num_layers * H * (double)act_size / per_row_layer
+                        : (double)c->num_layers;
     bytes += rows * per_row_layer * layers;
     bytes += 64.0 * 1024 * 1024 + rows * 8 * 4; /* logits chunk, per-row scratch */
     return (uint64_t)bytes;
@@ -1150,14 +1169,16 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 
     /* priority-val-loss needs a first measurement of everyone */
     if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
-        for (int a = 0; a < n; a++) TRY(eval_point(t, a, err));
+        for (int a = 0; a < n; a++)
+            TRY(eval_point(t, a, err));
 
     int *part = malloc((size_t)n * sizeof *part);
     if (!part) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     fused f = {0};
     tdm_status st = TDM_OK;
     t->t0_ms = now_ms();
-    for (int a = 0; a < n; a++) t->ad[a].epoch_start_ms = t->t0_ms;
+    for (int a = 0; a < n; a++)
+        t->ad[a].epoch_start_ms = t->t0_ms;
     for (;;) {
         int np = 0;
         if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED) {
@@ -1171,7 +1192,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
                 }
             }
             bool any = false;
-            for (int a = 0; a < n; a++) any |= !t->ad[a].done;
+            for (int a = 0; a < n; a++)
+                any |= !t->ad[a].done;
             if (!any) break;
         } else if (t->o.schedule == TDM_SCHEDULE_ROUND_ROBIN) {
             for (int k = 0; k < n; k++) {

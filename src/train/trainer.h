@@ -86,7 +86,7 @@ typedef void (*tdm_trainer_progress_fn)(const tdm_trainer_progress *p, void *use
 
 typedef struct tdm_trainer_opts {
     const char *model_dir;
-    const char *task; /* "instruct" */
+    const char *task;  /* "instruct" */
     bool nf4;          /* --method qlora */
     bool double_quant; /* with nf4 */
     bool grad_checkpoint;
@@ -153,7 +153,6 @@ struct tdm_dataset;
 struct tdm_model;
 tdm_status tdm_trainer_evaluate(struct tdm_model *m, const tdm_lora_params *params,
                                 const struct tdm_dataset *ds, const uint32_t *idx, uint32_t n,
-                                int batch_size, double *loss_sum, int64_t *tokens,
-                                tdm_error *err);
+                                int batch_size, double *loss_sum, int64_t *tokens, tdm_error *err);
 
 #endif

@@ -30,10 +30,12 @@ static void write_data(const char *path, int n, int kind)
     assert_non_null(f);
     for (int i = 0; i < n; i++) {
         int a = (i * 7 + 3) % 10, b = (i * 3 + 1) % 10;
-        if (kind == 0) fprintf(f, "{\"instruction\": \"add %d %d\", \"response\": \"%d\"}\n", a, b, a + b);
+        if (kind == 0)
+            fprintf(f, "{\"instruction\": \"add %d %d\", \"response\": \"%d\"}\n", a, b, a + b);
         else if (kind == 1)
             fprintf(f, "{\"instruction\": \"twice %d\", \"response\": \"%d%d\"}\n", a, a, a);
-        else fprintf(f, "{\"instruction\": \"next %d\", \"response\": \"%d\"}\n", a, (a + 1) % 10);
+        else
+            fprintf(f, "{\"instruction\": \"next %d\", \"response\": \"%d\"}\n", a, (a + 1) % 10);
     }
     fclose(f);
 }
