@@ -2,8 +2,9 @@
  * model (written by `tandem init-model`):
  *   - fused equals alone: three adapters with different ranks, targets, learning rates, data
  *     sizes and epochs trained fused (synchronized) end with the same weights, to float rounding,
- *     as each trained alone; and so does the round-robin schedule (an adapter's trajectory never
- *     depends on the others);
+ *     as each trained alone (one with weight 0.5, so it steps every other global step); the
+ *     round-robin and priority-val-loss schedules give exactly alone's bits (an adapter's
+ *     trajectory never depends on the schedule or the others);
  *   - LoRA dropout > 0 is refused (the engine has none).
  */
 #include <setjmp.h>
@@ -150,7 +151,10 @@ static void test_fused_equals_alone(void **state)
 {
     (void)state;
     tdm_trainer_adapter fused[3] = {spec(0, "f0"), spec(1, "f1"), spec(2, "f2")};
+    fused[2].weight = 0.5; /* steps every other global step: pacing only */
     train(fused, 3, TDM_SCHEDULE_SYNCHRONIZED);
+    tdm_trainer_adapter pr[3] = {spec(0, "p0"), spec(1, "p1"), spec(2, "p2")};
+    train(pr, 3, TDM_SCHEDULE_PRIORITY_VAL_LOSS);
     tdm_trainer_adapter rr[3] = {spec(0, "r0"), spec(1, "r1"), spec(2, "r2")};
     train(rr, 3, TDM_SCHEDULE_ROUND_ROBIN);
     for (int k = 0; k < 3; k++) {
@@ -158,12 +162,15 @@ static void test_fused_equals_alone(void **state)
         snprintf(name, sizeof name, "a%d", k);
         tdm_trainer_adapter alone = spec(k, name);
         train(&alone, 1, TDM_SCHEDULE_SYNCHRONIZED);
-        tdm_lora_params f = {0}, a = {0}, r = {0};
+        tdm_lora_params f = {0}, a = {0}, r = {0}, p = {0};
         load(fused[k].output, &f);
         load(alone.output, &a);
         load(rr[k].output, &r);
-        double df = rel_diff(&f, &a), dr = rel_diff(&r, &a);
-        print_message("adapter %d: fused vs alone %.3g, round-robin vs alone %.3g\n", k, df, dr);
+        load(pr[k].output, &p);
+        double df = rel_diff(&f, &a), dr = rel_diff(&r, &a), dp = rel_diff(&p, &a);
+        print_message("adapter %d: fused vs alone %.3g, round-robin %.3g, priority %.3g\n", k, df,
+                      dr, dp);
+        assert_true(dp == 0);
         /* Alone and round-robin run the very same shapes: identical bits. Fused, the base GEMMs
          * run over more rows and may round differently; AdamW's g / sqrt(v) turns rounding-level
          * differences of near-zero gradient components into differences of up to lr per step,
@@ -179,6 +186,7 @@ static void test_fused_equals_alone(void **state)
         tdm_lora_params_free(&f);
         tdm_lora_params_free(&a);
         tdm_lora_params_free(&r);
+        tdm_lora_params_free(&p);
     }
 }
 
