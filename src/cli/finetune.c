@@ -32,7 +32,7 @@ static void usage(FILE *out)
         "         [--chat-template chatml|llama3|none] [--train-on-prompt] [--skip-bad-lines]\n"
         "         [--no-double-quant] [--vram GB|auto] [--no-wait-gpu] [--timeout SEC]\n"
         "         [--device auto|cpu|cuda] [--experimental-mps --gpu-share PCT] [--resume]\n"
-        "         [--grad-checkpoint] [--lora-dropout P]\n\n"
+        "         [--grad-checkpoint] [--lora-dropout P] [--init-adapter DIR]\n\n"
         "Trains one LoRA adapter per --adapter (or [[adapter]] table) on the frozen base loaded\n"
         "once; each OUT_DIR receives a PEFT adapter, checkpoints, best/ and run records.\n"
         "Defaults: qlora, rank 16, alpha 32, targets q_proj,v_proj, lr 2e-4, cosine, 3 epochs,\n"
@@ -156,6 +156,7 @@ enum {
     O_RESUME,
     O_GCKPT,
     O_DROPOUT,
+    O_INIT,
     O_HELP
 };
 
@@ -198,6 +199,7 @@ int tdm_cmd_finetune(int argc, char **argv)
                                              {"resume", no_argument, NULL, O_RESUME},
                                              {"grad-checkpoint", no_argument, NULL, O_GCKPT},
                                              {"lora-dropout", required_argument, NULL, O_DROPOUT},
+                                             {"init-adapter", required_argument, NULL, O_INIT},
                                              {"help", no_argument, NULL, O_HELP},
                                              {NULL, 0, NULL, 0}};
 
@@ -207,6 +209,7 @@ int tdm_cmd_finetune(int argc, char **argv)
     double alpha = 32, lr = 2e-4;
     bool rslora = false;
     uint32_t targets = TDM_ADAPTER_TARGET_Q_PROJ | TDM_ADAPTER_TARGET_V_PROJ;
+    const char *init_adapter = NULL;
     const char *config_file = NULL, *device = "auto", *vram = "auto";
     char **adapter_args = calloc((size_t)argc + 1, sizeof *adapter_args);
     int n_adapter_args = 0;
@@ -390,6 +393,9 @@ int tdm_cmd_finetune(int argc, char **argv)
                       "dropout); use 0",
                       optarg);
             break;
+        case O_INIT:
+            init_adapter = optarg;
+            break;
         case O_HELP:
         case 'h':
             free(adapter_args);
@@ -438,13 +444,14 @@ int tdm_cmd_finetune(int argc, char **argv)
                                    .epochs = (int)epochs,
                                    .batch_size = (int)batch,
                                    .max_seq_len = (int)seqlen,
-                                   .weight = 1.0};
+                                   .weight = 1.0,
+                                   .init_adapter = init_adapter};
         if (config_file) {
             const tdm_adapter_spec *s = &acfg.adapters[a];
             t->data = s->data;
             t->output = s->output;
             t->label = s->label;
-            t->init_adapter = s->init_adapter;
+            if (s->init_adapter) t->init_adapter = s->init_adapter;
             if (s->has_rank) t->rank = s->rank;
             if (s->has_alpha) t->alpha = s->alpha;
             if (s->has_targets) t->targets = s->targets;

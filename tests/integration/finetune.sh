@@ -115,6 +115,14 @@ awk -v a="$base" -v b="$tuned" 'BEGIN { exit !(b < a) }' || fail "eval: adapter 
 expect_exit 0 "$TANDEM" eval "$M" --data data/add.jsonl --adapter run1/add
 grep -q "perplexity" last.out || fail "eval text"
 
+# --init-adapter: starts from a PEFT adapter whose rank and targets win over the flags
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:init/add --init-adapter run1/add \
+    --rank 16 --targets q_proj --epochs 1 --batch-size 8 --save-every 0 --val-split 0 --max-seq-len 64
+jq -e '.r == 2 and .target_modules == ["gate_proj", "up_proj", "down_proj"]' init/add/adapter_config.json \
+    >/dev/null || fail "--init-adapter shape: $(jq -c '[.r, .target_modules]' init/add/adapter_config.json)"
+first=$(jq -s '[.[] | select(.loss)] | first.loss' init/add/metrics.jsonl)
+awk -v a="$first" -v b="$base" 'BEGIN { exit !(a < b - 0.5) }' || fail "--init-adapter: first loss $first not below base $base"
+
 # bad data: every bad line as FILE:LINE, exit 1, nothing written
 printf '{"instruction": "a", "response": "b"}\n{"instruction": "a"\n' >bad.jsonl
 expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:bad/one --adapter bad.jsonl:bad/two
