@@ -18,7 +18,7 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: today a demo of several `tandem gpu run` jobs sharing one simulated GPU.
+# The main job: three LoRA adapters trained fused on the CPU, then GPU sharing on a simulated GPU.
 run: build
 	@scripts/demo.sh $(BUILD)/tandem
 

@@ -15,6 +15,8 @@ static int cmd_version(int argc, char **argv)
 static const tdm_command commands[] = {
     {"cluster", tdm_cmd_cluster, "nodes of cluster.yaml: status, run, watch, pull"},
     {"data", tdm_cmd_data, "check a JSONL training dataset"},
+    {"eval", tdm_cmd_eval, "mean loss and perplexity of a model (+ adapter) on a dataset"},
+    {"finetune", tdm_cmd_finetune, "train LoRA adapters, several at once on one frozen base"},
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
     {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},
@@ -26,7 +28,6 @@ static const tdm_command commands[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "--version"))
-        return cmd_version(0, NULL);
+    if (argc >= 2 && !strcmp(argv[1], "--version")) return cmd_version(0, NULL);
     return tdm_cli_dispatch("tandem", commands, argc - 1, argv + 1);
 }

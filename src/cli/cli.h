@@ -48,5 +48,7 @@ int tdm_cmd_init_model(int argc, char **argv);
 int tdm_cmd_cluster(int argc, char **argv);
 int tdm_cmd_submit(int argc, char **argv);
 int tdm_cmd_data(int argc, char **argv);
+int tdm_cmd_finetune(int argc, char **argv);
+int tdm_cmd_eval(int argc, char **argv);
 
 #endif

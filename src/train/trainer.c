@@ -1,0 +1,1264 @@
+/* trainer.c — the multi-adapter loop (see trainer.h and docs/finetune.md). */
+#include "train/trainer.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "data/dataset.h"
+#include "data/render.h"
+#include "engine/model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/peft_io.h"
+#include "train/run_records.h"
+#include "train/train_cursor.h"
+#include "util/atomic_dir.h"
+#include "util/rng.h"
+#include "util/timeutil.h"
+
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        tdm_status st_ = (x);                                                                      \
+        if (st_ != TDM_OK) return st_;                                                             \
+    } while (0)
+
+static const char *const schedule_names[] = {"synchronized", "round-robin", "priority-val-loss"};
+
+const char *tdm_train_schedule_name(tdm_train_schedule s)
+{
+    return (unsigned)s < 3 ? schedule_names[s] : "?";
+}
+
+bool tdm_train_schedule_parse(const char *name, tdm_train_schedule *out)
+{
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, schedule_names[i])) {
+            *out = (tdm_train_schedule)i;
+            return true;
+        }
+    return false;
+}
+
+void tdm_trainer_opts_default(tdm_trainer_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->task = "instruct";
+    o->nf4 = true;
+    o->double_quant = true;
+    o->max_grad_norm = 1.0;
+    o->lr_kind = TDM_LR_COSINE;
+    o->grad_accum = 1;
+    o->seed = 42;
+    o->shuffle = true;
+    o->val_split = 0.05;
+    o->save_every = 500;
+    o->log_every = 10;
+    o->schedule = TDM_SCHEDULE_SYNCHRONIZED;
+}
+
+/* ------------------------------------------------------------------ state ---- */
+
+typedef struct adapter_state {
+    tdm_trainer_adapter cfg; /* strings borrowed from the caller */
+    char task[128];
+    tdm_dataset ds;
+    tdm_lora_params host; /* layout + host copy of the parameters (init / checkpoints) */
+    tdm_adamw_state opt;  /* host copy of the moments (checkpoints) */
+    tdm_peft_meta meta;
+    tdm_lora *dev;
+    tdm_train_cursor *cur;
+    tdm_lr_schedule sched;
+    tdm_rng rng;
+    tdm_trainer_state ts;
+    int64_t micro_per_epoch, steps_per_epoch, total_steps;
+    /* position (all of it in checkpoints) */
+    int64_t step;
+    bool done;
+    double credit;
+    double last_val, last_train_loss, last_grad_norm, last_lr;
+    int64_t tokens_seen, samples_seen;
+    double epoch_loss_sum;
+    int64_t epoch_tokens;
+    double last_epoch_loss;
+    double log_loss_sum;
+    int64_t log_tokens;
+    /* wall clock (not state) */
+    double train_ms, epoch_start_ms, last_epoch_ms;
+    int64_t run_tokens;
+    int64_t run_steps;
+    /* scratch for one optimizer step */
+    uint32_t *idx; /* (grad_accum * batch_size) sample indices of this step */
+    int n_micro;
+    int micro_n[64];
+    int64_t step_counted;
+    double step_loss_sum;
+} adapter_state;
+
+struct tdm_trainer {
+    tdm_trainer_opts o;
+    tdm_backend *be;
+    tdm_model *model;
+    const tdm_model_config *mcfg;
+    tdm_model_config *mcfg_host; /* config.json, read by create */
+    int n;
+    adapter_state *ad;
+    int64_t global_step;
+    int rr_next;
+    float *d_sumsq, *d_coef, *d_norm; /* (n) f32 device */
+    double t0_ms;
+};
+
+static double now_ms(void)
+{
+    return (double)tdm_now_mono_ns() / 1e6;
+}
+
+static void stem_of(const char *path, char *out, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(out, cap, "%s", b);
+    char *dot = strrchr(out, '.');
+    if (dot && dot != out) *dot = 0;
+}
+
+void tdm_trainer_free(tdm_trainer *t)
+{
+    if (!t) return;
+    for (int a = 0; a < t->n; a++) {
+        adapter_state *s = &t->ad[a];
+        tdm_dataset_free(&s->ds);
+        tdm_lora_params_free(&s->host);
+        tdm_adamw_state_free(&s->opt);
+        tdm_lora_free(s->dev);
+        tdm_train_cursor_free(s->cur);
+        tdm_trainer_state_free(&s->ts);
+        free(s->idx);
+    }
+    free(t->ad);
+    if (t->be) {
+        tdm_be_free(t->be, t->d_sumsq);
+        tdm_be_free(t->be, t->d_coef);
+        tdm_be_free(t->be, t->d_norm);
+    }
+    tdm_model_free(t->model);
+    free(t->mcfg_host);
+    free(t);
+}
+
+void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int64_t *n_val,
+                              int64_t *total_steps)
+{
+    const adapter_state *s = &t->ad[a];
+    if (n_train) *n_train = s->ds.n_train;
+    if (n_val) *n_val = s->ds.n_val;
+    if (total_steps) *total_steps = s->total_steps;
+}
+
+static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapter *ads, int n,
+                             tdm_error *err)
+{
+    if (n < 1) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to train");
+    if (o->lora_dropout != 0)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "LoRA dropout %g: the engine has no dropout; use 0 (the default)",
+                        o->lora_dropout);
+    if (o->grad_accum < 1 || o->grad_accum > 64)
+        return tdm_fail(err, TDM_ERR_INVALID, "--grad-accum %d: must be 1..64", o->grad_accum);
+    if (!(o->val_split >= 0 && o->val_split < 1))
+        return tdm_fail(err, TDM_ERR_INVALID, "--val-split %g: must be in [0, 1)", o->val_split);
+    if (o->log_every < 1) return tdm_fail(err, TDM_ERR_INVALID, "--log-every must be >= 1");
+    if (o->eval_every < 0 || o->save_every < 0 || o->warmup_steps < 0)
+        return tdm_fail(err, TDM_ERR_INVALID, "negative --eval-every/--save-every/--warmup-steps");
+    if (!(o->max_grad_norm >= 0) || !isfinite(o->max_grad_norm))
+        return tdm_fail(err, TDM_ERR_INVALID, "--max-grad-norm must be >= 0");
+    tdm_adamw_config ac = tdm_adamw_defaults();
+    ac.weight_decay = o->weight_decay;
+    TRY(tdm_adamw_config_check(&ac, err));
+    for (int a = 0; a < n; a++) {
+        const tdm_trainer_adapter *c = &ads[a];
+        if (!c->data || !c->output)
+            return tdm_fail(err, TDM_ERR_INVALID, "adapter %d: data and output are required", a);
+        if (c->batch_size < 1 || c->epochs < 1 || c->max_seq_len < 2 || !(c->weight > 0) ||
+            !(c->lr > 0))
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "adapter %d (%s): batch size, epochs, max_seq_len (>= 2), weight and "
+                            "learning rate must be positive",
+                            a, c->data);
+        for (int b = 0; b < a; b++)
+            if (!strcmp(ads[b].output, c->output))
+                return tdm_fail(err, TDM_ERR_INVALID, "adapters %d and %d both write %s", b, a,
+                                c->output);
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
+                              const tdm_trainer_adapter *adapters, int n_adapters, char **report,
+                              tdm_error *err)
+{
+    *out = NULL;
+    if (report) *report = NULL;
+    TRY(check_opts(opts, adapters, n_adapters, err));
+    tdm_trainer *t = calloc(1, sizeof *t);
+    if (!t) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    t->o = *opts;
+    t->n = n_adapters;
+    t->ad = calloc((size_t)n_adapters, sizeof *t->ad);
+    if (!t->ad) {
+        free(t);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    for (int a = 0; a < n_adapters; a++)
+        t->ad[a].cfg = adapters[a];
+    t->mcfg_host = calloc(1, sizeof *t->mcfg_host);
+    if (!t->mcfg_host) {
+        free(t->ad);
+        free(t);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+
+    tdm_status st = TDM_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", opts->model_dir);
+    if ((st = tdm_model_config_load(t->mcfg_host, path, err)) != TDM_OK) goto fail;
+    const tdm_model_config cfg = *t->mcfg_host;
+
+    /* 1. every data file, completely, before anything else */
+    tdm_tokenizer tok;
+    if ((st = tdm_tokenizer_load(&tok, opts->model_dir, err)) != TDM_OK) goto fail;
+    tdm_dataset_opts dopt;
+    tdm_dataset_opts_default(&dopt);
+    dopt.chat_template =
+        opts->chat_template_given ? opts->chat_template : tdm_chat_template_detect(&tok);
+    dopt.train_on_prompt = opts->train_on_prompt;
+    dopt.eos_id = tdm_data_find_eos(&tok, opts->model_dir);
+    dopt.vocab_size = cfg.vocab_size < tok.n_ids ? cfg.vocab_size : tok.n_ids;
+    dopt.val_split = opts->val_split;
+    dopt.seed = opts->seed;
+    dopt.skip_bad_lines = opts->skip_bad_lines;
+    char *bad = NULL;
+    size_t bad_len = 0;
+    tdm_status first_bad = TDM_OK;
+    tdm_error first_err = {0};
+    for (int a = 0; a < n_adapters; a++) {
+        adapter_state *s = &t->ad[a];
+        dopt.max_seq_len = s->cfg.max_seq_len;
+        tdm_data_report rep;
+        tdm_error e = {0};
+        tdm_status ds = tdm_dataset_load(&s->ds, s->cfg.data, &tok, &dopt, &rep, &e);
+        if (ds == TDM_ERR_PARSE) {
+            char *txt = tdm_data_report_bad_text(&rep, s->cfg.data);
+            if (txt) {
+                size_t l = strlen(txt);
+                char *nb = realloc(bad, bad_len + l + 1);
+                if (nb) {
+                    memcpy(nb + bad_len, txt, l + 1);
+                    bad = nb;
+                    bad_len += l;
+                }
+                free(txt);
+            }
+            memset(&s->ds, 0, sizeof s->ds);
+        } else if (ds == TDM_OK && s->ds.n_train == 0) {
+            ds = tdm_fail(&e, TDM_ERR_INVALID,
+                          "%s: no training sample (%u samples, %u for validation): the file is "
+                          "empty or every sample went to validation / had no counted token",
+                          s->cfg.data, s->ds.n_samples, s->ds.n_val);
+        }
+        if (ds != TDM_OK && first_bad == TDM_OK) {
+            first_bad = ds;
+            first_err = e;
+        }
+    }
+    tdm_tokenizer_free(&tok);
+    if (first_bad != TDM_OK) {
+        if (report)
+            *report = bad;
+        else
+            free(bad);
+        *err = first_err;
+        st = first_bad;
+        goto fail;
+    }
+    free(bad);
+
+    /* 2. adapter shapes (--init-adapter decides them), layouts, schedules */
+    for (int a = 0; a < n_adapters; a++) {
+        adapter_state *s = &t->ad[a];
+        if (s->cfg.label)
+            snprintf(s->task, sizeof s->task, "%s", s->cfg.label);
+        else
+            stem_of(s->cfg.data, s->task, sizeof s->task);
+        s->meta.lora_dropout = 0;
+        snprintf(s->meta.base_model_name_or_path, sizeof s->meta.base_model_name_or_path, "%s",
+                 opts->model_dir);
+        if (s->cfg.init_adapter) {
+            if ((st = tdm_peft_load(s->cfg.init_adapter, &cfg, &s->host, NULL, err)) != TDM_OK) {
+                tdm_error_prefix(err, "--init-adapter %s", s->cfg.init_adapter);
+                goto fail;
+            }
+            s->cfg.rank = s->host.rank;
+            s->cfg.alpha = s->host.alpha;
+            s->cfg.targets = s->host.targets;
+            s->cfg.use_rslora = s->host.use_rslora;
+        } else if ((st = tdm_lora_params_init(&s->host, &cfg, s->cfg.rank, s->cfg.alpha,
+                                              s->cfg.use_rslora, s->cfg.targets, err)) != TDM_OK) {
+            tdm_error_prefix(err, "adapter %s", s->task);
+            goto fail;
+        }
+        if ((st = tdm_adamw_state_init(&s->opt, s->host.n_params, err)) != TDM_OK) goto fail;
+        int64_t n = s->ds.n_train, bs = s->cfg.batch_size;
+        s->micro_per_epoch = (n + bs - 1) / bs;
+        s->steps_per_epoch = (s->micro_per_epoch + opts->grad_accum - 1) / opts->grad_accum;
+        s->total_steps = s->steps_per_epoch * s->cfg.epochs;
+        s->sched.kind = opts->lr_kind;
+        s->sched.peak_lr = s->cfg.lr;
+        s->sched.warmup_steps = opts->warmup_steps;
+        s->sched.total_steps = s->total_steps;
+        if ((st = tdm_lr_schedule_check(&s->sched, err)) != TDM_OK) goto fail;
+        s->idx = malloc((size_t)opts->grad_accum * (size_t)bs * sizeof *s->idx);
+        if (!s->idx) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        if ((st = tdm_train_cursor_create(&s->cur, s->ds.n_train, opts->seed, opts->shuffle,
+                                          err)) != TDM_OK)
+            goto fail;
+        if ((st = tdm_trainer_state_init(&s->ts, err)) != TDM_OK) goto fail;
+    }
+
+    *out = t;
+    return TDM_OK;
+fail:
+    tdm_trainer_free(t);
+    return st;
+}
+
+tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
+{
+    if (t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: model already loaded");
+    /* 3. the frozen base, once; the adapters on the device */
+    tdm_status st = TDM_OK;
+    t->be = be;
+    tdm_model_opts mo = {.nf4 = t->o.nf4,
+                         .double_quant = t->o.nf4 && t->o.double_quant,
+                         .grad_checkpoint = t->o.grad_checkpoint};
+    if ((st = tdm_model_load(&t->model, be, t->o.model_dir, &mo, err)) != TDM_OK) return st;
+    t->mcfg = tdm_model_get_config(t->model);
+    for (int a = 0; a < t->n; a++) {
+        adapter_state *s = &t->ad[a];
+        if ((st = tdm_lora_create(&s->dev, t->model, s->host.rank, (float)s->host.scale,
+                                  s->host.targets, err)) != TDM_OK)
+            return st;
+        if (s->dev->n_params != s->host.n_params) {
+            st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree (%lld vs %lld params)",
+                          (long long)s->dev->n_params, (long long)s->host.n_params);
+            return st;
+        }
+        for (size_t k = 0; k < s->host.n_modules; k++) {
+            const tdm_lora_module *md = &s->host.modules[k];
+            int64_t i = (int64_t)md->layer * TDM_LORA_N_TARGETS + md->target;
+            if (s->dev->a_off[i] != md->a_offset || s->dev->b_off[i] != md->b_offset) {
+                st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree at module %zu", k);
+                return st;
+            }
+        }
+    }
+    if ((st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_sumsq, err)) != TDM_OK ||
+        (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_coef, err)) != TDM_OK ||
+        (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_norm, err)) != TDM_OK)
+        return st;
+    return TDM_OK;
+}
+
+/* ------------------------------------------------------- host <-> device ---- */
+
+static tdm_status upload_state(tdm_trainer *t, adapter_state *s, bool with_opt, tdm_error *err)
+{
+    size_t bytes = (size_t)s->host.n_params * sizeof(float);
+    TRY(tdm_be_upload(t->be, s->dev->params, s->host.params, bytes, err));
+    if (with_opt) {
+        TRY(tdm_be_upload(t->be, s->dev->adam_m, s->opt.m, bytes, err));
+        TRY(tdm_be_upload(t->be, s->dev->adam_v, s->opt.v, bytes, err));
+    }
+    return TDM_OK;
+}
+
+static tdm_status download_state(tdm_trainer *t, adapter_state *s, bool with_opt, tdm_error *err)
+{
+    size_t bytes = (size_t)s->host.n_params * sizeof(float);
+    TRY(tdm_be_download(t->be, s->host.params, s->dev->params, bytes, err));
+    if (with_opt) {
+        TRY(tdm_be_download(t->be, s->opt.m, s->dev->adam_m, bytes, err));
+        TRY(tdm_be_download(t->be, s->opt.v, s->dev->adam_v, bytes, err));
+        s->opt.step = s->step;
+    }
+    return TDM_OK;
+}
+
+/* ------------------------------------------------------------- batches ---- */
+
+typedef struct fused {
+    int32_t *tokens, *labels, *cu;
+    tdm_batch_seg *segs;
+    int64_t cap_rows, cap_seqs, cap_segs;
+    int64_t m, n_seqs, n_segs;
+} fused;
+
+static tdm_status fused_reserve(fused *f, int64_t rows, int64_t seqs, int64_t segs, tdm_error *err)
+{
+    if (rows > f->cap_rows) {
+        int32_t *a = realloc(f->tokens, (size_t)rows * sizeof *a);
+        if (!a) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory (batch)");
+        f->tokens = a;
+        int32_t *b = realloc(f->labels, (size_t)rows * sizeof *b);
+        if (!b) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory (batch)");
+        f->labels = b;
+        f->cap_rows = rows;
+    }
+    if (seqs + 1 > f->cap_seqs) {
+        int32_t *c = realloc(f->cu, (size_t)(seqs + 1) * sizeof *c);
+        if (!c) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory (batch)");
+        f->cu = c;
+        f->cap_seqs = seqs + 1;
+    }
+    if (segs > f->cap_segs) {
+        tdm_batch_seg *g = realloc(f->segs, (size_t)segs * sizeof *g);
+        if (!g) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory (batch)");
+        f->segs = g;
+        f->cap_segs = segs;
+    }
+    return TDM_OK;
+}
+
+static void fused_free(fused *f)
+{
+    free(f->tokens);
+    free(f->labels);
+    free(f->cu);
+    free(f->segs);
+}
+
+static void fused_clear(fused *f)
+{
+    f->m = f->n_seqs = f->n_segs = 0;
+    if (f->cu) f->cu[0] = 0;
+}
+
+/* Appends samples idx[0..k) of ds as one segment of slot `adapter`. */
+static tdm_status fused_add(fused *f, const tdm_dataset *ds, const uint32_t *idx, int k,
+                            int adapter, tdm_error *err)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < k; i++)
+        rows += ds->samples[idx[i]].len;
+    if (f->m + rows > INT32_MAX) return tdm_fail(err, TDM_ERR_INVALID, "batch too large");
+    TRY(fused_reserve(f, f->m + rows, f->n_seqs + k, f->n_segs + 1, err));
+    if (f->n_seqs == 0) f->cu[0] = 0;
+    int64_t begin = f->m;
+    for (int i = 0; i < k; i++) {
+        const tdm_data_sample *sm = &ds->samples[idx[i]];
+        memcpy(f->tokens + f->m, ds->ids + sm->offset, sm->len * sizeof(int32_t));
+        memcpy(f->labels + f->m, ds->labels + sm->offset, sm->len * sizeof(int32_t));
+        f->m += sm->len;
+        f->cu[++f->n_seqs] = (int32_t)f->m;
+    }
+    f->segs[f->n_segs++] = (tdm_batch_seg){adapter, begin, f->m};
+    return TDM_OK;
+}
+
+static tdm_batch fused_view(const fused *f)
+{
+    return (tdm_batch){.m = f->m,
+                       .tokens = f->tokens,
+                       .labels = f->labels,
+                       .cu_seqlens = f->cu,
+                       .n_seqs = f->n_seqs,
+                       .segs = f->segs,
+                       .n_segs = f->n_segs};
+}
+
+tdm_status tdm_trainer_evaluate(struct tdm_model *m, const tdm_lora_params *params,
+                                const struct tdm_dataset *ds, const uint32_t *idx, uint32_t n,
+                                int batch_size, double *loss_sum, int64_t *tokens, tdm_error *err)
+{
+    *loss_sum = 0;
+    *tokens = 0;
+    tdm_lora *dev = NULL;
+    tdm_status st = TDM_OK;
+    if (params) {
+        TRY(tdm_lora_create(&dev, m, params->rank, (float)params->scale, params->targets, err));
+        if (dev->n_params != params->n_params)
+            st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree");
+        else
+            st = tdm_be_upload(tdm_model_backend(m), dev->params, params->params,
+                               (size_t)params->n_params * sizeof(float), err);
+    }
+    fused f = {0};
+    for (uint32_t i = 0; st == TDM_OK && i < n; i += (uint32_t)batch_size) {
+        int k = (int)(n - i < (uint32_t)batch_size ? n - i : (uint32_t)batch_size);
+        fused_clear(&f);
+        st = fused_add(&f, ds, idx + i, k, 0, err);
+        if (st != TDM_OK) break;
+        tdm_batch b = fused_view(&f);
+        double ls = 0;
+        int64_t tk = 0;
+        tdm_lora *slot[1] = {dev};
+        st = tdm_model_step(m, slot, 1, &b, false, NULL, &ls, &tk, err);
+        *loss_sum += ls;
+        *tokens += tk;
+    }
+    fused_free(&f);
+    tdm_lora_free(dev);
+    return st;
+}
+
+static tdm_status eval_adapter(tdm_trainer *t, adapter_state *s, double *val, tdm_error *err)
+{
+    *val = NAN;
+    if (s->ds.n_val == 0) return TDM_OK;
+    fused f = {0};
+    double sum = 0;
+    int64_t tok = 0;
+    tdm_status st = TDM_OK;
+    for (uint32_t i = 0; i < s->ds.n_val; i += (uint32_t)s->cfg.batch_size) {
+        uint32_t left = s->ds.n_val - i;
+        int k = (int)(left < (uint32_t)s->cfg.batch_size ? left : (uint32_t)s->cfg.batch_size);
+        fused_clear(&f);
+        if ((st = fused_add(&f, &s->ds, s->ds.val + i, k, 0, err)) != TDM_OK) break;
+        tdm_batch b = fused_view(&f);
+        double ls = 0;
+        int64_t tk = 0;
+        tdm_lora *slot[1] = {s->dev};
+        if ((st = tdm_model_step(t->model, slot, 1, &b, false, NULL, &ls, &tk, err)) != TDM_OK)
+            break;
+        sum += ls;
+        tok += tk;
+    }
+    fused_free(&f);
+    if (st == TDM_OK && tok > 0) *val = sum / (double)tok;
+    return st;
+}
+
+/* ----------------------------------------------------------- one step ---- */
+
+/* Draws this step's samples of adapter s: up to grad_accum micro-batches, none crossing the
+ * epoch's end. */
+static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
+{
+    int64_t in_epoch = s->step % s->steps_per_epoch;
+    int64_t first_micro = in_epoch * t->o.grad_accum;
+    int64_t micros = s->micro_per_epoch - first_micro;
+    if (micros > t->o.grad_accum) micros = t->o.grad_accum;
+    s->n_micro = (int)micros;
+    s->step_counted = 0;
+    s->step_loss_sum = 0;
+    int64_t used = 0;
+    for (int j = 0; j < s->n_micro; j++) {
+        uint64_t pos = tdm_train_cursor_position(s->cur);
+        uint64_t left = s->ds.n_train - pos;
+        int k = (int)(left < (uint64_t)s->cfg.batch_size ? left : (uint64_t)s->cfg.batch_size);
+        s->micro_n[j] = k;
+        for (int i = 0; i < k; i++) {
+            TRY(tdm_train_cursor_next(s->cur, &s->idx[used], err));
+            s->step_counted += s->ds.samples[s->idx[used]].counted;
+            used++;
+        }
+    }
+    return TDM_OK;
+}
+
+static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, tdm_error *err)
+{
+    int n = t->n;
+    tdm_lora **slots = calloc((size_t)n, sizeof *slots);
+    double *w = calloc((size_t)n, sizeof *w), *ls = calloc((size_t)n, sizeof *ls);
+    int64_t *tk = calloc((size_t)n, sizeof *tk);
+    int64_t *off = calloc((size_t)n, sizeof *off);
+    tdm_be_vec *vecs = calloc((size_t)np, sizeof *vecs);
+    float *maxn = calloc((size_t)np, sizeof *maxn);
+    tdm_adamw_tensor *ten = calloc((size_t)np, sizeof *ten);
+    float *norms = calloc((size_t)np, sizeof *norms);
+    tdm_status st = TDM_OK;
+    if (!slots || !w || !ls || !tk || !off || !vecs || !maxn || !ten || !norms) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int max_micro = 0;
+    for (int p = 0; p < np; p++) {
+        adapter_state *s = &t->ad[part[p]];
+        slots[part[p]] = s->dev;
+        if ((st = plan_step(t, s, err)) != TDM_OK) goto done;
+        w[part[p]] = s->step_counted > 0 ? 1.0 / (double)s->step_counted : 0.0;
+        if (s->n_micro > max_micro) max_micro = s->n_micro;
+        if ((st = tdm_lora_zero_grad(s->dev, err)) != TDM_OK) goto done;
+    }
+    for (int j = 0; j < max_micro; j++) {
+        fused_clear(f);
+        for (int p = 0; p < np; p++) {
+            adapter_state *s = &t->ad[part[p]];
+            if (j >= s->n_micro) continue;
+            if ((st = fused_add(f, &s->ds, s->idx + off[part[p]], s->micro_n[j], part[p], err)) !=
+                TDM_OK)
+                goto done;
+            off[part[p]] += s->micro_n[j];
+        }
+        tdm_batch b = fused_view(f);
+        memset(ls, 0, (size_t)n * sizeof *ls);
+        memset(tk, 0, (size_t)n * sizeof *tk);
+        if ((st = tdm_model_step(t->model, slots, n, &b, true, w, ls, tk, err)) != TDM_OK)
+            goto done;
+        for (int p = 0; p < np; p++)
+            t->ad[part[p]].step_loss_sum += ls[part[p]];
+    }
+    /* clipping and AdamW, one launch each for all participating adapters */
+    for (int p = 0; p < np; p++) {
+        adapter_state *s = &t->ad[part[p]];
+        vecs[p] = (tdm_be_vec){s->dev->grads, s->dev->n_params, p};
+        maxn[p] = (float)t->o.max_grad_norm;
+    }
+    if ((st = tdm_be_sumsq(t->be, vecs, np, np, t->d_sumsq, err)) != TDM_OK) goto done;
+    if ((st = tdm_be_clip_coef(t->be, t->d_sumsq, maxn, np, t->d_coef, t->d_norm, err)) != TDM_OK)
+        goto done;
+    for (int p = 0; p < np; p++) {
+        adapter_state *s = &t->ad[part[p]];
+        double lr = tdm_lr_at(&s->sched, s->step);
+        s->last_lr = lr;
+        ten[p] = (tdm_adamw_tensor){.p = s->dev->params,
+                                    .g = s->dev->grads,
+                                    .m = s->dev->adam_m,
+                                    .v = s->dev->adam_v,
+                                    .n = s->dev->n_params,
+                                    .grad_scale = t->o.max_grad_norm > 0 ? t->d_coef + p : NULL,
+                                    .lr = (float)lr,
+                                    .beta1 = 0.9f,
+                                    .beta2 = 0.999f,
+                                    .eps = 1e-8f,
+                                    .weight_decay = (float)t->o.weight_decay,
+                                    .step = s->step + 1};
+    }
+    if ((st = tdm_be_adamw(t->be, ten, np, err)) != TDM_OK) goto done;
+    if ((st = tdm_be_download(t->be, norms, t->d_norm, (size_t)np * sizeof(float), err)) != TDM_OK)
+        goto done;
+    for (int p = 0; p < np; p++) {
+        adapter_state *s = &t->ad[part[p]];
+        s->step++;
+        s->last_grad_norm = norms[p];
+        s->last_train_loss = s->step_counted > 0 ? s->step_loss_sum / (double)s->step_counted : NAN;
+        s->tokens_seen += s->step_counted;
+        s->run_tokens += s->step_counted;
+        s->run_steps++;
+        for (int j = 0; j < s->n_micro; j++)
+            s->samples_seen += s->micro_n[j];
+        s->epoch_loss_sum += s->step_loss_sum;
+        s->epoch_tokens += s->step_counted;
+        s->log_loss_sum += s->step_loss_sum;
+        s->log_tokens += s->step_counted;
+    }
+done:
+    free(slots);
+    free(w);
+    free(ls);
+    free(tk);
+    free(off);
+    free(vecs);
+    free(maxn);
+    free(ten);
+    free(norms);
+    return st;
+}
+
+/* ------------------------------------------------------------ records ---- */
+
+static double adapter_epoch(const adapter_state *s)
+{
+    return (double)s->step / (double)s->steps_per_epoch;
+}
+
+static void report(tdm_trainer *t, int a, tdm_trainer_event ev, double loss)
+{
+    if (!t->o.progress) return;
+    adapter_state *s = &t->ad[a];
+    tdm_trainer_progress p = {.event = ev,
+                              .adapter = a,
+                              .label = s->task,
+                              .global_step = t->global_step,
+                              .step = s->step,
+                              .total_steps = s->total_steps,
+                              .epoch = adapter_epoch(s),
+                              .epochs = s->cfg.epochs,
+                              .loss = loss,
+                              .learning_rate = s->last_lr,
+                              .grad_norm = s->last_grad_norm,
+                              .val_loss = s->last_val,
+                              .tokens_per_sec = NAN,
+                              .eta_sec = NAN};
+    double el = now_ms() - t->t0_ms;
+    if (el > 0 && s->run_tokens > 0) p.tokens_per_sec = (double)s->run_tokens / (el / 1000.0);
+    if (s->run_steps > 0 && t->global_step > 0) {
+        double ms_per_global = el / (double)t->global_step;
+        double global_per_step = (double)t->global_step / (double)s->run_steps;
+        p.eta_sec = (double)(s->total_steps - s->step) * global_per_step * ms_per_global / 1000.0;
+    }
+    t->o.progress(&p, t->o.progress_user);
+}
+
+static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_METADATA_FILE);
+    double secs = s->train_ms / 1000.0;
+    tdm_run_metadata md = {.task = s->task,
+                           .label = s->cfg.label,
+                           .adapter_index = a,
+                           .epoch = adapter_epoch(s),
+                           .train_loss =
+                               isnan(s->last_epoch_loss) ? s->last_train_loss : s->last_epoch_loss,
+                           .val_loss = s->last_val,
+                           .learning_rate = s->last_lr,
+                           .epoch_time_ms = s->last_epoch_ms,
+                           .samples_per_sec = secs > 0 ? (double)s->samples_seen / secs : 0,
+                           .lora_rank = s->host.rank,
+                           .lora_alpha = s->host.alpha,
+                           .data_hash = s->ds.report.data_hash};
+    return tdm_run_metadata_save(&md, path, err);
+}
+
+static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    if (s->log_tokens == 0) return TDM_OK;
+    double loss = s->log_loss_sum / (double)s->log_tokens;
+    s->ts.global_step = s->step;
+    s->ts.epoch = adapter_epoch(s);
+    tdm_trainer_state_log_train(&s->ts, loss, s->last_lr, s->last_grad_norm);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
+    double el = now_ms() - t->t0_ms;
+    tdm_metrics_line ml = {.step = s->step,
+                           .epoch = adapter_epoch(s),
+                           .loss = loss,
+                           .learning_rate = s->last_lr,
+                           .grad_norm = s->last_grad_norm,
+                           .tokens = s->log_tokens,
+                           .tokens_per_sec = el > 0 ? (double)s->run_tokens / (el / 1000) : NAN,
+                           .elapsed_ms = el,
+                           .val_loss = NAN,
+                           .adapter_index = a,
+                           .label = s->cfg.label};
+    TRY(tdm_metrics_append(path, &ml, err));
+    s->log_loss_sum = 0;
+    s->log_tokens = 0;
+    report(t, a, TDM_TRAINER_EVENT_LOG, loss);
+    return TDM_OK;
+}
+
+static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    if (s->ds.n_val == 0) return TDM_OK;
+    double t0 = now_ms();
+    double v;
+    TRY(eval_adapter(t, s, &v, err));
+    double secs = (now_ms() - t0) / 1000.0;
+    s->last_val = v;
+    char best[4096];
+    snprintf(best, sizeof best, "%s/%s", s->cfg.output, TDM_BEST_DIR);
+    s->ts.global_step = s->step;
+    s->ts.epoch = adapter_epoch(s);
+    int64_t nb = (s->ds.n_val + s->cfg.batch_size - 1) / s->cfg.batch_size;
+    bool is_best =
+        tdm_trainer_state_log_eval(&s->ts, v, secs, secs > 0 ? (double)s->ds.n_val / secs : 0,
+                                   secs > 0 ? (double)nb / secs : 0, best);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
+    tdm_metrics_line ml = {.step = s->step,
+                           .epoch = adapter_epoch(s),
+                           .loss = NAN,
+                           .learning_rate = NAN,
+                           .grad_norm = NAN,
+                           .tokens = 0,
+                           .tokens_per_sec = NAN,
+                           .elapsed_ms = now_ms() - t->t0_ms,
+                           .val_loss = v,
+                           .adapter_index = a,
+                           .label = s->cfg.label};
+    TRY(tdm_metrics_append(path, &ml, err));
+    if (is_best) {
+        TRY(download_state(t, s, false, err));
+        TRY(tdm_checkpoint_save_best(s->cfg.output, &s->host, &s->meta, s->step, "eval_loss", v,
+                                     err));
+    }
+    report(t, a, TDM_TRAINER_EVENT_EVAL, v);
+    return TDM_OK;
+}
+
+static json_t *jreal(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+static double jget(const json_t *o, const char *k)
+{
+    const json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+static int64_t jint(const json_t *o, const char *k)
+{
+    const json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
+}
+
+static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    TRY(download_state(t, s, true, err));
+    char *cj = NULL;
+    TRY(tdm_train_cursor_to_json(s->cur, &cj, err));
+    json_t *cursor = json_loads(cj, 0, NULL);
+    free(cj);
+    json_t *extra = json_pack(
+        "{s:I, s:b, s:o, s:o, s:o, s:o, s:o, s:I, s:I, s:o, s:I, s:o, s:o, s:I, s:I}",
+        "global_step", (json_int_t)t->global_step, "done", s->done, "credit", jreal(s->credit),
+        "last_val", jreal(s->last_val), "last_train_loss", jreal(s->last_train_loss),
+        "last_grad_norm", jreal(s->last_grad_norm), "last_lr", jreal(s->last_lr), "tokens_seen",
+        (json_int_t)s->tokens_seen, "samples_seen", (json_int_t)s->samples_seen, "epoch_loss_sum",
+        json_real(s->epoch_loss_sum), "epoch_tokens", (json_int_t)s->epoch_tokens,
+        "last_epoch_loss", jreal(s->last_epoch_loss), "log_loss_sum", json_real(s->log_loss_sum),
+        "log_tokens", (json_int_t)s->log_tokens, "rr_next", (json_int_t)t->rr_next);
+    json_t *tsj = tdm_trainer_state_to_json(&s->ts);
+    tdm_status st = TDM_OK;
+    if (!cursor || !extra || !tsj)
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    else {
+        tdm_checkpoint_info info = {.step = s->step,
+                                    .epoch = adapter_epoch(s),
+                                    .schedule = s->sched,
+                                    .rng = s->rng,
+                                    .data_cursor = cursor,
+                                    .extra = extra};
+        st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
+                                 err);
+    }
+    json_decref(cursor);
+    json_decref(extra);
+    json_decref(tsj);
+    return st;
+}
+
+/* The global step and "done" flag recorded in a checkpoint directory's tandem_state.json. */
+static bool read_ckpt_global(const char *dir, int64_t *g, bool *done)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, TDM_CHECKPOINT_STATE_FILE);
+    json_t *j = json_load_file(path, 0, NULL);
+    if (!j) return false;
+    json_t *ex = json_object_get(j, "extra");
+    bool ok = json_is_object(ex) && json_is_integer(json_object_get(ex, "global_step"));
+    if (ok) {
+        *g = json_integer_value(json_object_get(ex, "global_step"));
+        *done = json_is_true(json_object_get(ex, "done"));
+    }
+    json_decref(j);
+    return ok;
+}
+
+static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    tdm_lora_params l = {0};
+    tdm_adamw_state opt = {0};
+    tdm_checkpoint_info info = {0};
+    TRY(tdm_checkpoint_load(dir, t->mcfg, &l, NULL, &opt, &info, err));
+    tdm_status st = TDM_OK;
+    if (l.rank != s->host.rank || l.targets != s->host.targets || l.n_params != s->host.n_params)
+        st = tdm_fail(err, TDM_ERR_INVALID,
+                      "%s: rank/targets differ from this run's adapter (rank %d vs %d)", dir,
+                      l.rank, s->host.rank);
+    char *cj = NULL;
+    if (st == TDM_OK) st = tdm_lora_params_copy(&s->host, &l, err);
+    if (st == TDM_OK) {
+        memcpy(s->opt.m, opt.m, (size_t)opt.n * sizeof(float));
+        memcpy(s->opt.v, opt.v, (size_t)opt.n * sizeof(float));
+        s->opt.step = opt.step;
+        s->step = info.step;
+        s->rng = info.rng;
+        cj = json_dumps(info.data_cursor, JSON_COMPACT);
+        if (!cj) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    if (st == TDM_OK) st = tdm_train_cursor_from_json(s->cur, cj, err);
+    if (st == TDM_OK) {
+        const json_t *ex = info.extra;
+        if (jint(ex, "global_step") >= t->global_step) {
+            t->global_step = jint(ex, "global_step");
+            t->rr_next = (int)jint(ex, "rr_next");
+        }
+        s->done = json_is_true(json_object_get(ex, "done"));
+        s->credit = jget(ex, "credit");
+        if (isnan(s->credit)) s->credit = 0;
+        s->last_val = jget(ex, "last_val");
+        s->last_train_loss = jget(ex, "last_train_loss");
+        s->last_grad_norm = jget(ex, "last_grad_norm");
+        s->last_lr = jget(ex, "last_lr");
+        s->tokens_seen = jint(ex, "tokens_seen");
+        s->samples_seen = jint(ex, "samples_seen");
+        s->epoch_loss_sum = jget(ex, "epoch_loss_sum");
+        s->epoch_tokens = jint(ex, "epoch_tokens");
+        s->last_epoch_loss = jget(ex, "last_epoch_loss");
+        s->log_loss_sum = jget(ex, "log_loss_sum");
+        s->log_tokens = jint(ex, "log_tokens");
+        st = upload_state(t, s, true, err);
+    }
+    if (st == TDM_OK) {
+        char tsp[4200];
+        snprintf(tsp, sizeof tsp, "%s/%s", dir, TDM_CHECKPOINT_TRAINER_STATE_FILE);
+        tdm_trainer_state_free(&s->ts);
+        st = tdm_trainer_state_load(&s->ts, tsp, err);
+    }
+    if (st == TDM_OK) {
+        char mp[4096];
+        snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
+        st = tdm_metrics_truncate_after(mp, s->step, NULL, err);
+    }
+    free(cj);
+    tdm_lora_params_free(&l);
+    tdm_adamw_state_free(&opt);
+    tdm_checkpoint_info_free(&info);
+    return st;
+}
+
+/* Finds the resume point: the highest global step G such that every adapter has a checkpoint
+ * taken at G, or a final ("done") one taken at or before G. *found false: start fresh. */
+static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, tdm_error *err)
+{
+    *found = false;
+    int n = t->n;
+    int64_t **gs = calloc((size_t)n, sizeof *gs);
+    bool **dn = calloc((size_t)n, sizeof *dn);
+    int64_t **steps = calloc((size_t)n, sizeof *steps);
+    size_t *cnt = calloc((size_t)n, sizeof *cnt);
+    tdm_status st = TDM_OK;
+    bool any = false;
+    if (!gs || !dn || !steps || !cnt) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int a = 0; a < n && st == TDM_OK; a++) {
+        st = tdm_checkpoint_list(t->ad[a].cfg.output, &steps[a], &cnt[a], err);
+        if (st == TDM_ERR_NOT_FOUND || st == TDM_ERR_IO) {
+            st = TDM_OK;
+            cnt[a] = 0;
+        }
+        if (cnt[a] == 0) continue;
+        gs[a] = calloc(cnt[a], sizeof **gs);
+        dn[a] = calloc(cnt[a], sizeof **dn);
+        if (!gs[a] || !dn[a]) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; st == TDM_OK && i < cnt[a]; i++) {
+            char d[4096];
+            snprintf(d, sizeof d, "%.4000s/" TDM_CHECKPOINT_PREFIX "%lld", t->ad[a].cfg.output,
+                     (long long)steps[a][i]);
+            gs[a][i] = -1;
+            tdm_error e;
+            if (tdm_checkpoint_verify(d, &e) != TDM_OK) continue;
+            if (!read_ckpt_global(d, &gs[a][i], &dn[a][i]))
+                gs[a][i] = -1;
+            else
+                any = true;
+        }
+    }
+    if (st != TDM_OK || !any) goto done;
+    int64_t best_g = -1;
+    for (int c = 0; c < n; c++)
+        for (size_t i = 0; i < cnt[c]; i++) {
+            int64_t G = gs[c][i];
+            if (G <= best_g) continue;
+            bool ok = true;
+            for (int a = 0; a < n && ok; a++) {
+                bool has = false;
+                for (size_t k = 0; k < cnt[a] && !has; k++)
+                    has = gs[a][k] == G || (dn[a][k] && gs[a][k] >= 0 && gs[a][k] <= G);
+                ok = has;
+            }
+            if (ok) best_g = G;
+        }
+    if (best_g < 0) {
+        st = tdm_fail(err, TDM_ERR_INVALID,
+                      "--resume: the OUT_DIRs hold checkpoints, but no global step that every "
+                      "adapter saved; remove the checkpoints to start over");
+        goto done;
+    }
+    for (int a = 0; a < n; a++) {
+        int64_t pick = -1, pg = -1;
+        for (size_t k = 0; k < cnt[a]; k++)
+            if (gs[a][k] == best_g || (dn[a][k] && gs[a][k] >= 0 && gs[a][k] <= best_g))
+                if (gs[a][k] >= pg) {
+                    pg = gs[a][k];
+                    pick = steps[a][k];
+                }
+        snprintf(dirs[a], 4096, "%.4000s/" TDM_CHECKPOINT_PREFIX "%lld", t->ad[a].cfg.output,
+                 (long long)pick);
+    }
+    *found = true;
+done:
+    for (int a = 0; a < n && gs; a++)
+        free(gs[a]);
+    for (int a = 0; a < n && dn; a++)
+        free(dn[a]);
+    for (int a = 0; a < n && steps; a++)
+        free(steps[a]);
+    free(gs);
+    free(dn);
+    free(steps);
+    free(cnt);
+    return st;
+}
+
+static tdm_status finish_adapter(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    s->done = true;
+    TRY(eval_point(t, a, err));
+    TRY(download_state(t, s, false, err));
+    TRY(tdm_peft_write_files(s->cfg.output, &s->host, &s->meta, err));
+    s->ts.global_step = s->step;
+    s->ts.epoch = adapter_epoch(s);
+    double secs = s->train_ms / 1000.0;
+    tdm_trainer_state_log_end(&s->ts, s->last_epoch_loss, secs,
+                              secs > 0 ? (double)s->samples_seen / secs : 0,
+                              secs > 0 ? (double)s->run_steps / secs : 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
+    TRY(tdm_trainer_state_save(&s->ts, path, err));
+    TRY(write_metadata(t, a, err));
+    TRY(save_checkpoint(t, a, err)); /* the final position, for --resume of the others */
+    report(t, a, TDM_TRAINER_EVENT_DONE, s->last_epoch_loss);
+    return TDM_OK;
+}
+
+static int pick_priority(tdm_trainer *t)
+{
+    int best = -1;
+    double bv = -INFINITY;
+    for (int a = 0; a < t->n; a++) {
+        adapter_state *s = &t->ad[a];
+        if (s->done) continue;
+        double v = s->ds.n_val > 0 ? s->last_val : s->last_train_loss;
+        if (isnan(v)) v = INFINITY;
+        if (best < 0 || v > bv) {
+            best = a;
+            bv = v;
+        }
+    }
+    return best;
+}
+
+uint64_t tdm_trainer_estimate_bytes(const tdm_trainer *t, size_t act_size)
+{
+    const tdm_model_config *c = t->mcfg_host;
+    double base = (double)tdm_model_config_param_count(c);
+    double emb = (double)c->vocab_size * (double)c->hidden_size * (c->tie_word_embeddings ? 1 : 2);
+    double proj = base - emb;
+    if (proj < 0) proj = 0;
+    /* NF4: 4 bits + absmax (8-bit with double quantization, else f32) per 64 weights */
+    double bits =
+        t->o.nf4 ? (t->o.double_quant ? 4.0 + 8.0 / 64 : 4.0 + 32.0 / 64) : 8.0 * (double)act_size;
+    double bytes = proj * bits / 8 + emb * (double)act_size;
+    double rows = 0;
+    for (int a = 0; a < t->n; a++) {
+        const adapter_state *s = &t->ad[a];
+        bytes += (double)s->host.n_params * 4 * 4; /* params, grads, m, v */
+        rows += (double)s->cfg.batch_size * (double)s->cfg.max_seq_len;
+    }
+    double H = (double)c->hidden_size, I = (double)c->intermediate_size;
+    double per_row_layer = (12 * H + 4 * I) * (double)act_size;
+    double layers = t->o.grad_checkpoint
+                        ? 1 + (double)c->num_layers * H * (double)act_size / per_row_layer
+                        : (double)c->num_layers;
+    bytes += rows * per_row_layer * layers;
+    bytes += 64.0 * 1024 * 1024 + rows * 8 * 4; /* logits chunk, per-row scratch */
+    return (uint64_t)bytes;
+}
+
+/* mkdir -p */
+static tdm_status make_dirs(const char *path, tdm_error *err)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return tdm_fail_errno(err, TDM_ERR_IO, errno, "mkdir %s", buf);
+            *p = '/';
+        }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return tdm_fail_errno(err, TDM_ERR_IO, errno, "mkdir %s", buf);
+    return TDM_OK;
+}
+
+tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
+{
+    int n = t->n;
+    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    for (int a = 0; a < n; a++) {
+        adapter_state *s = &t->ad[a];
+        TRY(make_dirs(s->cfg.output, err));
+        TRY(tdm_atomic_dir_remove_stale(s->cfg.output, NULL, err));
+        s->last_val = s->last_train_loss = s->last_grad_norm = NAN;
+        s->last_epoch_loss = NAN;
+        s->last_lr = tdm_lr_at(&s->sched, 0);
+    }
+    bool resumed = false;
+    if (t->o.resume) {
+        char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
+        if (!dirs) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        t->global_step = -1;
+        tdm_status st = find_resume(t, dirs, &resumed, err);
+        for (int a = 0; st == TDM_OK && resumed && a < n; a++) {
+            st = load_checkpoint(t, a, dirs[a], err);
+            if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
+        }
+        free(dirs);
+        TRY(st);
+    } else {
+        for (int a = 0; a < n; a++) {
+            int64_t *steps = NULL;
+            size_t cnt = 0;
+            if (tdm_checkpoint_list(t->ad[a].cfg.output, &steps, &cnt, err) == TDM_OK) free(steps);
+            if (cnt > 0)
+                return tdm_fail(err, TDM_ERR_INVALID,
+                                "%s already holds checkpoints of an earlier run: pass --resume "
+                                "to continue it, or remove them to start over",
+                                t->ad[a].cfg.output);
+        }
+    }
+    if (!resumed) {
+        t->global_step = 0;
+        for (int a = 0; a < n; a++) {
+            adapter_state *s = &t->ad[a];
+            tdm_rng_seed(&s->rng, t->o.seed);
+            if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
+            TRY(upload_state(t, s, false, err));
+            char mp[4096];
+            snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
+            TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
+            s->ts.num_train_epochs = s->cfg.epochs;
+            s->ts.max_steps = s->total_steps;
+            s->ts.logging_steps = t->o.log_every;
+            s->ts.eval_steps = t->o.eval_every;
+            s->ts.save_steps = t->o.save_every;
+            s->ts.train_batch_size = s->cfg.batch_size;
+        }
+    }
+    int64_t save_every = t->o.save_every;
+    if (t->o.max_checkpoint_interval > 0 &&
+        (save_every == 0 || save_every > t->o.max_checkpoint_interval))
+        save_every = t->o.max_checkpoint_interval;
+    double wmax = 0;
+    for (int a = 0; a < n; a++)
+        if (t->ad[a].cfg.weight > wmax) wmax = t->ad[a].cfg.weight;
+
+    /* priority-val-loss needs a first measurement of everyone */
+    if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
+        for (int a = 0; a < n; a++)
+            TRY(eval_point(t, a, err));
+
+    int *part = malloc((size_t)n * sizeof *part);
+    if (!part) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    fused f = {0};
+    tdm_status st = TDM_OK;
+    t->t0_ms = now_ms();
+    for (int a = 0; a < n; a++)
+        t->ad[a].epoch_start_ms = t->t0_ms;
+    for (;;) {
+        int np = 0;
+        if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED) {
+            for (int a = 0; a < n; a++) {
+                adapter_state *s = &t->ad[a];
+                if (s->done) continue;
+                s->credit += s->cfg.weight / wmax;
+                if (s->credit >= 1.0 - 1e-9) {
+                    s->credit -= 1.0;
+                    part[np++] = a;
+                }
+            }
+            bool any = false;
+            for (int a = 0; a < n; a++)
+                any |= !t->ad[a].done;
+            if (!any) break;
+        } else if (t->o.schedule == TDM_SCHEDULE_ROUND_ROBIN) {
+            for (int k = 0; k < n; k++) {
+                int a = (t->rr_next + k) % n;
+                if (!t->ad[a].done) {
+                    part[np++] = a;
+                    t->rr_next = (a + 1) % n;
+                    break;
+                }
+            }
+            if (np == 0) break;
+        } else {
+            int a = pick_priority(t);
+            if (a < 0) break;
+            part[np++] = a;
+        }
+        t->global_step++;
+        if (np == 0) continue;
+        double ts0 = now_ms();
+        if ((st = train_step(t, part, np, &f, err)) != TDM_OK) break;
+        double dt = now_ms() - ts0;
+        for (int p = 0; p < np && st == TDM_OK; p++) {
+            int a = part[p];
+            adapter_state *s = &t->ad[a];
+            s->train_ms += dt;
+            report(t, a, TDM_TRAINER_EVENT_STEP, s->last_train_loss);
+            if (s->step % s->steps_per_epoch == 0) { /* an epoch ended */
+                s->last_epoch_loss =
+                    s->epoch_tokens > 0 ? s->epoch_loss_sum / (double)s->epoch_tokens : NAN;
+                s->epoch_loss_sum = 0;
+                s->epoch_tokens = 0;
+                double now = now_ms();
+                s->last_epoch_ms = now - s->epoch_start_ms;
+                s->epoch_start_ms = now;
+                st = write_metadata(t, a, err);
+            }
+        }
+        for (int p = 0; p < np && st == TDM_OK; p++) {
+            int a = part[p];
+            adapter_state *s = &t->ad[a];
+            bool last = s->step >= s->total_steps;
+            if (t->global_step % t->o.log_every == 0 || last) st = log_point(t, a, err);
+            if (st == TDM_OK && last) st = finish_adapter(t, a, err);
+        }
+        if (st != TDM_OK) break;
+        bool eval_now = t->o.eval_every > 0 && t->global_step % t->o.eval_every == 0;
+        bool save_now = save_every > 0 && t->global_step % save_every == 0;
+        for (int a = 0; a < n && st == TDM_OK; a++) {
+            adapter_state *s = &t->ad[a];
+            if (s->done) continue;
+            if (eval_now) st = eval_point(t, a, err);
+        }
+        for (int a = 0; a < n && st == TDM_OK; a++) {
+            adapter_state *s = &t->ad[a];
+            if (s->done || !save_now) continue;
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
+            s->ts.global_step = s->step;
+            s->ts.epoch = adapter_epoch(s);
+            st = tdm_trainer_state_save(&s->ts, path, err);
+            if (st == TDM_OK) st = save_checkpoint(t, a, err);
+        }
+        if (st != TDM_OK) break;
+    }
+    fused_free(&f);
+    free(part);
+    return st;
+}

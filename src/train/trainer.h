@@ -1,0 +1,158 @@
+/* trainer.h — the multi-adapter training loop behind `tandem finetune` (docs/finetune.md).
+ *
+ * One process loads the frozen base once (NF4 projections for qlora, the base precision for
+ * lora) and trains N LoRA adapters, each with its own data, hyper-parameters, AdamW state, LR
+ * schedule, clipping, step counter, data cursor and RNG. Per global step the schedule picks the
+ * adapters that take an optimizer step:
+ *   synchronized       every active adapter whose weight credit reached 1 (credit += weight /
+ *                      max weight per step; weight 1 everywhere = every adapter every step); their
+ *                      micro-batches are fused into one model step
+ *   round-robin        one adapter per step, in turn
+ *   priority-val-loss  the adapter with the highest latest validation loss (one not yet
+ *                      evaluated first; without validation data its latest training loss)
+ * One optimizer step of an adapter = up to grad_accum micro-batches of batch_size sequences,
+ * never crossing an epoch boundary (the last batch and the last step of an epoch are short, as
+ * with Hugging Face's DataLoader); the gradient is that of the summed token losses divided by the
+ * counted tokens of the whole step. steps_per_epoch = ceil(ceil(n_train / batch_size) /
+ * grad_accum); an adapter stops after epochs * steps_per_epoch steps and the others go on.
+ *
+ * Phases: tdm_trainer_create reads and validates every data file and the base model and writes
+ * nothing; tdm_trainer_run writes OUT_DIRs (checkpoints, best/, records, final adapter).
+ */
+#ifndef TANDEM_TRAIN_TRAINER_H
+#define TANDEM_TRAIN_TRAINER_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "tokenizer/chat_template.h"
+#include "train/lora.h"
+#include "train/lr_schedule.h"
+#include "util/error.h"
+
+typedef enum tdm_train_schedule {
+    TDM_SCHEDULE_SYNCHRONIZED,
+    TDM_SCHEDULE_ROUND_ROBIN,
+    TDM_SCHEDULE_PRIORITY_VAL_LOSS,
+} tdm_train_schedule;
+
+/* "synchronized", "round-robin", "priority-val-loss"; parse returns false for other names. */
+const char *tdm_train_schedule_name(tdm_train_schedule s);
+bool tdm_train_schedule_parse(const char *name, tdm_train_schedule *out);
+
+/* One adapter to train; every field resolved (command-line defaults already applied). */
+typedef struct tdm_trainer_adapter {
+    const char *data;         /* JSONL training data */
+    const char *output;       /* OUT_DIR (created when missing) */
+    const char *label;        /* may be NULL: the data file's stem is used as task name */
+    const char *init_adapter; /* PEFT dir to start from (its rank, alpha, targets apply) or NULL */
+    int rank;
+    double alpha;
+    bool use_rslora;
+    uint32_t targets; /* tdm_adapter_target bits */
+    double lr;
+    int epochs;
+    int batch_size;
+    int max_seq_len;
+    double weight; /* > 0, synchronized schedule's share */
+} tdm_trainer_adapter;
+
+/* What the trainer reports to its caller (the CLI draws progress from it). */
+typedef enum tdm_trainer_event {
+    TDM_TRAINER_EVENT_STEP, /* the adapter took an optimizer step */
+    TDM_TRAINER_EVENT_LOG,  /* a --log-every point: loss is the mean since the previous log */
+    TDM_TRAINER_EVENT_EVAL, /* val_loss was measured */
+    TDM_TRAINER_EVENT_DONE, /* the adapter finished; its final adapter is written */
+} tdm_trainer_event;
+
+typedef struct tdm_trainer_progress {
+    tdm_trainer_event event;
+    int adapter;
+    const char *label;
+    int64_t global_step;
+    int64_t step, total_steps; /* the adapter's optimizer steps */
+    double epoch;              /* fractional epochs done */
+    int epochs;
+    double loss;           /* latest step's (STEP) or mean since the last log (LOG) */
+    double learning_rate;  /* used by the latest step */
+    double grad_norm;      /* latest, before clipping */
+    double val_loss;       /* latest, NaN before the first evaluation */
+    double tokens_per_sec; /* the adapter's counted tokens per second of training so far */
+    double eta_sec;        /* estimated seconds until this adapter finishes */
+} tdm_trainer_progress;
+
+typedef void (*tdm_trainer_progress_fn)(const tdm_trainer_progress *p, void *user);
+
+typedef struct tdm_trainer_opts {
+    const char *model_dir;
+    const char *task;  /* "instruct" */
+    bool nf4;          /* --method qlora */
+    bool double_quant; /* with nf4 */
+    bool grad_checkpoint;
+    double weight_decay;
+    double max_grad_norm; /* 0 = no clipping */
+    double lora_dropout;  /* must be 0: the engine has no dropout (create refuses > 0) */
+    tdm_lr_kind lr_kind;
+    int64_t warmup_steps;
+    int grad_accum;
+    uint64_t seed;
+    bool shuffle;
+    double val_split;
+    int64_t eval_every; /* global steps; 0 = only when an adapter finishes */
+    int64_t save_every; /* global steps; 0 = only when an adapter finishes */
+    int64_t log_every;  /* global steps, >= 1 */
+    tdm_train_schedule schedule;
+    bool chat_template_given; /* false: detected from the tokenizer */
+    tdm_chat_template chat_template;
+    bool train_on_prompt;
+    bool skip_bad_lines;
+    bool resume;
+    int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
+    tdm_trainer_progress_fn progress;
+    void *progress_user;
+} tdm_trainer_opts;
+
+/* The defaults of `tandem finetune` (docs/finetune.md). */
+void tdm_trainer_opts_default(tdm_trainer_opts *o);
+
+typedef struct tdm_trainer tdm_trainer;
+
+/* Validates options, reads config.json and every adapter's data file completely (tokenized,
+ * split; bad lines fail the whole call unless skip_bad_lines) and resolves --init-adapter
+ * configs. Writes nothing and touches no device. On TDM_ERR_PARSE from the data, *report (when
+ * not NULL) receives the malloc'd "FILE:LINE[:COL]: reason" lines of every file with bad lines
+ * (the caller frees it). Strings of opts and adapters must outlive the trainer. */
+tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
+                              const tdm_trainer_adapter *adapters, int n_adapters, char **report,
+                              tdm_error *err);
+
+/* An upper estimate of the device memory (bytes) training will use once attached to a backend
+ * whose activations take act_size bytes per element: frozen weights (NF4 or dense), every
+ * adapter's params + grads + AdamW moments, the activations of one fused step (all adapters'
+ * batch_size * max_seq_len rows; one layer's worth with grad_checkpoint) and the loss chunk. */
+uint64_t tdm_trainer_estimate_bytes(const tdm_trainer *t, size_t act_size);
+
+/* Loads the frozen base onto be (which must outlive the trainer) and allocates every adapter's
+ * device state. The first call that allocates device memory. */
+tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err);
+void tdm_trainer_free(tdm_trainer *t);
+
+/* Per-adapter numbers known after create: training / validation samples and optimizer steps. */
+void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int64_t *n_val,
+                              int64_t *total_steps);
+
+/* Trains to the end (or, with opts.resume, from the latest checkpoint that every adapter has,
+ * or from scratch when there is none). OUT_DIRs are created; a fresh run refuses an OUT_DIR
+ * that already holds checkpoints (TDM_ERR_INVALID: resume or remove them). */
+tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err);
+
+/* Token-weighted mean cross-entropy of samples idx[0..n) of a dataset loaded for the model, with
+ * the adapter params (NULL: the bare base), batch_size sequences per forward. */
+struct tdm_dataset;
+struct tdm_model;
+tdm_status tdm_trainer_evaluate(struct tdm_model *m, const tdm_lora_params *params,
+                                const struct tdm_dataset *ds, const uint32_t *idx, uint32_t n,
+                                int batch_size, double *loss_sum, int64_t *tokens, tdm_error *err);
+
+#endif

@@ -1,0 +1,142 @@
+# `tandem finetune` and `tandem eval` end to end on the tiny random model (CPU):
+#  - three adapters fused from an adapters.toml (different ranks, targets, learning rates, data
+#    sizes, epochs): PEFT files with the right tensor names and shapes, trainer_state.json,
+#    metadata.json, metrics.jsonl well-formed, checkpoints, and the training loss falls;
+#  - determinism: the same run again gives byte-identical adapters;
+#  - kill -9 mid-run, then --resume: the same final adapter bytes and logged losses;
+#  - eval with the adapter is lower than without; --json shape;
+#  - bad data: exit 1 with FILE:LINE and nothing written; usage errors exit 2.
+. "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
+M="$WORK/tiny"
+"$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
+"$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 16
+cd "$WORK" || exit 1
+
+write_toml() { # write_toml FILE PREFIX
+    cat >"$1" <<EOF
+[[adapter]]
+data = "data/reverse.jsonl"
+output = "$2/reverse"
+label = "reverse"
+rank = 8
+learning_rate = 5e-3
+
+[[adapter]]
+data = "data/upper.jsonl"
+output = "$2/upper"
+label = "upper"
+rank = 4
+targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+learning_rate = 1e-2
+epochs = 3
+
+[[adapter]]
+data = "data/add.jsonl"
+output = "$2/add"
+label = "add"
+rank = 2
+targets = "gate_proj,up_proj,down_proj"
+learning_rate = 1e-2
+epochs = 1
+EOF
+}
+COMMON=(--batch-size 4 --epochs 2 --val-split 0.1 --log-every 1 --eval-every 3 --save-every 2
+        --lr-schedule constant --max-seq-len 64 --seed 7)
+
+write_toml run1.toml run1
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run1.toml "${COMMON[@]}"
+for a in reverse upper add; do
+    d="run1/$a"
+    for f in adapter_model.safetensors adapter_config.json trainer_state.json metadata.json \
+             metrics.jsonl; do
+        [ -s "$d/$f" ] || fail "$d/$f missing"
+    done
+    ls -d "$d"/checkpoint-* >/dev/null 2>&1 || fail "$d: no checkpoint"
+    jq -e '.peft_type == "LORA" and .task_type == "CAUSAL_LM"' "$d/adapter_config.json" >/dev/null \
+        || fail "$d adapter_config"
+    jq -e '.global_step > 0 and (.log_history | length) > 0' "$d/trainer_state.json" >/dev/null \
+        || fail "$d trainer_state"
+    jq -e '(.data_hash | startswith("sha256:")) and .lora_rank > 0 and .train_loss > 0' \
+        "$d/metadata.json" >/dev/null || fail "$d metadata"
+    jq -e -s 'length > 0 and all(.step >= 1)' "$d/metrics.jsonl" >/dev/null || fail "$d metrics"
+    # the training loss falls: the last logged loss is below the first
+    first=$(jq -s '[.[] | select(.loss)] | first.loss' "$d/metrics.jsonl")
+    last=$(jq -s '[.[] | select(.loss)] | last.loss' "$d/metrics.jsonl")
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "$d: loss did not fall ($first -> $last)"
+done
+# ranks / targets / shapes as configured (safetensors header: 8-byte length, then JSON)
+hdr() { local n; n=$(od -An -tu8 -N8 "$1" | tr -d ' '); dd if="$1" bs=1 skip=8 count="$n" status=none; }
+hdr run1/upper/adapter_model.safetensors >upper.hdr
+jq -e '."base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight".shape == [4, 256]' upper.hdr >/dev/null \
+    || fail "upper k_proj A shape: $(jq -c '."base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"' upper.hdr)"
+jq -e '."base_model.model.model.layers.3.self_attn.o_proj.lora_B.weight".shape == [256, 4]' upper.hdr >/dev/null \
+    || fail "upper o_proj B shape"
+hdr run1/add/adapter_model.safetensors >add.hdr
+jq -e '."base_model.model.model.layers.1.mlp.down_proj.lora_A.weight".shape == [2, 688]' add.hdr >/dev/null \
+    || fail "add down_proj A shape"
+jq -e 'has("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight") | not' add.hdr >/dev/null \
+    || fail "add must not target q_proj"
+[ "$(jq -r .r run1/reverse/adapter_config.json)" = 8 ] || fail "reverse rank"
+jq -e ".epoch == 1" run1/add/metadata.json >/dev/null || fail "add epochs: $(jq .epoch run1/add/metadata.json)"
+jq -e ".epoch == 3" run1/upper/metadata.json >/dev/null || fail "upper epochs"
+
+# determinism: the same command again gives the same bytes
+write_toml run2.toml run2
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}"
+for a in reverse upper add; do
+    cmp -s run1/$a/adapter_model.safetensors run2/$a/adapter_model.safetensors || fail "$a: not deterministic"
+done
+# an OUT_DIR with checkpoints is not silently overwritten
+expect_exit 2 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}"
+grep -q -- "--resume" last.err || fail "existing checkpoints message"
+
+# kill -9 after the first checkpoints, then --resume: same adapters, same logged losses
+write_toml run3.toml run3
+"$TANDEM" finetune "$M" --adapters-config run3.toml "${COMMON[@]}" >run3.log 2>&1 &
+pid=$!
+wait_until 60 test -d run3/reverse/checkpoint-4
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+[ -s run3/reverse/adapter_model.safetensors ] && echo "note: run3 finished before the kill"
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run3.toml "${COMMON[@]}" --resume
+for a in reverse upper add; do
+    cmp -s run1/$a/adapter_model.safetensors run3/$a/adapter_model.safetensors || fail "$a: resume differs"
+    diff <(jq -c '[.step, .loss, .val_loss]' run1/$a/metrics.jsonl) \
+         <(jq -c '[.step, .loss, .val_loss]' run3/$a/metrics.jsonl) >/dev/null || fail "$a: resumed losses differ"
+done
+
+# eval: the trained adapter beats the bare base on its own data
+expect_exit 0 "$TANDEM" eval "$M" --data data/add.jsonl --json
+base=$(jq .loss last.out)
+jq -e 'has("loss") and has("tokens") and has("perplexity") and .tokens > 0' last.out >/dev/null || fail "eval json"
+expect_exit 0 "$TANDEM" eval "$M" --data data/add.jsonl --adapter run1/add --json
+tuned=$(jq .loss last.out)
+awk -v a="$base" -v b="$tuned" 'BEGIN { exit !(b < a) }' || fail "eval: adapter $tuned not below base $base"
+expect_exit 0 "$TANDEM" eval "$M" --data data/add.jsonl --adapter run1/add
+grep -q "perplexity" last.out || fail "eval text"
+
+# --init-adapter: starts from a PEFT adapter whose rank and targets win over the flags
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:init/add --init-adapter run1/add \
+    --rank 16 --targets q_proj --epochs 1 --batch-size 8 --save-every 0 --val-split 0 --max-seq-len 64
+jq -e '.r == 2 and .target_modules == ["gate_proj", "up_proj", "down_proj"]' init/add/adapter_config.json \
+    >/dev/null || fail "--init-adapter shape: $(jq -c '[.r, .target_modules]' init/add/adapter_config.json)"
+first=$(jq -s '[.[] | select(.loss)] | first.loss' init/add/metrics.jsonl)
+awk -v a="$first" -v b="$base" 'BEGIN { exit !(a < b - 0.5) }' || fail "--init-adapter: first loss $first not below base $base"
+
+# bad data: every bad line as FILE:LINE, exit 1, nothing written
+printf '{"instruction": "a", "response": "b"}\n{"instruction": "a"\n' >bad.jsonl
+expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:bad/one --adapter bad.jsonl:bad/two
+grep -q "^bad.jsonl:2" last.err || fail "bad line report: $(cat last.err)"
+[ -e bad ] && fail "bad data: something was written"
+
+# usage errors
+expect_exit 2 "$TANDEM" finetune "$M"
+expect_exit 2 "$TANDEM" finetune "$M" --adapter nocolon
+expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --rank 0
+expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --schedule fastest
+expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --lora-dropout 0.1
+grep -q "dropout is not supported" last.err || fail "dropout message"
+expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --adapters-config run1.toml
+expect_exit 2 "$TANDEM" eval "$M"
+expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:cu/x --device cuda
+finish
