@@ -67,6 +67,34 @@ static void fmt_eta(double s, char *buf, size_t cap)
         snprintf(buf, cap, "%.0fh%02.0fm", floor(s / 3600), fmod(s / 60, 60));
 }
 
+/* Strings this command allocates for the trainer's adapter list, freed together at the end. */
+typedef struct owned_strings {
+    char **v;
+    size_t n, cap;
+} owned_strings;
+
+/* path as written when absolute, else base_dir/path; the copy is kept in o. NULL when out of
+ * memory. */
+static const char *owned_path(owned_strings *o, const char *base_dir, const char *path)
+{
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        char **v = realloc(o->v, cap * sizeof *v);
+        if (!v)
+            return NULL;
+        o->v = v;
+        o->cap = cap;
+    }
+    char *out;
+    if (path[0] == '/' || !base_dir[0] || !strcmp(base_dir, "."))
+        out = strdup(path);
+    else if (asprintf(&out, "%s/%s", base_dir, path) < 0)
+        out = NULL;
+    if (out)
+        o->v[o->n++] = out;
+    return out;
+}
+
 static void on_progress(const tdm_trainer_progress *p, void *user)
 {
     progress_ctx *c = user;
@@ -417,6 +445,16 @@ int tdm_cmd_finetune(int argc, char **argv)
 
     /* the adapter list */
     tdm_adapters_config acfg = {0};
+    owned_strings owned = {0};
+    char config_dir[4096] = "";
+    if (config_file) {
+        snprintf(config_dir, sizeof config_dir, "%s", config_file);
+        char *slash = strrchr(config_dir, '/');
+        if (slash)
+            *(slash == config_dir ? slash + 1 : slash) = '\0';
+        else
+            config_dir[0] = '\0';
+    }
     int n = 0;
     tdm_trainer_adapter *ads = NULL;
     if (config_file) {
@@ -448,10 +486,16 @@ int tdm_cmd_finetune(int argc, char **argv)
                                    .init_adapter = init_adapter};
         if (config_file) {
             const tdm_adapter_spec *s = &acfg.adapters[a];
-            t->data = s->data;
-            t->output = s->output;
+            /* Relative paths in adapters.toml are relative to the file's own directory (as
+             * `tandem submit` resolves them), not to the working directory. */
+            t->data = owned_path(&owned, config_dir, s->data);
+            t->output = owned_path(&owned, config_dir, s->output);
             t->label = s->label;
-            if (s->init_adapter) t->init_adapter = s->init_adapter;
+            if (s->init_adapter) t->init_adapter = owned_path(&owned, config_dir, s->init_adapter);
+            if (!t->data || !t->output || (s->init_adapter && !t->init_adapter)) {
+                code = tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
+                goto out;
+            }
             if (s->has_rank) t->rank = s->rank;
             if (s->has_alpha) t->alpha = s->alpha;
             if (s->has_targets) t->targets = s->targets;
@@ -605,6 +649,9 @@ out_tr:
     tdm_trainer_free(tr);
 out:
     free(ads);
+    for (size_t i = 0; i < owned.n; i++)
+        free(owned.v[i]);
+    free(owned.v);
     tdm_adapters_config_free(&acfg);
     free(adapter_args);
     for (int a = 0; pc.lines && a < n; a++)

@@ -638,11 +638,11 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
                                     .v = s->dev->adam_v,
                                     .n = s->dev->n_params,
                                     .grad_scale = t->o.max_grad_norm > 0 ? t->d_coef + p : NULL,
-                                    .lr = (float)lr,
-                                    .beta1 = 0.9f,
-                                    .beta2 = 0.999f,
-                                    .eps = 1e-8f,
-                                    .weight_decay = (float)t->o.weight_decay,
+                                    .lr = lr, /* doubles, as torch computes its constants */
+                                    .beta1 = 0.9,
+                                    .beta2 = 0.999,
+                                    .eps = 1e-8,
+                                    .weight_decay = t->o.weight_decay,
                                     .step = s->step + 1};
     }
     if ((st = tdm_be_adamw(t->be, ten, np, err)) != TDM_OK) goto done;
