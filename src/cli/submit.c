@@ -40,12 +40,21 @@ static const char usage[] =
     "Relative data paths resolve against the adapters.toml's directory; relative output paths\n"
     "resolve inside the node's workdir.\n";
 
-/* finetune flags that take a value, and those that do not. */
-static const char *const value_flags[] = {"method", "task",     "rank",       "alpha",
-                                          "targets", "lr",      "epochs",     "batch-size",
-                                          "grad-accum", "max-seq-len", "schedule", "vram",
-                                          "timeout"};
-static const char *const bool_flags[] = {"no-wait-gpu", "resume"};
+/* finetune flags passed through to every node's `tandem finetune`: those that take a value, and
+ * those that do not. --device is chosen by placement; --init-adapter is not staged (refused). */
+static const char *const value_flags[] = {
+    "method",      "task",        "rank",       "alpha",      "targets",    "lr",
+    "weight-decay", "max-grad-norm", "lr-schedule", "warmup-steps", "epochs", "batch-size",
+    "grad-accum",  "max-seq-len", "seed",       "val-split",  "eval-every", "save-every",
+    "log-every",   "schedule",    "chat-template", "vram",    "timeout",    "gpu-share",
+    "lora-dropout"};
+static const char *const bool_flags[] = {"rslora",          "no-shuffle",     "train-on-prompt",
+                                         "skip-bad-lines",  "no-double-quant", "no-wait-gpu",
+                                         "experimental-mps", "resume",         "grad-checkpoint"};
+enum {
+    N_VALUE_FLAGS = sizeof value_flags / sizeof *value_flags,
+    N_BOOL_FLAGS = sizeof bool_flags / sizeof *bool_flags,
+};
 
 typedef struct pass_flags {
     const char *v[64];
@@ -165,39 +174,34 @@ static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, 
 
 int tdm_cmd_submit(int argc, char **argv)
 {
-    static const struct option opts[] = {
+    /* Our own options, then one per passed-through finetune flag (codes 1000+ and 2000+). */
+    static const struct option own[] = {
         {"cluster", required_argument, NULL, 'c'},
         {"model", required_argument, NULL, 'm'},
         {"adapters-config", required_argument, NULL, 'a'},
         {"dry-run", no_argument, NULL, 'd'},
         {"stage-only", no_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
-        {"method", required_argument, NULL, 1000},
-        {"task", required_argument, NULL, 1001},
-        {"rank", required_argument, NULL, 1002},
-        {"alpha", required_argument, NULL, 1003},
-        {"targets", required_argument, NULL, 1004},
-        {"lr", required_argument, NULL, 1005},
-        {"epochs", required_argument, NULL, 1006},
-        {"batch-size", required_argument, NULL, 1007},
-        {"grad-accum", required_argument, NULL, 1008},
-        {"max-seq-len", required_argument, NULL, 1009},
-        {"schedule", required_argument, NULL, 1010},
-        {"vram", required_argument, NULL, 1011},
-        {"timeout", required_argument, NULL, 1012},
-        {"no-wait-gpu", no_argument, NULL, 2000},
-        {"resume", no_argument, NULL, 2001},
-        {NULL, 0, NULL, 0},
     };
+    enum { N_OWN = sizeof own / sizeof *own };
+    struct option opts[N_OWN + N_VALUE_FLAGS + N_BOOL_FLAGS + 1];
+    size_t n_opts = 0;
+    for (size_t i = 0; i < N_OWN; i++)
+        opts[n_opts++] = own[i];
+    for (size_t i = 0; i < N_VALUE_FLAGS; i++)
+        opts[n_opts++] = (struct option){value_flags[i], required_argument, NULL, 1000 + (int)i};
+    for (size_t i = 0; i < N_BOOL_FLAGS; i++)
+        opts[n_opts++] = (struct option){bool_flags[i], no_argument, NULL, 2000 + (int)i};
+    opts[n_opts] = (struct option){NULL, 0, NULL, 0};
     const char *cluster = NULL, *model = NULL, *adapters_path = NULL;
     bool dry_run = false, stage_only = false;
     pass_flags pf = {0};
-    static char flagbuf[16][32];
+    static char flagbuf[N_VALUE_FLAGS + N_BOOL_FLAGS][32];
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c >= 1000 && c < 1013) {
+        if (c >= 1000 && c < 1000 + N_VALUE_FLAGS) {
             const char *name = value_flags[c - 1000];
             snprintf(flagbuf[c - 1000], sizeof flagbuf[0], "--%s", name);
             if (pf.n + 2 >= sizeof pf.v / sizeof *pf.v)
@@ -214,11 +218,12 @@ int tdm_cmd_submit(int argc, char **argv)
                 pf.max_seq_len = optarg;
             continue;
         }
-        if (c >= 2000 && c < 2002) {
-            snprintf(flagbuf[13 + c - 2000], sizeof flagbuf[0], "--%s", bool_flags[c - 2000]);
+        if (c >= 2000 && c < 2000 + N_BOOL_FLAGS) {
+            char *slot = flagbuf[N_VALUE_FLAGS + c - 2000];
+            snprintf(slot, sizeof flagbuf[0], "--%s", bool_flags[c - 2000]);
             if (pf.n + 1 >= sizeof pf.v / sizeof *pf.v)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "too many flags");
-            pf.v[pf.n++] = flagbuf[13 + c - 2000];
+            pf.v[pf.n++] = slot;
             continue;
         }
         switch (c) {

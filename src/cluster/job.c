@@ -132,9 +132,11 @@ tdm_status tdm_job_poll_once(tdm_transport *t, const char *job_dir, const char *
         tdm_spawn_result_free(&res);
         return TDM_OK;
     }
-    const char *end = strstr(res.out, "\n@@end");
     const char *log = strstr(res.out, "@@log\n");
     const char *endlog = log ? strstr(log, "\n@@endlog\n") : NULL;
+    /* The end marker is searched after the log block: "\n@@end" is also a prefix of
+     * "\n@@endlog", and taking that one would silently drop every file. */
+    const char *end = endlog ? strstr(endlog + 1, "\n@@end\n") : NULL;
     if (!end || !log || !endlog) {
         snprintf(out->why, sizeof out->why, "the node's answer was incomplete (exit %d): %.300s",
                  res.exit_code, tdm_text_tail(res.err, res.err_len, 1));

@@ -44,7 +44,7 @@ output = "out/c"
 label = "c"
 learning_rate = 3e-4
 T
-expect_exit 0 "$TANDEM" submit --cluster "$CLUSTER" --model "$WORK/model" --adapters-config "$WORK/adapters.toml" --rank 4
+expect_exit 0 "$TANDEM" submit --cluster "$CLUSTER" --model "$WORK/model" --adapters-config "$WORK/adapters.toml" --rank 4 --val-split 0.3
 grep -q 'n1: started job' "$WORK/last.out" || fail "no job on n1: $(cat "$WORK/last.out" "$WORK/last.err")"
 grep -q 'n2: started job' "$WORK/last.out" || fail "no job on n2"
 [ "$(ls "$XDG_STATE_HOME/tandem/jobs" | wc -l)" = 2 ] || fail "two jobs (one process per node) expected"
