@@ -431,6 +431,28 @@ static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64
     return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
+/* f32 x f32 -> bf16, which cuBLASLt does not offer (CUBLAS_STATUS_NOT_SUPPORTED on sm_90): C's
+ * whole span is widened into scratch slot 6 (so beta and the gaps between rows round-trip
+ * exactly), multiplied there in f32, and narrowed back. */
+static tdm_status gemm_f32_into_bf16(cuda_backend *cb, tdm_gemm_args *h, int64_t batch,
+                                     tdm_error *err)
+{
+    int64_t n = span(h->m, h->n, h->ldc, batch, h->stride_c);
+    void *wide;
+    TRY(cuda_scratch_get(cb, 6, (size_t)n * sizeof(float), &wide, err));
+    convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
+        (const bf16 *)h->c, (float *)wide, n);
+    CU_LAUNCHED("convert_kernel");
+    void *c = h->c;
+    h->c = wide;
+    h->c_dtype = TDM_BE_F32;
+    TRY(gemm_same_types(cb, h, err));
+    convert_kernel<float, bf16><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
+        (const float *)wide, (bf16 *)c, n);
+    CU_LAUNCHED("convert_kernel");
+    return TDM_OK;
+}
+
 tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err)
 {
     int64_t batch = g->batch > 0 ? g->batch : 1;
@@ -446,9 +468,12 @@ tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err
         CU_LAUNCHED("scale_c_kernel");
         return TDM_OK;
     }
-    if (g->a_dtype == g->b_dtype) return gemm_same_types(cb, g, err);
-    /* Mixed f32 / bf16 operands: widen the bf16 one into scratch slot 2 (same ld and strides). */
+    if (g->a_dtype == g->b_dtype && !(g->a_dtype == TDM_BE_F32 && g->c_dtype == TDM_BE_BF16))
+        return gemm_same_types(cb, g, err);
     tdm_gemm_args h = *g;
+    if (g->a_dtype == g->b_dtype)
+        return gemm_f32_into_bf16(cb, &h, batch, err);
+    /* Mixed f32 / bf16 operands: widen the bf16 one into scratch slot 2 (same ld and strides). */
     bool a_bf = g->a_dtype == TDM_BE_BF16;
     int64_t n = a_bf ? span(g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, batch,
                             g->stride_a)
@@ -466,6 +491,8 @@ tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err
         h.b = tmp;
         h.b_dtype = TDM_BE_F32;
     }
+    if (h.c_dtype == TDM_BE_BF16)
+        return gemm_f32_into_bf16(cb, &h, batch, err);
     return gemm_same_types(cb, &h, err);
 }
 
