@@ -15,7 +15,7 @@ grep -q "lock_acq" "$WORK/last.err" && fail "profile printed without --profile"
 
 # --trace while waiting: LedgerReserve (with budget, gpu, outcome), WaitPoll, VramQuery,
 # LedgerCleanup, LedgerRelease; valid Chrome Trace Event JSON.
-"$TANDEM" gpu run --vram 6 --task holder -- sleep 1 >/dev/null 2>&1 &
+"$TANDEM" gpu run --vram 6 --task holder -- sleep 3 >/dev/null 2>&1 &
 holder=$!
 wait_until 10 sh -c "[ \"\$(\"$TANDEM\" gpu status --json | jq '.gpus[0].reservations | length')\" = 1 ]"
 expect_exit 0 "$TANDEM" gpu run --vram 6 --task waiter --trace "$WORK/trace.json" -- true
