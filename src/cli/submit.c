@@ -1,6 +1,7 @@
 /* tandem submit — place the adapters of an adapters.toml on cluster nodes, copy what each node
  * lacks, and start one `tandem finetune` per node there (docs/cluster.md). */
 #include <getopt.h>
+#include <math.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -59,7 +60,7 @@ enum {
 typedef struct pass_flags {
     const char *v[64];
     size_t n;
-    const char *method, *rank, *batch_size, *max_seq_len;
+    const char *method, *rank, *batch_size, *max_seq_len, *vram;
 } pass_flags;
 
 /* TOML basic string. */
@@ -216,6 +217,8 @@ int tdm_cmd_submit(int argc, char **argv)
                 pf.batch_size = optarg;
             else if (!strcmp(name, "max-seq-len"))
                 pf.max_seq_len = optarg;
+            else if (!strcmp(name, "vram"))
+                pf.vram = optarg;
             continue;
         }
         if (c >= 2000 && c < 2000 + N_BOOL_FLAGS) {
@@ -320,6 +323,18 @@ int tdm_cmd_submit(int argc, char **argv)
     }
     tdm_place_budget budget;
     tdm_place_estimate(&pm, &budget);
+    if (pf.vram && strcmp(pf.vram, "auto") != 0) {
+        /* An explicit --vram is what each node's finetune process reserves, whatever the number
+         * of adapters it trains: place with that budget. */
+        double gb;
+        if (!tdm_cli_parse_double(pf.vram, &gb) || gb <= 0) {
+            rc = tdm_cli_fail(TDM_EXIT_USAGE, "--vram needs a positive number of GiB or auto, "
+                                              "not '%s'", pf.vram);
+            goto out_early;
+        }
+        budget.gpu_first_mb = (int64_t)ceil(gb * 1024.0);
+        budget.gpu_next_mb = 0;
+    }
 
     /* Live state of every node, and what already runs there. */
     char regdir[4096];

@@ -45,6 +45,11 @@ grep -q 'dry run' "$out" || fail "dry run note"
 [ -e "$W1/models" ] && fail "dry run copied something"
 ls "$XDG_STATE_HOME/tandem/jobs" 2>/dev/null | grep -q . && fail "dry run recorded a job"
 
+# An explicit --vram is the budget of each node's process, however many adapters it trains.
+expect_exit 0 "${SUBMIT[@]}" --dry-run --vram 3
+grep -q 'one adapter needs 3072 MiB on a GPU (0 MiB more' "$WORK/last.out" || fail "--vram not used as the budget: $(head -n 3 "$WORK/last.out")"
+expect_exit 2 "${SUBMIT[@]}" --dry-run --vram lots
+
 # The model is above n2's cpu_max_params: the CPU node is excluded and c fits nowhere.
 sed 's/cpu_max_params: 50M/cpu_max_params: 1M/' "$CLUSTER" >"$WORK/small.yaml"
 expect_exit 1 "$TANDEM" submit --cluster "$WORK/small.yaml" --model "$WORK/model" --adapters-config "$WORK/adapters.toml" --dry-run
