@@ -20,6 +20,7 @@
 #include "train/run_records.h"
 #include "train/train_cursor.h"
 #include "util/atomic_dir.h"
+#include "util/fault.h"
 #include "util/rng.h"
 #include "util/timeutil.h"
 
@@ -597,6 +598,11 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
         adapter_state *s = &t->ad[part[p]];
         slots[part[p]] = s->dev;
         if ((st = plan_step(t, s, err)) != TDM_OK) goto done;
+        /* Anomaly test: a device out-of-memory after the batch was drawn (docs/testing.md). */
+        if (t->global_step >= 3 && tdm_fault("trainer.step_oom")) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "injected device out-of-memory (trainer.step_oom)");
+            goto done;
+        }
         w[part[p]] = s->step_counted > 0 ? 1.0 / (double)s->step_counted : 0.0;
         if (s->n_micro > max_micro) max_micro = s->n_micro;
         if ((st = tdm_lora_zero_grad(s->dev, err)) != TDM_OK) goto done;
@@ -1105,6 +1111,80 @@ static tdm_status make_dirs(const char *path, tdm_error *err)
     return TDM_OK;
 }
 
+/* Where the loop stood before a step: an out-of-memory inside the step rolls back to it, so the
+ * checkpoints written for the failure resume exactly at that step. */
+typedef struct step_snapshot {
+    int64_t global_step;
+    int rr_next;
+    double *credit; /* per adapter */
+    char **cursor;  /* per adapter: tdm_train_cursor JSON, NULL when not taken */
+} step_snapshot;
+
+static void snapshot_free(step_snapshot *ss, int n)
+{
+    if (ss->cursor)
+        for (int a = 0; a < n; a++)
+            free(ss->cursor[a]);
+    free(ss->cursor);
+    free(ss->credit);
+    memset(ss, 0, sizeof *ss);
+}
+
+static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *err)
+{
+    ss->global_step = t->global_step;
+    ss->rr_next = t->rr_next;
+    for (int a = 0; a < t->n; a++) {
+        ss->credit[a] = t->ad[a].credit;
+        free(ss->cursor[a]);
+        ss->cursor[a] = NULL;
+        if (!t->ad[a].done)
+            TRY(tdm_train_cursor_to_json(t->ad[a].cur, &ss->cursor[a], err));
+    }
+    return TDM_OK;
+}
+
+/* A step failed for lack of device memory (another program took it, or the estimate was short):
+ * roll back to the snapshot and write a checkpoint of every unfinished adapter, so the run can
+ * continue with --resume instead of being lost. Returns the failure, with what was saved. */
+static tdm_status checkpoint_after_oom(tdm_trainer *t, const step_snapshot *ss, tdm_error *err)
+{
+    char cause[sizeof err->message];
+    snprintf(cause, sizeof cause, "%s", err->message);
+    tdm_error serr = {0};
+    tdm_status st = TDM_OK;
+    t->global_step = ss->global_step;
+    t->rr_next = ss->rr_next;
+    for (int a = 0; a < t->n && st == TDM_OK; a++) {
+        adapter_state *s = &t->ad[a];
+        s->credit = ss->credit[a];
+        if (s->done)
+            continue;
+        if (ss->cursor[a])
+            st = tdm_train_cursor_from_json(s->cur, ss->cursor[a], &serr);
+        if (st != TDM_OK)
+            break;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
+        s->ts.global_step = s->step;
+        s->ts.epoch = adapter_epoch(s);
+        st = tdm_trainer_state_save(&s->ts, path, &serr);
+        if (st == TDM_OK)
+            st = save_checkpoint(t, a, &serr);
+    }
+    if (st != TDM_OK)
+        return tdm_fail(err, TDM_ERR_NOMEM,
+                        "out of device memory at global step %lld (%s), and the checkpoint that "
+                        "should have saved the run failed too: %s",
+                        (long long)(t->global_step + 1), cause, serr.message);
+    return tdm_fail(err, TDM_ERR_NOMEM,
+                    "out of device memory at global step %lld (%s). A checkpoint of every "
+                    "unfinished adapter was written at its current step: free GPU memory (see "
+                    "`tandem gpu status`) or lower --batch-size/--max-seq-len, then run the same "
+                    "command with --resume",
+                    (long long)(t->global_step + 1), cause);
+}
+
 tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 {
     int n = t->n;
@@ -1173,7 +1253,13 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             TRY(eval_point(t, a, err));
 
     int *part = malloc((size_t)n * sizeof *part);
-    if (!part) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    step_snapshot snap = {.credit = calloc((size_t)n, sizeof(double)),
+                          .cursor = calloc((size_t)n, sizeof(char *))};
+    if (!part || !snap.credit || !snap.cursor) {
+        free(part);
+        snapshot_free(&snap, n);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
     fused f = {0};
     tdm_status st = TDM_OK;
     t->t0_ms = now_ms();
@@ -1181,6 +1267,7 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         t->ad[a].epoch_start_ms = t->t0_ms;
     for (;;) {
         int np = 0;
+        if ((st = snapshot_take(t, &snap, err)) != TDM_OK) break;
         if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED) {
             for (int a = 0; a < n; a++) {
                 adapter_state *s = &t->ad[a];
@@ -1213,7 +1300,10 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         t->global_step++;
         if (np == 0) continue;
         double ts0 = now_ms();
-        if ((st = train_step(t, part, np, &f, err)) != TDM_OK) break;
+        if ((st = train_step(t, part, np, &f, err)) != TDM_OK) {
+            if (st == TDM_ERR_NOMEM) st = checkpoint_after_oom(t, &snap, err);
+            break;
+        }
         double dt = now_ms() - ts0;
         for (int p = 0; p < np && st == TDM_OK; p++) {
             int a = part[p];
@@ -1260,5 +1350,6 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     }
     fused_free(&f);
     free(part);
+    snapshot_free(&snap, n);
     return st;
 }
