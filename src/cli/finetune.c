@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "gpu/mps.h"
+#include "gpu/inventory.h"
 #include "gpu/reservation.h"
 #include "train/adapters_config.h"
 #include "train/trainer.h"
@@ -557,6 +558,7 @@ int tdm_cmd_finetune(int argc, char **argv)
     /* 2. the device */
     tdm_backend *be = NULL;
     bool gpu = false;
+    int64_t gpu_budget_mb = 0; /* what was reserved (or adopted: unknown, 0) */
     tdm_lease lease;
     memset(&lease, 0, sizeof lease);
     if (strcmp(device, "cpu")) {
@@ -564,12 +566,23 @@ int tdm_cmd_finetune(int argc, char **argv)
         tdm_run_context rc = tdm_run_context_for(&mps);
         if (rc.max_checkpoint_interval_steps > 0)
             o.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
-        /* reserve before the backend allocates anything */
-        bool can_cuda = true;
-        tdm_backend *probe = NULL;
+        /* Reserve before anything touches the GPU: whether a GPU is there is asked of the
+         * inventory (NVML, no CUDA context), never by creating the backend, whose context alone
+         * takes hundreds of MiB that the ledger would not know about yet. */
+        bool can_cuda = false;
         tdm_error perr = {0};
-        if (tdm_backend_create(&probe, "cuda", NULL, &perr) != TDM_OK) can_cuda = false;
-        tdm_backend_free(probe);
+#ifdef TANDEM_HAVE_CUDA
+        tdm_inventory inv;
+        if (tdm_inventory_query(&inv, &perr) == TDM_OK) {
+            can_cuda = inv.n_gpus > 0;
+            if (!can_cuda)
+                snprintf(perr.message, sizeof perr.message, "no GPU found%s%s",
+                         inv.note[0] ? ": " : "", inv.note);
+            tdm_inventory_free(&inv);
+        }
+#else
+        snprintf(perr.message, sizeof perr.message, "this tandem was built without CUDA");
+#endif
         if (!can_cuda) {
             if (!strcmp(device, "cuda")) {
                 code = tdm_cli_fail(TDM_EXIT_FAILURE,
@@ -585,6 +598,7 @@ int tdm_cmd_finetune(int argc, char **argv)
             int64_t need_mb =
                 (int64_t)ceil((double)tdm_trainer_estimate_bytes(tr, 2) / (1024.0 * 1024.0)) + 512;
             if (strcmp(vram, "auto")) need_mb = (int64_t)ceil(atof(vram) * 1024.0);
+            gpu_budget_mb = need_mb;
             if (adopted && *adopted) {
                 fprintf(stderr, "tandem: using the reservation %s of tandem gpu run\n", adopted);
             } else {
@@ -600,6 +614,9 @@ int tdm_cmd_finetune(int argc, char **argv)
                     goto out_tr;
                 }
                 tdm_reservation_release_at_exit(&lease);
+                /* CUDA is not initialised yet in this process: this makes the reserved GPU the
+                 * one the backend opens. */
+                setenv("CUDA_VISIBLE_DEVICES", lease.gpu_uuid, 1);
                 fprintf(stderr, "tandem: reserved %lld MiB on %s\n", (long long)lease.budget_mb,
                         lease.gpu_uuid);
                 if (mps.enabled) {
@@ -634,10 +651,16 @@ int tdm_cmd_finetune(int argc, char **argv)
     }
     fflush(stdout);
     if (tdm_trainer_run(tr, &err) != TDM_OK) code = tdm_cli_fail_err(&err);
-    if (gpu && lease.held) {
+    if (gpu) {
         tdm_be_mem_info mi;
-        if (tdm_be_memory(be, &mi, &err) == TDM_OK)
-            tdm_reservation_update_actual(&lease, (int64_t)(mi.peak_bytes >> 20), &err);
+        tdm_error merr = {0};
+        if (tdm_be_memory(be, &mi, &merr) == TDM_OK) {
+            /* The figures that calibrate --vram auto: what was reserved against the peak. */
+            fprintf(stderr, "tandem: device memory: reserved %lld MiB, peak %lld MiB (backend)\n",
+                    (long long)gpu_budget_mb, (long long)(mi.peak_bytes >> 20));
+            if (lease.held)
+                tdm_reservation_update_actual(&lease, (int64_t)(mi.peak_bytes >> 20), &merr);
+        }
     }
 out_be:
     tdm_trainer_free(tr);
