@@ -631,8 +631,20 @@ int tdm_cmd_finetune(int argc, char **argv)
     }
     tdm_backend_opts bo = {0};
     if ((tdm_backend_create(&be, gpu ? "cuda" : "cpu", &bo, &err)) != TDM_OK) {
-        code = tdm_cli_fail_err(&err);
-        goto out_lease;
+        if (!gpu || strcmp(device, "auto") != 0) {
+            code = tdm_cli_fail_err(&err);
+            goto out_lease;
+        }
+        /* --device auto: a GPU is listed but CUDA cannot use it (an old driver, a simulated
+         * inventory): give the reservation back and train on the CPU. */
+        fprintf(stderr, "tandem: note: %s; training on the CPU\n", err.message);
+        if (lease.held)
+            tdm_reservation_release(&lease, &err);
+        gpu = false;
+        if ((tdm_backend_create(&be, "cpu", &bo, &err)) != TDM_OK) {
+            code = tdm_cli_fail_err(&err);
+            goto out_lease;
+        }
     }
     if (tdm_trainer_attach(tr, be, &err) != TDM_OK) {
         code = tdm_cli_fail_err(&err);
