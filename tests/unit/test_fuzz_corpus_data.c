@@ -13,35 +13,27 @@
 
 #define TANDEM_FUZZ_NO_ENTRY
 #include "../fuzz/fuzz_data_jsonl.c"
-#include "util/atomic_file.h"
+#include "../lib/corpus_replay.h"
+
+/* Each corpus file with a spread of option bytes (the target reads its options from byte 0). */
+static int with_option_spread(const uint8_t *data, size_t len)
+{
+    if (len == 0)
+        return 0;
+    uint8_t *copy = malloc(len);
+    assert_non_null(copy);
+    memcpy(copy, data, len);
+    for (int opt = 0; opt < 256; opt += 17) {
+        copy[0] = (uint8_t)opt;
+        fuzz_data_jsonl_one(copy, len);
+    }
+    free(copy);
+    return 0;
+}
 
 static void test_data_jsonl_corpus(void **state)
 {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tests/fuzz/corpus/fuzz_data_jsonl", TANDEM_SOURCE_DIR);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char path[2048];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        char *data;
-        size_t len;
-        tdm_error err = {0};
-        assert_int_equal(tdm_read_file(path, &data, &len, &err), TDM_OK);
-        if (len == 0) continue;
-        /* a spread of option bytes with this file */
-        for (int opt = 0; opt < 256; opt += 17) {
-            data[0] = (char)opt;
-            fuzz_data_jsonl_one((const uint8_t *)data, len);
-        }
-        free(data);
-        n++;
-    }
-    closedir(d);
-    assert_true(n > 0);
+    assert_true(tdm_replay_corpus("fuzz_data_jsonl", with_option_spread) > 0);
 }
 
 int main(void)

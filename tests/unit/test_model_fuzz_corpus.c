@@ -11,41 +11,16 @@
 #include <stdio.h>
 
 #include "../fuzz/model_targets.h"
-#include "util/atomic_file.h"
-
-static int replay(const char *name, int (*fn)(const uint8_t *, size_t))
-{
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/tests/fuzz/corpus/%s", TANDEM_SOURCE_DIR, name);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[800];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        char *buf;
-        size_t len;
-        tdm_error err = {0};
-        assert_int_equal(tdm_read_file(path, &buf, &len, &err), TDM_OK);
-        fn((const uint8_t *)buf, len);
-        free(buf);
-        n++;
-    }
-    closedir(d);
-    return n;
-}
+#include "../lib/corpus_replay.h"
 
 static void test_safetensors_corpus(void **state)
 {
-    assert_true(replay("safetensors", fuzz_safetensors_one) >= 5);
+    assert_true(tdm_replay_corpus("safetensors", fuzz_safetensors_one) >= 5);
 }
 
 static void test_model_config_corpus(void **state)
 {
-    assert_true(replay("model_config", fuzz_model_config_one) >= 4);
+    assert_true(tdm_replay_corpus("model_config", fuzz_model_config_one) >= 4);
 }
 
 int main(void)
