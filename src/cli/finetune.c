@@ -18,6 +18,38 @@
 #include "train/trainer.h"
 #include "util/timeutil.h"
 
+/* The CUDA context of a process (driver state, the module images of tandem and cuBLASLt) as
+ * NVML counts it, which --vram auto adds to the engine's own estimate. Measured with
+ * scripts/device/vram-estimate.sh (docs/verification.md: H200, driver 580: 520-560 MiB). */
+#define TDM_CUDA_CONTEXT_MIB 560
+
+static int64_t mib_up(uint64_t bytes)
+{
+    return (int64_t)((bytes + (1u << 20) - 1) >> 20);
+}
+
+/* The reservation --vram auto takes (MiB). */
+static int64_t estimate_mb(const tdm_model_mem *e)
+{
+    return mib_up(e->weights + e->activations + e->adapters + e->backend_scratch) +
+           TDM_CUDA_CONTEXT_MIB;
+}
+
+/* This process's memory on the GPU it uses, as NVML reports it (MiB), or -1 when no GPU lists
+ * it (no NVML, a simulated inventory). The CUDA backend never shrinks during training, so at the
+ * end of a run this is the run's peak. */
+static int64_t process_gpu_mb(void)
+{
+    tdm_inventory inv;
+    tdm_error e = {0};
+    int64_t mb = -1;
+    if (tdm_inventory_query(&inv, &e) != TDM_OK) return -1;
+    for (size_t g = 0; g < inv.n_gpus && mb < 0; g++)
+        mb = tdm_gpu_process_used_mb(&inv.gpus[g], (uint32_t)getpid());
+    tdm_inventory_free(&inv);
+    return mb;
+}
+
 static void usage(FILE *out)
 {
     fprintf(
@@ -595,9 +627,22 @@ int tdm_cmd_finetune(int argc, char **argv)
                     perr.message);
         } else {
             gpu = true;
-            int64_t need_mb =
-                (int64_t)ceil((double)tdm_trainer_estimate_bytes(tr, 2) / (1024.0 * 1024.0)) + 512;
-            if (strcmp(vram, "auto")) need_mb = (int64_t)ceil(atof(vram) * 1024.0);
+            tdm_model_mem est;
+            if (tdm_trainer_memory_estimate(tr, &est, &err) != TDM_OK) {
+                code = tdm_cli_fail_err(&err);
+                goto out_tr;
+            }
+            int64_t need_mb = estimate_mb(&est);
+            if (strcmp(vram, "auto")) {
+                need_mb = (int64_t)ceil(atof(vram) * 1024.0);
+            } else {
+                fprintf(stderr,
+                        "tandem: --vram auto: %lld MiB = weights %lld + activations %lld + "
+                        "adapters %lld + backend scratch %lld + CUDA context %d (MiB)\n",
+                        (long long)need_mb, (long long)mib_up(est.weights),
+                        (long long)mib_up(est.activations), (long long)mib_up(est.adapters),
+                        (long long)mib_up(est.backend_scratch), TDM_CUDA_CONTEXT_MIB);
+            }
             gpu_budget_mb = need_mb;
             if (adopted && *adopted) {
                 fprintf(stderr, "tandem: using the reservation %s of tandem gpu run\n", adopted);
@@ -652,8 +697,12 @@ int tdm_cmd_finetune(int argc, char **argv)
     }
     if (gpu && lease.held) {
         tdm_be_mem_info mi;
-        if (tdm_be_memory(be, &mi, &err) == TDM_OK)
-            tdm_reservation_update_actual(&lease, (int64_t)(mi.used_bytes >> 20), &err);
+        if (tdm_be_memory(be, &mi, &err) == TDM_OK) {
+            int64_t proc_mb = process_gpu_mb();
+            tdm_reservation_update_actual(
+                &lease, proc_mb > 0 ? proc_mb : (int64_t)(mi.used_bytes >> 20) + TDM_CUDA_CONTEXT_MIB,
+                &err);
+        }
     }
     for (int a = 0; a < n; a++) {
         int64_t ntr, nv, steps;
@@ -668,10 +717,17 @@ int tdm_cmd_finetune(int argc, char **argv)
         tdm_error merr = {0};
         if (tdm_be_memory(be, &mi, &merr) == TDM_OK) {
             /* The figures that calibrate --vram auto: what was reserved against the peak. */
-            fprintf(stderr, "tandem: device memory: reserved %lld MiB, peak %lld MiB (backend)\n",
-                    (long long)gpu_budget_mb, (long long)(mi.peak_bytes >> 20));
+            int64_t proc_mb = process_gpu_mb();
+            fprintf(stderr,
+                    "tandem: device memory: reserved %lld MiB, peak %lld MiB (backend), process "
+                    "%lld MiB (NVML)\n",
+                    (long long)gpu_budget_mb, (long long)(mi.peak_bytes >> 20),
+                    (long long)proc_mb);
             if (lease.held)
-                tdm_reservation_update_actual(&lease, (int64_t)(mi.peak_bytes >> 20), &merr);
+                tdm_reservation_update_actual(
+                    &lease,
+                    proc_mb > 0 ? proc_mb : (int64_t)(mi.peak_bytes >> 20) + TDM_CUDA_CONTEXT_MIB,
+                    &merr);
         }
     }
 out_be:

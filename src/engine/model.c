@@ -1,6 +1,7 @@
 /* model.c — loading the frozen base onto a backend, LoRA adapters, and the fused forward +
  * hand-written backward (see model.h; activations kept for backward: docs/engine.md). */
 #include "engine/model.h"
+#include "engine/cuda/cuda_memory_plan.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -443,6 +444,13 @@ tdm_status tdm_lora_zero_grad(tdm_lora *a, tdm_error *err)
 
 /* -------------------------------------------------------------- workspace ---- */
 
+/* Rows of logits per cross-entropy chunk: at most 64 MiB of f32 logits at a time. */
+static int64_t ce_chunk_rows(const tdm_model_config *c)
+{
+    int64_t chunk = ((int64_t)1 << 24) / c->vocab_size;
+    return chunk < 1 ? 1 : chunk;
+}
+
 typedef struct carver {
     char *base;
     uint64_t off;
@@ -457,12 +465,11 @@ static void *carve(carver *c, int64_t n, tdm_be_dtype dt)
 }
 
 /* Lays out (or, with c->base NULL, only measures) the workspace. */
-static void ws_layout(tdm_model *m, workspace *w, carver *c)
+static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, carver *c)
 {
-    const tdm_model_config *cf = &m->cfg;
     int64_t M = w->m, H = cf->hidden_size, I = cf->intermediate_size;
     int64_t Q = cf->num_heads * cf->head_dim, K = cf->num_kv_heads * cf->head_dim;
-    tdm_be_dtype a = m->act, f = TDM_BE_F32;
+    tdm_be_dtype f = TDM_BE_F32;
     for (int64_t l = 0; l <= cf->num_layers; l++) {
         void *p = carve(c, M * H, a);
         if (w->x) w->x[l] = p;
@@ -526,7 +533,7 @@ static tdm_status ws_ensure(tdm_model *m, int64_t M, int64_t n_seqs, int64_t u_l
     w->sets = calloc((size_t)n_sets, sizeof *w->sets);
     if (!w->x || !w->sets) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     carver c = {NULL, 0};
-    ws_layout(m, w, &c);
+    ws_layout(&m->cfg, m->act, w, &c);
     w->bytes = c.off;
     tdm_status st = tdm_be_alloc(m->be, TDM_BE_U8, (int64_t)c.off, &w->base, err);
     if (st != TDM_OK) {
@@ -536,7 +543,7 @@ static tdm_status ws_ensure(tdm_model *m, int64_t M, int64_t n_seqs, int64_t u_l
         return st;
     }
     c = (carver){w->base, 0};
-    ws_layout(m, w, &c);
+    ws_layout(&m->cfg, m->act, w, &c);
     return TDM_OK;
 }
 
@@ -805,8 +812,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
     if (st == TDM_OK)
         st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
                                 w->rstd_f, err);
-    int64_t chunk = ((int64_t)1 << 24) / c->vocab_size; /* logits chunk of at most 64 MiB f32 */
-    if (chunk < 1) chunk = 1;
+    int64_t chunk = ce_chunk_rows(c);
     if (st == TDM_OK)
         st = tdm_be_cross_entropy(be, w->hf, &m->lm_head, w->labels, w->lw, M, chunk, w->loss,
                                   backward ? w->dxn : NULL, err);
@@ -836,4 +842,68 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
 done:
     free(pos), free(lab), free(lw), free(loss), free(count), free(segs);
     return st;
+}
+
+/* ------------------------------------------------------- memory estimate ---- */
+
+/* Device bytes of one frozen weight as put_weight stores it. */
+static uint64_t weight_bytes(int64_t numel, bool quantize, bool double_quant, tdm_be_dtype dense)
+{
+    if (!quantize) return (uint64_t)numel * tdm_be_dtype_size(dense);
+    uint64_t nblocks = (uint64_t)(numel + TDM_NF4_BLOCK - 1) / TDM_NF4_BLOCK;
+    uint64_t bytes = (uint64_t)(numel + 1) / 2; /* two 4-bit codes per byte */
+    if (double_quant)
+        bytes += nblocks + (nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK * 4;
+    else
+        bytes += nblocks * 4;
+    return bytes;
+}
+
+tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
+                                     tdm_be_dtype act, const tdm_model_mem_plan *p,
+                                     tdm_model_mem *out, tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    tdm_tensor_desc *layout = NULL;
+    size_t n = 0;
+    TRY(tdm_model_layout(c, &layout, &n, err));
+    /* weights: exactly what tdm_model_load allocates (the dense dtype is the activation dtype) */
+    for (size_t i = 0; i < n; i++) {
+        const tdm_tensor_desc *d = &layout[i];
+        int64_t numel = d->shape[0] * (d->rank == 2 ? d->shape[1] : 1);
+        if (d->role == TDM_ROLE_LM_HEAD && c->tie_word_embeddings) continue;
+        if (d->role == TDM_ROLE_EMBED || d->role == TDM_ROLE_LM_HEAD)
+            out->weights += weight_bytes(numel, false, false, act);
+        else if (d->role == TDM_ROLE_LINEAR)
+            out->weights += weight_bytes(numel, o->nf4, o->double_quant, act);
+        else
+            out->weights += (uint64_t)numel * 4; /* norms and biases: f32 */
+    }
+    free(layout);
+    out->weights += (uint64_t)(c->head_dim / 2) * 4; /* RoPE inverse frequencies */
+    /* activations: the workspace of the largest step, laid out as ws_ensure lays it out */
+    workspace w = {0};
+    w.m = p->rows;
+    w.cu_cap = p->n_seqs + 1;
+    w.u_ld = p->max_rank > 0 ? p->max_rank : 1;
+    w.tmask = p->targets;
+    w.n_sets = p->backward && !o->grad_checkpoint ? (int)c->num_layers : 1;
+    carver cv = {NULL, 0};
+    ws_layout(c, act, &w, &cv);
+    out->activations = cv.off;
+    out->adapters = (uint64_t)p->lora_params * 4 * 4; /* params, grads, AdamW m and v: f32 */
+    tdm_cuda_scratch_shape sh = {.m = p->rows,
+                                 .hidden = c->hidden_size,
+                                 .inter = c->intermediate_size,
+                                 .q_dim = c->num_heads * c->head_dim,
+                                 .kv_dim = c->num_kv_heads * c->head_dim,
+                                 .heads = c->num_heads,
+                                 .vocab = c->vocab_size,
+                                 .ce_chunk = ce_chunk_rows(c),
+                                 .max_rank = p->max_rank,
+                                 .nf4 = o->nf4,
+                                 .backward = p->backward,
+                                 .lora_params = p->lora_params};
+    out->backend_scratch = tdm_cuda_scratch_bytes(&sh);
+    return TDM_OK;
 }

@@ -131,6 +131,32 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
                           const tdm_batch *b, bool backward, const double *loss_weight,
                           double *loss_sum_out, int64_t *tokens_out, tdm_error *err);
 
+/* ------------------------------------------------------ memory estimate ---- */
+
+/* The largest step a run will take: what its device memory is sized by. */
+typedef struct tdm_model_mem_plan {
+    int64_t rows;        /* rows of the largest fused batch */
+    int64_t n_seqs;      /* most sequences in one batch */
+    int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
+    unsigned targets;    /* union of the adapters' TDM_LORA_BIT sets */
+    int64_t lora_params; /* all adapters' parameters together */
+    bool backward;       /* training (false: evaluation only) */
+} tdm_model_mem_plan;
+
+/* Device bytes by owner. weights, activations and adapters are exactly what tdm_model_load,
+ * the step's workspace and tdm_lora_create allocate; backend_scratch is the CUDA backend's
+ * cuBLASLt workspace and grown scratch slots (src/engine/cuda/cuda_memory_plan.h). The CUDA
+ * context itself is not included: it is a property of the device and driver. */
+typedef struct tdm_model_mem {
+    uint64_t weights, activations, adapters, backend_scratch;
+} tdm_model_mem;
+
+/* Computes the estimate from the config alone (no backend, no device): what --vram auto
+ * reserves before a CUDA context exists. act: the backend's activation dtype (bf16 on CUDA). */
+tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
+                                     tdm_be_dtype act, const tdm_model_mem_plan *p,
+                                     tdm_model_mem *out, tdm_error *err);
+
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);
 uint64_t tdm_model_activation_bytes(const tdm_model *m);

@@ -1066,31 +1066,54 @@ static int pick_priority(tdm_trainer *t)
     return best;
 }
 
-uint64_t tdm_trainer_estimate_bytes(const tdm_trainer *t, size_t act_size)
+static int cmp_len_desc(const void *x, const void *y)
 {
-    const tdm_model_config *c = t->mcfg_host;
-    double base = (double)tdm_model_config_param_count(c);
-    double emb = (double)c->vocab_size * (double)c->hidden_size * (c->tie_word_embeddings ? 1 : 2);
-    double proj = base - emb;
-    if (proj < 0) proj = 0;
-    /* NF4: 4 bits + absmax (8-bit with double quantization, else f32) per 64 weights */
-    double bits =
-        t->o.nf4 ? (t->o.double_quant ? 4.0 + 8.0 / 64 : 4.0 + 32.0 / 64) : 8.0 * (double)act_size;
-    double bytes = proj * bits / 8 + emb * (double)act_size;
-    double rows = 0;
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a < b) - (a > b);
+}
+
+/* Rows of adapter s's largest batch: its batch_size longest samples (the shuffle may put them
+ * together), never more than batch_size * max_seq_len. */
+static int64_t largest_batch_rows(const adapter_state *s)
+{
+    int64_t cap = (int64_t)s->cfg.batch_size * s->cfg.max_seq_len;
+    uint32_t n = s->ds.n_samples;
+    int32_t *len = malloc((size_t)n * sizeof *len);
+    if (!len) return cap;
+    for (uint32_t i = 0; i < n; i++)
+        len[i] = s->ds.samples[i].len;
+    qsort(len, n, sizeof *len, cmp_len_desc);
+    int64_t rows = 0;
+    for (uint32_t i = 0; i < n && i < (uint32_t)s->cfg.batch_size; i++)
+        rows += len[i];
+    free(len);
+    return rows < cap ? rows : cap;
+}
+
+tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
+{
+    tdm_model_mem_plan p = {.backward = true};
+    int64_t max_rows = 0, max_seqs = 0;
     for (int a = 0; a < t->n; a++) {
         const adapter_state *s = &t->ad[a];
-        bytes += (double)s->host.n_params * 4 * 4; /* params, grads, m, v */
-        rows += (double)s->cfg.batch_size * (double)s->cfg.max_seq_len;
+        int64_t rows = largest_batch_rows(s);
+        /* synchronized: every adapter's batch in one pass; otherwise one adapter per step */
+        p.rows += rows;
+        p.n_seqs += s->cfg.batch_size;
+        if (rows > max_rows) max_rows = rows;
+        if (s->cfg.batch_size > max_seqs) max_seqs = s->cfg.batch_size;
+        if (s->host.rank > p.max_rank) p.max_rank = s->host.rank;
+        p.targets |= s->host.targets;
+        p.lora_params += s->host.n_params;
     }
-    double H = (double)c->hidden_size, I = (double)c->intermediate_size;
-    double per_row_layer = (12 * H + 4 * I) * (double)act_size;
-    double layers = t->o.grad_checkpoint
-                        ? 1 + (double)c->num_layers * H * (double)act_size / per_row_layer
-                        : (double)c->num_layers;
-    bytes += rows * per_row_layer * layers;
-    bytes += 64.0 * 1024 * 1024 + rows * 8 * 4; /* logits chunk, per-row scratch */
-    return (uint64_t)bytes;
+    if (t->o.schedule != TDM_SCHEDULE_SYNCHRONIZED) {
+        p.rows = max_rows;
+        p.n_seqs = max_seqs;
+    }
+    tdm_model_opts mo = {.nf4 = t->o.nf4,
+                         .double_quant = t->o.double_quant,
+                         .grad_checkpoint = t->o.grad_checkpoint};
+    return tdm_model_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, &p, out, err);
 }
 
 /* mkdir -p */

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/model.h"
 #include "tokenizer/chat_template.h"
 #include "train/lora.h"
 #include "train/lr_schedule.h"
@@ -127,11 +128,13 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
                               const tdm_trainer_adapter *adapters, int n_adapters, char **report,
                               tdm_error *err);
 
-/* An upper estimate of the device memory (bytes) training will use once attached to a backend
- * whose activations take act_size bytes per element: frozen weights (NF4 or dense), every
- * adapter's params + grads + AdamW moments, the activations of one fused step (all adapters'
- * batch_size * max_seq_len rows; one layer's worth with grad_checkpoint) and the loss chunk. */
-uint64_t tdm_trainer_estimate_bytes(const tdm_trainer *t, size_t act_size);
+/* The device memory training will use on the CUDA backend (bf16 activations), by owner,
+ * computed before any device exists (tdm_model_memory_estimate): the frozen weights (NF4 or
+ * dense), every adapter's params + grads + AdamW moments, the workspace of the largest fused
+ * step (per adapter its batch_size longest samples, at most batch_size * max_seq_len rows; all
+ * adapters together under the synchronized schedule; one layer's worth with grad_checkpoint) and
+ * the backend's scratch. The CUDA context is not included. */
+tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err);
 
 /* Loads the frozen base onto be (which must outlive the trainer) and allocates every adapter's
  * device state. The first call that allocates device memory. */

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/cuda_memory_plan.h"
 #include "engine/cuda/nf4_dequant.cuh"
 
 extern "C" {
@@ -94,7 +95,7 @@ tdm_status cuda_scratch_get(cuda_backend *cb, int slot, size_t bytes, void **out
             s->ptr = NULL;
             s->bytes = 0;
         }
-        size_t want = bytes + bytes / 4; /* some headroom against regrowth */
+        size_t want = bytes + bytes / TDM_CUDA_SCRATCH_HEADROOM_DIV; /* headroom against regrowth */
         TRY(device_malloc(cb, want, &s->ptr, err));
         s->bytes = want;
         account(cb, (int64_t)want);
@@ -584,9 +585,7 @@ tdm_status cuda_dense_bf16(cuda_backend *cb, const tdm_be_weight *w, int slot, c
  * of 64 rows when the tile does not cover W. */
 static int64_t tile_rows(const tdm_be_weight *w)
 {
-    int64_t rows = ((int64_t)8 << 20) / w->cols;
-    rows = rows >= 64 ? rows / 64 * 64 : (rows < 1 ? 1 : rows);
-    return rows < w->rows ? rows : w->rows;
+    return tdm_cuda_tile_rows(w->rows, w->cols);
 }
 
 /* Y (m, rows) = X (m, cols) W^T + beta Y. A bf16 weight is one GEMM; others (NF4, f32) are
@@ -728,7 +727,7 @@ static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, td
     cb->max_smem_optin = prop.sharedMemPerBlockOptin;
     CU(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     LT(cublasLtCreate(&cb->lt));
-    cb->lt_ws_bytes = (size_t)32 << 20;
+    cb->lt_ws_bytes = (size_t)TDM_CUDA_LT_WORKSPACE_BYTES;
     TRY(device_malloc(cb, cb->lt_ws_bytes, &cb->lt_ws, err));
     account(cb, (int64_t)cb->lt_ws_bytes);
     TRY(device_malloc(cb, sizeof(int), (void **)&cb->dev_error, err));

@@ -1,0 +1,59 @@
+/* tandem — the CUDA backend's workspace and scratch, predicted from shapes (see the header). */
+#include "engine/cuda/cuda_memory_plan.h"
+
+int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols)
+{
+    int64_t t = TDM_CUDA_DEQUANT_TILE_ELEMS / (cols > 0 ? cols : 1);
+    t = t >= 64 ? t / 64 * 64 : (t < 1 ? 1 : t);
+    return t < rows ? t : rows;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* A slot's size once grown to serve `request` bytes. */
+static uint64_t grown(uint64_t request)
+{
+    return request ? request + request / TDM_CUDA_SCRATCH_HEADROOM_DIV : 0;
+}
+
+/* Largest NF4 tile (slot 0) and f32 tile accumulator of linear_bwd (slot 1) over the decoder
+ * projections (rows = out features, cols = in features). */
+static void tiles(const tdm_cuda_scratch_shape *s, uint64_t *tile, uint64_t *acc)
+{
+    const int64_t shapes[][2] = {{s->q_dim, s->hidden}, {s->kv_dim, s->hidden},
+                                 {s->hidden, s->q_dim}, {s->inter, s->hidden},
+                                 {s->hidden, s->inter}};
+    *tile = *acc = 0;
+    for (unsigned i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t rows = shapes[i][0], cols = shapes[i][1];
+        int64_t tr = tdm_cuda_tile_rows(rows, cols);
+        *tile = max_u64(*tile, (uint64_t)(tr * cols) * 2);
+        if (s->backward && tr < rows) *acc = max_u64(*acc, (uint64_t)(s->m * cols) * 4);
+    }
+}
+
+uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
+{
+    uint64_t slot[7] = {0};
+    uint64_t tile = 0, acc = 0;
+    if (s->nf4) tiles(s, &tile, &acc);
+    slot[0] = tile;
+    /* slot 1: linear_bwd accumulator, cross-entropy logits (f32), attention backward's Di */
+    slot[1] = max_u64(acc, (uint64_t)(s->ce_chunk * s->vocab) * 4);
+    if (s->backward) slot[1] = max_u64(slot[1], (uint64_t)(s->heads * s->m) * 4);
+    /* slot 2: bf16 dlogits of a chunk */
+    if (s->backward) slot[2] = (uint64_t)(s->ce_chunk * s->vocab) * 2;
+    /* slot 3: LoRA dU (m, u_ld) f32 */
+    if (s->backward && s->max_rank > 0) slot[3] = (uint64_t)(s->m * s->max_rank) * 4;
+    /* slots 4, 5: op tables (AdamW chunks of 4096 parameters, sum-of-squares chunks of 8192,
+     * LoRA segment tables) and per-chunk partial sums: small */
+    slot[4] = (uint64_t)(s->lora_params / 4096 + 64) * 64;
+    slot[5] = (uint64_t)(s->lora_params / 8192 + 64) * 4;
+    uint64_t total = TDM_CUDA_LT_WORKSPACE_BYTES;
+    for (int i = 0; i < 7; i++)
+        total += grown(slot[i]);
+    return total;
+}

@@ -1,0 +1,53 @@
+/* tandem — the CUDA backend's own device memory, predicted from shapes alone.
+ *
+ * The backend holds, besides the buffers its caller allocates (weights, activations, adapters),
+ * a cuBLASLt workspace and a few scratch slots that grow on demand to the largest request and are
+ * then reused (docs/cuda-backend.md). --vram auto must reserve them before any CUDA context
+ * exists, so their sizes are a pure function of the shapes the model will run; the constants
+ * below are the ones cuda_backend.cu uses, so prediction and allocation cannot drift apart.
+ * Plain C: compiled into every build (the estimate is also printed by builds without CUDA). */
+#ifndef TANDEM_ENGINE_CUDA_MEMORY_PLAN_H
+#define TANDEM_ENGINE_CUDA_MEMORY_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cuBLASLt workspace (bytes), allocated once at backend creation. */
+#define TDM_CUDA_LT_WORKSPACE_BYTES ((uint64_t)32 << 20)
+/* Elements of a frozen NF4 / f32 weight dequantized to bf16 per tile (16 MiB). */
+#define TDM_CUDA_DEQUANT_TILE_ELEMS ((int64_t)8 << 20)
+/* A scratch slot grows to request * (1 + 1/TDM_CUDA_SCRATCH_HEADROOM_DIV). */
+#define TDM_CUDA_SCRATCH_HEADROOM_DIV 4
+
+/* Rows of W (rows x cols) dequantized per tile: whole rows, a multiple of 64 when the tile does
+ * not cover W. */
+int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols);
+
+/* What the engine will ask of the backend in its largest step. */
+typedef struct tdm_cuda_scratch_shape {
+    int64_t m;           /* rows of the largest fused batch */
+    int64_t hidden;      /* H */
+    int64_t inter;       /* I */
+    int64_t q_dim;       /* heads * head_dim */
+    int64_t kv_dim;      /* kv_heads * head_dim */
+    int64_t heads;       /* query heads */
+    int64_t vocab;       /* V */
+    int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
+    int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
+    bool nf4;            /* decoder projections quantized (dequantized tile by tile) */
+    bool backward;       /* training (false: evaluation only) */
+    int64_t lora_params; /* all adapters' parameters together (table sizes) */
+} tdm_cuda_scratch_shape;
+
+/* Bytes of the backend's workspace + scratch at their largest for that shape. */
+uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,186 @@
+/* test_memory_estimate.c — tdm_model_memory_estimate (what --vram auto reserves) against what
+ * the engine really allocates: for tiny Llama-style and Qwen3 models, f32 and NF4 bases (with
+ * and without double quantization), with and without gradient checkpointing, two adapters of
+ * different ranks and targets, the estimated weight, activation and adapter bytes must EQUAL
+ * the bytes the model allocated after loading and one training step of the planned shape; a
+ * smaller batch must not grow the workspace beyond the estimate. The CUDA backend's scratch
+ * part is checked on a GPU by scripts/device/vram-estimate.sh (docs/verification.md). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_memory_plan.h"
+#include "engine/model.h"
+#include "model/config.h"
+#include "model/init_model.h"
+
+static tdm_backend *be;
+static char tmpdir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    if (tdm_backend_create(&be, "cpu", NULL, &err) != TDM_OK) return -1;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-test-memest-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    tdm_backend_free(be);
+    return 0;
+}
+
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        tdm_error err_ = {0};                                                                      \
+        tdm_error *err = &err_;                                                                    \
+        if ((call) != TDM_OK) fail_msg("%s: %s", #call, err_.message);                             \
+    } while (0)
+
+/* A batch of n_seqs sequences of the given lengths; the first `split` belong to adapter 0, the
+ * rest to adapter 1. Tokens are small ids every preset's vocabulary has. */
+typedef struct owned_batch {
+    int32_t tokens[256], labels[256], cu[17];
+    tdm_batch_seg segs[2];
+    tdm_batch b;
+} owned_batch;
+
+static void make_batch(owned_batch *o, const int *lens, int n_seqs, int split)
+{
+    int64_t m = 0;
+    o->cu[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        for (int i = 0; i < lens[s]; i++, m++)
+            o->tokens[m] = o->labels[m] = (int32_t)(1 + (m * 7 + s) % 50);
+        o->cu[s + 1] = (int32_t)m;
+    }
+    o->segs[0] = (tdm_batch_seg){0, 0, o->cu[split]};
+    o->segs[1] = (tdm_batch_seg){1, o->cu[split], m};
+    o->b = (tdm_batch){.m = m,
+                       .tokens = o->tokens,
+                       .labels = o->labels,
+                       .cu_seqlens = o->cu,
+                       .n_seqs = n_seqs,
+                       .segs = o->segs,
+                       .n_segs = 2};
+}
+
+static void check(const char *preset, bool nf4, bool dq, bool ckpt)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, preset);
+    tdm_model_config cfg;
+    tdm_init_model_opts io = {.preset = preset, .seed = 5, .dtype = TDM_DTYPE_F32};
+    OK(tdm_init_model(dir, &io, &cfg, err));
+    tdm_model_opts mo = {.nf4 = nf4, .double_quant = dq, .grad_checkpoint = ckpt};
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, &mo, err));
+    const unsigned t0 = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
+    const unsigned t1 = TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_DOWN);
+    tdm_lora *ad[2];
+    OK(tdm_lora_create(&ad[0], m, 4, 2.0f, t0, err));
+    OK(tdm_lora_create(&ad[1], m, 8, 2.0f, t1, err));
+
+    const int lens[5] = {17, 9, 30, 12, 21};
+    owned_batch big;
+    make_batch(&big, lens, 5, 2);
+    tdm_model_mem_plan plan = {.rows = big.b.m,
+                               .n_seqs = 5,
+                               .max_rank = 8,
+                               .targets = t0 | t1,
+                               .lora_params = ad[0]->n_params + ad[1]->n_params,
+                               .backward = true};
+    tdm_model_mem est;
+    OK(tdm_model_memory_estimate(&cfg, &mo, tdm_be_act_dtype(be), &plan, &est, err));
+
+    /* a smaller step first (the workspace must not need to grow past the plan), then the
+     * planned one */
+    owned_batch small;
+    make_batch(&small, lens, 2, 1);
+    OK(tdm_model_step(m, ad, 2, &small.b, true, NULL, NULL, NULL, err));
+    OK(tdm_model_step(m, ad, 2, &big.b, true, NULL, NULL, NULL, err));
+
+    uint64_t adapters = (uint64_t)(ad[0]->n_params + ad[1]->n_params) * 16;
+    printf("  %-10s nf4=%d dq=%d ckpt=%d: weights %llu / %llu, activations %llu / %llu, "
+           "adapters %llu / %llu (estimated / allocated bytes)\n",
+           preset, nf4, dq, ckpt, (unsigned long long)est.weights,
+           (unsigned long long)tdm_model_weight_bytes(m), (unsigned long long)est.activations,
+           (unsigned long long)tdm_model_activation_bytes(m), (unsigned long long)est.adapters,
+           (unsigned long long)adapters);
+    assert_int_equal(est.weights, tdm_model_weight_bytes(m));
+    assert_int_equal(est.activations, tdm_model_activation_bytes(m));
+    assert_int_equal(est.adapters, adapters);
+    assert_true(est.backend_scratch >= TDM_CUDA_LT_WORKSPACE_BYTES);
+    tdm_lora_free(ad[0]);
+    tdm_lora_free(ad[1]);
+    tdm_model_free(m);
+}
+
+static void test_llama_dense(void **state)
+{
+    (void)state;
+    check("tiny-llama", false, false, false);
+    check("tiny-llama", false, false, true);
+}
+
+static void test_qwen3_nf4(void **state)
+{
+    (void)state;
+    check("tiny-qwen3", true, false, false);
+    check("tiny-qwen3", true, true, true);
+}
+
+static void test_qwen2_nf4_dq(void **state)
+{
+    (void)state;
+    check("tiny", true, true, false);
+}
+
+/* The backend's scratch grows with the batch (activation-sized slots) and the NF4 tile only
+ * exists for a quantized base. */
+static void test_scratch_shape(void **state)
+{
+    (void)state;
+    tdm_cuda_scratch_shape s = {.m = 2048, .hidden = 896, .inter = 4864, .q_dim = 896,
+                                .kv_dim = 128, .heads = 14, .vocab = 151936, .ce_chunk = 110,
+                                .max_rank = 16, .nf4 = false, .backward = true,
+                                .lora_params = 1000000};
+    uint64_t dense = tdm_cuda_scratch_bytes(&s);
+    s.nf4 = true;
+    uint64_t q = tdm_cuda_scratch_bytes(&s);
+    assert_true(q > dense);
+    /* the NF4 tile (at most 16 MiB plus headroom) is the difference here */
+    assert_true(q - dense <= (uint64_t)20 << 20);
+    s.m = 4096;
+    assert_true(tdm_cuda_scratch_bytes(&s) > q);
+    s.backward = false;
+    assert_true(tdm_cuda_scratch_bytes(&s) < q);
+    /* 8 Mi elements per tile: a 0.5B gate_proj fits whole, a 7B one takes 2304-row tiles */
+    assert_int_equal(tdm_cuda_tile_rows(4864, 896), 4864);
+    assert_int_equal(tdm_cuda_tile_rows(18944, 3584), 2304);
+    assert_int_equal(tdm_cuda_tile_rows(3584, 18944), 384);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama_dense),
+        cmocka_unit_test(test_qwen3_nf4),
+        cmocka_unit_test(test_qwen2_nf4_dq),
+        cmocka_unit_test(test_scratch_shape),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
