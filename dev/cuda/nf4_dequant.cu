@@ -5,8 +5,9 @@
  * so the floor is bytes / ~4.3 TB/s (a 4096 x 4096 weight: 42 MB -> ~10 us).
  * Variants:
  *   v1  one element per thread (any alignment)                        [src: nf4_dequant_v1]
- *   v2  8 elements per thread from one 32-bit code load              [src: nf4_dequant_v2, used]
+ *   v2  8 elements per thread from one 32-bit code load              [src: nf4_dequant_v2, f32 out]
  *   v3  16 elements per thread: one 64-bit code load, two 16-byte stores (dev only)
+ *   v4  v3 with the code table and double-quant map in shared memory  [src: nf4_dequant_v4, used]
  * Validation: random codes, random absmax / double-quant tables, random code and dynamic maps
  * (the kernels are table driven, so any tables test them), against a CPU reference in double.
  * Build: nvcc -O3 -arch=sm_90 -I src -I dev/cuda dev/cuda/nf4_dequant.cu -o nf4_dequant
@@ -100,17 +101,19 @@ int main(int argc, char **argv)
             char shp[64];
             snprintf(shp, sizeof shp, "%s_%lldx%lld_rows%lld-%lld", dq ? "dq" : "nf4",
                      (long long)s.rows, (long long)s.cols, (long long)s.r0, (long long)s.r1);
-            for (int v = 1; v <= 3; v++) {
+            for (int v = 1; v <= 4; v++) {
                 if (v == 2 && e0 % 8) continue;
-                if (v == 3 && e0 % 16) continue;
+                if (v >= 3 && e0 % 16) continue;
                 for (int bs : {128, 256, 512}) {
                     auto run = [&]() {
                         if (v == 1)
                             nf4_dequant_v1<__nv_bfloat16><<<cuda_grid(n, bs * 4), bs>>>(a, out);
                         else if (v == 2)
                             nf4_dequant_v2<__nv_bfloat16><<<cuda_grid(n / 8 + 1, bs), bs>>>(a, out);
-                        else
+                        else if (v == 3)
                             nf4_dequant_v3<<<cuda_grid(n / 16 + 1, bs), bs>>>(a, out);
+                        else
+                            nf4_dequant_v4<<<cuda_grid(n / 16 + 1, bs), bs>>>(a, out);
                         launchCheck("nf4_dequant");
                     };
                     poison(out, (size_t)n * 2);

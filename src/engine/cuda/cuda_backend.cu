@@ -543,7 +543,11 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
     a.offset = w->offset;
     a.e0 = e0;
     a.n = n;
-    if (e0 % 8 == 0) {
+    if (!f32 && e0 % 16 == 0 && (uintptr_t)out % 16 == 0) {
+        unsigned blocks = cuda_blocks(n / 16 > 0 ? n / 16 : 1, 256);
+        nf4_dequant_v4<<<blocks, 256, 0, st>>>(a, (bf16 *)out);
+        CU_LAUNCHED("nf4_dequant_v4");
+    } else if (e0 % 8 == 0) {
         unsigned blocks = cuda_blocks(n / 8 > 0 ? n / 8 : 1, 256);
         if (f32)
             nf4_dequant_v2<float><<<blocks, 256, 0, st>>>(a, (float *)out);

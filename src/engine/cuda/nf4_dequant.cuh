@@ -1,8 +1,9 @@
 /* nf4_dequant.cuh — NF4 / double-quantized NF4 dequantization kernels (device code only).
  *
- * Promoted from dev/cuda/nf4_dequant.cu (variant 2): each thread turns 8 consecutive elements (4
- * bytes of codes) into 8 outputs, reading the codes as one 32-bit word when the tile starts on an
- * 8-element boundary, else byte by byte (variant 1). Layout (model/nf4.h): element e of the
+ * Variants (dev/cuda/nf4_dequant.cu times them): v4 (bf16 output, tile start on a 16-element
+ * boundary, the common case) keeps the code table in shared memory and writes 16 elements per
+ * thread; v2 (8 elements per thread from one 32-bit code word) serves f32 output and 8-aligned
+ * starts; v1 (one element per thread) any start. Layout (model/nf4.h): element e of the
  * row-major weight sits in byte e/2 (even e in the high nibble); block b = e/64 has absmax
  * absmax[b], or dmap[absmax_q[b]] * absmax2[b/256] + offset when double-quantized.
  * Included by exactly one library translation unit (cuda_backend.cu) and by the dev program.
@@ -82,6 +83,49 @@ template <typename T> __global__ void nf4_dequant_v2(nf4_args a, T *out)
         uint8_t byte = a.codes[e >> 1];
         uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
         out[t] = nf4_from_f32<T>(nf4_code_c[q] * nf4_block_absmax(a, e >> 6));
+    }
+}
+
+/* Variant 4: 16 elements per thread from one 64-bit load of codes, two 16-byte bf16 stores, and
+ * the code table (and the double-quant map) in SHARED memory. Why: the __constant__ cache
+ * serves one address per cycle, so a warp whose 32 lanes look up 16 different codes was
+ * serialized (v2/v3 measured ~590 GB/s on an H200 whatever the store width); shared memory
+ * serves the 16 distinct words from 16 banks at once. Requires e0 % 16 == 0 (the 16 elements share
+ * one 64-block; the 8 code bytes are 8-byte aligned) and out 16-byte aligned; tail elementwise. */
+__global__ void nf4_dequant_v4(nf4_args a, __nv_bfloat16 *out)
+{
+    __shared__ float code_s[16];
+    __shared__ float dmap_s[256];
+    for (int i = threadIdx.x; i < 16; i += blockDim.x) code_s[i] = nf4_code_c[i];
+    if (!a.absmax)
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) dmap_s[i] = nf4_dmap_c[i];
+    __syncthreads();
+    int64_t n16 = a.n >> 4;
+    const uint2 *words = (const uint2 *)(a.codes + (a.e0 >> 1));
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint2 w = __ldg(words + i);
+        int64_t blk = (a.e0 + i * 16) >> 6;
+        float amax = a.absmax ? __ldg(a.absmax + blk)
+                              : dmap_s[__ldg(a.absmax_q + blk)] * __ldg(a.absmax2 + blk / 256) +
+                                    a.offset;
+        __align__(16) __nv_bfloat162 v[8];
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            uint32_t word = b < 4 ? w.x : w.y;
+            uint32_t byte = (word >> (8 * (b & 3))) & 0xff;
+            v[b] = __floats2bfloat162_rn(code_s[byte >> 4] * amax, code_s[byte & 0x0f] * amax);
+        }
+        uint4 *o = (uint4 *)(out + i * 16);
+        o[0] = *(uint4 *)&v[0];
+        o[1] = *(uint4 *)&v[4];
+    }
+    int64_t t = n16 * 16 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (blockIdx.x == 0 && t < a.n) {
+        int64_t e = a.e0 + t;
+        uint8_t byte = a.codes[e >> 1];
+        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
+        out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
     }
 }
 
