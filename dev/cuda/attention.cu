@@ -310,7 +310,7 @@ static void run_case(const std::vector<int> &lens, int H, int KVH, int D, bool c
             ok &= validate("fwd lse", from_device(lse, (size_t)(m * H)), r.lse, 1e-3, &err);
         }
         double us = time_us([&]() { fwd(var); });
-        char vn[8];
+        char vn[16];
         snprintf(vn, sizeof vn, "v%d", var);
         result("attention_fwd", vn, shp, us, "TFLOP/s", flops / us / 1e6, err, ok);
     }
@@ -339,7 +339,7 @@ static void run_case(const std::vector<int> &lens, int H, int KVH, int D, bool c
             if (!same) g_failures++, ok = false;
         }
         double us = time_us(bwd);
-        char vn[8];
+        char vn[16];
         snprintf(vn, sizeof vn, "v%d", var);
         result("attention_bwd", vn, shp, us, "TFLOP/s", 2.5 * flops / us / 1e6, err, ok);
     }

@@ -860,11 +860,14 @@ __global__ void __launch_bounds__(ATT3_WARPS * 32) att_bwd_dkv_v3(att_args a, in
     }
 }
 
-/* dk, dv (m, KVH * D) bf16 = sum over chunks 0..split-1, in that order, of the f32 partials. */
-__global__ void att_bwd_dkv_reduce_v3(att_args a, int split, const float *ws)
+/* dk, dv (m, KVH * D) bf16 = sum over chunks 0..split-1, in that order, of the f32 partials;
+ * only rows [cu[0], cu[n_seqs]) (the rows the chunks wrote; rows outside every sequence are left
+ * untouched, as the split == 1 path and v2 do). */
+__global__ void att_bwd_dkv_reduce_v3(att_args a, int n_seqs, int split, const float *ws)
 {
-    const int64_t n = a.m * a.KVH * a.D;
-    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n;
+    const int64_t n = a.m * a.KVH * a.D, ld = (int64_t)a.KVH * a.D;
+    const int64_t x0 = a.cu[0] * ld, x1 = a.cu[n_seqs] * ld;
+    for (int64_t x = x0 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < x1;
          x += (int64_t)gridDim.x * blockDim.x) {
         float sk = 0.0f, sv = 0.0f;
         for (int c = 0; c < split; c++) {
@@ -932,8 +935,8 @@ static cudaError_t att3_bwd(const att_args &a, int n_seqs, int64_t max_seqlen, i
     if (split > 1) {
         int64_t n = a.m * a.KVH * a.D;
         int64_t b = (n + 255) / 256;
-        att_bwd_dkv_reduce_v3<<<(unsigned)(b < (1 << 20) ? b : (1 << 20)), 256, 0, st>>>(a, split,
-                                                                                    ws);
+        att_bwd_dkv_reduce_v3<<<(unsigned)(b < (1 << 20) ? b : (1 << 20)), 256, 0, st>>>(
+            a, n_seqs, split, ws);
     }
     return cudaGetLastError();
 }
