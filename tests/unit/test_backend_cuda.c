@@ -441,6 +441,16 @@ static void test_attention(void **state)
     attention_case(c, 3, 6, 6, 16);
     int32_t d[1] = {45};
     attention_case(d, 1, 2, 2, 80); /* head_dim not a multiple of 32 */
+    /* the tensor-core kernels (v3, head_dim 64 and 128): lengths around the 64-row tiles,
+     * length 1, GQA ratios 7 and 6, 4 KV heads, and no GQA (dk/dv without the group split) */
+    int32_t e[5] = {1, 65, 128, 130, 3};
+    attention_case(e, 5, 14, 2, 64);
+    int32_t f[3] = {200, 1, 77};
+    attention_case(f, 3, 12, 2, 128);
+    int32_t g[2] = {150, 64};
+    attention_case(g, 2, 28, 4, 128);
+    int32_t h[2] = {70, 129};
+    attention_case(h, 2, 2, 2, 128);
 }
 
 static void test_swiglu(void **state)

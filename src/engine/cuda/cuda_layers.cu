@@ -190,6 +190,15 @@ static tdm_status att_smem(cuda_backend *cb, K kernel, size_t bytes, const char 
     return TDM_OK;
 }
 
+/* Compute capability major of the backend's device (v3 needs sm_80: mma.sync bf16, cp.async). */
+static int att_cc_major(cuda_backend *cb)
+{
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cb->device) != cudaSuccess)
+        return 0;
+    return major;
+}
+
 #define ATT_DISPATCH(NTV, CALL)                                                                    \
     switch (NTV) {                                                                                 \
     case 1: CALL(1); break;                                                                        \
@@ -222,6 +231,13 @@ tdm_status cuda_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void 
     a.KVH = (int)n_kv_heads;
     a.D = (int)head_dim;
     a.scale = scale;
+    const void *ptrs[5] = {q, k, v, out, NULL};
+    if (att3_usable(a.D, att_cc_major(cb), ptrs, 4) && att3_fwd_smem(a.D) <= cb->max_smem_optin) {
+        /* tensor cores (v3), head_dim 64 / 128; the launcher opts in to its shared memory */
+        CU(a.D == 64 ? att3_fwd<64>(a, (int)s->n_seqs, s->max_seqlen, cb->stream)
+                     : att3_fwd<128>(a, (int)s->n_seqs, s->max_seqlen, cb->stream));
+        return TDM_OK;
+    }
     dim3 grid((unsigned)((s->max_seqlen + ATT_ROWS - 1) / ATT_ROWS), (unsigned)s->n_seqs,
               (unsigned)n_heads);
     size_t smem = att_fwd_smem(a.D);
@@ -266,6 +282,22 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
     a.scale = scale;
     att_bwd_di<<<cuda_blocks(s->m * n_heads * 32, 256), 256, 0, cb->stream>>>(a, (float *)di);
     CU_LAUNCHED("att_bwd_di");
+    const void *ptrs[8] = {q, k, v, out, dout, dq, dk, dv};
+    if (att3_usable(a.D, att_cc_major(cb), ptrs, 8) && att3_dq_smem(a.D) <= cb->max_smem_optin &&
+        att3_dkv_smem(a.D) <= cb->max_smem_optin) { /* tensor cores (v3), head_dim 64 / 128 */
+        /* dk/dv split over the GQA group when key tiles x sequences x KV heads are fewer than
+         * two blocks per SM; f32 partials (at most 256 MiB) in scratch slot 2 */
+        const int64_t tiles3 = (s->max_seqlen + ATT3_ROWS - 1) / ATT3_ROWS;
+        const int split = att3_dkv_split((int)(n_heads / n_kv_heads), tiles3 * s->n_seqs * n_kv_heads,
+                                         cb->n_sms, s->m, a.KVH, a.D, (size_t)256 << 20);
+        void *ws = NULL;
+        if (split > 1)
+            TRY(cuda_scratch_get(cb, 2, att3_ws_bytes(split, s->m, a.KVH, a.D), &ws, err));
+        CU(a.D == 64 ? att3_bwd<64>(a, (int)s->n_seqs, s->max_seqlen, split, (float *)ws, cb->stream)
+                     : att3_bwd<128>(a, (int)s->n_seqs, s->max_seqlen, split, (float *)ws,
+                                     cb->stream));
+        return TDM_OK;
+    }
     unsigned tiles = (unsigned)((s->max_seqlen + ATT_ROWS - 1) / ATT_ROWS);
     dim3 gq(tiles, (unsigned)s->n_seqs, (unsigned)n_heads);
     dim3 gkv(tiles, (unsigned)s->n_seqs, (unsigned)n_kv_heads);
