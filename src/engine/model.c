@@ -898,6 +898,8 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
                                  .q_dim = c->num_heads * c->head_dim,
                                  .kv_dim = c->num_kv_heads * c->head_dim,
                                  .heads = c->num_heads,
+                                 .kv_heads = c->num_kv_heads,
+                                 .head_dim = c->head_dim,
                                  .vocab = c->vocab_size,
                                  .ce_chunk = ce_chunk_rows(c),
                                  .max_rank = p->max_rank,

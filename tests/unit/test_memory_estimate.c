@@ -168,6 +168,16 @@ static void test_scratch_shape(void **state)
     assert_true(tdm_cuda_scratch_bytes(&s) > q);
     s.backward = false;
     assert_true(tdm_cuda_scratch_bytes(&s) < q);
+    /* the tensor-core attention backward's dk/dv partials (head_dim 64 / 128 only) outgrow the
+     * logits chunk in slot 2 for a large batch: 2 * 7 * 16384 * 2 * 64 f32 = 117 MB > 33 MB */
+    s.backward = true;
+    s.m = 16384;
+    s.kv_heads = 2;
+    s.head_dim = 80;
+    uint64_t no_split = tdm_cuda_scratch_bytes(&s);
+    s.head_dim = 64;
+    uint64_t split = tdm_cuda_scratch_bytes(&s);
+    assert_int_equal(split - no_split, (2 * 7 * 16384 * 2 * 64 * 4 - 110 * 151936 * 2) * 5 / 4);
     /* 8 Mi elements per tile: a 0.5B gate_proj fits whole, a 7B one takes 2304-row tiles */
     assert_int_equal(tdm_cuda_tile_rows(4864, 896), 4864);
     assert_int_equal(tdm_cuda_tile_rows(18944, 3584), 2304);

@@ -2,6 +2,7 @@
  * bf16 in and out, f32 arithmetic; row reductions are done by one block in a fixed order. */
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/cuda_memory_plan.h"
 
 #define EW_THREADS 256
 
@@ -289,7 +290,7 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
          * two blocks per SM; f32 partials (at most 256 MiB) in scratch slot 2 */
         const int64_t tiles3 = (s->max_seqlen + ATT3_ROWS - 1) / ATT3_ROWS;
         const int split = att3_dkv_split((int)(n_heads / n_kv_heads), tiles3 * s->n_seqs * n_kv_heads,
-                                         cb->n_sms, s->m, a.KVH, a.D, (size_t)256 << 20);
+                                         cb->n_sms, s->m, a.KVH, a.D, (size_t)TDM_CUDA_ATT_SPLIT_MAX_BYTES);
         void *ws = NULL;
         if (split > 1)
             TRY(cuda_scratch_get(cb, 2, att3_ws_bytes(split, s->m, a.KVH, a.D), &ws, err));

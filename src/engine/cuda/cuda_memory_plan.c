@@ -35,6 +35,22 @@ static void tiles(const tdm_cuda_scratch_shape *s, uint64_t *tile, uint64_t *acc
     }
 }
 
+/* Largest f32 dk/dv partials of the tensor-core attention backward: the split is chosen on the
+ * device from its SM count, so take the largest divisor of the GQA group the rule can pick. */
+static uint64_t attention_split_bytes(const tdm_cuda_scratch_shape *s)
+{
+    if (!s->backward || (s->head_dim != 64 && s->head_dim != 128) || s->kv_heads < 1) return 0;
+    int64_t group = s->heads / s->kv_heads;
+    uint64_t best = 0;
+    for (int64_t k = 2; k <= group; k++) {
+        if (group % k) continue;
+        uint64_t b = (uint64_t)(2 * k * s->m * s->kv_heads * s->head_dim) * 4;
+        if (b > TDM_CUDA_ATT_SPLIT_MAX_BYTES) break;
+        best = b;
+    }
+    return best;
+}
+
 uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
 {
     uint64_t slot[7] = {0};
@@ -44,8 +60,8 @@ uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
     /* slot 1: linear_bwd accumulator, cross-entropy logits (f32), attention backward's Di */
     slot[1] = max_u64(acc, (uint64_t)(s->ce_chunk * s->vocab) * 4);
     if (s->backward) slot[1] = max_u64(slot[1], (uint64_t)(s->heads * s->m) * 4);
-    /* slot 2: bf16 dlogits of a chunk */
-    if (s->backward) slot[2] = (uint64_t)(s->ce_chunk * s->vocab) * 2;
+    /* slot 2: bf16 dlogits of a chunk, or the attention backward's dk/dv partials */
+    if (s->backward) slot[2] = max_u64((uint64_t)(s->ce_chunk * s->vocab) * 2, attention_split_bytes(s));
     /* slot 3: LoRA dU (m, u_ld) f32 */
     if (s->backward && s->max_rank > 0) slot[3] = (uint64_t)(s->m * s->max_rank) * 4;
     /* slots 4, 5: op tables (AdamW chunks of 4096 parameters, sum-of-squares chunks of 8192,

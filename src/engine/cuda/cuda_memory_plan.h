@@ -20,6 +20,9 @@ extern "C" {
 #define TDM_CUDA_LT_WORKSPACE_BYTES ((uint64_t)32 << 20)
 /* Elements of a frozen NF4 / f32 weight dequantized to bf16 per tile (16 MiB). */
 #define TDM_CUDA_DEQUANT_TILE_ELEMS ((int64_t)8 << 20)
+/* The tensor-core attention backward splits dk/dv over the GQA group into f32 partials of at
+ * most this many bytes (attention.cuh, att3_dkv_split). */
+#define TDM_CUDA_ATT_SPLIT_MAX_BYTES ((uint64_t)256 << 20)
 /* A scratch slot grows to request * (1 + 1/TDM_CUDA_SCRATCH_HEADROOM_DIV). */
 #define TDM_CUDA_SCRATCH_HEADROOM_DIV 4
 
@@ -35,6 +38,8 @@ typedef struct tdm_cuda_scratch_shape {
     int64_t q_dim;       /* heads * head_dim */
     int64_t kv_dim;      /* kv_heads * head_dim */
     int64_t heads;       /* query heads */
+    int64_t kv_heads;    /* key/value heads */
+    int64_t head_dim;
     int64_t vocab;       /* V */
     int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
     int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
