@@ -103,13 +103,13 @@ combine() {
     function target(m, a, bb, g, tmin, mmax, text,   key, tr, mr, ok, s) {
         key = m SUBSEP a SUBSEP bb SUBSEP g
         if (!(key in tr_of) || !num(tr_of[key]) || (mmax != "" && !num(mr_of[key]))) {
-            printf "  %-100s not measured\n", text; return
+            printf "  %-82s not measured\n", text; return
         }
         tr = tr_of[key]; mr = mr_of[key]
-        if (a > 1 && ref_of[key] !~ /procs/) { printf "  %-100s not measured (no %d-process PEFT row)\n", text, a; return }
+        if (a > 1 && ref_of[key] !~ /procs/) { printf "  %-82s not measured (no %d-process PEFT row)\n", text, a; return }
         ok = tr >= tmin && (mmax == "" || mr <= mmax)
         s = sprintf("tok/s %.2fx", tr); if (mmax != "") s = s sprintf(", memory %.2fx", mr)
-        printf "  %-100s %s -> %s\n", text, s, ok ? "PASS" : "MISS"
+        printf "  %-82s %s -> %s\n", text, s, ok ? "PASS" : "MISS"
     }' "$@"
 }
 
@@ -260,12 +260,14 @@ data_file() { # data_file BATCH INDEX: the INDEX-th adapter's (or process's) dat
     echo "$f"
 }
 
-# mem_sampler OUTFILE PID...: every 100 ms while any PID lives, one line "mine all": the summed
-# nvidia-smi used_memory (MiB) of the compute apps that are one of the PIDs or their descendants,
-# and of every compute app (the fallback when the PID namespaces differ).
+# mem_sampler OUTFILE PID...: every 100 ms while any PID lives, one line "mine all used": the
+# summed nvidia-smi used_memory (MiB) of the compute apps that are one of the PIDs or their
+# descendants; of every compute app (when PID namespaces differ, no PID matches); and the GPU's
+# memory.used (when no per-process figure is visible at all).
+gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1; }
 mem_sampler() {
     local out=$1; shift
-    local roots="$*" alive p tree
+    local roots="$*" alive p tree used
     : >"$out"
     command -v nvidia-smi >/dev/null 2>&1 || return 0
     while :; do
@@ -273,20 +275,27 @@ mem_sampler() {
         for p in $roots; do kill -0 "$p" 2>/dev/null && alive=1; done
         [ $alive = 1 ] || break
         tree=$(ps -e -o pid=,ppid= | awk -v roots=" $roots " '
-            { pp[$1] = $2; all[NR] = $1 }
+            { pp[$1] = $2 }
             END { n = split(roots, r, " "); for (i = 1; i <= n; i++) in_[r[i]] = 1
                   do { ch = 0; for (k in pp) if (!(k in in_) && (pp[k] in in_)) { in_[k] = 1; ch = 1 } } while (ch)
                   for (k in in_) printf " %s", k; print " " }')
+        used=$(gpu_used)
         nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
-            awk -F', *' -v tree="$tree" '$2 ~ /^[0-9]+$/ { all += $2; if (index(tree, " " $1 " ")) mine += $2 }
-                END { printf "%d %d\n", mine, all }' >>"$out"
+            awk -F', *' -v tree="$tree" -v used="${used:-0}" '
+                $2 ~ /^[0-9]+$/ { all += $2; if (index(tree, " " $1 " ")) mine += $2 }
+                END { printf "%d %d %d\n", mine, all, used }' >>"$out"
         sleep 0.1
     done
 }
-# peak_of FILE: the peak of "mine"; when no sample matched the PIDs, the peak of "all" and a note
+# peak_of FILE BASE: "PEAK HOW": the peak of "mine"; when no sample matched the PIDs, of "all";
+# when no process was listed at all, of memory.used minus BASE (memory.used before the launch).
 peak_of() {
-    awk '{ if ($1 > m) m = $1; if ($2 > a) a = $2; n++ }
-        END { if (n == 0) print "- no-nvidia-smi-samples"; else if (m > 0) print m, "pid-matched"; else if (a > 0) print a, "all-compute-apps"; else print "- no-usage-seen" }' "$1"
+    awk -v base="${2:-0}" '{ if ($1 > m) m = $1; if ($2 > a) a = $2; if ($3 > u) u = $3; n++ }
+        END { if (n == 0) print "- no-nvidia-smi-samples"
+              else if (m > 0) print m, "pid-matched"
+              else if (a > 0) print a, "all-compute-apps"
+              else if (u - base > 0) print u - base, "gpu-memory.used-minus-baseline"
+              else print "- no-usage-seen" }' "$1"
 }
 jnum() { sed -n "s/.*\"$1\": \([-0-9.eE+]*\).*/\1/p" "$2" | head -n 1; }
 
@@ -310,6 +319,7 @@ run_tandem() { # preset dir A B gc
     rm -rf "$out"
     mkdir -p "$out"
     t0=$(now)
+    local base; base=$(gpu_used)
     TANDEM_LEDGER_DIR="$WORK/ledger" "${cmd[@]}" >"$out/log.txt" 2>&1 &
     local pid=$!
     mem_sampler "$out/mem.txt" "$pid" &
@@ -318,7 +328,7 @@ run_tandem() { # preset dir A B gc
     wait "$spid"
     cp "$out/log.txt" "$RES/$name.log"
     [ -f "$out/a0/metrics.jsonl" ] && cp "$out/a0/metrics.jsonl" "$RES/$name.metrics.jsonl"
-    read -r peak pnote < <(peak_of "$out/mem.txt")
+    read -r peak pnote < <(peak_of "$out/mem.txt" "$base")
     self=$(sed -n 's/.*device memory:.*peak \([0-9][0-9]*\) MiB.*/\1/p' "$out/log.txt" | tail -n 1)
     # adapter 0 logs first at every step, before any adapter's final save (trainer.c): its
     # elapsed_ms at steps WARMUP and WARMUP+STEPS bound the timed window.
@@ -349,6 +359,7 @@ run_peft() { # preset dir NPROC B
     rm -rf "$out"
     mkdir -p "$out"
     t0=$(now)
+    local base; base=$(gpu_used)
     for ((i = 0; i < N; i++)); do
         "$PY" "$HERE/peft_reference.py" train --model "$dir" --data "$(data_file "$B" "$i")" \
             --batch "$B" --seq "$SEQ" --warmup "$WARMUP" --steps "$STEPS" --rank "$RANK" \
@@ -364,7 +375,8 @@ run_peft() { # preset dir NPROC B
         cp "$out/p$i.log" "$RES/$name-p$i.log"
         [ -s "$out/p$i.json" ] || [ "$rc" != 0 ] || rc=1
     done
-    read -r peak pnote < <(peak_of "$out/mem.txt")
+    read -r peak pnote < <(peak_of "$out/mem.txt" "$base")
+    grep -qs '"barrier_met": false' "$out"/p*.json && pnote="$pnote barrier-missed"
     fl=$(flops_per_token "$dir")
     if [ "$rc" = 0 ]; then
         # N processes: all their tokens over the span from the first timed start to the last end

@@ -87,12 +87,13 @@ def train(args):
     from peft import LoraConfig, get_peft_model
 
     t_load = time.time()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
-                                                     attn_implementation="sdpa")
-    except TypeError:  # transformers before `dtype` replaced `torch_dtype`
-        model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16,
-                                                     attn_implementation="sdpa")
+    kw = {"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
+    try:  # straight onto the GPU (needs accelerate); else through host memory
+        model = AutoModelForCausalLM.from_pretrained(args.model, device_map="cuda", **kw)
+    except (ImportError, ValueError, RuntimeError) as e:
+        print(f"peft_reference: note: device_map='cuda' failed ({e}); loading on the host",
+              file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(args.model, **kw)
     model.config.use_cache = False
     model.to("cuda")
     tok_ok = None
@@ -133,9 +134,12 @@ def train(args):
     if args.barrier:
         os.makedirs(args.barrier, exist_ok=True)
         open(os.path.join(args.barrier, str(os.getpid())), "w").close()
-        deadline = time.time() + 600
+        # A process that died before the barrier must not hold the others for long: after
+        # --barrier-timeout seconds they time alone (barrier_met false in the JSON).
+        deadline = time.time() + args.barrier_timeout
         while len(os.listdir(args.barrier)) < args.barrier_n and time.time() < deadline:
             time.sleep(0.005)
+    barrier_met = not args.barrier or len(os.listdir(args.barrier)) >= args.barrier_n
     t_start = time.time()
     t0 = time.perf_counter()
     loss = None
@@ -149,7 +153,7 @@ def train(args):
           "warmup": args.warmup, "steps": args.steps, "tokens": tokens, "seconds": dt,
           "tok_s": tokens / dt, "t_start": t_start, "t_end": t_end, "load_s": load_s,
           "final_loss": float(loss.item()) if loss is not None else None,
-          "lora_params": n_lora, "tokenizer_loaded": tok_ok,
+          "lora_params": n_lora, "tokenizer_loaded": tok_ok, "barrier_met": barrier_met,
           "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20,
           "max_memory_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -177,6 +181,7 @@ def main():
     t.add_argument("--lr", type=float, default=2e-4)
     t.add_argument("--barrier")
     t.add_argument("--barrier-n", type=int, default=1)
+    t.add_argument("--barrier-timeout", type=float, default=120.0)
     t.add_argument("--json")
     args = ap.parse_args()
     matmul(args) if args.mode == "matmul" else train(args)
