@@ -361,7 +361,7 @@ run_peft() { # preset dir NPROC B
     t0=$(now)
     local base; base=$(gpu_used)
     for ((i = 0; i < N; i++)); do
-        "$PY" "$HERE/peft_reference.py" train --model "$dir" --data "$(data_file "$B" "$i")" \
+        py "$HERE/peft_reference.py" train --model "$dir" --data "$(data_file "$B" "$i")" \
             --batch "$B" --seq "$SEQ" --warmup "$WARMUP" --steps "$STEPS" --rank "$RANK" \
             --alpha "$ALPHA" --targets "$TARGETS" --json "$out/p$i.json" \
             --barrier "$out/barrier" --barrier-n "$N" >"$out/p$i.log" 2>&1 &
@@ -395,10 +395,21 @@ run_peft() { # preset dir NPROC B
     row peft "$preset" "$N" "$B" 0 "$tok" "$peak" "$self" "$fl" "$MATMUL" "$(since "$t0")" "exit=$rc mem=$pnote"
 }
 
+# PyTorch runs with the library path it would have without tandem: the entries added for tandem's
+# binary (.device/ libraries, /usr/local/cuda) are dropped, so torch loads its own cuBLAS/cuDNN
+# and the host's libgomp/libz stay torch's. PEFT_LD_LIBRARY_PATH overrides.
+if [ -n "${PEFT_LD_LIBRARY_PATH+set}" ]; then
+    PY_LD=$PEFT_LD_LIBRARY_PATH
+else
+    PY_LD=$(echo "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v -e '/\.device' -e '^/usr/local/cuda' | paste -sd: -)
+fi
+py() { LD_LIBRARY_PATH="$PY_LD" "$PY" "$@"; }
+
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 MATMUL=-
 echo "# gpu_vs_peft $STAMP: models $MODELS, warm-up $WARMUP + $STEPS timed steps, seq $SEQ, rank $RANK, $TARGETS, device $DEVICE"
 echo "# plan: ${PLAN[*]/%/;}"
+echo "# python: $PY with LD_LIBRARY_PATH='$PY_LD'"
 if [ "$DRY" = 1 ]; then
     [ "$SKIP_MATMUL" = 1 ] || echo "== matmul: $PY $HERE/peft_reference.py matmul --n 8192 --runs 10"
 fi
@@ -413,7 +424,7 @@ fi
 T_ALL=$(now)
 if [ "$SKIP_MATMUL" = 0 ] && [ "$DRY" = 0 ]; then
     t0=$(now)
-    if "$PY" "$HERE/peft_reference.py" matmul --json "$RES/matmul-$STAMP.json" >"$RES/matmul-$STAMP.log" 2>&1; then
+    if py "$HERE/peft_reference.py" matmul --json "$RES/matmul-$STAMP.json" >"$RES/matmul-$STAMP.log" 2>&1; then
         MATMUL=$(jnum tflops_median "$RES/matmul-$STAMP.json")
         echo "== bf16 matmul 8192^3: median $MATMUL TFLOP/s (min $(jnum tflops_min "$RES/matmul-$STAMP.json"), max $(jnum tflops_max "$RES/matmul-$STAMP.json"))"
         row matmul - - - - - - - - "$MATMUL" "$(since "$t0")" "torch.matmul bf16 8192^3, median of 10"
