@@ -391,7 +391,8 @@ run_peft() { # preset dir NPROC B
         tok=FAIL; self=-
         echo "   exit $rc; last lines:"; tail -n 5 "$out/p0.log" | sed 's/^/   /'
     fi
-    echo "   tokens/s $tok, peak ${peak} MiB ($pnote), torch max_memory_allocated ${self} MiB, $(since "$t0") s in all"
+    echo "   tokens/s $tok, peak ${peak} MiB ($pnote), torch max_memory_allocated ${self} MiB, $(since "$t0") s in all" \
+        "(model load $(jnum load_s "$out/p0.json") s; AutoTokenizer loaded the directory: $(sed -n 's/.*"tokenizer_loaded": \([a-z]*\).*/\1/p' "$out/p0.json" 2>/dev/null))"
     row peft "$preset" "$N" "$B" 0 "$tok" "$peak" "$self" "$fl" "$MATMUL" "$(since "$t0")" "exit=$rc mem=$pnote"
 }
 

@@ -93,9 +93,8 @@ def train(args):
     except (ImportError, ValueError, RuntimeError) as e:
         print(f"peft_reference: note: device_map='cuda' failed ({e}); loading on the host",
               file=sys.stderr)
-        model = AutoModelForCausalLM.from_pretrained(args.model, **kw)
+        model = AutoModelForCausalLM.from_pretrained(args.model, **kw).to("cuda")
     model.config.use_cache = False
-    model.to("cuda")
     tok_ok = None
     try:  # the directory must be a complete Hugging Face model: the tokenizer loads too
         from transformers import AutoTokenizer
