@@ -24,6 +24,8 @@
 #                     there (marker .bench-complete) is reused, so a second call skips init-model
 #   --out DIR         where rows, table and logs go ($OUT when set, else WORK/results)
 #   --python PY       python3 with torch, transformers, peft (python3)
+#   --tandem-flags S  extra flags for every tandem finetune, word-split (e.g. "--profile-ops":
+#                     the per-op table lands at the end of each run's log)
 #   --dry-run         print the plan and the commands, run nothing
 #
 # Rows (TSV, header `kind model ...`) go to OUT/rows-<stamp>.tsv; the table to OUT/table-<stamp>.md.
@@ -175,6 +177,7 @@ WORK=/tmp/tandem-gpu-bench
 RES=""
 PY=python3
 DRY=0
+TANDEM_FLAGS=""
 need() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -189,6 +192,7 @@ while [ $# -gt 0 ]; do
     --work) need "$@"; WORK=$2; shift ;;
     --out) need "$@"; RES=$2; shift ;;
     --python) need "$@"; PY=$2; shift ;;
+    --tandem-flags) need "$@"; TANDEM_FLAGS=$2; shift ;;
     --dry-run) DRY=1 ;;
     *) die "unknown option $1 (see the header of $0)" ;;
     esac
@@ -311,6 +315,8 @@ run_tandem() { # preset dir A B gc
     out="$WORK/runs/$name"
     for ((i = 0; i < A; i++)); do args+=(--adapter "$(data_file "$B" "$i"):$out/a$i"); done
     [ "$gc" = 1 ] && args+=(--grad-checkpoint)
+    # shellcheck disable=SC2206 # word splitting of the extra flags is the point
+    [ -n "$TANDEM_FLAGS" ] && args+=($TANDEM_FLAGS)
     local cmd=("$TANDEM" finetune "$dir" "${args[@]}" --device "$DEVICE" --method qlora --epochs 1
         --batch-size "$B" --max-seq-len "$SEQ" --rank "$RANK" --alpha "$ALPHA" --targets "$TARGETS"
         --val-split 0 --log-every "$LOG_EVERY" --save-every 0 --no-wait-gpu)

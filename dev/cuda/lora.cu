@@ -6,8 +6,13 @@
  * bf16 (~2*M*C*2 per pass). So these kernels are memory bound: the floor is bytes / 4.3 TB/s
  * (3 x 2048 rows, C 4096: fwd ~34 MB -> ~8 us).
  * Variants:
- *   v1  the promoted kernels (src/engine/cuda/lora.cuh): fwd fused U = X A^T then Y += s U B^T;
- *       bwd rows kernel (dU, dX) + reduction kernel (dA, dB), no atomics
+ *   v1  fwd fused U = X A^T then Y += s U B^T; bwd rows kernel (dU, dX) + reduction kernel
+ *       (dA, dB) with one block per 64 columns over ALL of a segment's rows: 28 blocks for a
+ *       896-wide module, 1.07 ms per call on 4096 rows (H200, 2026-12-01 profile) - too little
+ *       parallelism
+ *   v2  (promoted, src/engine/cuda/lora.cuh) the reduction also split into row chunks (up to
+ *       16 of >= 256 rows) with f32 partials summed in chunk order by a finish kernel: no
+ *       atomics, the same bits every run
  * Validation: 3 adapters with ranks 8 / 16 / 64, a segment without LoRA, against a CPU reference
  * in double (from the same bf16-rounded inputs).
  * Build: nvcc -O3 -arch=sm_90 -I src -I dev/cuda dev/cuda/lora.cu -o lora
@@ -40,8 +45,7 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     cudaCheck(cudaMalloc(&du, m * u_ld * 4));
     cudaCheck(cudaMemset(u, 0, m * u_ld * 4));
     std::vector<float *> da, db, ab;
-    int blocks_f = 0, blocks_r = 0, nsg = 0;
-    int red = (int)((in + LORA_RED_COLS - 1) / LORA_RED_COLS + (out + LORA_RED_COLS - 1) / LORA_RED_COLS);
+    int blocks_f = 0, nsg = 0;
     lora_params pr;
     for (size_t i = 0; i < segs.size(); i++) {
         float *a = to_device<float>(A[i]), *b = to_device<float>(B[i]);
@@ -53,7 +57,7 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
         cudaCheck(cudaMemset(gb, 0, B[i].size() * 4));
         da.push_back(ga), db.push_back(gb);
         if (!segs[i].r) continue;
-        lora_seg_d d = {segs[i].b, segs[i].e, a, b, ga, gb, segs[i].s, segs[i].r, blocks_f};
+        lora_seg_d d = {segs[i].b, segs[i].e, a, b, ga, gb, segs[i].s, segs[i].r, blocks_f, 0, 0, 0, 0};
         p.seg[nsg++] = d;
         blocks_f += (int)((segs[i].e - segs[i].b + LORA_TM - 1) / LORA_TM);
     }
@@ -62,8 +66,10 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     p.x = x, p.y = y, p.dy = dy, p.dx = dx, p.u = u, p.du = du;
     p.u_ld = u_ld, p.in = in, p.out = out;
     pr = p;
-    for (int i = 0; i < nsg; i++) pr.seg[i].tile0 = blocks_r, blocks_r += red;
-    pr.n_blocks = blocks_r;
+    float *part;
+    int64_t part_n = lora_plan_reduction(&pr);
+    cudaCheck(cudaMalloc(&part, (size_t)(part_n > 0 ? part_n : 1) * 4));
+    pr.part = part;
     auto fwd = [&]() {
         lora_fwd_kernel<<<p.n_blocks, LORA_THREADS, LORA_FWD_SMEM>>>(p);
         launchCheck("lora_fwd_kernel");
@@ -71,6 +77,7 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     auto bwd = [&]() {
         lora_bwd_rows_kernel<<<p.n_blocks, LORA_THREADS, LORA_BWD_ROWS_SMEM>>>(p);
         lora_bwd_red_kernel<<<pr.n_blocks, LORA_THREADS, LORA_RED_SMEM>>>(pr);
+        lora_red_finish_kernel<<<(unsigned)((pr.n_elems + 255) / 256), 256>>>(pr);
         launchCheck("lora_bwd kernels");
     };
     fwd();
@@ -122,11 +129,12 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     double us = time_us(fwd);
     result("lora_fwd", "v1", shp, us, "GB/s", fbytes / us / 1e3, err, ok);
     us = time_us(bwd);
-    result("lora_bwd", "v1", shp, us, "GB/s", bbytes / us / 1e3, err, ok);
+    result("lora_bwd", "v2", shp, us, "GB/s", bbytes / us / 1e3, err, ok);
     for (auto q : da) cudaCheck(cudaFree(q));
     for (auto q : db) cudaCheck(cudaFree(q));
     for (auto q : ab) cudaCheck(cudaFree(q));
-    for (void *q : {(void *)x, (void *)y, (void *)dy, (void *)dx, (void *)u, (void *)du}) cudaCheck(cudaFree(q));
+    for (void *q : {(void *)x, (void *)y, (void *)dy, (void *)dx, (void *)u, (void *)du, (void *)part})
+        cudaCheck(cudaFree(q));
 }
 
 int main(int argc, char **argv)
@@ -135,6 +143,8 @@ int main(int argc, char **argv)
     dev_header("lora");
     run_case({{0, 100, 8, 2.0f}, {100, 130, 0, 0}, {130, 300, 16, 0.5f}, {310, 400, 64, 1.0f}}, 400,
              320, 200, true);
+    /* segments of several reduction chunks (700 rows: 3 of 256; 5000 rows: 16 of 320) */
+    run_case({{0, 700, 16, 2.0f}, {700, 5700, 8, 0.5f}}, 5700, 96, 160, true);
     /* 3 adapters x batch 4 x 512 tokens, 7B-like q_proj (4096 -> 4096) and 0.5B (896 -> 896) */
     run_case({{0, 2048, 16, 2.0f}, {2048, 4096, 16, 2.0f}, {4096, 6144, 16, 2.0f}}, 6144, 4096,
              4096, false);

@@ -97,6 +97,7 @@ int main(int argc, char **argv)
             a.offset = offset;
             a.e0 = e0;
             a.n = n;
+            a.width = a.ld = 0;
             double bytes = n / 2.0 + (double)n / 64 * (dq ? 1 : 4) + 2.0 * n;
             char shp[64];
             snprintf(shp, sizeof shp, "%s_%lldx%lld_rows%lld-%lld", dq ? "dq" : "nf4",

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/op_profile.h"
 #include "gpu/mps.h"
 #include "gpu/inventory.h"
 #include "gpu/reservation.h"
@@ -66,7 +67,7 @@ static void usage(FILE *out)
         "         [--chat-template chatml|llama3|none] [--train-on-prompt] [--skip-bad-lines]\n"
         "         [--no-double-quant] [--vram GB|auto] [--no-wait-gpu] [--timeout SEC]\n"
         "         [--device auto|cpu|cuda] [--experimental-mps --gpu-share PCT] [--resume]\n"
-        "         [--grad-checkpoint] [--lora-dropout P] [--init-adapter DIR]\n\n"
+        "         [--grad-checkpoint] [--lora-dropout P] [--init-adapter DIR] [--profile-ops]\n\n"
         "Trains one LoRA adapter per --adapter (or [[adapter]] table) on the frozen base loaded\n"
         "once; each OUT_DIR receives a PEFT adapter, checkpoints, best/ and run records.\n"
         "Defaults: qlora, rank 16, alpha 32, targets q_proj,v_proj, lr 2e-4, cosine, 3 epochs,\n"
@@ -114,8 +115,7 @@ static const char *owned_path(owned_strings *o, const char *base_dir, const char
     if (o->n == o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 16;
         char **v = realloc(o->v, cap * sizeof *v);
-        if (!v)
-            return NULL;
+        if (!v) return NULL;
         o->v = v;
         o->cap = cap;
     }
@@ -124,8 +124,7 @@ static const char *owned_path(owned_strings *o, const char *base_dir, const char
         out = strdup(path);
     else if (asprintf(&out, "%s/%s", base_dir, path) < 0)
         out = NULL;
-    if (out)
-        o->v[o->n++] = out;
+    if (out) o->v[o->n++] = out;
     return out;
 }
 
@@ -219,6 +218,7 @@ enum {
     O_GCKPT,
     O_DROPOUT,
     O_INIT,
+    O_PROFOPS,
     O_HELP
 };
 
@@ -262,6 +262,7 @@ int tdm_cmd_finetune(int argc, char **argv)
                                              {"grad-checkpoint", no_argument, NULL, O_GCKPT},
                                              {"lora-dropout", required_argument, NULL, O_DROPOUT},
                                              {"init-adapter", required_argument, NULL, O_INIT},
+                                             {"profile-ops", no_argument, NULL, O_PROFOPS},
                                              {"help", no_argument, NULL, O_HELP},
                                              {NULL, 0, NULL, 0}};
 
@@ -275,7 +276,7 @@ int tdm_cmd_finetune(int argc, char **argv)
     const char *config_file = NULL, *device = "auto", *vram = "auto";
     char **adapter_args = calloc((size_t)argc + 1, sizeof *adapter_args);
     int n_adapter_args = 0;
-    bool no_wait = false, have_share = false;
+    bool no_wait = false, have_share = false, profile_ops = false;
     double timeout = 3600;
     tdm_mps_opts mps = {.enabled = false, .gpu_share_pct = 100};
     tdm_error err = {0};
@@ -457,6 +458,9 @@ int tdm_cmd_finetune(int argc, char **argv)
             break;
         case O_INIT:
             init_adapter = optarg;
+            break;
+        case O_PROFOPS:
+            profile_ops = true;
             break;
         case O_HELP:
         case 'h':
@@ -684,13 +688,16 @@ int tdm_cmd_finetune(int argc, char **argv)
         /* --device auto: a GPU is listed but CUDA cannot use it (an old driver, a simulated
          * inventory): give the reservation back and train on the CPU. */
         fprintf(stderr, "tandem: note: %s; training on the CPU\n", err.message);
-        if (lease.held)
-            tdm_reservation_release(&lease, &err);
+        if (lease.held) tdm_reservation_release(&lease, &err);
         gpu = false;
         if ((tdm_backend_create(&be, "cpu", &bo, &err)) != TDM_OK) {
             code = tdm_cli_fail_err(&err);
             goto out_lease;
         }
+    }
+    if (profile_ops && tdm_be_profile_enable(be, true, &err) != TDM_OK) {
+        code = tdm_cli_fail_err(&err);
+        goto out_be;
     }
     if (tdm_trainer_attach(tr, be, &err) != TDM_OK) {
         code = tdm_cli_fail_err(&err);
@@ -701,7 +708,8 @@ int tdm_cmd_finetune(int argc, char **argv)
         if (tdm_be_memory(be, &mi, &err) == TDM_OK) {
             int64_t proc_mb = process_gpu_mb();
             tdm_reservation_update_actual(
-                &lease, proc_mb > 0 ? proc_mb : (int64_t)(mi.used_bytes >> 20) + TDM_CUDA_CONTEXT_MIB,
+                &lease,
+                proc_mb > 0 ? proc_mb : (int64_t)(mi.used_bytes >> 20) + TDM_CUDA_CONTEXT_MIB,
                 &err);
         }
     }
@@ -722,8 +730,7 @@ int tdm_cmd_finetune(int argc, char **argv)
             fprintf(stderr,
                     "tandem: device memory: reserved %lld MiB, peak %lld MiB (backend), process "
                     "%lld MiB (NVML)\n",
-                    (long long)gpu_budget_mb, (long long)(mi.peak_bytes >> 20),
-                    (long long)proc_mb);
+                    (long long)gpu_budget_mb, (long long)(mi.peak_bytes >> 20), (long long)proc_mb);
             if (lease.held)
                 tdm_reservation_update_actual(
                     &lease,
@@ -731,6 +738,8 @@ int tdm_cmd_finetune(int argc, char **argv)
                     &merr);
         }
     }
+    /* The table covers loading too (uploads), then every training and evaluation step. */
+    if (profile_ops) tdm_be_profile_report(be, stderr);
 out_be:
     tdm_trainer_free(tr);
     tr = NULL;

@@ -2,9 +2,11 @@
  * See backend.h for the contracts. */
 #include "engine/backend.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/backend_impl.h"
+#include "engine/op_profile.h"
 
 size_t tdm_be_dtype_size(tdm_be_dtype dtype)
 {
@@ -56,7 +58,11 @@ tdm_status tdm_backend_create(tdm_backend **out, const char *name, const tdm_bac
 
 void tdm_backend_free(tdm_backend *be)
 {
-    if (be) be->vt->destroy(be);
+    if (!be) return;
+    if (be->prof && be->vt->prof_reset) be->vt->prof_reset(be);
+    free(be->prof);
+    be->prof = NULL;
+    be->vt->destroy(be);
 }
 
 const char *tdm_be_name(const tdm_backend *be)
@@ -68,6 +74,19 @@ tdm_be_dtype tdm_be_act_dtype(const tdm_backend *be)
 {
     return be->act_dtype;
 }
+
+/* ---- dispatch ---- */
+
+/* Calls the backend's implementation; with per-op profiling on (op_profile.h), timed. */
+#define DISPATCH(id, call)                                                                         \
+    do {                                                                                           \
+        if (!be->prof) return (call);                                                              \
+        int64_t t0_;                                                                               \
+        int tok_ = tdm_op_profile_begin(be, (id), &t0_);                                           \
+        tdm_status st_ = (call);                                                                   \
+        tdm_op_profile_end(be, (id), tok_, t0_);                                                   \
+        return st_;                                                                                \
+    } while (0)
 
 /* ---- checks ---- */
 
@@ -106,7 +125,7 @@ tdm_status tdm_be_upload(tdm_backend *be, void *dst, const void *src, size_t byt
 {
     if (bytes == 0) return TDM_OK;
     CHECK(dst && src, "upload: NULL pointer");
-    return be->vt->upload(be, dst, src, bytes, err);
+    DISPATCH(TDM_OP_UPLOAD, be->vt->upload(be, dst, src, bytes, err));
 }
 
 tdm_status tdm_be_download(tdm_backend *be, void *dst, const void *src, size_t bytes,
@@ -114,7 +133,7 @@ tdm_status tdm_be_download(tdm_backend *be, void *dst, const void *src, size_t b
 {
     if (bytes == 0) return TDM_OK;
     CHECK(dst && src, "download: NULL pointer");
-    return be->vt->download(be, dst, src, bytes, err);
+    DISPATCH(TDM_OP_DOWNLOAD, be->vt->download(be, dst, src, bytes, err));
 }
 
 tdm_status tdm_be_upload_f32(tdm_backend *be, void *dst, tdm_be_dtype dtype, const float *src,
@@ -125,7 +144,7 @@ tdm_status tdm_be_upload_f32(tdm_backend *be, void *dst, tdm_be_dtype dtype, con
     CHECK(dim_ok(n), "upload_f32: bad count");
     if (n == 0) return TDM_OK;
     CHECK(dst && src, "upload_f32: NULL pointer");
-    return be->vt->upload_f32(be, dst, dtype, src, n, err);
+    DISPATCH(TDM_OP_UPLOAD, be->vt->upload_f32(be, dst, dtype, src, n, err));
 }
 
 tdm_status tdm_be_download_f32(tdm_backend *be, float *dst, const void *src, tdm_be_dtype dtype,
@@ -136,7 +155,7 @@ tdm_status tdm_be_download_f32(tdm_backend *be, float *dst, const void *src, tdm
     CHECK(dim_ok(n), "download_f32: bad count");
     if (n == 0) return TDM_OK;
     CHECK(dst && src, "download_f32: NULL pointer");
-    return be->vt->download_f32(be, dst, src, dtype, n, err);
+    DISPATCH(TDM_OP_DOWNLOAD, be->vt->download_f32(be, dst, src, dtype, n, err));
 }
 
 tdm_status tdm_be_copy(tdm_backend *be, void *dst, const void *src, size_t bytes, tdm_error *err)
@@ -145,7 +164,7 @@ tdm_status tdm_be_copy(tdm_backend *be, void *dst, const void *src, size_t bytes
     CHECK(dst && src, "copy: NULL pointer");
     const char *d = dst, *s = src;
     CHECK(d + bytes <= s || s + bytes <= d, "copy: overlapping regions");
-    return be->vt->copy(be, dst, src, bytes, err);
+    DISPATCH(TDM_OP_COPY, be->vt->copy(be, dst, src, bytes, err));
 }
 
 tdm_status tdm_be_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
@@ -161,7 +180,7 @@ void tdm_be_reset_peak(tdm_backend *be)
 
 tdm_status tdm_be_synchronize(tdm_backend *be, tdm_error *err)
 {
-    return be->vt->synchronize(be, err);
+    DISPATCH(TDM_OP_SYNCHRONIZE, be->vt->synchronize(be, err));
 }
 
 tdm_status tdm_be_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float value,
@@ -170,7 +189,7 @@ tdm_status tdm_be_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, 
     CHECK(dim_ok(n), "fill: bad count");
     if (n == 0) return TDM_OK;
     CHECK(x, "fill: NULL pointer");
-    return be->vt->fill(be, x, dtype, n, value, err);
+    DISPATCH(TDM_OP_FILL, be->vt->fill(be, x, dtype, n, value, err));
 }
 
 tdm_status tdm_be_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dtype, int64_t n,
@@ -180,7 +199,7 @@ tdm_status tdm_be_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtype dty
     CHECK(dim_ok(n), "axpy: bad count");
     if (n == 0) return TDM_OK;
     CHECK(x && y, "axpy: NULL pointer");
-    return be->vt->axpy(be, y, x, dtype, n, alpha, err);
+    DISPATCH(TDM_OP_AXPY, be->vt->axpy(be, y, x, dtype, n, alpha, err));
 }
 
 tdm_status tdm_be_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float alpha,
@@ -190,7 +209,7 @@ tdm_status tdm_be_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n,
     CHECK(dim_ok(n), "scale: bad count");
     if (n == 0) return TDM_OK;
     CHECK(x, "scale: NULL pointer");
-    return be->vt->scale(be, x, dtype, n, alpha, err);
+    DISPATCH(TDM_OP_SCALE, be->vt->scale(be, x, dtype, n, alpha, err));
 }
 
 tdm_status tdm_be_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows, int64_t cols,
@@ -199,7 +218,7 @@ tdm_status tdm_be_add_bias(tdm_backend *be, void *y, const float *bias, int64_t 
     CHECK(dim_ok(rows) && dim_ok(cols), "add_bias: bad shape");
     if (rows == 0 || cols == 0) return TDM_OK;
     CHECK(y && bias, "add_bias: NULL pointer");
-    return be->vt->add_bias(be, y, bias, rows, cols, err);
+    DISPATCH(TDM_OP_ADD_BIAS, be->vt->add_bias(be, y, bias, rows, cols, err));
 }
 
 tdm_status tdm_be_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err)
@@ -222,7 +241,7 @@ tdm_status tdm_be_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err)
     if (g->batch > 1)
         CHECK(g->stride_a >= 0 && g->stride_b >= 0 && g->stride_c >= 0,
               "gemm: negative batch stride");
-    return be->vt->gemm(be, g, err);
+    DISPATCH(TDM_OP_GEMM, be->vt->gemm(be, g, err));
 }
 
 static tdm_status check_weight(const tdm_be_weight *w, const char *op, tdm_error *err)
@@ -264,7 +283,8 @@ tdm_status tdm_be_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t r
     CHECK(is_float(out_dtype), "weight_rows: output dtype must be f32 or bf16");
     if (row_begin == row_end) return TDM_OK;
     CHECK(out, "weight_rows: NULL output");
-    return be->vt->weight_rows(be, w, row_begin, row_end, out, out_dtype, err);
+    DISPATCH(TDM_OP_WEIGHT_ROWS,
+             be->vt->weight_rows(be, w, row_begin, row_end, out, out_dtype, err));
 }
 
 tdm_status tdm_be_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
@@ -274,7 +294,7 @@ tdm_status tdm_be_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void
     CHECK(dim_ok(m), "linear_fwd: bad row count");
     if (m == 0) return TDM_OK;
     CHECK(x && y, "linear_fwd: NULL pointer");
-    return be->vt->linear_fwd(be, w, x, m, y, beta, err);
+    DISPATCH(TDM_OP_LINEAR_FWD, be->vt->linear_fwd(be, w, x, m, y, beta, err));
 }
 
 tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,
@@ -284,7 +304,7 @@ tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void
     CHECK(dim_ok(m), "linear_bwd: bad row count");
     if (m == 0) return TDM_OK;
     CHECK(dy && dx, "linear_bwd: NULL pointer");
-    return be->vt->linear_bwd(be, w, dy, m, dx, beta, err);
+    DISPATCH(TDM_OP_LINEAR_BWD, be->vt->linear_bwd(be, w, dy, m, dx, beta, err));
 }
 
 tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
@@ -296,7 +316,7 @@ tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32
     CHECK(dim_ok(m), "embedding: bad row count");
     if (m == 0) return TDM_OK;
     CHECK(ids && out, "embedding: NULL pointer");
-    return be->vt->embedding(be, w, ids, m, out, err);
+    DISPATCH(TDM_OP_EMBEDDING, be->vt->embedding(be, w, ids, m, out, err));
 }
 
 tdm_status tdm_be_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int64_t rows,
@@ -306,7 +326,7 @@ tdm_status tdm_be_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, in
     CHECK(eps >= 0, "rmsnorm_fwd: negative eps");
     if (rows == 0) return TDM_OK;
     CHECK(x && w && y, "rmsnorm_fwd: NULL pointer");
-    return be->vt->rmsnorm_fwd(be, x, w, rows, d, eps, y, rstd, err);
+    DISPATCH(TDM_OP_RMSNORM_FWD, be->vt->rmsnorm_fwd(be, x, w, rows, d, eps, y, rstd, err));
 }
 
 tdm_status tdm_be_rmsnorm_bwd(tdm_backend *be, const void *dy, const void *x, const float *w,
@@ -317,7 +337,7 @@ tdm_status tdm_be_rmsnorm_bwd(tdm_backend *be, const void *dy, const void *x, co
     if (rows == 0) return TDM_OK;
     CHECK(dy && x && w && rstd && dx, "rmsnorm_bwd: NULL pointer");
     CHECK(beta == 0 || dx != dy, "rmsnorm_bwd: dx aliases dy with beta != 0");
-    return be->vt->rmsnorm_bwd(be, dy, x, w, rstd, rows, d, dx, beta, err);
+    DISPATCH(TDM_OP_RMSNORM_BWD, be->vt->rmsnorm_bwd(be, dy, x, w, rstd, rows, d, dx, beta, err));
 }
 
 tdm_status tdm_be_rope(tdm_backend *be, void *x, int64_t m, int64_t n_heads, int64_t head_dim,
@@ -329,7 +349,8 @@ tdm_status tdm_be_rope(tdm_backend *be, void *x, int64_t m, int64_t n_heads, int
     CHECK(ld >= n_heads * head_dim, "rope: ld %lld < n_heads * head_dim", (long long)ld);
     if (m == 0) return TDM_OK;
     CHECK(x && pos && inv_freq, "rope: NULL pointer");
-    return be->vt->rope(be, x, m, n_heads, head_dim, ld, pos, inv_freq, inverse, err);
+    DISPATCH(TDM_OP_ROPE,
+             be->vt->rope(be, x, m, n_heads, head_dim, ld, pos, inv_freq, inverse, err));
 }
 
 static tdm_status check_attention(const tdm_be_seqs *s, int64_t n_heads, int64_t n_kv_heads,
@@ -352,8 +373,8 @@ tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const voi
     TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_fwd", err));
     if (s->m == 0) return TDM_OK;
     CHECK(q && k && v && out && lse, "attention_fwd: NULL pointer");
-    return be->vt->attention_fwd(be, s, q, k, v, n_heads, n_kv_heads, head_dim, scale, out, lse,
-                                 err);
+    DISPATCH(TDM_OP_ATTENTION_FWD, be->vt->attention_fwd(be, s, q, k, v, n_heads, n_kv_heads,
+                                                         head_dim, scale, out, lse, err));
 }
 
 tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *q, const void *k,
@@ -364,8 +385,9 @@ tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const voi
     TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_bwd", err));
     if (s->m == 0) return TDM_OK;
     CHECK(q && k && v && out && lse && dout && dq && dk && dv, "attention_bwd: NULL pointer");
-    return be->vt->attention_bwd(be, s, q, k, v, out, lse, dout, n_heads, n_kv_heads, head_dim,
-                                 scale, dq, dk, dv, err);
+    DISPATCH(TDM_OP_ATTENTION_BWD,
+             be->vt->attention_bwd(be, s, q, k, v, out, lse, dout, n_heads, n_kv_heads, head_dim,
+                                   scale, dq, dk, dv, err));
 }
 
 tdm_status tdm_be_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
@@ -374,7 +396,7 @@ tdm_status tdm_be_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int6
     CHECK(dim_ok(m) && dim_ok(n), "swiglu_fwd: bad shape");
     if (m == 0 || n == 0) return TDM_OK;
     CHECK(g && u && h, "swiglu_fwd: NULL pointer");
-    return be->vt->swiglu_fwd(be, g, u, m, n, h, err);
+    DISPATCH(TDM_OP_SWIGLU_FWD, be->vt->swiglu_fwd(be, g, u, m, n, h, err));
 }
 
 tdm_status tdm_be_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const void *dh,
@@ -384,7 +406,7 @@ tdm_status tdm_be_swiglu_bwd(tdm_backend *be, const void *g, const void *u, cons
     if (m == 0 || n == 0) return TDM_OK;
     CHECK(g && u && dh && dg && du, "swiglu_bwd: NULL pointer");
     CHECK(dg != du, "swiglu_bwd: dg and du alias");
-    return be->vt->swiglu_bwd(be, g, u, dh, m, n, dg, du, err);
+    DISPATCH(TDM_OP_SWIGLU_BWD, be->vt->swiglu_bwd(be, g, u, dh, m, n, dg, du, err));
 }
 
 tdm_status tdm_be_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weight *w,
@@ -397,7 +419,8 @@ tdm_status tdm_be_cross_entropy(tdm_backend *be, const void *h, const tdm_be_wei
     CHECK(dim_ok(m) && chunk_rows > 0, "cross_entropy: bad shape or chunk size");
     if (m == 0) return TDM_OK;
     CHECK(h && labels && weight && loss, "cross_entropy: NULL pointer");
-    return be->vt->cross_entropy(be, h, w, labels, weight, m, chunk_rows, loss, dh, err);
+    DISPATCH(TDM_OP_CROSS_ENTROPY,
+             be->vt->cross_entropy(be, h, w, labels, weight, m, chunk_rows, loss, dh, err));
 }
 
 static tdm_status check_segs(const tdm_lora_seg *segs, int64_t n_segs, int64_t m, int64_t u_ld,
@@ -431,7 +454,7 @@ tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
     TRY(check_segs(segs, n_segs, m, u_ld, false, "lora_fwd", err));
     if (m == 0 || n_segs == 0) return TDM_OK;
     CHECK(x && u && y, "lora_fwd: NULL pointer");
-    return be->vt->lora_fwd(be, segs, n_segs, x, m, in, out, u, u_ld, y, err);
+    DISPATCH(TDM_OP_LORA_FWD, be->vt->lora_fwd(be, segs, n_segs, x, m, in, out, u, u_ld, y, err));
 }
 
 tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
@@ -442,7 +465,8 @@ tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
     TRY(check_segs(segs, n_segs, m, u_ld, true, "lora_bwd", err));
     if (m == 0 || n_segs == 0) return TDM_OK;
     CHECK(x && u && dy, "lora_bwd: NULL pointer");
-    return be->vt->lora_bwd(be, segs, n_segs, x, u, u_ld, dy, m, in, out, dx, err);
+    DISPATCH(TDM_OP_LORA_BWD,
+             be->vt->lora_bwd(be, segs, n_segs, x, u, u_ld, dy, m, in, out, dx, err));
 }
 
 tdm_status tdm_be_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs, int n_groups,
@@ -457,7 +481,7 @@ tdm_status tdm_be_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs,
         CHECK(dim_ok(vecs[i].n) && (vecs[i].n == 0 || vecs[i].x), "sumsq: vector %lld bad",
               (long long)i);
     }
-    return be->vt->sumsq(be, vecs, n_vecs, n_groups, out, err);
+    DISPATCH(TDM_OP_SUMSQ, be->vt->sumsq(be, vecs, n_vecs, n_groups, out, err));
 }
 
 tdm_status tdm_be_clip_coef(tdm_backend *be, const float *sumsq, const float *max_norm,
@@ -466,7 +490,7 @@ tdm_status tdm_be_clip_coef(tdm_backend *be, const float *sumsq, const float *ma
     CHECK(n_groups >= 0, "clip_coef: bad group count");
     if (n_groups == 0) return TDM_OK;
     CHECK(sumsq && max_norm && coef, "clip_coef: NULL pointer");
-    return be->vt->clip_coef(be, sumsq, max_norm, n_groups, coef, norm, err);
+    DISPATCH(TDM_OP_CLIP_COEF, be->vt->clip_coef(be, sumsq, max_norm, n_groups, coef, norm, err));
 }
 
 tdm_status tdm_be_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t n_tensors,
@@ -483,5 +507,5 @@ tdm_status tdm_be_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_
               "adamw: tensor %lld betas outside [0, 1)", (long long)i);
     }
     if (n_tensors == 0) return TDM_OK;
-    return be->vt->adamw(be, tensors, n_tensors, err);
+    DISPATCH(TDM_OP_ADAMW, be->vt->adamw(be, tensors, n_tensors, err));
 }

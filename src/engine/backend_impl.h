@@ -78,6 +78,16 @@ typedef struct tdm_backend_vtable {
                             int n_groups, float *coef, float *norm, tdm_error *err);
     tdm_status (*adamw)(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t n_tensors,
                         tdm_error *err);
+
+    /* Optional device timing for op_profile.h (NULL: the backend is synchronous and host time is
+     * its device time). prof_begin records a start mark on the stream and returns a slot (or -1
+     * when it cannot); prof_end records the end mark of that slot for op `id`; prof_collect waits
+     * for the marks recorded so far and adds their times to be->prof (it may also be called by
+     * the backend itself when its slots run out); prof_reset drops pending marks. */
+    int (*prof_begin)(tdm_backend *be);
+    void (*prof_end)(tdm_backend *be, int slot, int id);
+    void (*prof_collect)(tdm_backend *be);
+    void (*prof_reset)(tdm_backend *be);
 } tdm_backend_vtable;
 
 /* The common head of every backend object; implementations embed it first. */
@@ -85,6 +95,7 @@ struct tdm_backend {
     const tdm_backend_vtable *vt;
     const char *name;
     tdm_be_dtype act_dtype;
+    struct tdm_op_profile *prof; /* per-op timing (op_profile.h), NULL unless enabled */
 };
 
 /* Constructors of the compiled-in backends (backend.c picks by name). */

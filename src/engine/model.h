@@ -140,7 +140,10 @@ typedef struct tdm_model_mem_plan {
     int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
     unsigned targets;    /* union of the adapters' TDM_LORA_BIT sets */
     int64_t lora_params; /* all adapters' parameters together */
-    bool backward;       /* training (false: evaluation only) */
+    /* the largest over the seven projections of sum over adapters of rank * (in + out) (the
+     * CUDA LoRA backward's partial sums are per module) */
+    int64_t lora_module_params;
+    bool backward; /* training (false: evaluation only) */
 } tdm_model_mem_plan;
 
 /* Device bytes by owner. weights, activations and adapters are exactly what tdm_model_load,

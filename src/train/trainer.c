@@ -1110,6 +1110,14 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
         p.rows = max_rows;
         p.n_seqs = max_seqs;
     }
+    for (unsigned tg = 0; tg < TDM_LORA_N_TARGETS; tg++) {
+        int64_t d_in, d_out, sum = 0;
+        tdm_lora_params_projection_dims(t->mcfg_host, tg, &d_in, &d_out);
+        for (int a = 0; a < t->n; a++)
+            if (t->ad[a].host.targets & TDM_LORA_BIT(tg))
+                sum += t->ad[a].host.rank * (d_in + d_out);
+        if (sum > p.lora_module_params) p.lora_module_params = sum;
+    }
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint};
@@ -1161,8 +1169,7 @@ static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *er
         ss->credit[a] = t->ad[a].credit;
         free(ss->cursor[a]);
         ss->cursor[a] = NULL;
-        if (!t->ad[a].done)
-            TRY(tdm_train_cursor_to_json(t->ad[a].cur, &ss->cursor[a], err));
+        if (!t->ad[a].done) TRY(tdm_train_cursor_to_json(t->ad[a].cur, &ss->cursor[a], err));
     }
     return TDM_OK;
 }
@@ -1181,19 +1188,15 @@ static tdm_status checkpoint_after_oom(tdm_trainer *t, const step_snapshot *ss, 
     for (int a = 0; a < t->n && st == TDM_OK; a++) {
         adapter_state *s = &t->ad[a];
         s->credit = ss->credit[a];
-        if (s->done)
-            continue;
-        if (ss->cursor[a])
-            st = tdm_train_cursor_from_json(s->cur, ss->cursor[a], &serr);
-        if (st != TDM_OK)
-            break;
+        if (s->done) continue;
+        if (ss->cursor[a]) st = tdm_train_cursor_from_json(s->cur, ss->cursor[a], &serr);
+        if (st != TDM_OK) break;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
         s->ts.global_step = s->step;
         s->ts.epoch = adapter_epoch(s);
         st = tdm_trainer_state_save(&s->ts, path, &serr);
-        if (st == TDM_OK)
-            st = save_checkpoint(t, a, &serr);
+        if (st == TDM_OK) st = save_checkpoint(t, a, &serr);
     }
     if (st != TDM_OK)
         return tdm_fail(err, TDM_ERR_NOMEM,

@@ -52,7 +52,8 @@ static float rnd1(void)
 static float *rndb(int64_t n, float scale)
 {
     float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) x[i] = tdm_bf16_to_f32(tdm_f32_to_bf16(scale * rnd1()));
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tdm_bf16_to_f32(tdm_f32_to_bf16(scale * rnd1()));
     return x;
 }
 
@@ -147,8 +148,8 @@ static void gemm_case(bool ta, bool tb, int64_t m, int64_t n, int64_t k, tdm_be_
     for (int i = 0; i < 2; i++) {
         void *da = put(bes[i], at, A, na), *db = put(bes[i], bt, B, nb);
         dc[i] = put(bes[i], ct, C, nc);
-        tdm_gemm_args g = {ta, tb, m, n, k, 0.75f, beta, da, at, lda, sa, db, bt, ldb, sb,
-                           dc[i], ct, ldc, sc, batch};
+        tdm_gemm_args g = {ta, tb, m,  n,   k,  0.75f, beta, da,  at, lda,
+                           sa, db, bt, ldb, sb, dc[i], ct,   ldc, sc, batch};
         OK(tdm_be_gemm(bes[i], &g, err));
         tdm_be_free(bes[i], da);
         tdm_be_free(bes[i], db);
@@ -231,8 +232,10 @@ static void weight_free(wpair *p)
 
 static const char *fmt_name(tdm_be_wformat f)
 {
-    return f == TDM_BE_W_F32 ? "f32" : f == TDM_BE_W_BF16 ? "bf16" : f == TDM_BE_W_NF4 ? "nf4"
-                                                                                        : "nf4-dq";
+    return f == TDM_BE_W_F32    ? "f32"
+           : f == TDM_BE_W_BF16 ? "bf16"
+           : f == TDM_BE_W_NF4  ? "nf4"
+                                : "nf4-dq";
 }
 
 static void linear_case(tdm_be_wformat fmt, int64_t rows, int64_t cols, int64_t m, float beta)
@@ -247,8 +250,8 @@ static void linear_case(tdm_be_wformat fmt, int64_t rows, int64_t cols, int64_t 
     poison(gpu, og, TDM_BE_F32, nr);
     OK(tdm_be_weight_rows(gpu, &w.w[0], r0, r1, og, TDM_BE_F32, err));
     OK(tdm_be_weight_rows(cpu, &w.w[1], r0, r1, oc, TDM_BE_F32, err));
-    snprintf(name, sizeof name, "weight_rows %s (%lld, %lld) rows [%lld, %lld) f32",
-             fmt_name(fmt), (long long)rows, (long long)cols, (long long)r0, (long long)r1);
+    snprintf(name, sizeof name, "weight_rows %s (%lld, %lld) rows [%lld, %lld) f32", fmt_name(fmt),
+             (long long)rows, (long long)cols, (long long)r0, (long long)r1);
     cmp(name, og, oc, TDM_BE_F32, TDM_BE_F32, nr, 1e-6); /* same f32 products */
     tdm_be_free(gpu, og);
     tdm_be_free(cpu, oc);
@@ -285,9 +288,13 @@ static void test_linear(void **state)
         linear_case(fmts[f], 200, 96, 33, 0.0f);
         linear_case(fmts[f], 72, 100, 9, 0.5f);
     }
-    /* more than one 8 Mi-element tile: forward by column blocks, backward accumulated in f32 */
-    linear_case(TDM_BE_W_NF4_DQ, 9000, 1024, 12, 0.0f);
-    linear_case(TDM_BE_W_NF4, 9000, 1024, 12, 0.5f);
+    /* more than one 32 Mi-element tile (cuda_memory_plan.h): forward by blocks of Y's columns,
+     * backward by column slabs of W (cols a multiple of 64; f32 and NF4 weights) or, for cols
+     * 1030, by tiles of rows accumulated in f32 */
+    linear_case(TDM_BE_W_NF4_DQ, 9000, 4096, 12, 0.0f);
+    linear_case(TDM_BE_W_NF4, 9000, 4096, 12, 0.5f);
+    linear_case(TDM_BE_W_F32, 9000, 4096, 5, 0.5f);
+    linear_case(TDM_BE_W_NF4, 33000, 1030, 7, 0.5f);
 }
 
 /* --------------------------------------------------------------- layers ---- */
@@ -299,7 +306,8 @@ static void test_embedding(void **state)
         wpair w;
         weight_make(&w, fmts[f], 300, 40);
         int32_t ids[23];
-        for (int i = 0; i < 23; i++) ids[i] = (int32_t)(tdm_rng_next(&rng) % 300);
+        for (int i = 0; i < 23; i++)
+            ids[i] = (int32_t)(tdm_rng_next(&rng) % 300);
         void *ig = put_raw(gpu, ids, sizeof ids), *ic = put_raw(cpu, ids, sizeof ids);
         void *og = put_act(gpu, NULL, 23 * 40), *oc = put_act(cpu, NULL, 23 * 40);
         poison(gpu, og, TDM_BE_BF16, 23 * 40);
@@ -355,9 +363,11 @@ static void test_rope(void **state)
     int64_t m = 21, H = 3, D = 64, ld = H * D + 8, n = m * ld;
     float *X = rndb(n, 1);
     int32_t pos[21];
-    for (int i = 0; i < 21; i++) pos[i] = i < 10 ? i : 4000 + 37 * i; /* large angles too */
+    for (int i = 0; i < 21; i++)
+        pos[i] = i < 10 ? i : 4000 + 37 * i; /* large angles too */
     float inv[32];
-    for (int j = 0; j < 32; j++) inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)D);
+    for (int j = 0; j < 32; j++)
+        inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)D);
     for (int inverse = 0; inverse < 2; inverse++) {
         void *xg = put_act(gpu, X, n), *xc = put_act(cpu, X, n);
         void *pg = put_raw(gpu, pos, sizeof pos), *pc = put_raw(cpu, pos, sizeof pos);
@@ -405,8 +415,8 @@ static void attention_case(const int32_t *lens, int n_seqs, int64_t H, int64_t K
             poison(be, lse[i], TDM_BE_F32, H * m);
         }
         OK(tdm_be_attention_fwd(be, &s, q, k, v, H, KVH, D, scale, o[i], lse[i], err));
-        OK(tdm_be_attention_bwd(be, &s, q, k, v, o[i], lse[i], dout, H, KVH, D, scale, dq[i],
-                                dk[i], dv[i], err));
+        OK(tdm_be_attention_bwd(be, &s, q, k, v, o[i], lse[i], dout, H, KVH, D, scale, dq[i], dk[i],
+                                dv[i], err));
         void *b[6] = {cud, q, k, v, dout, NULL};
         memcpy(bufs[i], b, sizeof b);
     }
@@ -416,15 +426,26 @@ static void attention_case(const int32_t *lens, int n_seqs, int64_t H, int64_t K
         snprintf(name, sizeof name, "attention %s (%d seqs, max %lld, H %lld KVH %lld D %lld)",
                  parts[p], n_seqs, (long long)maxlen, (long long)H, (long long)KVH, (long long)D);
         switch (p) {
-        case 0: cmp_act(name, o[0], o[1], nq, BF_TOL); break;
-        case 1: cmp(name, lse[0], lse[1], TDM_BE_F32, TDM_BE_F32, H * m, 1e-3); break;
-        case 2: cmp_act(name, dq[0], dq[1], nq, 2e-2); break;
-        case 3: cmp_act(name, dk[0], dk[1], nk, 2e-2); break;
-        case 4: cmp_act(name, dv[0], dv[1], nk, 2e-2); break;
+        case 0:
+            cmp_act(name, o[0], o[1], nq, BF_TOL);
+            break;
+        case 1:
+            cmp(name, lse[0], lse[1], TDM_BE_F32, TDM_BE_F32, H * m, 1e-3);
+            break;
+        case 2:
+            cmp_act(name, dq[0], dq[1], nq, 2e-2);
+            break;
+        case 3:
+            cmp_act(name, dk[0], dk[1], nk, 2e-2);
+            break;
+        case 4:
+            cmp_act(name, dv[0], dv[1], nk, 2e-2);
+            break;
         }
     }
     for (int i = 0; i < 2; i++) {
-        for (int j = 0; j < 5; j++) tdm_be_free(bes[i], bufs[i][j]);
+        for (int j = 0; j < 5; j++)
+            tdm_be_free(bes[i], bufs[i][j]);
         tdm_be_free(bes[i], o[i]), tdm_be_free(bes[i], lse[i]), tdm_be_free(bes[i], dq[i]);
         tdm_be_free(bes[i], dk[i]), tdm_be_free(bes[i], dv[i]);
     }
@@ -472,15 +493,17 @@ static void test_swiglu(void **state)
     cmp_act("swiglu_bwd dg", dgg, dgc, t, BF_TOL);
     cmp_act("swiglu_bwd du (aliasing dh)", dhg, dhc, t, BF_TOL);
     void *all[2][6] = {{gg, ug, hg, dhg, dgg, NULL}, {gc, uc, hc, dhc, dgc, NULL}};
-    for (int i = 0; i < 5; i++) tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
+    for (int i = 0; i < 5; i++)
+        tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
     free(G), free(U), free(DH);
 }
 
 /* --------------------------------------------------------- cross-entropy ---- */
 
-static void test_cross_entropy(void **state)
+/* V 1000: the kernel's float4 path; V 1001: its scalar path (rows not 16-byte aligned) */
+static void cross_entropy_case(int64_t V)
 {
-    int64_t V = 1000, d = 64, m = 50;
+    int64_t d = 64, m = 50;
     wpair w;
     weight_make(&w, TDM_BE_W_BF16, V, d);
     float *H = rndb(m * d, 2);
@@ -499,16 +522,26 @@ static void test_cross_entropy(void **state)
     poison(gpu, dg, TDM_BE_BF16, m * d);
     OK(tdm_be_cross_entropy(gpu, hg, &w.w[0], lg, wg, m, 16, sg, dg, err));
     OK(tdm_be_cross_entropy(cpu, hc, &w.w[1], lc, wc, m, 16, sc, dc, err));
-    cmp("cross_entropy loss (V 1000, chunk 16, ignored rows)", sg, sc, TDM_BE_F32, TDM_BE_F32, m,
-        BF_TOL);
+    char name[80];
+    snprintf(name, sizeof name, "cross_entropy loss (V %lld, chunk 16, ignored rows)",
+             (long long)V);
+    cmp(name, sg, sc, TDM_BE_F32, TDM_BE_F32, m, BF_TOL);
     cmp_act("cross_entropy dh", dg, dc, m * d, BF_TOL);
     /* no dh: loss only */
     OK(tdm_be_cross_entropy(gpu, hg, &w.w[0], lg, wg, m, 64, sg, NULL, err));
     cmp("cross_entropy loss only (one chunk)", sg, sc, TDM_BE_F32, TDM_BE_F32, m, BF_TOL);
     void *all[2][5] = {{hg, lg, wg, sg, dg}, {hc, lc, wc, sc, dc}};
-    for (int i = 0; i < 5; i++) tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
+    for (int i = 0; i < 5; i++)
+        tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
     free(H);
     weight_free(&w);
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    cross_entropy_case(1000);
+    cross_entropy_case(1001);
 }
 
 /* ------------------------------------------------------------------ LoRA ---- */
@@ -539,18 +572,18 @@ static void test_lora(void **state)
         tdm_lora_seg segs[4];
         for (int s = 0; s < 4; s++) {
             int64_t r = rk[s] ? rk[s] : 1;
-            a[i][s] = put(be, TDM_BE_F32, A[s], r * in), b[i][s] = put(be, TDM_BE_F32, B[s], out * r);
+            a[i][s] = put(be, TDM_BE_F32, A[s], r * in),
+            b[i][s] = put(be, TDM_BE_F32, B[s], out * r);
             da[i][s] = put(be, TDM_BE_F32, DA0[s], r * in);
             db[i][s] = put(be, TDM_BE_F32, DB0[s], out * r);
-            tdm_lora_seg sg = {rb[s], re[s], rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
+            tdm_lora_seg sg = {rb[s],   re[s],    rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
                                b[i][s], da[i][s], db[i][s]};
             segs[s] = sg;
         }
         OK(tdm_be_lora_fwd(be, segs, 4, x[i], m, in, out, u[i], u_ld, y[i], err));
         OK(tdm_be_lora_bwd(be, segs, 4, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
     }
-    cmp_act("lora_fwd y (3 adapters r 4/16/32, a no-LoRA run, a gap)", y[0], y[1], m * out,
-            BF_TOL);
+    cmp_act("lora_fwd y (3 adapters r 4/16/32, a no-LoRA run, a gap)", y[0], y[1], m * out, BF_TOL);
     /* u: compare only the columns each segment writes */
     float *ug = get(gpu, u[0], TDM_BE_F32, m * u_ld), *uc = get(cpu, u[1], TDM_BE_F32, m * u_ld);
     for (int s = 0; s < 4; s++)
@@ -558,7 +591,8 @@ static void test_lora(void **state)
             for (int64_t c = 0; c < u_ld; c++)
                 if (!rk[s] || c >= rk[s]) ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
     for (int64_t r = 41; r < 45; r++)
-        for (int64_t c = 0; c < u_ld; c++) ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
+        for (int64_t c = 0; c < u_ld; c++)
+            ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
     check("lora_fwd u", ug, uc, m * u_ld, BF_TOL);
     free(ug), free(uc);
     cmp_act("lora_bwd dx (accumulated)", dx[0], dx[1], m * in, BF_TOL);
@@ -578,8 +612,60 @@ static void test_lora(void **state)
             tdm_be_free(bes[i], da[i][s]), tdm_be_free(bes[i], db[i][s]);
         }
     }
-    for (int s = 0; s < 4; s++) free(A[s]), free(B[s]), free(DA0[s]), free(DB0[s]);
+    for (int s = 0; s < 4; s++)
+        free(A[s]), free(B[s]), free(DA0[s]), free(DB0[s]);
     free(X), free(Y), free(DY), free(DX);
+}
+
+/* Segments long enough for the backward's row-chunked reduction (cuda_memory_plan.h): 700 rows
+ * = 3 chunks of 256, 5000 rows = 16 chunks of 320; dA / dB / dX against the CPU backend. */
+static void test_lora_long_segments(void **state)
+{
+    int64_t m = 5700, in = 96, out = 80, u_ld = 16;
+    int64_t rb[2] = {0, 700}, re[2] = {700, 5700}, rk[2] = {16, 8};
+    float sc[2] = {2.0f, 0.5f};
+    float *X = rndb(m * in, 1), *DY = rndb(m * out, 1), *Y = rndb(m * out, 1);
+    float *A[2], *B[2];
+    for (int s = 0; s < 2; s++)
+        A[s] = rndb(rk[s] * in, 0.3f), B[s] = rndb(out * rk[s], 0.3f);
+    tdm_backend *bes[2] = {gpu, cpu};
+    void *x[2], *y[2], *dy[2], *dx[2], *u[2], *a[2][2], *b[2][2], *da[2][2], *db[2][2];
+    for (int i = 0; i < 2; i++) {
+        tdm_backend *be = bes[i];
+        x[i] = put_act(be, X, m * in), y[i] = put_act(be, Y, m * out);
+        dy[i] = put_act(be, DY, m * out), dx[i] = put(be, tdm_be_act_dtype(be), NULL, m * in);
+        u[i] = put(be, TDM_BE_F32, NULL, m * u_ld);
+        tdm_lora_seg segs[2];
+        for (int s = 0; s < 2; s++) {
+            a[i][s] = put(be, TDM_BE_F32, A[s], rk[s] * in);
+            b[i][s] = put(be, TDM_BE_F32, B[s], out * rk[s]);
+            da[i][s] = put(be, TDM_BE_F32, NULL, rk[s] * in);
+            db[i][s] = put(be, TDM_BE_F32, NULL, out * rk[s]);
+            tdm_lora_seg sg = {rb[s], re[s], rk[s], sc[s], a[i][s], b[i][s], da[i][s], db[i][s]};
+            segs[s] = sg;
+        }
+        OK(tdm_be_lora_fwd(be, segs, 2, x[i], m, in, out, u[i], u_ld, y[i], err));
+        OK(tdm_be_lora_bwd(be, segs, 2, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
+    }
+    cmp_act("lora_bwd dx (700 + 5000 rows)", dx[0], dx[1], m * in, BF_TOL);
+    for (int s = 0; s < 2; s++) {
+        char name[64];
+        snprintf(name, sizeof name, "lora_bwd dA, %lld rows", (long long)(re[s] - rb[s]));
+        cmp(name, da[0][s], da[1][s], TDM_BE_F32, TDM_BE_F32, rk[s] * in, BF_TOL);
+        snprintf(name, sizeof name, "lora_bwd dB, %lld rows", (long long)(re[s] - rb[s]));
+        cmp(name, db[0][s], db[1][s], TDM_BE_F32, TDM_BE_F32, out * rk[s], BF_TOL);
+    }
+    for (int i = 0; i < 2; i++) {
+        tdm_be_free(bes[i], x[i]), tdm_be_free(bes[i], y[i]), tdm_be_free(bes[i], dy[i]);
+        tdm_be_free(bes[i], dx[i]), tdm_be_free(bes[i], u[i]);
+        for (int s = 0; s < 2; s++) {
+            tdm_be_free(bes[i], a[i][s]), tdm_be_free(bes[i], b[i][s]);
+            tdm_be_free(bes[i], da[i][s]), tdm_be_free(bes[i], db[i][s]);
+        }
+    }
+    for (int s = 0; s < 2; s++)
+        free(A[s]), free(B[s]);
+    free(X), free(Y), free(DY);
 }
 
 /* ------------------------------------------------------------- optimizer ---- */
@@ -621,7 +707,8 @@ static void test_adamw(void **state)
     tdm_backend *bes[2] = {gpu, cpu};
     float *p[2][3], *g[2][3], *mm[2][3], *vv[2][3], *coef[2];
     float *hp[3], *hg[3];
-    for (int t = 0; t < 3; t++) hp[t] = rndb(ns[t], 1), hg[t] = rndb(ns[t], 0.1f);
+    for (int t = 0; t < 3; t++)
+        hp[t] = rndb(ns[t], 1), hg[t] = rndb(ns[t], 0.1f);
     float c = 0.37f;
     for (int i = 0; i < 2; i++) {
         coef[i] = put(bes[i], TDM_BE_F32, &c, 1);
@@ -634,9 +721,9 @@ static void test_adamw(void **state)
         for (int64_t step = 1; step <= 3; step++) {
             tdm_adamw_tensor ts[3];
             for (int t = 0; t < 3; t++)
-                ts[t] = (tdm_adamw_tensor){p[i][t], g[i][t], mm[i][t], vv[i][t], ns[t],
-                                           t == 1 ? coef[i] : NULL, lrs[t], 0.9f, 0.999f, 1e-8f,
-                                           wds[t], step};
+                ts[t] = (tdm_adamw_tensor){
+                    p[i][t], g[i][t], mm[i][t], vv[i][t], ns[t],  t == 1 ? coef[i] : NULL,
+                    lrs[t],  0.9f,    0.999f,   1e-8f,    wds[t], step};
             OK(tdm_be_adamw(bes[i], ts, 3, err));
         }
     }
@@ -656,7 +743,8 @@ static void test_adamw(void **state)
             tdm_be_free(bes[i], mm[i][t]), tdm_be_free(bes[i], vv[i][t]);
         }
     }
-    for (int t = 0; t < 3; t++) free(hp[t]), free(hg[t]);
+    for (int t = 0; t < 3; t++)
+        free(hp[t]), free(hg[t]);
 }
 
 /* --------------------------------------------------------- elementwise ---- */
@@ -753,7 +841,8 @@ static void test_determinism(void **state)
     printf("  attention_bwd twice: identical bits\n");
     free(a), free(b), free(Q), free(K), free(V), free(DO);
     void *all[8] = {cud, q, k, v, dout, o, lse, dk[0]};
-    for (int i = 0; i < 8; i++) tdm_be_free(gpu, all[i]);
+    for (int i = 0; i < 8; i++)
+        tdm_be_free(gpu, all[i]);
     tdm_be_free(gpu, dk[1]);
 }
 
@@ -785,7 +874,8 @@ static void model_case(const char *preset, bool nf4, unsigned targets)
             int64_t in, out;
             tdm_model_target_shape(mdl[0], (tdm_lora_target)t, &in, &out);
             float *A = rndb(8 * in, 0.05f), *B = rndb(out * 8, 0.05f);
-            for (int i = 0; i < 2; i++) OK(tdm_lora_set(ad[i], l, (tdm_lora_target)t, A, B, err));
+            for (int i = 0; i < 2; i++)
+                OK(tdm_lora_set(ad[i], l, (tdm_lora_target)t, A, B, err));
             free(A), free(B);
         }
     int32_t tokens[33], labels[33], cu[3] = {0, 20, 33};
@@ -812,7 +902,8 @@ static void model_case(const char *preset, bool nf4, unsigned targets)
     assert_true(rel <= 1e-2);
     assert_true(cosv > 0.999);
     free(gg), free(gc);
-    for (int i = 0; i < 2; i++) tdm_lora_free(ad[i]), tdm_model_free(mdl[i]);
+    for (int i = 0; i < 2; i++)
+        tdm_lora_free(ad[i]), tdm_model_free(mdl[i]);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
@@ -848,22 +939,31 @@ int main(void)
     tdm_status st = tdm_backend_create(&gpu, "cuda", NULL, &err);
     if (st != TDM_OK) {
         /* the no-GPU path must be a clean, named failure that callers can fall back from */
-        if ((st != TDM_ERR_NOT_FOUND && st != TDM_ERR_UNSUPPORTED) || !strstr(err.message, "cuda")) {
-            fprintf(stderr, "creating the cuda backend failed badly: %s: %s\n",
-                    tdm_status_str(st), err.message);
+        if ((st != TDM_ERR_NOT_FOUND && st != TDM_ERR_UNSUPPORTED) ||
+            !strstr(err.message, "cuda")) {
+            fprintf(stderr, "creating the cuda backend failed badly: %s: %s\n", tdm_status_str(st),
+                    err.message);
             return 1;
         }
         printf("SKIP: no CUDA backend here (%s: %s)\n", tdm_status_str(st), err.message);
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gemm),
-        cmocka_unit_test(test_linear),        cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention),     cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_lora),
-        cmocka_unit_test(test_sumsq_clip),    cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_errors_and_memory), cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_lora_long_segments),
+        cmocka_unit_test(test_sumsq_clip),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_errors_and_memory),
+        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_model_step),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -154,9 +154,17 @@ static void test_qwen2_nf4_dq(void **state)
 static void test_scratch_shape(void **state)
 {
     (void)state;
-    tdm_cuda_scratch_shape s = {.m = 2048, .hidden = 896, .inter = 4864, .q_dim = 896,
-                                .kv_dim = 128, .heads = 14, .vocab = 151936, .ce_chunk = 110,
-                                .max_rank = 16, .nf4 = false, .backward = true,
+    tdm_cuda_scratch_shape s = {.m = 2048,
+                                .hidden = 896,
+                                .inter = 4864,
+                                .q_dim = 896,
+                                .kv_dim = 128,
+                                .heads = 14,
+                                .vocab = 151936,
+                                .ce_chunk = 110,
+                                .max_rank = 16,
+                                .nf4 = false,
+                                .backward = true,
                                 .lora_params = 1000000};
     uint64_t dense = tdm_cuda_scratch_bytes(&s);
     s.nf4 = true;
@@ -178,10 +186,26 @@ static void test_scratch_shape(void **state)
     s.head_dim = 64;
     uint64_t split = tdm_cuda_scratch_bytes(&s);
     assert_int_equal(split - no_split, (2 * 7 * 16384 * 2 * 64 * 4 - 110 * 151936 * 2) * 5 / 4);
-    /* 8 Mi elements per tile: a 0.5B gate_proj fits whole, a 7B one takes 2304-row tiles */
+    /* 32 Mi elements per tile: a 0.5B gate_proj and a 7B q_proj fit whole; a 7B gate_proj
+     * takes 3 forward tiles of 6336 rows (the last 6272) and 3 backward slabs of 1216 columns;
+     * its down_proj 3 tiles of 1216 rows and 3 slabs of 6336 columns */
     assert_int_equal(tdm_cuda_tile_rows(4864, 896), 4864);
-    assert_int_equal(tdm_cuda_tile_rows(18944, 3584), 2304);
-    assert_int_equal(tdm_cuda_tile_rows(3584, 18944), 384);
+    assert_int_equal(tdm_cuda_tile_rows(3584, 3584), 3584);
+    assert_int_equal(tdm_cuda_slab_cols(3584, 3584), 3584);
+    assert_int_equal(tdm_cuda_tile_rows(18944, 3584), 6336);
+    assert_int_equal(tdm_cuda_slab_cols(18944, 3584), 1216);
+    assert_int_equal(tdm_cuda_tile_rows(3584, 18944), 1216);
+    assert_int_equal(tdm_cuda_slab_cols(3584, 18944), 6336);
+    /* no slabs when cols is not a multiple of 64 (the backward then tiles rows into f32) */
+    assert_int_equal(tdm_cuda_slab_cols(33000, 1030), 0);
+    /* the LoRA backward's partials (slot 7): min(16, ceil(m / 256)) chunks of every adapter's
+     * parameters of the largest module, 4 bytes each, plus the slot's headroom */
+    s.m = 2048;
+    s.head_dim = 80;
+    s.lora_module_params = 0;
+    uint64_t no_lora_part = tdm_cuda_scratch_bytes(&s);
+    s.lora_module_params = 3 * 16 * (896 + 896);
+    assert_int_equal(tdm_cuda_scratch_bytes(&s) - no_lora_part, 8 * 3 * 16 * 1792 * 4 * 5 / 4);
 }
 
 int main(void)

@@ -34,8 +34,9 @@ tdm_status lt_fail(tdm_error *err, cublasStatus_t s, const char *call, const cha
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
     bool oom = s == CUBLAS_STATUS_ALLOC_FAILED;
-    return tdm_fail(err, oom ? TDM_ERR_NOMEM : TDM_ERR_DEVICE, "cublasLt: %s failed at %s:%d: %s: %s",
-                    call, base, line, cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+    return tdm_fail(err, oom ? TDM_ERR_NOMEM : TDM_ERR_DEVICE,
+                    "cublasLt: %s failed at %s:%d: %s: %s", call, base, line,
+                    cublasLtGetStatusName(s), cublasLtGetStatusString(s));
 }
 
 /* Turns the device error word into a status (after the stream has been synchronized). */
@@ -52,8 +53,9 @@ static tdm_status check_dev_error(cuda_backend *cb, tdm_error *err)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "embedding: a token id outside [0, vocab) (found on the GPU)");
     case CUDA_DEVERR_LABEL:
-        return tdm_fail(err, TDM_ERR_INVALID,
-                        "cross_entropy: a label outside [0, vocab) and not -100 (found on the GPU)");
+        return tdm_fail(
+            err, TDM_ERR_INVALID,
+            "cross_entropy: a label outside [0, vocab) and not -100 (found on the GPU)");
     }
     return tdm_fail(err, TDM_ERR_DEVICE, "cuda: unknown device error code %d", code);
 }
@@ -141,7 +143,10 @@ static void cuda_destroy(tdm_backend *be)
 {
     cuda_backend *cb = cuda_of(be);
     cudaStreamSynchronize(cb->stream);
-    for (auto &kv : *cb->allocs) cudaFree(kv.first);
+    cuda_prof_reset(be);
+    cuda_plan_cache_free(cb);
+    for (auto &kv : *cb->allocs)
+        cudaFree(kv.first);
     delete cb->allocs;
     for (auto &s : cb->scratch)
         if (s.ptr) cudaFree(s.ptr);
@@ -270,8 +275,8 @@ static tdm_status cuda_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_
         fill_kernel<float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((float *)x, n, value);
         break;
     case TDM_BE_BF16:
-        fill_kernel<bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)x, n,
-                                                               __float2bfloat16_rn(value));
+        fill_kernel<bf16>
+            <<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)x, n, __float2bfloat16_rn(value));
         break;
     case TDM_BE_I32:
         fill_kernel<int32_t><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((int32_t *)x, n, (int32_t)value);
@@ -289,11 +294,11 @@ static tdm_status cuda_axpy(tdm_backend *be, void *y, const void *x, tdm_be_dtyp
 {
     cudaStream_t st = cuda_of(be)->stream;
     if (dtype == TDM_BE_F32)
-        axpy_kernel<float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((float *)y, (const float *)x, n,
-                                                                alpha);
+        axpy_kernel<float>
+            <<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((float *)y, (const float *)x, n, alpha);
     else
-        axpy_kernel<bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)y, (const bf16 *)x, n,
-                                                               alpha);
+        axpy_kernel<bf16>
+            <<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((bf16 *)y, (const bf16 *)x, n, alpha);
     CU_LAUNCHED("axpy_kernel");
     return TDM_OK;
 }
@@ -313,8 +318,8 @@ static tdm_status cuda_scale(tdm_backend *be, void *x, tdm_be_dtype dtype, int64
 static tdm_status cuda_add_bias(tdm_backend *be, void *y, const float *bias, int64_t rows,
                                 int64_t cols, tdm_error *err)
 {
-    add_bias_kernel<<<EW_BLOCKS(rows * cols), EW_THREADS, 0, cuda_of(be)->stream>>>(
-        (bf16 *)y, bias, rows, cols);
+    add_bias_kernel<<<EW_BLOCKS(rows * cols), EW_THREADS, 0, cuda_of(be)->stream>>>((bf16 *)y, bias,
+                                                                                    rows, cols);
     CU_LAUNCHED("add_bias_kernel");
     return TDM_OK;
 }
@@ -339,7 +344,8 @@ static int64_t align_of(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
     int64_t al = 256;
-    while (al > 1 && (a % (uintptr_t)al) != 0) al /= 2;
+    while (al > 1 && (a % (uintptr_t)al) != 0)
+        al /= 2;
     return al;
 }
 
@@ -377,16 +383,87 @@ static tdm_status layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t ro
     return TDM_OK;
 }
 
+/* ---- cuBLASLt plans ----
+ * Creating the matmul and layout descriptors and asking cublasLtMatmulAlgoGetHeuristic for an
+ * algorithm costs tens of microseconds of host time per GEMM, about as much as a small GEMM runs
+ * on the device; a training step repeats the same few dozen shapes hundreds of times. So each
+ * (types, transposes, m, n, k, leading dimensions, batch, strides, alignments) is planned once
+ * and the descriptors and algorithm are kept (cleared when more than PLAN_CACHE_MAX accumulate).
+ * TANDEM_CUDA_NO_PLAN_CACHE=1 at backend creation turns the cache off (the benchmark's A/B). */
+#define PLAN_CACHE_MAX 4096
+
+struct lt_plan_key { /* all int64: no padding, so memcmp/byte hashing are exact */
+    int64_t ab, ct, opa, opb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, al_a, al_b, al_c;
+    bool operator==(const lt_plan_key &o) const
+    {
+        return memcmp(this, &o, sizeof o) == 0;
+    }
+};
+struct lt_plan_hash {
+    size_t operator()(const lt_plan_key &k) const
+    {
+        const unsigned char *p = (const unsigned char *)&k;
+        uint64_t h = 1469598103934665603ull; /* FNV-1a */
+        for (size_t i = 0; i < sizeof k; i++)
+            h = (h ^ p[i]) * 1099511628211ull;
+        return (size_t)h;
+    }
+};
+struct lt_plan {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+struct cuda_plan_cache {
+    std::unordered_map<lt_plan_key, lt_plan, lt_plan_hash> map;
+};
+
+static void plan_destroy(lt_plan *p)
+{
+    cublasLtMatrixLayoutDestroy(p->c);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatmulDescDestroy(p->op);
+}
+
+void cuda_plan_cache_free(cuda_backend *cb)
+{
+    if (!cb->plans) return;
+    for (auto &kv : cb->plans->map)
+        plan_destroy(&kv.second);
+    delete cb->plans;
+    cb->plans = NULL;
+}
+
 /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is
  * our B (its memory read column-major is B^T when B is not transposed), the second our A. */
 static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err)
 {
+    cuda_prof_scope prof(cb, TDM_OP_SUB_MATMUL);
     int64_t batch = g->batch > 0 ? g->batch : 1;
     cudaDataType_t ab = lt_type(g->a_dtype), ct = lt_type(g->c_dtype);
-    lt_descs d;
-    LT(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
     cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* second operand */
+    uint32_t al_a = (uint32_t)align_of(g->b), al_b = (uint32_t)align_of(g->a);
+    uint32_t al_c = (uint32_t)align_of(g->c);
+    float alpha = g->alpha, beta = g->beta;
+    lt_plan_key key;
+    memset(&key, 0, sizeof key);
+    key.ab = ab, key.ct = ct, key.opa = opa, key.opb = opb, key.m = g->m, key.n = g->n;
+    key.k = g->k, key.lda = g->lda, key.ldb = g->ldb, key.ldc = g->ldc, key.batch = batch;
+    if (batch > 1) key.sa = g->stride_a, key.sb = g->stride_b, key.sc = g->stride_c;
+    key.al_a = al_a, key.al_b = al_b, key.al_c = al_c;
+    if (cb->plans) {
+        auto it = cb->plans->map.find(key);
+        if (it != cb->plans->map.end()) {
+            lt_plan *p = &it->second;
+            LT(cublasLtMatmul(cb->lt, p->op, &alpha, g->b, p->a, g->a, p->b, &beta, g->c, p->c,
+                              g->c, p->c, &p->algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
+            return TDM_OK;
+        }
+    }
+    lt_descs d;
+    LT(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
     /* first operand (our B): stored column-major as (n, k) when N, (k, n) when T */
@@ -399,8 +476,6 @@ static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_
     LT(cublasLtMatmulPreferenceCreate(&d.pref));
     LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                             &cb->lt_ws_bytes, sizeof cb->lt_ws_bytes));
-    uint32_t al_a = (uint32_t)align_of(g->b), al_b = (uint32_t)align_of(g->a);
-    uint32_t al_c = (uint32_t)align_of(g->c);
     LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                             &al_a, sizeof al_a));
     LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -420,9 +495,21 @@ static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_
                         tdm_be_dtype_name(g->a_dtype), tdm_be_dtype_name(g->b_dtype),
                         tdm_be_dtype_name(g->c_dtype), (long long)g->lda, (long long)g->ldb,
                         (long long)g->ldc, (long long)batch);
-    float alpha = g->alpha, beta = g->beta;
     LT(cublasLtMatmul(cb->lt, d.op, &alpha, g->b, d.a, g->a, d.b, &beta, g->c, d.c, g->c, d.c,
                       &heur.algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
+    if (cb->plans) {
+        if (cb->plans->map.size() >= PLAN_CACHE_MAX) {
+            for (auto &kv : cb->plans->map)
+                plan_destroy(&kv.second);
+            cb->plans->map.clear();
+        }
+        lt_plan p = {d.op, d.a, d.b, d.c, heur.algo};
+        try {
+            cb->plans->map.emplace(key, p);
+            d.op = NULL, d.a = d.b = d.c = NULL; /* owned by the cache now */
+        } catch (...) {                          /* out of host memory: run uncached */
+        }
+    }
     return TDM_OK;
 }
 
@@ -441,15 +528,19 @@ static tdm_status gemm_f32_into_bf16(cuda_backend *cb, tdm_gemm_args *h, int64_t
     int64_t n = span(h->m, h->n, h->ldc, batch, h->stride_c);
     void *wide;
     TRY(cuda_scratch_get(cb, 6, (size_t)n * sizeof(float), &wide, err));
-    convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
-        (const bf16 *)h->c, (float *)wide, n);
-    CU_LAUNCHED("convert_kernel");
+    {
+        cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
+        convert_kernel<bf16, float>
+            <<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>((const bf16 *)h->c, (float *)wide, n);
+        CU_LAUNCHED("convert_kernel");
+    }
     void *c = h->c;
     h->c = wide;
     h->c_dtype = TDM_BE_F32;
     TRY(gemm_same_types(cb, h, err));
-    convert_kernel<float, bf16><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
-        (const float *)wide, (bf16 *)c, n);
+    cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
+    convert_kernel<float, bf16>
+        <<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>((const float *)wide, (bf16 *)c, n);
     CU_LAUNCHED("convert_kernel");
     return TDM_OK;
 }
@@ -472,19 +563,20 @@ tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err
     if (g->a_dtype == g->b_dtype && !(g->a_dtype == TDM_BE_F32 && g->c_dtype == TDM_BE_BF16))
         return gemm_same_types(cb, g, err);
     tdm_gemm_args h = *g;
-    if (g->a_dtype == g->b_dtype)
-        return gemm_f32_into_bf16(cb, &h, batch, err);
+    if (g->a_dtype == g->b_dtype) return gemm_f32_into_bf16(cb, &h, batch, err);
     /* Mixed f32 / bf16 operands: widen the bf16 one into scratch slot 2 (same ld and strides). */
     bool a_bf = g->a_dtype == TDM_BE_BF16;
-    int64_t n = a_bf ? span(g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, batch,
-                            g->stride_a)
-                     : span(g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, batch,
-                            g->stride_b);
+    int64_t n =
+        a_bf ? span(g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, batch, g->stride_a)
+             : span(g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, batch, g->stride_b);
     void *tmp;
     TRY(cuda_scratch_get(cb, 2, (size_t)n * sizeof(float), &tmp, err));
-    convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
-        (const bf16 *)(a_bf ? g->a : g->b), (float *)tmp, n);
-    CU_LAUNCHED("convert_kernel");
+    {
+        cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
+        convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
+            (const bf16 *)(a_bf ? g->a : g->b), (float *)tmp, n);
+        CU_LAUNCHED("convert_kernel");
+    }
     if (a_bf) {
         h.a = tmp;
         h.a_dtype = TDM_BE_F32;
@@ -492,8 +584,7 @@ tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err
         h.b = tmp;
         h.b_dtype = TDM_BE_F32;
     }
-    if (h.c_dtype == TDM_BE_BF16)
-        return gemm_f32_into_bf16(cb, &h, batch, err);
+    if (h.c_dtype == TDM_BE_BF16) return gemm_f32_into_bf16(cb, &h, batch, err);
     return gemm_same_types(cb, &h, err);
 }
 
@@ -517,8 +608,8 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
                                cudaMemcpyDeviceToDevice, st));
             return TDM_OK;
         }
-        convert_kernel<float, bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(
-            (const float *)w->data + e0, (bf16 *)out, n);
+        convert_kernel<float, bf16>
+            <<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((const float *)w->data + e0, (bf16 *)out, n);
         CU_LAUNCHED("convert_kernel");
         return TDM_OK;
     case TDM_BE_W_BF16:
@@ -527,14 +618,15 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
                                cudaMemcpyDeviceToDevice, st));
             return TDM_OK;
         }
-        convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(
-            (const bf16 *)w->data + e0, (float *)out, n);
+        convert_kernel<bf16, float>
+            <<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((const bf16 *)w->data + e0, (float *)out, n);
         CU_LAUNCHED("convert_kernel");
         return TDM_OK;
     case TDM_BE_W_NF4:
     case TDM_BE_W_NF4_DQ:
         break;
     }
+    cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
     nf4_args a;
     a.codes = w->codes;
     a.absmax = w->format == TDM_BE_W_NF4 ? w->absmax : NULL;
@@ -543,6 +635,7 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
     a.offset = w->offset;
     a.e0 = e0;
     a.n = n;
+    a.width = a.ld = 0;
     if (!f32 && e0 % 16 == 0 && (uintptr_t)out % 16 == 0) {
         unsigned blocks = cuda_blocks(n / 16 > 0 ? n / 16 : 1, 256);
         nf4_dequant_v4<<<blocks, 256, 0, st>>>(a, (bf16 *)out);
@@ -585,18 +678,50 @@ tdm_status cuda_dense_bf16(cuda_backend *cb, const tdm_be_weight *w, int slot, c
     return TDM_OK;
 }
 
-/* Elements of W dequantized per tile: 8 Mi bf16 (16 MiB of workspace), whole rows, a multiple
- * of 64 rows when the tile does not cover W. */
+/* Rows of W per forward tile (cuda_memory_plan.h). */
 static int64_t tile_rows(const tdm_be_weight *w)
 {
     return tdm_cuda_tile_rows(w->rows, w->cols);
 }
 
+/* Columns [c0, c1) of every row of W into out (rows, c1 - c0) bf16: the backward's slab. Needs
+ * c0, c1 and cols multiples of 16 for NF4 (tdm_cuda_slab_cols gives multiples of 64). */
+static tdm_status cuda_weight_cols(cuda_backend *cb, const tdm_be_weight *w, int64_t c0, int64_t c1,
+                                   bf16 *out, tdm_error *err)
+{
+    cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
+    int64_t width = c1 - c0, n = w->rows * width;
+    cudaStream_t st = cb->stream;
+    if (w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16) {
+        if (w->format == TDM_BE_W_F32)
+            convert_slab_kernel<float, bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(
+                (const float *)w->data + c0, w->cols, width, w->rows, out);
+        else
+            convert_slab_kernel<bf16, bf16><<<EW_BLOCKS(n), EW_THREADS, 0, st>>>(
+                (const bf16 *)w->data + c0, w->cols, width, w->rows, out);
+        CU_LAUNCHED("convert_slab_kernel");
+        return TDM_OK;
+    }
+    nf4_args a;
+    a.codes = w->codes;
+    a.absmax = w->format == TDM_BE_W_NF4 ? w->absmax : NULL;
+    a.absmax_q = w->absmax_q;
+    a.absmax2 = w->absmax2;
+    a.offset = w->offset;
+    a.e0 = c0;
+    a.n = n;
+    a.width = width;
+    a.ld = w->cols;
+    nf4_dequant_v4<<<cuda_blocks(n / 16 > 0 ? n / 16 : 1, 256), 256, 0, st>>>(a, out);
+    CU_LAUNCHED("nf4_dequant_v4 (slab)");
+    return TDM_OK;
+}
+
 /* Y (m, rows) = X (m, cols) W^T + beta Y. A bf16 weight is one GEMM; others (NF4, f32) are
  * dequantized to bf16 a tile of rows at a time into workspace, each tile producing a block of
  * Y's columns. */
-static tdm_status cuda_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x,
-                                  int64_t m, void *y, float beta, tdm_error *err)
+static tdm_status cuda_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
+                                  void *y, float beta, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
     tdm_gemm_args g = {};
@@ -645,9 +770,11 @@ __global__ void finish_acc_kernel(bf16 *dst, const float *acc, int64_t n, float 
     }
 }
 
-/* dX (m, cols) = dY (m, rows) W + beta dX. W's rows are the K dimension: with several tiles the
- * partial products accumulate in an f32 workspace (no bf16 rounding between tiles), and the
- * result is rounded once into dX. */
+/* dX (m, cols) = dY (m, rows) W + beta dX. A bf16 weight, or one that fits a tile, is one GEMM.
+ * Larger ones are cut in column slabs of W (all rows, tdm_cuda_slab_cols columns): each slab
+ * gives its own block of dX's columns, rounded to bf16 once, as the single GEMM would. Weights
+ * whose cols are not a multiple of 64 fall back to tiles of rows (W's rows are the K
+ * dimension): the tile products accumulate in an f32 workspace, rounded once into dX. */
 static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy,
                                   int64_t m, void *dx, float beta, tdm_error *err)
 {
@@ -670,6 +797,28 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
         g.c_dtype = TDM_BE_BF16;
         g.beta = beta;
         return cuda_gemm_rm(cb, &g, err);
+    }
+    int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
+    if (slab > 0) {
+        void *buf;
+        TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab) * sizeof(bf16), &buf, err));
+        g.k = w->rows;
+        g.a = dy;
+        g.b = buf;
+        g.c_dtype = TDM_BE_BF16;
+        g.beta = beta;
+        for (int64_t c0 = 0; c0 < w->cols; c0 += slab) {
+            int64_t c1 = c0 + slab < w->cols ? c0 + slab : w->cols;
+            if (slab == w->cols)
+                TRY(cuda_weight_rows(cb, w, 0, w->rows, buf, TDM_BE_BF16, err));
+            else
+                TRY(cuda_weight_cols(cb, w, c0, c1, (bf16 *)buf, err));
+            g.n = c1 - c0;
+            g.ldb = c1 - c0;
+            g.c = (bf16 *)dx + c0;
+            TRY(cuda_gemm_rm(cb, &g, err));
+        }
+        return TDM_OK;
     }
     int64_t tile = tile_rows(w);
     void *buf;
@@ -706,15 +855,16 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
 /* ---------------------------------------------------------------- create ---- */
 
 static const tdm_backend_vtable cuda_vtable = {
-    cuda_destroy,       cuda_alloc,        cuda_free_buf,      cuda_upload,
-    cuda_download,      cuda_upload_f32,   cuda_download_f32,  cuda_copy,
-    cuda_memory,        cuda_reset_peak,   cuda_synchronize,   cuda_fill,
-    cuda_axpy,          cuda_scale,        cuda_add_bias,      cuda_gemm,
-    cuda_weight_rows_op, cuda_linear_fwd,  cuda_linear_bwd,    cuda_embedding,
-    cuda_rmsnorm_fwd,   cuda_rmsnorm_bwd,  cuda_rope,          cuda_attention_fwd,
-    cuda_attention_bwd, cuda_swiglu_fwd,   cuda_swiglu_bwd,    cuda_cross_entropy,
-    cuda_lora_fwd,      cuda_lora_bwd,     cuda_sumsq,         cuda_clip_coef,
-    cuda_adamw,
+    cuda_destroy,        cuda_alloc,       cuda_free_buf,     cuda_upload,
+    cuda_download,       cuda_upload_f32,  cuda_download_f32, cuda_copy,
+    cuda_memory,         cuda_reset_peak,  cuda_synchronize,  cuda_fill,
+    cuda_axpy,           cuda_scale,       cuda_add_bias,     cuda_gemm,
+    cuda_weight_rows_op, cuda_linear_fwd,  cuda_linear_bwd,   cuda_embedding,
+    cuda_rmsnorm_fwd,    cuda_rmsnorm_bwd, cuda_rope,         cuda_attention_fwd,
+    cuda_attention_bwd,  cuda_swiglu_fwd,  cuda_swiglu_bwd,   cuda_cross_entropy,
+    cuda_lora_fwd,       cuda_lora_bwd,    cuda_sumsq,        cuda_clip_coef,
+    cuda_adamw,          cuda_prof_begin,  cuda_prof_end,     cuda_prof_collect,
+    cuda_prof_reset,
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)
@@ -728,6 +878,11 @@ static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, td
                         "8.0 or newer (bf16)",
                         cb->device, prop.name, prop.major, prop.minor);
     cb->n_sms = prop.multiProcessorCount;
+    const char *no_cache = getenv("TANDEM_CUDA_NO_PLAN_CACHE");
+    if (!(no_cache && *no_cache && strcmp(no_cache, "0") != 0)) {
+        cb->plans = new (std::nothrow) cuda_plan_cache();
+        if (!cb->plans) return tdm_fail(err, TDM_ERR_NOMEM, "backend cuda: out of memory");
+    }
     cb->max_smem_optin = prop.sharedMemPerBlockOptin;
     CU(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     LT(cublasLtCreate(&cb->lt));
@@ -768,8 +923,10 @@ extern "C" tdm_status tdm_backend_cuda_create(tdm_backend **out, const tdm_backe
     tdm_status st = cb->allocs ? init_device(cb, opts, err)
                                : tdm_fail(err, TDM_ERR_NOMEM, "backend cuda: out of memory");
     if (st != TDM_OK) {
-        if (cb->allocs) cuda_destroy(&cb->base);
-        else free(cb);
+        if (cb->allocs)
+            cuda_destroy(&cb->base);
+        else
+            free(cb);
         return st;
     }
     *out = &cb->base;

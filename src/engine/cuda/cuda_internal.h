@@ -19,6 +19,7 @@
 
 extern "C" {
 #include "engine/backend_impl.h"
+#include "engine/op_profile.h"
 }
 
 typedef __nv_bfloat16 bf16;
@@ -47,12 +48,14 @@ typedef struct cuda_backend {
     int *dev_error; /* device i32: enum cuda_dev_error */
     /* Scratch: [0] NF4 weight tiles, [1] f32 accumulators / logits, [2] bf16 dlogits / converted
      * operands, [3] LoRA dU, [4] op tables (sumsq / AdamW / clip), [5] sumsq partials,
-     * [6] f32 staging of a bf16 GEMM output. */
-    cuda_scratch scratch[7];
+     * [6] f32 staging of a bf16 GEMM output, [7] LoRA backward partial sums. */
+    cuda_scratch scratch[8];
     std::unordered_map<void *, size_t> *allocs; /* user buffers -> bytes */
     uint64_t used, peak;                         /* user buffers + scratch + workspace */
     int n_sms;
     size_t max_smem_optin; /* bytes of dynamic shared memory a block may opt in to */
+    struct cuda_plan_cache *plans; /* cuBLASLt descriptors + algorithm per GEMM shape (NULL: off) */
+    struct cuda_prof *prof;        /* event pairs of op_profile.h (NULL until profiling starts) */
 } cuda_backend;
 
 static inline cuda_backend *cuda_of(tdm_backend *be)
@@ -118,6 +121,30 @@ static inline unsigned cuda_blocks(int64_t n, int64_t per_block)
     if (b > (1 << 20)) b = 1 << 20;
     return (unsigned)b;
 }
+
+/* Per-op profiling (cuda_profile.cu): the vtable's prof_* entries, and a scope that times a part
+ * of an op (an op_profile.h sub-op) when profiling is on and costs one branch when it is off. */
+int cuda_prof_begin(tdm_backend *be);
+void cuda_prof_end(tdm_backend *be, int slot, int id);
+void cuda_prof_collect(tdm_backend *be);
+void cuda_prof_reset(tdm_backend *be);
+struct cuda_prof_scope {
+    tdm_backend *be;
+    tdm_op_id id;
+    int token;
+    int64_t t0;
+    cuda_prof_scope(cuda_backend *cb, tdm_op_id op) : be(&cb->base), id(op), token(-1), t0(0)
+    {
+        if (be->prof) token = tdm_op_profile_begin(be, id, &t0);
+    }
+    ~cuda_prof_scope()
+    {
+        if (be->prof) tdm_op_profile_end(be, id, token, t0);
+    }
+};
+
+/* cuBLASLt plan cache (cuda_backend.cu): frees every cached plan. */
+void cuda_plan_cache_free(cuda_backend *cb);
 
 /* Op entry points (cuda_layers.cu, cuda_train.cu). */
 tdm_status cuda_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,

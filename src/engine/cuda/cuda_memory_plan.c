@@ -1,11 +1,28 @@
 /* tandem — the CUDA backend's workspace and scratch, predicted from shapes (see the header). */
 #include "engine/cuda/cuda_memory_plan.h"
 
+/* n items in pieces of at most `max` (>= 1): equal pieces rounded up to `unit` (when max allows) */
+static int64_t even_piece(int64_t n, int64_t max, int64_t unit)
+{
+    if (n <= max) return n;
+    if (max < unit) return max < 1 ? 1 : max;
+    int64_t pieces = (n + max - 1) / max;
+    int64_t p = (n + pieces - 1) / pieces;
+    p = (p + unit - 1) / unit * unit;
+    return p <= max ? p : max / unit * unit;
+}
+
 int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols)
 {
-    int64_t t = TDM_CUDA_DEQUANT_TILE_ELEMS / (cols > 0 ? cols : 1);
-    t = t >= 64 ? t / 64 * 64 : (t < 1 ? 1 : t);
-    return t < rows ? t : rows;
+    return even_piece(rows, TDM_CUDA_DEQUANT_TILE_ELEMS / (cols > 0 ? cols : 1), 64);
+}
+
+int64_t tdm_cuda_slab_cols(int64_t rows, int64_t cols)
+{
+    if (rows * cols <= TDM_CUDA_DEQUANT_TILE_ELEMS) return cols;
+    if (cols % 64 != 0) return 0;
+    int64_t max = TDM_CUDA_DEQUANT_TILE_ELEMS / (rows > 0 ? rows : 1) / 64 * 64;
+    return even_piece(cols, max < 64 ? 64 : max, 64);
 }
 
 static uint64_t max_u64(uint64_t a, uint64_t b)
@@ -19,19 +36,27 @@ static uint64_t grown(uint64_t request)
     return request ? request + request / TDM_CUDA_SCRATCH_HEADROOM_DIV : 0;
 }
 
-/* Largest NF4 tile (slot 0) and f32 tile accumulator of linear_bwd (slot 1) over the decoder
- * projections (rows = out features, cols = in features). */
+/* Largest NF4 tile or slab (slot 0) and f32 tile accumulator of linear_bwd (slot 1, only for
+ * weights that cannot be cut in column slabs) over the decoder projections (rows = out
+ * features, cols = in features). */
 static void tiles(const tdm_cuda_scratch_shape *s, uint64_t *tile, uint64_t *acc)
 {
-    const int64_t shapes[][2] = {{s->q_dim, s->hidden}, {s->kv_dim, s->hidden},
-                                 {s->hidden, s->q_dim}, {s->inter, s->hidden},
+    const int64_t shapes[][2] = {{s->q_dim, s->hidden},
+                                 {s->kv_dim, s->hidden},
+                                 {s->hidden, s->q_dim},
+                                 {s->inter, s->hidden},
                                  {s->hidden, s->inter}};
     *tile = *acc = 0;
     for (unsigned i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int64_t rows = shapes[i][0], cols = shapes[i][1];
         int64_t tr = tdm_cuda_tile_rows(rows, cols);
         *tile = max_u64(*tile, (uint64_t)(tr * cols) * 2);
-        if (s->backward && tr < rows) *acc = max_u64(*acc, (uint64_t)(s->m * cols) * 4);
+        if (!s->backward) continue;
+        int64_t sc = tdm_cuda_slab_cols(rows, cols);
+        if (sc > 0)
+            *tile = max_u64(*tile, (uint64_t)(rows * sc) * 2);
+        else if (tr < rows)
+            *acc = max_u64(*acc, (uint64_t)(s->m * cols) * 4);
     }
 }
 
@@ -53,7 +78,7 @@ static uint64_t attention_split_bytes(const tdm_cuda_scratch_shape *s)
 
 uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
 {
-    uint64_t slot[7] = {0};
+    uint64_t slot[8] = {0};
     uint64_t tile = 0, acc = 0;
     if (s->nf4) tiles(s, &tile, &acc);
     slot[0] = tile;
@@ -61,15 +86,24 @@ uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
     slot[1] = max_u64(acc, (uint64_t)(s->ce_chunk * s->vocab) * 4);
     if (s->backward) slot[1] = max_u64(slot[1], (uint64_t)(s->heads * s->m) * 4);
     /* slot 2: bf16 dlogits of a chunk, or the attention backward's dk/dv partials */
-    if (s->backward) slot[2] = max_u64((uint64_t)(s->ce_chunk * s->vocab) * 2, attention_split_bytes(s));
+    if (s->backward)
+        slot[2] = max_u64((uint64_t)(s->ce_chunk * s->vocab) * 2, attention_split_bytes(s));
     /* slot 3: LoRA dU (m, u_ld) f32 */
     if (s->backward && s->max_rank > 0) slot[3] = (uint64_t)(s->m * s->max_rank) * 4;
     /* slots 4, 5: op tables (AdamW chunks of 4096 parameters, sum-of-squares chunks of 8192,
      * LoRA segment tables) and per-chunk partial sums: small */
     slot[4] = (uint64_t)(s->lora_params / 4096 + 64) * 64;
     slot[5] = (uint64_t)(s->lora_params / 8192 + 64) * 4;
+    /* slot 7: the LoRA backward's per-chunk partials of dA and dB (cuda_memory_plan.h): a
+     * segment of R <= m rows has at most min(16, ceil(m / 256)) chunks */
+    if (s->backward && s->max_rank > 0) {
+        int64_t chunks =
+            (s->m + TDM_CUDA_LORA_RED_MIN_CHUNK_ROWS - 1) / TDM_CUDA_LORA_RED_MIN_CHUNK_ROWS;
+        if (chunks > TDM_CUDA_LORA_RED_MAX_CHUNKS) chunks = TDM_CUDA_LORA_RED_MAX_CHUNKS;
+        slot[7] = (uint64_t)(chunks * s->lora_module_params) * 4;
+    }
     uint64_t total = TDM_CUDA_LT_WORKSPACE_BYTES;
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 8; i++)
         total += grown(slot[i]);
     return total;
 }

@@ -18,27 +18,53 @@ extern "C" {
 
 /* cuBLASLt workspace (bytes), allocated once at backend creation. */
 #define TDM_CUDA_LT_WORKSPACE_BYTES ((uint64_t)32 << 20)
-/* Elements of a frozen NF4 / f32 weight dequantized to bf16 per tile (16 MiB). */
-#define TDM_CUDA_DEQUANT_TILE_ELEMS ((int64_t)8 << 20)
+/* Elements of a frozen NF4 / f32 weight dequantized to bf16 per tile (64 MiB): most projections
+ * of a 7B model in one piece, the MLP ones in three (8 Mi elements, the first size, split a 7B
+ * gate_proj into 9 tiles and its backward into 9 f32-accumulated partial products). */
+#define TDM_CUDA_DEQUANT_TILE_ELEMS ((int64_t)32 << 20)
 /* The tensor-core attention backward splits dk/dv over the GQA group into f32 partials of at
  * most this many bytes (attention.cuh, att3_dkv_split). */
 #define TDM_CUDA_ATT_SPLIT_MAX_BYTES ((uint64_t)256 << 20)
 /* A scratch slot grows to request * (1 + 1/TDM_CUDA_SCRATCH_HEADROOM_DIV). */
 #define TDM_CUDA_SCRATCH_HEADROOM_DIV 4
 
-/* Rows of W (rows x cols) dequantized per tile: whole rows, a multiple of 64 when the tile does
- * not cover W. */
+/* The segmented LoRA backward sums dA = dU^T X and dB = dY^T U over a segment's rows in chunks
+ * (more blocks in flight than one pass over all rows), each chunk into f32 partials of
+ * rank * (in + out) floats that a second kernel adds in chunk order (scratch slot 7).
+ * Rows per chunk for a segment of R rows: the larger of 256 and ceil(R / 16) rounded up to 32,
+ * so at most 16 chunks; a pure function of R, hence the same summation order on every run. */
+#define TDM_CUDA_LORA_RED_MIN_CHUNK_ROWS 256
+#define TDM_CUDA_LORA_RED_MAX_CHUNKS 16
+static inline int64_t tdm_cuda_lora_red_chunk_rows(int64_t R)
+{
+    int64_t c = (R + TDM_CUDA_LORA_RED_MAX_CHUNKS - 1) / TDM_CUDA_LORA_RED_MAX_CHUNKS;
+    c = (c + 31) / 32 * 32;
+    return c > TDM_CUDA_LORA_RED_MIN_CHUNK_ROWS ? c : TDM_CUDA_LORA_RED_MIN_CHUNK_ROWS;
+}
+static inline int64_t tdm_cuda_lora_red_chunks(int64_t R)
+{
+    int64_t c = tdm_cuda_lora_red_chunk_rows(R);
+    return R > 0 ? (R + c - 1) / c : 0;
+}
+
+/* Rows of W (rows x cols) dequantized per tile in the forward (Y's column blocks): whole rows;
+ * when W needs several tiles, equal tiles of a multiple of 64 rows (the last one shorter). */
 int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols);
+/* Columns of W per slab in the backward dX = dY W (dX's column blocks, so no partial sums):
+ * all rows, equal slabs of a multiple of 64 columns; cols when W fits one tile. 0 when W cannot
+ * be cut in slabs (cols not a multiple of 64): then the backward tiles rows and sums the tile
+ * products in an f32 accumulator (m x cols). */
+int64_t tdm_cuda_slab_cols(int64_t rows, int64_t cols);
 
 /* What the engine will ask of the backend in its largest step. */
 typedef struct tdm_cuda_scratch_shape {
-    int64_t m;           /* rows of the largest fused batch */
-    int64_t hidden;      /* H */
-    int64_t inter;       /* I */
-    int64_t q_dim;       /* heads * head_dim */
-    int64_t kv_dim;      /* kv_heads * head_dim */
-    int64_t heads;       /* query heads */
-    int64_t kv_heads;    /* key/value heads */
+    int64_t m;        /* rows of the largest fused batch */
+    int64_t hidden;   /* H */
+    int64_t inter;    /* I */
+    int64_t q_dim;    /* heads * head_dim */
+    int64_t kv_dim;   /* kv_heads * head_dim */
+    int64_t heads;    /* query heads */
+    int64_t kv_heads; /* key/value heads */
     int64_t head_dim;
     int64_t vocab;       /* V */
     int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
@@ -46,6 +72,9 @@ typedef struct tdm_cuda_scratch_shape {
     bool nf4;            /* decoder projections quantized (dequantized tile by tile) */
     bool backward;       /* training (false: evaluation only) */
     int64_t lora_params; /* all adapters' parameters together (table sizes) */
+    /* the largest, over the targeted modules, of sum over adapters of rank * (in + out): one
+     * module's LoRA parameters of every adapter (the LoRA backward's partial sums) */
+    int64_t lora_module_params;
 } tdm_cuda_scratch_shape;
 
 /* Bytes of the backend's workspace + scratch at their largest for that shape. */

@@ -15,9 +15,25 @@
 
 /* One block per row of a chunk of logits (c, V) f32: online max / sum of exp in f32 per thread,
  * combined over the block in a fixed order; loss = lse - logit[label]; when dlog is not NULL it
- * receives weight * (softmax - onehot) in bf16 (zeros for ignored rows). */
-__global__ void ce_rows_kernel(const float *logits, int64_t V, const int32_t *labels,
-                               const float *weight, float *loss, bf16 *dlog, int *dev_error)
+ * receives weight * (softmax - onehot) in bf16 (zeros for ignored rows).
+ * VEC = 4 (V a multiple of 4, so every row starts 16-byte aligned): float4 loads and 8-byte bf16
+ * stores; VEC = 1 otherwise. CE_THREADS threads per row: a row of a 152K vocabulary is 600 KB
+ * read twice, and the loads must be wide and many in flight to come near the memory rate. */
+#define CE_THREADS 512
+__device__ __forceinline__ void ce_online(float v, float &mx, float &s)
+{
+    if (v > mx) {
+        s = s * expf(mx - v) + 1.0f;
+        mx = v;
+    } else {
+        s += expf(v - mx);
+    }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_rows_kernel(const float *logits, int64_t V, const int32_t *labels, const float *weight,
+                   float *loss, bf16 *dlog, int *dev_error)
 {
     __shared__ float sm[32], ss[32];
     const int64_t i = blockIdx.x;
@@ -33,20 +49,25 @@ __global__ void ce_rows_kernel(const float *logits, int64_t V, const int32_t *la
         return;
     }
     float mx = -INFINITY, s = 0.0f;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float v = l[j];
-        if (v > mx) {
-            s = s * expf(mx - v) + 1.0f;
-            mx = v;
-        } else {
-            s += expf(v - mx);
+    if (VEC == 4) {
+        const float4 *l4 = (const float4 *)l;
+        for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
+            float4 v = l4[j];
+            ce_online(v.x, mx, s);
+            ce_online(v.y, mx, s);
+            ce_online(v.z, mx, s);
+            ce_online(v.w, mx, s);
         }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+            ce_online(l[j], mx, s);
     }
     /* combine (mx, s) over the warp, then over warps in order */
     for (int o = 16; o > 0; o >>= 1) {
         float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, s, o);
         float nm = fmaxf(mx, om);
-        s = (mx == -INFINITY ? 0.0f : s * expf(mx - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
+        s = (mx == -INFINITY ? 0.0f : s * expf(mx - nm)) +
+            (om == -INFINITY ? 0.0f : os * expf(om - nm));
         mx = nm;
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
@@ -56,7 +77,8 @@ __global__ void ce_rows_kernel(const float *logits, int64_t V, const int32_t *la
     }
     __syncthreads();
     float M = -INFINITY;
-    for (int w = 0; w < nw; w++) M = fmaxf(M, sm[w]);
+    for (int w = 0; w < nw; w++)
+        M = fmaxf(M, sm[w]);
     float S = 0.0f;
     for (int w = 0; w < nw; w++)
         if (sm[w] != -INFINITY) S += ss[w] * expf(sm[w] - M);
@@ -64,9 +86,28 @@ __global__ void ce_rows_kernel(const float *logits, int64_t V, const int32_t *la
     if (threadIdx.x == 0) loss[i] = lse - l[lab];
     if (!dlog) return;
     const float wt = weight[i];
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(l[j] - lse) - (j == lab ? 1.0f : 0.0f);
-        dlog[i * V + j] = __float2bfloat16_rn(wt * p);
+    if (VEC == 4) {
+        const float4 *l4 = (const float4 *)l;
+        uint2 *d4 = (uint2 *)(dlog + i * V);
+        for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
+            float4 v = l4[j];
+            int64_t e = 4 * j;
+            __nv_bfloat162 lo =
+                __floats2bfloat162_rn(wt * (expf(v.x - lse) - (e == lab ? 1.0f : 0.0f)),
+                                      wt * (expf(v.y - lse) - (e + 1 == lab ? 1.0f : 0.0f)));
+            __nv_bfloat162 hi =
+                __floats2bfloat162_rn(wt * (expf(v.z - lse) - (e + 2 == lab ? 1.0f : 0.0f)),
+                                      wt * (expf(v.w - lse) - (e + 3 == lab ? 1.0f : 0.0f)));
+            uint2 pk;
+            pk.x = *(const unsigned *)&lo;
+            pk.y = *(const unsigned *)&hi;
+            d4[j] = pk;
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            float p = expf(l[j] - lse) - (j == lab ? 1.0f : 0.0f);
+            dlog[i * V + j] = __float2bfloat16_rn(wt * p);
+        }
     }
 }
 
@@ -101,9 +142,14 @@ tdm_status cuda_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weigh
         g.ldc = V;
         g.batch = 1;
         TRY(cuda_gemm_rm(cb, &g, err));
-        ce_rows_kernel<<<(unsigned)c, 256, 0, cb->stream>>>((const float *)logits, V, labels + r0,
-                                                            weight + r0, loss + r0, (bf16 *)dlog,
-                                                            cb->dev_error);
+        if (V % 4 == 0)
+            ce_rows_kernel<4><<<(unsigned)c, CE_THREADS, 0, cb->stream>>>(
+                (const float *)logits, V, labels + r0, weight + r0, loss + r0, (bf16 *)dlog,
+                cb->dev_error);
+        else
+            ce_rows_kernel<1><<<(unsigned)c, CE_THREADS, 0, cb->stream>>>(
+                (const float *)logits, V, labels + r0, weight + r0, loss + r0, (bf16 *)dlog,
+                cb->dev_error);
         CU_LAUNCHED("ce_rows_kernel");
         if (!dh) continue;
         tdm_gemm_args b = {};
@@ -159,8 +205,8 @@ static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, 
         d->scale = s->scale;
         d->rank = (int)s->rank;
         d->tile0 = p->n_blocks;
-        p->n_blocks += blocks_per_seg > 0 ? blocks_per_seg
-                                          : (int)((R + rows_per_block - 1) / rows_per_block);
+        p->n_blocks +=
+            blocks_per_seg > 0 ? blocks_per_seg : (int)((R + rows_per_block - 1) / rows_per_block);
     }
 }
 
@@ -206,8 +252,6 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
     p.u_ld = u_ld;
     p.in = in;
     p.out = out;
-    int red_blocks = (int)((in + LORA_RED_COLS - 1) / LORA_RED_COLS +
-                           (out + LORA_RED_COLS - 1) / LORA_RED_COLS);
     int64_t next = 0;
     while (next < n_segs) {
         int64_t start = next;
@@ -215,10 +259,17 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
         if (p.n_blocks == 0) continue;
         lora_bwd_rows_kernel<<<p.n_blocks, LORA_THREADS, LORA_BWD_ROWS_SMEM, cb->stream>>>(p);
         CU_LAUNCHED("lora_bwd_rows_kernel");
+        /* reduction: each segment's rows in chunks, partials in scratch slot 7 */
         next = start;
-        lora_pack(&p, segs, n_segs, &next, 0, red_blocks);
+        lora_pack(&p, segs, n_segs, &next, LORA_TM, 0);
+        int64_t part = lora_plan_reduction(&p), elems = p.n_elems;
+        void *pbuf;
+        TRY(cuda_scratch_get(cb, 7, (size_t)part * sizeof(float), &pbuf, err));
+        p.part = (float *)pbuf;
         lora_bwd_red_kernel<<<p.n_blocks, LORA_THREADS, LORA_RED_SMEM, cb->stream>>>(p);
         CU_LAUNCHED("lora_bwd_red_kernel");
+        lora_red_finish_kernel<<<cuda_blocks(elems, 256), 256, 0, cb->stream>>>(p);
+        CU_LAUNCHED("lora_red_finish_kernel");
     }
     return TDM_OK;
 }
@@ -278,8 +329,8 @@ tdm_status cuda_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t 
     std::vector<mt_chunk> chunks;
     for (int64_t i = 0; i < n_tensors; i++) {
         const tdm_adamw_tensor *t = &tensors[i];
-        adamw_desc_fill(&descs[(size_t)i], t->p, t->g, t->m, t->v, t->grad_scale, t->lr,
-                        t->beta1, t->beta2, t->eps, t->weight_decay, t->step);
+        adamw_desc_fill(&descs[(size_t)i], t->p, t->g, t->m, t->v, t->grad_scale, t->lr, t->beta1,
+                        t->beta2, t->eps, t->weight_decay, t->step);
         for (int64_t off = 0; off < t->n; off += MT_ADAMW_CHUNK) {
             mt_chunk c;
             c.x = NULL;

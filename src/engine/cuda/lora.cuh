@@ -7,20 +7,28 @@
  *   lora_fwd_kernel      block = 16 rows of one segment: U = X A^T (kept in shared memory and
  *                        written to u), then Y += scale U B^T over all output columns. ONE launch.
  *   lora_bwd_rows_kernel block = 16 rows: dU = scale dY B, then dX += dU A. (dU to workspace.)
- *   lora_bwd_red_kernel  block = 64 columns of dA or dB of one segment, summing over all the
- *                        segment's rows in order: dA += dU^T X, dB += scale dY^T U.
- * Every output element has one owner thread and a fixed summation order: deterministic.
- * X, Y, dY, dX are bf16 (act), everything else f32; products accumulate in f32.
+ *   lora_bwd_red_kernel  block = 64 columns of dA or dB of one segment and one chunk of the
+ *                        segment's rows (tdm_cuda_lora_red_chunk_rows in
+ *                        cuda_memory_plan.h: at most 16 chunks of >= 256 rows, so a 4096-row
+ * segment gives 16 times the blocks of one pass over all rows), summing the chunk's rows in order
+ * into f32 partials: dU^T X for dA, dY^T U for dB. lora_red_finish_kernel  per element of dA / dB:
+ * the chunks' partials added in chunk order, then dA += sum, dB += scale * sum. Every output
+ * element has one owner thread and a fixed summation order: deterministic. The row kernels give
+ * thread t the outputs (row, rank column) o = t + q * 256 < 16 * r, rows of r consecutive o each:
+ * all threads busy at any rank (a fixed stride of LORA_MAX_RANK per row left 7 of 8 threads idle at
+ * rank 16). X, Y, dY, dX are bf16 (act), everything else f32; products accumulate in f32.
  */
 #ifndef TANDEM_ENGINE_CUDA_LORA_CUH
 #define TANDEM_ENGINE_CUDA_LORA_CUH
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "engine/cuda/cuda_memory_plan.h"
+
 #define LORA_MAX_SEGS 16 /* per launch; longer tables are split into several launches */
 #define LORA_MAX_RANK 128
-#define LORA_TM 16  /* rows per block (row kernels) */
-#define LORA_KC 64  /* K chunk staged in shared memory */
+#define LORA_TM 16 /* rows per block (row kernels) */
+#define LORA_KC 64 /* K chunk staged in shared memory */
 #define LORA_THREADS 256
 #define LORA_RED_COLS 64
 #define LORA_RED_ROWS 32
@@ -32,6 +40,12 @@ struct lora_seg_d {
     float scale;
     int rank;
     int tile0; /* first block of this segment in the launch */
+    /* reduction only: rows per chunk, chunks, and where the segment's partials start in
+     * lora_params.part (floats; n_chunks blocks of rank * (in + out) each) and its elements
+     * start in the finish kernel's index space */
+    int64_t chunk_rows;
+    int n_chunks;
+    int64_t part0, elem0;
 };
 
 struct lora_params {
@@ -43,13 +57,16 @@ struct lora_params {
     __nv_bfloat16 *dx; /* may be NULL */
     float *u;          /* fwd: written; bwd: read. (m, u_ld) */
     float *du;         /* bwd: (m, u_ld) workspace */
+    float *part;       /* bwd reduction: per-chunk partial sums of dA, dB */
     int64_t u_ld, in, out;
+    int64_t n_elems; /* finish kernel: sum over segments of rank * (in + out) */
 };
 
 __device__ __forceinline__ int lora_find_seg(const lora_params &p, int block)
 {
     int s = 0;
-    while (s + 1 < p.n_segs && p.seg[s + 1].tile0 <= block) s++;
+    while (s + 1 < p.n_segs && p.seg[s + 1].tile0 <= block)
+        s++;
     return s;
 }
 
@@ -70,7 +87,8 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_fwd_kernel(lora_params p)
     constexpr int PER = LORA_TM * LORA_MAX_RANK / LORA_THREADS; /* 8 */
     float acc[PER];
 #pragma unroll
-    for (int q = 0; q < PER; q++) acc[q] = 0.0f;
+    for (int q = 0; q < PER; q++)
+        acc[q] = 0.0f;
     /* U = X A^T over K = in, in chunks */
     for (int64_t k0 = 0; k0 < p.in; k0 += LORA_KC) {
         int kc = (int)(p.in - k0 < LORA_KC ? p.in - k0 : LORA_KC);
@@ -86,18 +104,19 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_fwd_kernel(lora_params p)
         __syncthreads();
 #pragma unroll
         for (int q = 0; q < PER; q++) {
-            int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
-            if (c >= r) continue;
+            int o = t + q * LORA_THREADS, rr = o / r, c = o % r;
+            if (o >= LORA_TM * r) continue;
             const float *xr = Xs + rr * LORA_KC, *ar = As + c * (LORA_KC + 1);
             float s = acc[q];
-            for (int kk = 0; kk < LORA_KC; kk++) s = fmaf(xr[kk], ar[kk], s);
+            for (int kk = 0; kk < LORA_KC; kk++)
+                s = fmaf(xr[kk], ar[kk], s);
             acc[q] = s;
         }
     }
 #pragma unroll
     for (int q = 0; q < PER; q++) {
-        int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
-        if (c >= r) continue;
+        int o = t + q * LORA_THREADS, rr = o / r, c = o % r;
+        if (o >= LORA_TM * r) continue;
         Us[rr * LORA_MAX_RANK + c] = acc[q];
         if (rr < rows) p.u[(r0 + rr) * p.u_ld + c] = acc[q];
     }
@@ -108,12 +127,14 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_fwd_kernel(lora_params p)
         if (col >= p.out) break;
         float ys[LORA_TM];
 #pragma unroll
-        for (int rr = 0; rr < LORA_TM; rr++) ys[rr] = 0.0f;
+        for (int rr = 0; rr < LORA_TM; rr++)
+            ys[rr] = 0.0f;
         const float *br = sg.b + col * r;
         for (int k = 0; k < r; k++) {
             float bk = br[k];
 #pragma unroll
-            for (int rr = 0; rr < LORA_TM; rr++) ys[rr] = fmaf(Us[rr * LORA_MAX_RANK + k], bk, ys[rr]);
+            for (int rr = 0; rr < LORA_TM; rr++)
+                ys[rr] = fmaf(Us[rr * LORA_MAX_RANK + k], bk, ys[rr]);
         }
         for (int rr = 0; rr < rows; rr++) {
             __nv_bfloat16 *yp = p.y + (r0 + rr) * p.out + col;
@@ -139,15 +160,16 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params
     constexpr int PER = LORA_TM * LORA_MAX_RANK / LORA_THREADS;
     float acc[PER];
 #pragma unroll
-    for (int q = 0; q < PER; q++) acc[q] = 0.0f;
+    for (int q = 0; q < PER; q++)
+        acc[q] = 0.0f;
     /* dU = scale dY B over K = out */
     for (int64_t k0 = 0; k0 < p.out; k0 += LORA_KC) {
         int kc = (int)(p.out - k0 < LORA_KC ? p.out - k0 : LORA_KC);
         __syncthreads();
         for (int i = t; i < LORA_TM * LORA_KC; i += LORA_THREADS) {
             int rr = i / LORA_KC, kk = i % LORA_KC;
-            dYs[i] = rr < rows && kk < kc ? __bfloat162float(p.dy[(r0 + rr) * p.out + k0 + kk])
-                                          : 0.0f;
+            dYs[i] =
+                rr < rows && kk < kc ? __bfloat162float(p.dy[(r0 + rr) * p.out + k0 + kk]) : 0.0f;
         }
         for (int i = t; i < LORA_KC * r; i += LORA_THREADS) {
             int kk = i / r, c = i % r;
@@ -156,18 +178,19 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params
         __syncthreads();
 #pragma unroll
         for (int q = 0; q < PER; q++) {
-            int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
-            if (c >= r) continue;
+            int o = t + q * LORA_THREADS, rr = o / r, c = o % r;
+            if (o >= LORA_TM * r) continue;
             const float *dyr = dYs + rr * LORA_KC;
             float s = acc[q];
-            for (int kk = 0; kk < LORA_KC; kk++) s = fmaf(dyr[kk], Bs[kk * LORA_MAX_RANK + c], s);
+            for (int kk = 0; kk < LORA_KC; kk++)
+                s = fmaf(dyr[kk], Bs[kk * LORA_MAX_RANK + c], s);
             acc[q] = s;
         }
     }
 #pragma unroll
     for (int q = 0; q < PER; q++) {
-        int o = t + q * LORA_THREADS, rr = o / LORA_MAX_RANK, c = o % LORA_MAX_RANK;
-        if (c >= r) continue;
+        int o = t + q * LORA_THREADS, rr = o / r, c = o % r;
+        if (o >= LORA_TM * r) continue;
         float v = sg.scale * acc[q];
         dUs[rr * LORA_MAX_RANK + c] = v;
         if (rr < rows) p.du[(r0 + rr) * p.u_ld + c] = v;
@@ -180,7 +203,8 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params
         if (col >= p.in) break;
         float xs[LORA_TM];
 #pragma unroll
-        for (int rr = 0; rr < LORA_TM; rr++) xs[rr] = 0.0f;
+        for (int rr = 0; rr < LORA_TM; rr++)
+            xs[rr] = 0.0f;
         for (int k = 0; k < r; k++) {
             float ak = sg.a[k * p.in + col];
 #pragma unroll
@@ -194,9 +218,11 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params
     }
 }
 
-/* Reduction blocks: segment s owns ceil(in/64) blocks for dA then ceil(out/64) for dB, starting
- * at its tile0. Shared memory: Ls [RED_ROWS][MAX_RANK] f32, Rs [RED_ROWS][RED_COLS] f32. */
-#define LORA_RED_SMEM (sizeof(float) * (LORA_RED_ROWS * LORA_MAX_RANK + LORA_RED_ROWS * LORA_RED_COLS))
+/* Reduction blocks: segment s owns n_chunks * (ceil(in/64) + ceil(out/64)) blocks from its tile0:
+ * chunk-major, then the dA column tiles, then the dB ones. Shared memory: Ls [RED_ROWS][MAX_RANK]
+ * f32, Rs [RED_ROWS][RED_COLS] f32. */
+#define LORA_RED_SMEM                                                                              \
+    (sizeof(float) * (LORA_RED_ROWS * LORA_MAX_RANK + LORA_RED_ROWS * LORA_RED_COLS))
 
 __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_red_kernel(lora_params p)
 {
@@ -206,21 +232,27 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_red_kernel(lora_params 
     const lora_seg_d sg = p.seg[lora_find_seg(p, blockIdx.x)];
     const int r = sg.rank, t = threadIdx.x;
     const int a_tiles = (int)((p.in + LORA_RED_COLS - 1) / LORA_RED_COLS);
-    int tile = blockIdx.x - sg.tile0;
+    const int tiles = a_tiles + (int)((p.out + LORA_RED_COLS - 1) / LORA_RED_COLS);
+    const int local = blockIdx.x - sg.tile0, chunk = local / tiles;
+    int tile = local % tiles;
     const bool is_a = tile < a_tiles;
     if (!is_a) tile -= a_tiles;
+    const int64_t row_lo = sg.row_begin + chunk * sg.chunk_rows;
+    const int64_t row_hi =
+        row_lo + sg.chunk_rows < sg.row_end ? row_lo + sg.chunk_rows : sg.row_end;
     /* dA (r, in): L = dU (rows, r), R = X (rows, in). dB (out, r): L = U, R = dY (rows, out). */
     const float *L = is_a ? p.du : p.u;
     const __nv_bfloat16 *R = is_a ? p.x : p.dy;
     const int64_t rcols = is_a ? p.in : p.out;
     const int64_t col0 = (int64_t)tile * LORA_RED_COLS;
-    const int cl = t % LORA_RED_COLS, cg = t / LORA_RED_COLS; /* 4 rank groups */
+    const int cl = t % LORA_RED_COLS, cg = t / LORA_RED_COLS;           /* 4 rank groups */
     constexpr int PER = LORA_MAX_RANK / (LORA_THREADS / LORA_RED_COLS); /* 32 */
     float acc[PER];
 #pragma unroll
-    for (int q = 0; q < PER; q++) acc[q] = 0.0f;
-    for (int64_t row0 = sg.row_begin; row0 < sg.row_end; row0 += LORA_RED_ROWS) {
-        int nr = (int)(sg.row_end - row0 < LORA_RED_ROWS ? sg.row_end - row0 : LORA_RED_ROWS);
+    for (int q = 0; q < PER; q++)
+        acc[q] = 0.0f;
+    for (int64_t row0 = row_lo; row0 < row_hi; row0 += LORA_RED_ROWS) {
+        int nr = (int)(row_hi - row0 < LORA_RED_ROWS ? row_hi - row0 : LORA_RED_ROWS);
         __syncthreads();
         for (int i = t; i < LORA_RED_ROWS * r; i += LORA_THREADS) {
             int rr = i / r, c = i % r;
@@ -244,14 +276,65 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_red_kernel(lora_params 
     }
     const int64_t col = col0 + cl;
     if (col >= rcols) return;
+    /* partials of this chunk: dA (r, in) then dB (out, r), the layouts of da and db */
+    float *part = p.part + sg.part0 + (int64_t)chunk * r * (p.in + p.out);
 #pragma unroll
     for (int q = 0; q < PER; q++) {
         int c = cg + 4 * q;
         if (c >= r) continue;
         if (is_a)
-            sg.da[c * p.in + col] += acc[q];
+            part[c * p.in + col] = acc[q];
         else
-            sg.db[col * r + c] += sg.scale * acc[q];
+            part[(int64_t)r * p.in + col * r + c] = acc[q];
+    }
+}
+
+/* Host: lays out the reduction of p's segments (already packed with their row ranges): chunk
+ * rows and count, each segment's first block, partial offset and element offset; sets
+ * p->n_blocks and p->n_elems. Returns the floats of partials needed (p->part must hold them). */
+static inline int64_t lora_plan_reduction(lora_params *p)
+{
+    const int tiles = (int)((p->in + LORA_RED_COLS - 1) / LORA_RED_COLS +
+                            (p->out + LORA_RED_COLS - 1) / LORA_RED_COLS);
+    int64_t part = 0, elems = 0;
+    int blocks = 0;
+    for (int i = 0; i < p->n_segs; i++) {
+        lora_seg_d *d = &p->seg[i];
+        int64_t R = d->row_end - d->row_begin;
+        d->chunk_rows = tdm_cuda_lora_red_chunk_rows(R);
+        d->n_chunks = (int)tdm_cuda_lora_red_chunks(R);
+        d->part0 = part;
+        d->elem0 = elems;
+        d->tile0 = blocks;
+        part += d->n_chunks * (int64_t)d->rank * (p->in + p->out);
+        elems += (int64_t)d->rank * (p->in + p->out);
+        blocks += d->n_chunks * tiles;
+    }
+    p->n_blocks = blocks;
+    p->n_elems = elems;
+    return part;
+}
+
+/* One thread per element of every segment's dA and dB (p.n_elems): the chunks' partials summed in
+ * chunk order, then accumulated into da / db (dB scaled). */
+__global__ void lora_red_finish_kernel(lora_params p)
+{
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < p.n_elems;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int s = 0;
+        while (s + 1 < p.n_segs && p.seg[s + 1].elem0 <= e)
+            s++;
+        const lora_seg_d &sg = p.seg[s];
+        const int64_t i = e - sg.elem0, stride = (int64_t)sg.rank * (p.in + p.out);
+        const float *part = p.part + sg.part0 + i;
+        float sum = 0.0f;
+        for (int c = 0; c < sg.n_chunks; c++)
+            sum += part[c * stride];
+        const int64_t na = (int64_t)sg.rank * p.in;
+        if (i < na)
+            sg.da[i] += sum;
+        else
+            sg.db[i - na] += sg.scale * sum;
     }
 }
 

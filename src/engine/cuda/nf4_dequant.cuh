@@ -33,8 +33,12 @@ struct nf4_args {
     const uint8_t *absmax_q; /* double quant */
     const float *absmax2;
     float offset;
-    int64_t e0; /* first element (row_begin * cols) */
+    int64_t e0; /* first element (row_begin * cols, or the slab's first column) */
     int64_t n;  /* elements to write */
+    /* v4 only: 0 for a contiguous range; else a column slab of W: `width` columns of every row,
+     * rows `ld` (= W's cols) elements apart, written densely (out row stride = width). width,
+     * ld and e0 multiples of 16. */
+    int64_t width, ld;
 };
 
 __device__ __forceinline__ float nf4_block_absmax(const nf4_args &a, int64_t blk)
@@ -74,7 +78,8 @@ template <typename T> __global__ void nf4_dequant_v2(nf4_args a, T *out)
         }
         T *o = out + i * 8;
 #pragma unroll
-        for (int j = 0; j < 8; j++) o[j] = v[j];
+        for (int j = 0; j < 8; j++)
+            o[j] = v[j];
     }
     /* tail (< 8 elements): the first block's threads */
     int64_t t = n8 * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -87,7 +92,8 @@ template <typename T> __global__ void nf4_dequant_v2(nf4_args a, T *out)
 }
 
 /* Variant 4: 16 elements per thread from one 64-bit load of codes, two 16-byte bf16 stores, and
- * the code table (and the double-quant map) in SHARED memory. Why: the __constant__ cache
+ * the code table (and the double-quant map) in SHARED memory; also column slabs (a.width > 0)
+ * for the backward's dX column blocks. Why: the __constant__ cache
  * serves one address per cycle, so a warp whose 32 lanes look up 16 different codes was
  * serialized (v2/v3 measured ~590 GB/s on an H200 whatever the store width); shared memory
  * serves the 16 distinct words from 16 banks at once. Requires e0 % 16 == 0 (the 16 elements share
@@ -96,19 +102,25 @@ __global__ void nf4_dequant_v4(nf4_args a, __nv_bfloat16 *out)
 {
     __shared__ float code_s[16];
     __shared__ float dmap_s[256];
-    for (int i = threadIdx.x; i < 16; i += blockDim.x) code_s[i] = nf4_code_c[i];
+    for (int i = threadIdx.x; i < 16; i += blockDim.x)
+        code_s[i] = nf4_code_c[i];
     if (!a.absmax)
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) dmap_s[i] = nf4_dmap_c[i];
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+            dmap_s[i] = nf4_dmap_c[i];
     __syncthreads();
     int64_t n16 = a.n >> 4;
-    const uint2 *words = (const uint2 *)(a.codes + (a.e0 >> 1));
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
          i += (int64_t)gridDim.x * blockDim.x) {
-        uint2 w = __ldg(words + i);
-        int64_t blk = (a.e0 + i * 16) >> 6;
-        float amax = a.absmax ? __ldg(a.absmax + blk)
-                              : dmap_s[__ldg(a.absmax_q + blk)] * __ldg(a.absmax2 + blk / 256) +
-                                    a.offset;
+        int64_t e = a.e0 + i * 16;
+        if (a.width) {
+            int64_t o = i * 16, r = o / a.width;
+            e = a.e0 + r * a.ld + (o - r * a.width);
+        }
+        uint2 w = __ldg((const uint2 *)(a.codes + (e >> 1)));
+        int64_t blk = e >> 6;
+        float amax =
+            a.absmax ? __ldg(a.absmax + blk)
+                     : dmap_s[__ldg(a.absmax_q + blk)] * __ldg(a.absmax2 + blk / 256) + a.offset;
         __align__(16) __nv_bfloat162 v[8];
 #pragma unroll
         for (int b = 0; b < 8; b++) {
@@ -126,6 +138,19 @@ __global__ void nf4_dequant_v4(nf4_args a, __nv_bfloat16 *out)
         uint8_t byte = a.codes[e >> 1];
         uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
         out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
+    }
+}
+
+/* Dense column slab: out (rows, width) = T(in[r * ld + c]) for c < width (in already offset to
+ * the slab's first column). */
+template <typename S, typename T>
+__global__ void convert_slab_kernel(const S *in, int64_t ld, int64_t width, int64_t rows, T *out)
+{
+    int64_t n = rows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / width;
+        out[i] = nf4_from_f32<T>((float)in[r * ld + (i - r * width)]);
     }
 }
 
