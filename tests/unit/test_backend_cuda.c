@@ -543,7 +543,7 @@ static void test_lora(void **state)
             da[i][s] = put(be, TDM_BE_F32, DA0[s], r * in);
             db[i][s] = put(be, TDM_BE_F32, DB0[s], out * r);
             tdm_lora_seg sg = {rb[s], re[s], rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
-                               b[i][s], da[i][s], db[i][s]};
+                               b[i][s], da[i][s], db[i][s], 0.0f, 0};
             segs[s] = sg;
         }
         OK(tdm_be_lora_fwd(be, segs, 4, x[i], m, in, out, u[i], u_ld, y[i], err));
