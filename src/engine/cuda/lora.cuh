@@ -11,11 +11,17 @@
  *                        segment's rows in order: dA += dU^T X, dB += scale dY^T U.
  * Every output element has one owner thread and a fixed summation order: deterministic.
  * X, Y, dY, dX are bf16 (act), everything else f32; products accumulate in f32.
+ * LoRA dropout (a segment with drop set): the mask of engine/dropout.h is applied where X is
+ * loaded, as x * (keep ? 1/(1-p) : 0) with the row counted from the segment's start (the fwd
+ * kernel's X tile, the reduction kernel's X tile for dA) and to dU A before it is added into dX;
+ * nothing is stored, no copy of X is made, and the mask is bit-identical to the CPU backend's.
  */
 #ifndef TANDEM_ENGINE_CUDA_LORA_CUH
 #define TANDEM_ENGINE_CUDA_LORA_CUH
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "engine/dropout.h"
 
 #define LORA_MAX_SEGS 16 /* per launch; longer tables are split into several launches */
 #define LORA_MAX_RANK 128
@@ -31,8 +37,21 @@ struct lora_seg_d {
     float *da, *db;
     float scale;
     int rank;
-    int tile0; /* first block of this segment in the launch */
+    int tile0;          /* first block of this segment in the launch */
+    int drop;           /* LoRA dropout on this segment's input */
+    uint32_t keep_thr;  /* tdm_dropout_threshold(p) */
+    float keep_scale;   /* tdm_dropout_scale(p) = 1 / (1 - p) */
+    uint64_t mask_seed; /* the segment's mask seed */
 };
+
+/* The dropout factor of element (row, col) of X (row: of the batch): 1/(1-p) or 0. */
+__device__ __forceinline__ float lora_drop(const lora_seg_d &sg, int64_t row, int64_t col)
+{
+    return tdm_dropout_keep(sg.mask_seed, sg.keep_thr, (uint64_t)(row - sg.row_begin),
+                            (uint64_t)col)
+               ? sg.keep_scale
+               : 0.0f;
+}
 
 struct lora_params {
     lora_seg_d seg[LORA_MAX_SEGS];
@@ -77,7 +96,12 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_fwd_kernel(lora_params p)
         __syncthreads();
         for (int i = t; i < LORA_TM * LORA_KC; i += LORA_THREADS) {
             int rr = i / LORA_KC, kk = i % LORA_KC;
-            Xs[i] = rr < rows && kk < kc ? __bfloat162float(p.x[(r0 + rr) * p.in + k0 + kk]) : 0.0f;
+            float v = 0.0f;
+            if (rr < rows && kk < kc) {
+                v = __bfloat162float(p.x[(r0 + rr) * p.in + k0 + kk]);
+                if (sg.drop) v *= lora_drop(sg, r0 + rr, k0 + kk);
+            }
+            Xs[i] = v;
         }
         for (int i = t; i < r * LORA_KC; i += LORA_THREADS) {
             int c = i / LORA_KC, kk = i % LORA_KC;
@@ -189,7 +213,9 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params
         }
         for (int rr = 0; rr < rows; rr++) {
             __nv_bfloat16 *xp = p.dx + (r0 + rr) * p.in + col;
-            *xp = __float2bfloat16_rn(__bfloat162float(*xp) + xs[rr]);
+            float v = xs[rr];
+            if (sg.drop) v *= lora_drop(sg, r0 + rr, col);
+            *xp = __float2bfloat16_rn(__bfloat162float(*xp) + v);
         }
     }
 }
@@ -228,9 +254,12 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_red_kernel(lora_params 
         }
         for (int i = t; i < LORA_RED_ROWS * LORA_RED_COLS; i += LORA_THREADS) {
             int rr = i / LORA_RED_COLS, cc = i % LORA_RED_COLS;
-            Rs[i] = rr < nr && col0 + cc < rcols
-                        ? __bfloat162float(R[(row0 + rr) * rcols + col0 + cc])
-                        : 0.0f;
+            float v = 0.0f;
+            if (rr < nr && col0 + cc < rcols) {
+                v = __bfloat162float(R[(row0 + rr) * rcols + col0 + cc]);
+                if (is_a && sg.drop) v *= lora_drop(sg, row0 + rr, col0 + cc); /* dU^T Xd */
+            }
+            Rs[i] = v;
         }
         __syncthreads();
         for (int rr = 0; rr < nr; rr++) {
