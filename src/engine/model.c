@@ -383,6 +383,11 @@ uint64_t tdm_lora_dropout_seed(uint64_t seed, int64_t step, int64_t micro)
     return tdm_dropout_derive(tdm_dropout_derive(k, (uint64_t)step), (uint64_t)micro);
 }
 
+uint64_t tdm_lora_dropout_module_seed(uint64_t step_seed, int layer, tdm_lora_target t)
+{
+    return tdm_dropout_derive(tdm_dropout_derive(step_seed, (uint64_t)layer), (uint64_t)t);
+}
+
 void tdm_lora_free(tdm_lora *a)
 {
     if (!a) return;
@@ -584,8 +589,7 @@ static int64_t build_segs(step *s, int l, int t)
         g->db = a->grads + a->b_off[l * NT + t];
         if (s->train && a->dropout > 0) {
             g->dropout = a->dropout;
-            g->mask_seed =
-                tdm_dropout_derive(tdm_dropout_derive(a->dropout_seed, (uint64_t)l), (uint64_t)t);
+            g->mask_seed = tdm_lora_dropout_module_seed(a->dropout_seed, l, (tdm_lora_target)t);
         }
         with++;
     }

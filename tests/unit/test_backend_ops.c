@@ -1124,14 +1124,16 @@ static void test_dropout_mask(void **state)
      * two micro-steps and of two optimizer steps are independent: they agree on p^2 + (1-p)^2 of
      * the elements (0.5 at p = 0.5), not on all of them */
     uint64_t st = tdm_lora_dropout_seed(42, 5, 0);
-    uint64_t q0 = tdm_dropout_derive(tdm_dropout_derive(st, 0), TDM_LORA_Q);
-    uint64_t others[4] = {
-        tdm_dropout_derive(tdm_dropout_derive(st, 0), TDM_LORA_K),
-        tdm_dropout_derive(tdm_dropout_derive(st, 1), TDM_LORA_Q),
-        tdm_dropout_derive(tdm_dropout_derive(tdm_lora_dropout_seed(42, 5, 1), 0), TDM_LORA_Q),
-        tdm_dropout_derive(tdm_dropout_derive(tdm_lora_dropout_seed(42, 6, 0), 0), TDM_LORA_Q)};
-    const char *what[4] = {"k_proj vs q_proj", "layer 1 vs 0", "micro-step 1 vs 0", "step 6 vs 5"};
-    for (int j = 0; j < 4; j++) {
+    uint64_t q0 = tdm_lora_dropout_module_seed(st, 0, TDM_LORA_Q);
+    uint64_t others[5] = {
+        tdm_lora_dropout_module_seed(st, 0, TDM_LORA_K),
+        tdm_lora_dropout_module_seed(st, 0, TDM_LORA_V),
+        tdm_lora_dropout_module_seed(st, 1, TDM_LORA_Q),
+        tdm_lora_dropout_module_seed(tdm_lora_dropout_seed(42, 5, 1), 0, TDM_LORA_Q),
+        tdm_lora_dropout_module_seed(tdm_lora_dropout_seed(42, 6, 0), 0, TDM_LORA_Q)};
+    const char *what[5] = {"k_proj vs q_proj", "v_proj vs q_proj", "layer 1 vs 0",
+                           "micro-step 1 vs 0", "step 6 vs 5"};
+    for (int j = 0; j < 5; j++) {
         double a = mask_agree(q0, others[j], 0x80000000u, 512, 512);
         double sig = sqrt(0.25 / (512.0 * 512.0));
         printf("  dropout masks %-18s agree on %.4f of the elements (independent: 0.5)\n", what[j],
