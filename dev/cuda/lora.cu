@@ -14,7 +14,9 @@
  *       16 of >= 256 rows) with f32 partials summed in chunk order by a finish kernel: no
  *       atomics, the same bits every run
  * Validation: 3 adapters with ranks 8 / 16 / 64, a segment without LoRA, against a CPU reference
- * in double (from the same bf16-rounded inputs).
+ * in double (from the same bf16-rounded inputs); the same with LoRA dropout 0.1 / 0.5 on two
+ * segments (the reference builds the mask from engine/dropout.h on the host), and timings with
+ * and without dropout (the mask hash is computed where X is loaded).
  * Build: nvcc -O3 -arch=sm_90 -I src -I dev/cuda dev/cuda/lora.cu -o lora
  */
 #include "common.h"
@@ -24,7 +26,18 @@ struct seg {
     int64_t b, e;
     int r;
     float s;
+    float p; /* LoRA dropout */
 };
+
+/* The dropout factor of element (row, col) of segment sg's X, as the kernels apply it. */
+static double drop_factor(const seg &sg, uint64_t mask_seed, int64_t row, int64_t k)
+{
+    if (sg.p == 0) return 1.0;
+    return tdm_dropout_keep(mask_seed, tdm_dropout_threshold(sg.p), (uint64_t)(row - sg.b),
+                            (uint64_t)k)
+               ? tdm_dropout_scale(sg.p)
+               : 0.0;
+}
 
 static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_t out, bool check)
 {
@@ -57,7 +70,13 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
         cudaCheck(cudaMemset(gb, 0, B[i].size() * 4));
         da.push_back(ga), db.push_back(gb);
         if (!segs[i].r) continue;
-        lora_seg_d d = {segs[i].b, segs[i].e, a, b, ga, gb, segs[i].s, segs[i].r, blocks_f, 0, 0, 0, 0};
+        uint64_t seed = tdm_dropout_derive(12345, i);
+        lora_seg_d d;
+        memset(&d, 0, sizeof d);
+        d.row_begin = segs[i].b, d.row_end = segs[i].e, d.a = a, d.b = b, d.da = ga, d.db = gb;
+        d.scale = segs[i].s, d.rank = segs[i].r, d.tile0 = blocks_f;
+        d.drop = segs[i].p > 0, d.keep_thr = tdm_dropout_threshold(segs[i].p);
+        d.keep_scale = tdm_dropout_scale(segs[i].p), d.mask_seed = seed;
         p.seg[nsg++] = d;
         blocks_f += (int)((segs[i].e - segs[i].b + LORA_TM - 1) / LORA_TM);
     }
@@ -93,13 +112,18 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
             int r = s.r;
             rda.emplace_back(A[i].size(), 0.0), rdb.emplace_back(B[i].size(), 0.0);
             if (!r) continue;
+            uint64_t seed = tdm_dropout_derive(12345, i);
             for (int64_t row = s.b; row < s.e; row++) {
-                std::vector<double> uu(r, 0), duu(r, 0);
+                std::vector<double> uu(r, 0), duu(r, 0), xd(in);
+                for (int64_t k = 0; k < in; k++)
+                    xd[k] = X[row * in + k] * drop_factor(s, seed, row, k);
                 for (int c = 0; c < r; c++)
-                    for (int64_t k = 0; k < in; k++) uu[c] += (double)X[row * in + k] * A[i][c * in + k];
+                    for (int64_t k = 0; k < in; k++)
+                        uu[c] += xd[k] * A[i][c * in + k];
                 for (int64_t o = 0; o < out; o++) {
                     double t = 0;
-                    for (int c = 0; c < r; c++) t += uu[c] * B[i][o * r + c];
+                    for (int c = 0; c < r; c++)
+                        t += uu[c] * B[i][o * r + c];
                     ry[row * out + o] += s.s * t;
                     for (int c = 0; c < r; c++) {
                         duu[c] += s.s * DY[row * out + o] * B[i][o * r + c];
@@ -108,8 +132,9 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
                 }
                 for (int c = 0; c < r; c++)
                     for (int64_t k = 0; k < in; k++) {
-                        rda[i][c * in + k] += duu[c] * X[row * in + k];
-                        rdx[row * in + k] += duu[c] * A[i][c * in + k];
+                        rda[i][c * in + k] += duu[c] * xd[k];
+                        rdx[row * in + k] +=
+                            duu[c] * A[i][c * in + k] * drop_factor(s, seed, row, k);
                     }
             }
         }
@@ -123,17 +148,24 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
         }
     }
     char shp[96];
-    snprintf(shp, sizeof shp, "%zusegs_M%lld_in%lld_out%lld", segs.size(), (long long)m,
-             (long long)in, (long long)out);
+    bool any_drop = false;
+    for (auto &s : segs)
+        any_drop |= s.p > 0;
+    snprintf(shp, sizeof shp, "%zusegs_M%lld_in%lld_out%lld%s", segs.size(), (long long)m,
+             (long long)in, (long long)out, any_drop ? "_dropout" : "");
     double fbytes = 2.0 * m * in + 4.0 * m * out, bbytes = 2.0 * (2.0 * m * out + 3.0 * m * in);
     double us = time_us(fwd);
     result("lora_fwd", "v1", shp, us, "GB/s", fbytes / us / 1e3, err, ok);
     us = time_us(bwd);
     result("lora_bwd", "v2", shp, us, "GB/s", bbytes / us / 1e3, err, ok);
-    for (auto q : da) cudaCheck(cudaFree(q));
-    for (auto q : db) cudaCheck(cudaFree(q));
-    for (auto q : ab) cudaCheck(cudaFree(q));
-    for (void *q : {(void *)x, (void *)y, (void *)dy, (void *)dx, (void *)u, (void *)du, (void *)part})
+    for (auto q : da)
+        cudaCheck(cudaFree(q));
+    for (auto q : db)
+        cudaCheck(cudaFree(q));
+    for (auto q : ab)
+        cudaCheck(cudaFree(q));
+    for (void *q :
+         {(void *)x, (void *)y, (void *)dy, (void *)dx, (void *)u, (void *)du, (void *)part})
         cudaCheck(cudaFree(q));
 }
 
@@ -141,14 +173,24 @@ int main(int argc, char **argv)
 {
     dev_parse_args(argc, argv);
     dev_header("lora");
-    run_case({{0, 100, 8, 2.0f}, {100, 130, 0, 0}, {130, 300, 16, 0.5f}, {310, 400, 64, 1.0f}}, 400,
-             320, 200, true);
+    run_case({{0, 100, 8, 2.0f, 0},
+              {100, 130, 0, 0, 0},
+              {130, 300, 16, 0.5f, 0},
+              {310, 400, 64, 1.0f, 0}},
+             400, 320, 200, true);
+    run_case({{0, 100, 8, 2.0f, 0.1f},
+              {100, 130, 0, 0, 0},
+              {130, 300, 16, 0.5f, 0},
+              {310, 400, 64, 1.0f, 0.5f}},
+             400, 320, 200, true);
     /* segments of several reduction chunks (700 rows: 3 of 256; 5000 rows: 16 of 320) */
-    run_case({{0, 700, 16, 2.0f}, {700, 5700, 8, 0.5f}}, 5700, 96, 160, true);
+    run_case({{0, 700, 16, 2.0f, 0}, {700, 5700, 8, 0.5f, 0.1f}}, 5700, 96, 160, true);
     /* 3 adapters x batch 4 x 512 tokens, 7B-like q_proj (4096 -> 4096) and 0.5B (896 -> 896) */
-    run_case({{0, 2048, 16, 2.0f}, {2048, 4096, 16, 2.0f}, {4096, 6144, 16, 2.0f}}, 6144, 4096,
-             4096, false);
-    run_case({{0, 2048, 16, 2.0f}, {2048, 4096, 16, 2.0f}, {4096, 6144, 16, 2.0f}}, 6144, 896, 896,
-             false);
+    for (float p : {0.0f, 0.1f}) {
+        run_case({{0, 2048, 16, 2.0f, p}, {2048, 4096, 16, 2.0f, p}, {4096, 6144, 16, 2.0f, p}},
+                 6144, 4096, 4096, false);
+        run_case({{0, 2048, 16, 2.0f, p}, {2048, 4096, 16, 2.0f, p}, {4096, 6144, 16, 2.0f, p}},
+                 6144, 896, 896, false);
+    }
     return g_failures ? 1 : 0;
 }

@@ -269,7 +269,7 @@ int tdm_cmd_finetune(int argc, char **argv)
     tdm_trainer_opts o;
     tdm_trainer_opts_default(&o);
     long rank = 16, epochs = 3, batch = 4, seqlen = 512;
-    double alpha = 32, lr = 2e-4;
+    double alpha = 32, lr = 2e-4, dropout = 0;
     bool rslora = false;
     uint32_t targets = TDM_ADAPTER_TARGET_Q_PROJ | TDM_ADAPTER_TARGET_V_PROJ;
     const char *init_adapter = NULL;
@@ -448,13 +448,8 @@ int tdm_cmd_finetune(int argc, char **argv)
             o.grad_checkpoint = true;
             break;
         case O_DROPOUT:
-            if (!tdm_cli_parse_double(optarg, &o.lora_dropout) || !(o.lora_dropout >= 0) ||
-                o.lora_dropout >= 1)
-                USAGE("--lora-dropout needs a number in [0, 1)");
-            if (o.lora_dropout > 0)
-                USAGE("--lora-dropout %s: LoRA dropout is not supported (the engine has no "
-                      "dropout); use 0",
-                      optarg);
+            if (!tdm_cli_parse_double(optarg, &dropout) || !(dropout >= 0) || dropout >= 1)
+                USAGE("--lora-dropout needs a probability in [0, 1), not '%s'", optarg);
             break;
         case O_INIT:
             init_adapter = optarg;
@@ -516,6 +511,7 @@ int tdm_cmd_finetune(int argc, char **argv)
                                    .alpha = alpha,
                                    .use_rslora = rslora,
                                    .targets = targets,
+                                   .lora_dropout = dropout,
                                    .lr = lr,
                                    .epochs = (int)epochs,
                                    .batch_size = (int)batch,
@@ -542,6 +538,7 @@ int tdm_cmd_finetune(int argc, char **argv)
             if (s->has_batch_size) t->batch_size = s->batch_size;
             if (s->has_max_seq_len) t->max_seq_len = s->max_seq_len;
             if (s->has_weight) t->weight = s->weight;
+            if (s->has_lora_dropout) t->lora_dropout = s->lora_dropout;
             if (t->max_seq_len < 2) {
                 code = tdm_cli_fail(TDM_EXIT_USAGE, "%s:%u: max_seq_len must be >= 2", acfg.file,
                                     s->key_line[TDM_ADAPTER_KEY_MAX_SEQ_LEN]);

@@ -113,6 +113,11 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
         snprintf(w, sizeof w, "%.17g", s->weight);
         fprintf(f, "weight = %s%s\n", w, strpbrk(w, ".e") ? "" : ".0");
     }
+    if (s->has_lora_dropout) {
+        char w[64];
+        snprintf(w, sizeof w, "%.17g", s->lora_dropout);
+        fprintf(f, "lora_dropout = %s%s\n", w, strpbrk(w, ".e") ? "" : ".0");
+    }
 }
 
 static char *resolve(const char *base_dir, const char *path)

@@ -423,8 +423,8 @@ tdm_status tdm_be_cross_entropy(tdm_backend *be, const void *h, const tdm_be_wei
              be->vt->cross_entropy(be, h, w, labels, weight, m, chunk_rows, loss, dh, err));
 }
 
-static tdm_status check_segs(const tdm_lora_seg *segs, int64_t n_segs, int64_t m, int64_t u_ld,
-                             bool bwd, const char *op, tdm_error *err)
+static tdm_status check_segs(const tdm_lora_seg *segs, int64_t n_segs, int64_t m, int64_t in,
+                             int64_t u_ld, bool bwd, const char *op, tdm_error *err)
 {
     CHECK(n_segs >= 0 && (n_segs == 0 || segs), "%s: bad segment table", op);
     int64_t prev_end = 0;
@@ -442,6 +442,11 @@ static tdm_status check_segs(const tdm_lora_seg *segs, int64_t n_segs, int64_t m
               op, (long long)i, (long long)s->rank, (long long)u_ld);
         if (bwd)
             CHECK(s->da && s->db, "%s: segment %lld has no gradient buffers", op, (long long)i);
+        CHECK(s->dropout >= 0.0f && s->dropout < 1.0f, "%s: segment %lld dropout %g not in [0, 1)",
+              op, (long long)i, (double)s->dropout);
+        /* the mask counter (engine/dropout.h) packs row and column into 32 bits each */
+        CHECK(s->dropout == 0.0f || (s->row_end - s->row_begin <= UINT32_MAX && in <= UINT32_MAX),
+              "%s: segment %lld too large for the dropout mask", op, (long long)i);
     }
     return TDM_OK;
 }
@@ -451,7 +456,7 @@ tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
                            tdm_error *err)
 {
     CHECK(dim_ok(m) && in > 0 && out > 0 && dim_ok(in) && dim_ok(out), "lora_fwd: bad shape");
-    TRY(check_segs(segs, n_segs, m, u_ld, false, "lora_fwd", err));
+    TRY(check_segs(segs, n_segs, m, in, u_ld, false, "lora_fwd", err));
     if (m == 0 || n_segs == 0) return TDM_OK;
     CHECK(x && u && y, "lora_fwd: NULL pointer");
     DISPATCH(TDM_OP_LORA_FWD, be->vt->lora_fwd(be, segs, n_segs, x, m, in, out, u, u_ld, y, err));
@@ -462,7 +467,7 @@ tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
                            int64_t out, void *dx, tdm_error *err)
 {
     CHECK(dim_ok(m) && in > 0 && out > 0 && dim_ok(in) && dim_ok(out), "lora_bwd: bad shape");
-    TRY(check_segs(segs, n_segs, m, u_ld, true, "lora_bwd", err));
+    TRY(check_segs(segs, n_segs, m, in, u_ld, true, "lora_bwd", err));
     if (m == 0 || n_segs == 0) return TDM_OK;
     CHECK(x && u && dy, "lora_bwd: NULL pointer");
     DISPATCH(TDM_OP_LORA_BWD,

@@ -277,7 +277,13 @@ tdm_status tdm_be_cross_entropy(tdm_backend *be, const void *h, const tdm_be_wei
 
 /* One contiguous run of rows of the fused batch belonging to one adapter, with that adapter's
  * LoRA matrices for the module at hand (A NULL: the adapter does not target this module, the
- * rows get no LoRA term). All matrix pointers are device pointers; the table itself is host. */
+ * rows get no LoRA term). All matrix pointers are device pointers; the table itself is host.
+ *
+ * LoRA dropout (PEFT's lora_dropout): with dropout p in (0, 1) the segment's LoRA branch reads
+ * Xd = X * D instead of X, D[i][k] = keep(mask_seed, i - row_begin, k) / (1 - p) or 0, where keep
+ * is the counter-based mask of engine/dropout.h (the row counted from the segment's start). The
+ * mask is never stored: the forward and the backward regenerate it from (mask_seed, row, col),
+ * so the backward must get the forward's mask_seed. p = 0 is the exact no-dropout code path. */
 typedef struct tdm_lora_seg {
     int64_t row_begin, row_end; /* [row_begin, row_end) of the batch */
     int64_t rank;               /* r >= 1 (ignored when a is NULL) */
@@ -286,19 +292,23 @@ typedef struct tdm_lora_seg {
     const float *b;             /* (out, r) f32 */
     float *da;                  /* (r, in) f32, accumulated (+=) by the backward */
     float *db;                  /* (out, r) f32, accumulated (+=) by the backward */
+    float dropout;              /* p in [0, 1): LoRA dropout of this segment's input (0: none) */
+    uint64_t mask_seed;         /* the mask's seed (engine/dropout.h), used when dropout > 0 */
 } tdm_lora_seg;
 
-/* For every segment: U[rows] = X[rows] A^T (written into u, (m, u_ld) f32, the first r columns
- * of each row; u_ld >= the largest rank), and Y[rows] += scale * U B^T.
- * x (m, in) act, y (m, out) act. Segments must not overlap; rows outside every segment are not
- * touched. One call covers all segments (one launch on a GPU). */
+/* For every segment: U[rows] = Xd[rows] A^T (written into u, (m, u_ld) f32, the first r columns
+ * of each row; u_ld >= the largest rank), and Y[rows] += scale * U B^T, with Xd = X, or X * D
+ * with dropout (see tdm_lora_seg). x (m, in) act, y (m, out) act. Segments must not overlap;
+ * rows outside every segment are not touched. One call covers all segments (one launch on a GPU).
+ */
 tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
                            int64_t m, int64_t in, int64_t out, float *u, int64_t u_ld, void *y,
                            tdm_error *err);
 /* For every segment with dY (m, out) act, X and U from the forward:
- *   dB += scale * dY^T U,  dU = scale * dY B,  dA += dU^T X,  dX += dU A
- * dx (m, in) act is ACCUMULATED (it normally already holds dY W from tdm_be_linear_bwd); dx may
- * be NULL when the input gradient is not needed. */
+ *   dB += scale * dY^T U,  dU = scale * dY B,  dA += dU^T Xd,  dX += (dU A) * D
+ * (without dropout Xd = X and D = 1; with it the forward's mask, regenerated from the same
+ * segment table). dx (m, in) act is ACCUMULATED (it normally already holds dY W from
+ * tdm_be_linear_bwd); dx may be NULL when the input gradient is not needed. */
 tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
                            const float *u, int64_t u_ld, const void *dy, int64_t m, int64_t in,
                            int64_t out, void *dx, tdm_error *err);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/dropout.h"
 #include "engine/rope.h"
 #include "model/layout.h"
 #include "model/nf4.h"
@@ -375,6 +376,18 @@ tdm_status tdm_lora_create(tdm_lora **out, tdm_model *m, int64_t rank, float sca
     return TDM_OK;
 }
 
+uint64_t tdm_lora_dropout_seed(uint64_t seed, int64_t step, int64_t micro)
+{
+    /* a tag keeps this stream apart from other uses of the same user seed */
+    uint64_t k = tdm_dropout_derive(seed, 0x4c6f524144726f70ull /* "LoRADrop" */);
+    return tdm_dropout_derive(tdm_dropout_derive(k, (uint64_t)step), (uint64_t)micro);
+}
+
+uint64_t tdm_lora_dropout_module_seed(uint64_t step_seed, int layer, tdm_lora_target t)
+{
+    return tdm_dropout_derive(tdm_dropout_derive(step_seed, (uint64_t)layer), (uint64_t)t);
+}
+
 void tdm_lora_free(tdm_lora *a)
 {
     if (!a) return;
@@ -560,6 +573,7 @@ typedef struct step {
     const tdm_batch *b;
     int64_t M, u_ld;
     tdm_lora_seg *segs; /* scratch: one table of n_segs entries */
+    bool train;         /* a training step: the adapters' dropout applies */
 } step;
 
 /* The segment table of (layer, target); returns how many segments carry LoRA (0: skip). */
@@ -578,6 +592,10 @@ static int64_t build_segs(step *s, int l, int t)
         g->b = a->params + a->b_off[l * NT + t];
         g->da = a->grads + a->a_off[l * NT + t];
         g->db = a->grads + a->b_off[l * NT + t];
+        if (s->train && a->dropout > 0) {
+            g->dropout = a->dropout;
+            g->mask_seed = tdm_lora_dropout_module_seed(a->dropout_seed, l, (tdm_lora_target)t);
+        }
         with++;
     }
     return with;
@@ -809,7 +827,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
     if (st == TDM_OK) st = tdm_be_upload_f32(be, w->lw, TDM_BE_F32, lw, M, err);
     if (st != TDM_OK) goto done;
 
-    step s = {m, adapters, b, M, w->u_ld, segs};
+    step s = {m, adapters, b, M, w->u_ld, segs, backward};
     /* forward */
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
     for (int64_t l = 0; st == TDM_OK && l < L; l++)

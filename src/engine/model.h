@@ -82,7 +82,24 @@ typedef struct tdm_lora {
     float *grads;           /* (n_params) f32 device: tdm_model_step ACCUMULATES into it */
     float *adam_m, *adam_v; /* (n_params) f32 device, zero after create: the trainer's AdamW */
     int64_t *a_off, *b_off; /* (num_layers * TDM_LORA_N_TARGETS) host, indexed l * 7 + t */
+    /* LoRA dropout (PEFT's lora_dropout) on the input of every targeted module, in training steps
+     * only (tdm_model_step with backward true; evaluation never drops): p in [0, 1), 0 after
+     * create. Module t of layer l uses the mask seed tdm_lora_dropout_module_seed(dropout_seed,
+     * l, t) = tdm_dropout_derive(tdm_dropout_derive(dropout_seed, l), t) (engine/dropout.h), with
+     * rows counted from the adapter's segment, so the mask depends on the adapter, its
+     * micro-step, the layer and the module only: fused = alone, q/k/v get independent masks, and
+     * the backward and a gradient-checkpointing recompute regenerate it. */
+    float dropout;
+    uint64_t dropout_seed; /* the caller sets it before each training step: tdm_lora_dropout_seed */
 } tdm_lora;
+
+/* The dropout mask seed of an adapter's micro-step: a pure function of the adapter's seed, its
+ * optimizer step (the number of steps taken before) and the micro-batch index within the step,
+ * so a run resumed from a checkpoint draws the same masks without storing any state. */
+uint64_t tdm_lora_dropout_seed(uint64_t seed, int64_t step, int64_t micro);
+/* The mask seed of module t of layer l for an adapter whose dropout_seed is step_seed (what
+ * tdm_model_step puts into the segment table). */
+uint64_t tdm_lora_dropout_module_seed(uint64_t step_seed, int layer, tdm_lora_target t);
 
 /* Allocates an adapter of rank r for the targets (all zero: the caller initializes A). */
 tdm_status tdm_lora_create(tdm_lora **out, tdm_model *m, int64_t rank, float scale,
@@ -119,7 +136,9 @@ typedef struct tdm_batch {
     int64_t n_segs;
 } tdm_batch;
 
-/* Runs the forward (and, when backward, the backward) of the fused batch.
+/* Runs the forward (and, when backward, the backward) of the fused batch. A training step
+ * (backward) applies each adapter's dropout (tdm_lora.dropout, with its dropout_seed); a
+ * forward-only step (evaluation) never does.
  * Loss: row i of a sequence is scored against labels[i + 1] of the same sequence (the last row
  * of a sequence and labels of -100 are not counted). For adapter index a: tokens_out[a] = its
  * counted tokens N_a, loss_sum_out[a] = sum of their cross-entropies (double). The gradient is

@@ -21,7 +21,7 @@ const char *tdm_adapter_target_name(unsigned bit)
 }
 
 /* What a key holds, how it is checked, and whether it may be a file-wide default. */
-typedef enum key_kind { K_PATH, K_LABEL, K_INT, K_NUMBER, K_TARGETS } key_kind;
+typedef enum key_kind { K_PATH, K_LABEL, K_INT, K_NUMBER, K_FRACTION, K_TARGETS } key_kind;
 
 typedef struct key_desc {
     const char *name;
@@ -49,6 +49,7 @@ static const key_desc keys[TDM_ADAPTER_KEY_COUNT] = {
     [TDM_ADAPTER_KEY_INIT_ADAPTER] = {"init_adapter", K_PATH, false, 0,
                                       "init_adapter = \"out/previous\""},
     [TDM_ADAPTER_KEY_WEIGHT] = {"weight", K_NUMBER, true, 0, "weight = 1.0"},
+    [TDM_ADAPTER_KEY_LORA_DROPOUT] = {"lora_dropout", K_FRACTION, true, 0, "lora_dropout = 0.05"},
 };
 
 const char *tdm_adapter_key_name(tdm_adapter_key key)
@@ -252,6 +253,12 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
                                   "are 1e-5 to 1e-3",
                                   x);
         break;
+    case K_FRACTION:
+        st = tdm_toml_as_number(v, d->name, &x, err);
+        if (st == TDM_OK && !(x >= 0 && x < 1))
+            st = tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
+                                  "%s must be a probability in [0, 1) (got %g)", d->name, x);
+        break;
     case K_TARGETS: st = check_targets(v, &s->targets, err); break;
     }
     if (st != TDM_OK)
@@ -269,6 +276,7 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     case TDM_ADAPTER_KEY_BATCH_SIZE: s->has_batch_size = true, s->batch_size = (int)i; break;
     case TDM_ADAPTER_KEY_MAX_SEQ_LEN: s->has_max_seq_len = true, s->max_seq_len = (int)i; break;
     case TDM_ADAPTER_KEY_WEIGHT: s->has_weight = true, s->weight = x; break;
+    case TDM_ADAPTER_KEY_LORA_DROPOUT: s->has_lora_dropout = true, s->lora_dropout = x; break;
     case TDM_ADAPTER_KEY_COUNT: break;
     }
     if (st == TDM_OK)
@@ -293,6 +301,7 @@ static void apply_defaults(tdm_adapter_spec *s, const tdm_adapter_spec *d)
     INHERIT(batch_size, TDM_ADAPTER_KEY_BATCH_SIZE)
     INHERIT(max_seq_len, TDM_ADAPTER_KEY_MAX_SEQ_LEN)
     INHERIT(weight, TDM_ADAPTER_KEY_WEIGHT)
+    INHERIT(lora_dropout, TDM_ADAPTER_KEY_LORA_DROPOUT)
 #undef INHERIT
 }
 
@@ -335,7 +344,7 @@ static tdm_status default_key(tdm_adapter_spec *defaults, const tdm_toml_value *
         return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, table, e,
                                     "unknown key '%.64s'%s (defaults may set: rank, alpha, "
                                     "targets, learning_rate, epochs, batch_size, max_seq_len, "
-                                    "weight)",
+                                    "weight, lora_dropout)",
                                     e->key, hint);
     }
     if (!keys[k].defaultable)
@@ -367,7 +376,8 @@ static tdm_status adapter_table(tdm_adapter_spec *s, const tdm_toml_value *t, si
             return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, t, e,
                                         "unknown key '%.64s' in [[adapter]] #%zu%s (known: data, "
                                         "output, label, rank, alpha, targets, learning_rate, "
-                                        "epochs, batch_size, max_seq_len, init_adapter, weight)",
+                                        "epochs, batch_size, max_seq_len, init_adapter, weight, "
+                                        "lora_dropout)",
                                         e->key, number, hint);
         }
         tdm_status st = set_key(s, (tdm_adapter_key)k, e->value, err);

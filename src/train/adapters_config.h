@@ -9,6 +9,7 @@
  *     label = "support"
  *     targets = ["q_proj", "v_proj"]   # or "q_proj,v_proj"
  *     learning_rate = 2e-4
+ *     lora_dropout = 0.05
  *
  * Precedence, most specific first: a key in the [[adapter]] table, a default in the file, then
  * the command line / built-in defaults, which the caller applies to the fields left unset here.
@@ -58,6 +59,7 @@ typedef enum tdm_adapter_key {
     TDM_ADAPTER_KEY_MAX_SEQ_LEN,
     TDM_ADAPTER_KEY_INIT_ADAPTER,
     TDM_ADAPTER_KEY_WEIGHT,
+    TDM_ADAPTER_KEY_LORA_DROPOUT,
     TDM_ADAPTER_KEY_COUNT
 } tdm_adapter_key;
 
@@ -95,6 +97,8 @@ typedef struct tdm_adapter_spec {
     int max_seq_len; /* tokens per sequence, 1..TDM_ADAPTER_MAX_SEQ_LEN_MAX */
     bool has_weight;
     double weight; /* relative share of training steps/loss, finite, > 0 */
+    bool has_lora_dropout;
+    double lora_dropout; /* LoRA dropout probability, 0 <= p < 1 */
 
     uint32_t line; /* line of this adapter's [[adapter]] header */
     /* Line of the value behind each key (0 when unset); for a value inherited from the file's

@@ -167,10 +167,6 @@ static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapte
                              tdm_error *err)
 {
     if (n < 1) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to train");
-    if (o->lora_dropout != 0)
-        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                        "LoRA dropout %g: the engine has no dropout; use 0 (the default)",
-                        o->lora_dropout);
     if (o->grad_accum < 1 || o->grad_accum > 64)
         return tdm_fail(err, TDM_ERR_INVALID, "--grad-accum %d: must be 1..64", o->grad_accum);
     if (!(o->val_split >= 0 && o->val_split < 1))
@@ -193,6 +189,9 @@ static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapte
                             "adapter %d (%s): batch size, epochs, max_seq_len (>= 2), weight and "
                             "learning rate must be positive",
                             a, c->data);
+        if (!(c->lora_dropout >= 0 && c->lora_dropout < 1))
+            return tdm_fail(err, TDM_ERR_INVALID, "adapter %d (%s): LoRA dropout %g not in [0, 1)",
+                            a, c->data, c->lora_dropout);
         for (int b = 0; b < a; b++)
             if (!strcmp(ads[b].output, c->output))
                 return tdm_fail(err, TDM_ERR_INVALID, "adapters %d and %d both write %s", b, a,
@@ -298,11 +297,11 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
             snprintf(s->task, sizeof s->task, "%s", s->cfg.label);
         else
             stem_of(s->cfg.data, s->task, sizeof s->task);
-        s->meta.lora_dropout = 0;
         snprintf(s->meta.base_model_name_or_path, sizeof s->meta.base_model_name_or_path, "%s",
                  opts->model_dir);
         if (s->cfg.init_adapter) {
-            if ((st = tdm_peft_load(s->cfg.init_adapter, &cfg, &s->host, NULL, err)) != TDM_OK) {
+            tdm_peft_meta im;
+            if ((st = tdm_peft_load(s->cfg.init_adapter, &cfg, &s->host, &im, err)) != TDM_OK) {
                 tdm_error_prefix(err, "--init-adapter %s", s->cfg.init_adapter);
                 goto fail;
             }
@@ -310,11 +309,13 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
             s->cfg.alpha = s->host.alpha;
             s->cfg.targets = s->host.targets;
             s->cfg.use_rslora = s->host.use_rslora;
+            s->cfg.lora_dropout = im.lora_dropout;
         } else if ((st = tdm_lora_params_init(&s->host, &cfg, s->cfg.rank, s->cfg.alpha,
                                               s->cfg.use_rslora, s->cfg.targets, err)) != TDM_OK) {
             tdm_error_prefix(err, "adapter %s", s->task);
             goto fail;
         }
+        s->meta.lora_dropout = s->cfg.lora_dropout; /* adapter_config.json records it */
         if ((st = tdm_adamw_state_init(&s->opt, s->host.n_params, err)) != TDM_OK) goto fail;
         int64_t n = s->ds.n_train, bs = s->cfg.batch_size;
         s->micro_per_epoch = (n + bs - 1) / bs;
@@ -359,6 +360,7 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
         if ((st = tdm_lora_create(&s->dev, t->model, s->host.rank, (float)s->host.scale,
                                   s->host.targets, err)) != TDM_OK)
             return st;
+        s->dev->dropout = (float)s->cfg.lora_dropout;
         if (s->dev->n_params != s->host.n_params) {
             st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree (%lld vs %lld params)",
                           (long long)s->dev->n_params, (long long)s->host.n_params);
@@ -616,6 +618,8 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
                 TDM_OK)
                 goto done;
             off[part[p]] += s->micro_n[j];
+            /* the dropout masks of this micro-step: from the adapter's own step and micro index */
+            s->dev->dropout_seed = tdm_lora_dropout_seed(t->o.seed, s->step, j);
         }
         tdm_batch b = fused_view(f);
         memset(ls, 0, (size_t)n * sizeof *ls);
@@ -883,12 +887,18 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     tdm_lora_params l = {0};
     tdm_adamw_state opt = {0};
     tdm_checkpoint_info info = {0};
-    TRY(tdm_checkpoint_load(dir, t->mcfg, &l, NULL, &opt, &info, err));
+    tdm_peft_meta meta;
+    TRY(tdm_checkpoint_load(dir, t->mcfg, &l, &meta, &opt, &info, err));
     tdm_status st = TDM_OK;
     if (l.rank != s->host.rank || l.targets != s->host.targets || l.n_params != s->host.n_params)
         st = tdm_fail(err, TDM_ERR_INVALID,
                       "%s: rank/targets differ from this run's adapter (rank %d vs %d)", dir,
                       l.rank, s->host.rank);
+    else if (meta.lora_dropout != s->cfg.lora_dropout)
+        st = tdm_fail(err, TDM_ERR_INVALID,
+                      "%s: trained with LoRA dropout %g, this run has %g (resume with the same "
+                      "--lora-dropout)",
+                      dir, meta.lora_dropout, s->cfg.lora_dropout);
     char *cj = NULL;
     if (st == TDM_OK) st = tdm_lora_params_copy(&s->host, &l, err);
     if (st == TDM_OK) {

@@ -47,11 +47,17 @@ typedef struct tdm_trainer_adapter {
     const char *data;         /* JSONL training data */
     const char *output;       /* OUT_DIR (created when missing) */
     const char *label;        /* may be NULL: the data file's stem is used as task name */
-    const char *init_adapter; /* PEFT dir to start from (its rank, alpha, targets apply) or NULL */
+    const char *init_adapter; /* PEFT dir to start from (its rank, alpha, targets and
+                                 lora_dropout apply) or NULL */
     int rank;
     double alpha;
     bool use_rslora;
     uint32_t targets; /* tdm_adapter_target bits */
+    /* LoRA dropout p in [0, 1) on every targeted module's input, training steps only (PEFT's
+     * lora_dropout; 0: none). The mask of micro-batch j of optimizer step k is drawn from
+     * tdm_lora_dropout_seed(opts.seed, k, j): a pure function, so fused = alone and --resume
+     * repeat it without any stored state. Recorded in adapter_config.json. */
+    double lora_dropout;
     double lr;
     int epochs;
     int batch_size;
@@ -93,7 +99,6 @@ typedef struct tdm_trainer_opts {
     bool grad_checkpoint;
     double weight_decay;
     double max_grad_norm; /* 0 = no clipping */
-    double lora_dropout;  /* must be 0: the engine has no dropout (create refuses > 0) */
     tdm_lr_kind lr_kind;
     int64_t warmup_steps;
     int grad_accum;

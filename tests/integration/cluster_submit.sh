@@ -27,6 +27,7 @@ label = "b"
 data = "data/c.jsonl"
 output = "/tmp/absolute-out-c"
 label = "c"
+lora_dropout = 0.05
 T
 SUBMIT=("$TANDEM" submit --cluster "$CLUSTER" --model "$WORK/model" --adapters-config "$WORK/adapters.toml" --max-seq-len 64 --batch-size 1)
 
@@ -71,6 +72,7 @@ grep -qF 'label = "c"' "$toml1" && fail "n1's adapters.toml holds n2's adapter"
 toml2=$(ls "$W2"/jobs/*/adapters.toml | head -1)
 grep -qF 'output = "/tmp/absolute-out-c"' "$toml2" || fail "absolute output kept"
 grep -qF 'epochs = 1' "$toml2" || fail "file defaults carried into the node's adapters.toml"
+grep -qF 'lora_dropout = 0.05' "$toml2" || fail "lora_dropout not carried into the node's adapters.toml"
 
 expect_exit 0 "${SUBMIT[@]}" --stage-only
 grep -Eq '^n1: model 0 file\(s\) copied, [1-9][0-9]* already there; data 0 copied, 2 already there' "$WORK/last.out" \

@@ -39,6 +39,22 @@ wait_until() {
     done
 }
 
+# kill9_when PATH CMD...: runs CMD in the background (output to $WORK/killed.log), waits until PATH
+# exists (e.g. a checkpoint directory), then kills it with SIGKILL, as a crash would. CMD may be a
+# shell function: it runs as a job of its own process group, and the whole group is killed (not
+# only the subshell, whose child would go on running). Prints a note when CMD had already
+# finished (the caller's --resume then simply has nothing left to do).
+kill9_when() {
+    local path=$1; shift
+    set -m
+    "$@" >"$WORK/killed.log" 2>&1 &
+    local pid=$!
+    set +m
+    wait_until 60 test -e "$path"
+    if ! kill -9 -- -"$pid" 2>/dev/null; then echo "note: $1 finished before the kill"; fi
+    wait "$pid" 2>/dev/null
+}
+
 # ledger_count: reservations + queued tickets in the ledger (via gpu status --json).
 ledger_count() {
     "$TANDEM" gpu status --json | jq '[.gpus[] | (.reservations | length) + (.queue | length)] | add // 0'

@@ -41,6 +41,7 @@ static void test_full_example(void **state)
              "max_seq_len = 1024\n"
              "init_adapter = '../prev/support'\n"
              "weight = 2\n"
+             "lora_dropout = 0.05\n"
              "\n"
              "[[adapter]]\n"
              "data = 'data/sql.jsonl'\n"
@@ -65,6 +66,7 @@ static void test_full_example(void **state)
     assert_true(a->has_batch_size && a->batch_size == 4);
     assert_true(a->has_max_seq_len && a->max_seq_len == 1024);
     assert_true(a->has_weight && a->weight == 2.0);
+    assert_true(a->has_lora_dropout && a->lora_dropout == 0.05);
     assert_int_equal(a->line, 5);
     assert_int_equal(a->key_line[TDM_ADAPTER_KEY_DATA], 7);
     assert_int_equal(a->key_line[TDM_ADAPTER_KEY_RANK], 9);
@@ -81,8 +83,9 @@ static void test_full_example(void **state)
     assert_false(b->has_batch_size);
     assert_false(b->has_max_seq_len);
     assert_false(b->has_weight);
+    assert_false(b->has_lora_dropout);
     assert_int_equal(b->key_line[TDM_ADAPTER_KEY_EPOCHS], 0);
-    assert_int_equal(b->line, 19);
+    assert_int_equal(b->line, 20);
     tdm_adapters_config_free(&cfg);
     assert_null(cfg.adapters);
     tdm_adapters_config_free(&cfg); /* a zeroed config is allowed */
@@ -94,18 +97,23 @@ static void test_defaults_table(void **state)
     parse_ok("[defaults]\n"
              "epochs = 2\n"
              "targets = 'gate_proj,up_proj,down_proj'\n"
+             "lora_dropout = 0.1\n"
              "[[adapter]]\n"
              "data = 'a.jsonl'\n"
              "output = 'a'\n"
              "[[adapter]]\n"
              "data = 'b.jsonl'\n"
              "output = 'b'\n"
-             "epochs = 5\n",
+             "epochs = 5\n"
+             "lora_dropout = 0\n",
              &cfg);
     assert_int_equal(cfg.n_adapters, 2);
     assert_int_equal(cfg.adapters[0].epochs, 2);
     assert_int_equal(cfg.adapters[0].key_line[TDM_ADAPTER_KEY_EPOCHS], 2);
     assert_int_equal(cfg.adapters[1].epochs, 5);
+    assert_true(cfg.adapters[0].has_lora_dropout && cfg.adapters[0].lora_dropout == 0.1);
+    assert_int_equal(cfg.adapters[0].key_line[TDM_ADAPTER_KEY_LORA_DROPOUT], 4);
+    assert_true(cfg.adapters[1].has_lora_dropout && cfg.adapters[1].lora_dropout == 0.0);
     assert_int_equal(cfg.adapters[1].targets, TDM_ADAPTER_TARGET_GATE_PROJ |
                                                   TDM_ADAPTER_TARGET_UP_PROJ |
                                                   TDM_ADAPTER_TARGET_DOWN_PROJ);
@@ -197,6 +205,11 @@ static const bad_case bad_cases[] = {
     {ADAPTER "learning_rate = 2\n", "4:17", "learning_rate must be at most 1"},
     {ADAPTER "weight = 0.0\n", "4:10", "weight must be greater than 0"},
     {ADAPTER "weight = [1.0]\n", "4:10", "weight must be a number, not an array"},
+    {ADAPTER "lora_dropout = 1.0\n", "4:16",
+     "lora_dropout must be a probability in [0, 1) (got 1)"},
+    {ADAPTER "lora_dropout = -0.1\n", "4:16", "lora_dropout must be a probability in [0, 1)"},
+    {ADAPTER "lora_dropout = '0.1'\n", "4:16", "lora_dropout must be a number, not a string"},
+    {ADAPTER "lora_droput = 0.1\n", "4:1", "did you mean 'lora_dropout'?"},
     {"[[adapter]]\ndata = 5\noutput = 'o'\n", "2:8", "data must be a string (in quotes), not an "
                                                      "integer"},
     {"[[adapter]]\ndata = ''\noutput = 'o'\n", "2:8", "data must not be empty"},

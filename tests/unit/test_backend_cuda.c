@@ -3,6 +3,8 @@
  * per-op tolerances: bf16 activations ~1e-2 relative (norm-wise: max |got - want| / max |want|),
  * f32-only ops (AdamW, sums of squares) 1e-5. Each check prints
  *     op                                   max_rel_err  (tol)
+ * LoRA dropout: the op with dropout, the GPU's mask bit-identical to the CPU's (test_lora_dropout),
+ * and a training step of the model with dropout (test_model_step_dropout).
  * Also: device-side errors (bad token id) surface at synchronize, an impossible allocation is
  * TDM_ERR_NOMEM naming cudaMalloc, determinism (two runs, same bits), and memory accounting.
  *
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/dropout.h"
 #include "engine/model.h"
 #include "model/init_model.h"
 #include "model/nf4.h"
@@ -546,7 +549,8 @@ static void test_cross_entropy(void **state)
 
 /* ------------------------------------------------------------------ LoRA ---- */
 
-static void test_lora(void **state)
+/* Segmented LoRA fwd + bwd on both backends; p[s] is segment s's LoRA dropout (all 0: none). */
+static void lora_case(const float *p, const char *tag)
 {
     int64_t m = 90, in = 96, out = 80, u_ld = 32;
     /* segments: rank 4 rows [0, 30), no LoRA [30, 41), gap [41, 45), rank 16 [45, 80),
@@ -576,14 +580,17 @@ static void test_lora(void **state)
             b[i][s] = put(be, TDM_BE_F32, B[s], out * r);
             da[i][s] = put(be, TDM_BE_F32, DA0[s], r * in);
             db[i][s] = put(be, TDM_BE_F32, DB0[s], out * r);
-            tdm_lora_seg sg = {rb[s],   re[s],    rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
-                               b[i][s], da[i][s], db[i][s]};
+            tdm_lora_seg sg = {
+                rb[s],   re[s],    rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
+                b[i][s], da[i][s], db[i][s],          p[s],  0x5eed0000u + (uint64_t)s};
             segs[s] = sg;
         }
         OK(tdm_be_lora_fwd(be, segs, 4, x[i], m, in, out, u[i], u_ld, y[i], err));
         OK(tdm_be_lora_bwd(be, segs, 4, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
     }
-    cmp_act("lora_fwd y (3 adapters r 4/16/32, a no-LoRA run, a gap)", y[0], y[1], m * out, BF_TOL);
+    char name[96];
+    snprintf(name, sizeof name, "lora_fwd y (r 4/16/32, a no-LoRA run, a gap)%s", tag);
+    cmp_act(name, y[0], y[1], m * out, BF_TOL);
     /* u: compare only the columns each segment writes */
     float *ug = get(gpu, u[0], TDM_BE_F32, m * u_ld), *uc = get(cpu, u[1], TDM_BE_F32, m * u_ld);
     for (int s = 0; s < 4; s++)
@@ -593,15 +600,18 @@ static void test_lora(void **state)
     for (int64_t r = 41; r < 45; r++)
         for (int64_t c = 0; c < u_ld; c++)
             ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
-    check("lora_fwd u", ug, uc, m * u_ld, BF_TOL);
+    snprintf(name, sizeof name, "lora_fwd u%s", tag);
+    check(name, ug, uc, m * u_ld, BF_TOL);
     free(ug), free(uc);
-    cmp_act("lora_bwd dx (accumulated)", dx[0], dx[1], m * in, BF_TOL);
+    snprintf(name, sizeof name, "lora_bwd dx (accumulated)%s", tag);
+    cmp_act(name, dx[0], dx[1], m * in, BF_TOL);
     for (int s = 0; s < 4; s++) {
         if (!rk[s]) continue;
-        char name[64];
-        snprintf(name, sizeof name, "lora_bwd dA rank %lld (accumulated)", (long long)rk[s]);
+        snprintf(name, sizeof name, "lora_bwd dA rank %lld p %.2f (accumulated)", (long long)rk[s],
+                 (double)p[s]);
         cmp(name, da[0][s], da[1][s], TDM_BE_F32, TDM_BE_F32, rk[s] * in, BF_TOL);
-        snprintf(name, sizeof name, "lora_bwd dB rank %lld (accumulated)", (long long)rk[s]);
+        snprintf(name, sizeof name, "lora_bwd dB rank %lld p %.2f (accumulated)", (long long)rk[s],
+                 (double)p[s]);
         cmp(name, db[0][s], db[1][s], TDM_BE_F32, TDM_BE_F32, out * rk[s], BF_TOL);
     }
     for (int i = 0; i < 2; i++) {
@@ -615,6 +625,63 @@ static void test_lora(void **state)
     for (int s = 0; s < 4; s++)
         free(A[s]), free(B[s]), free(DA0[s]), free(DB0[s]);
     free(X), free(Y), free(DY), free(DX);
+}
+
+static void test_lora(void **state)
+{
+    const float none[4] = {0, 0, 0, 0};
+    lora_case(none, "");
+}
+
+/* LoRA dropout on the GPU: the same op comparison with p 0.1 / - / 0.5 / 0.3, then the mask
+ * itself bit for bit: X = 1 and A = I make U = X D A^T = D exactly (one non-zero product per
+ * element on both backends), so the GPU's U must equal the CPU's (and engine/dropout.h's) bits,
+ * for a segment that does not start at row 0 (rows are counted from the segment's start). */
+static void test_lora_dropout(void **state)
+{
+    const float p[4] = {0.1f, 0.2f, 0.5f, 0.3f};
+    lora_case(p, " dropout");
+
+    int64_t m = 150, in = 96, r = 96, out = 8, r0 = 21;
+    float *X = malloc((size_t)(m * in) * sizeof(float)),
+          *A = calloc((size_t)(r * in), sizeof(float));
+    float *B = calloc((size_t)(out * r), sizeof(float));
+    for (int64_t i = 0; i < m * in; i++)
+        X[i] = 1.0f;
+    for (int64_t k = 0; k < r; k++)
+        A[k * in + k] = 1.0f;
+    tdm_backend *bes[2] = {gpu, cpu};
+    float *uh[2];
+    const float pd = 0.1f;
+    const uint64_t seed = 0xfeedfacecafebeefull;
+    for (int i = 0; i < 2; i++) {
+        void *x = put_act(bes[i], X, m * in), *y = put_act(bes[i], NULL, m * out);
+        float *a = (float *)put(bes[i], TDM_BE_F32, A, r * in);
+        float *b = (float *)put(bes[i], TDM_BE_F32, B, out * r);
+        float *u = (float *)put(bes[i], TDM_BE_F32, NULL, m * r);
+        tdm_lora_seg sg = {r0, m, r, 1.0f, a, b, a, b, pd, seed};
+        OK(tdm_be_lora_fwd(bes[i], &sg, 1, x, m, in, out, u, r, y, err));
+        uh[i] = get(bes[i], u, TDM_BE_F32, m * r);
+        tdm_be_free(bes[i], x), tdm_be_free(bes[i], y), tdm_be_free(bes[i], a);
+        tdm_be_free(bes[i], b), tdm_be_free(bes[i], u);
+    }
+    int64_t differ = 0, wrong = 0, kept = 0;
+    uint32_t thr = tdm_dropout_threshold(pd);
+    float ks = tdm_dropout_scale(pd);
+    for (int64_t row = r0; row < m; row++)
+        for (int64_t k = 0; k < in; k++) {
+            bool keep = tdm_dropout_keep(seed, thr, (uint64_t)(row - r0), (uint64_t)k);
+            kept += keep;
+            differ += memcmp(&uh[0][row * r + k], &uh[1][row * r + k], sizeof(float)) != 0;
+            wrong += uh[0][row * r + k] != (keep ? ks : 0.0f);
+        }
+    printf("  dropout mask p %.1f, %lld elements: gpu vs cpu %lld differ, gpu vs "
+           "engine/dropout.h %lld differ, kept %.4f\n",
+           (double)pd, (long long)((m - r0) * in), (long long)differ, (long long)wrong,
+           (double)kept / (double)((m - r0) * in));
+    assert_int_equal(differ, 0);
+    assert_int_equal(wrong, 0);
+    free(uh[0]), free(uh[1]), free(X), free(A), free(B);
 }
 
 /* Segments long enough for the backward's row-chunked reduction (cuda_memory_plan.h): 700 rows
@@ -641,7 +708,8 @@ static void test_lora_long_segments(void **state)
             b[i][s] = put(be, TDM_BE_F32, B[s], out * rk[s]);
             da[i][s] = put(be, TDM_BE_F32, NULL, rk[s] * in);
             db[i][s] = put(be, TDM_BE_F32, NULL, out * rk[s]);
-            tdm_lora_seg sg = {rb[s], re[s], rk[s], sc[s], a[i][s], b[i][s], da[i][s], db[i][s]};
+            tdm_lora_seg sg = {rb[s],   re[s],    rk[s],    sc[s], a[i][s],
+                               b[i][s], da[i][s], db[i][s], 0,     0};
             segs[s] = sg;
         }
         OK(tdm_be_lora_fwd(be, segs, 2, x[i], m, in, out, u[i], u_ld, y[i], err));
@@ -849,8 +917,9 @@ static void test_determinism(void **state)
 /* ------------------------------------------------------ the whole model ---- */
 
 /* One fused step (forward + backward) of a random tiny model with one adapter on both backends:
- * loss within bf16 tolerance, LoRA gradients with cosine similarity > 0.999 (issue 6). */
-static void model_case(const char *preset, bool nf4, unsigned targets)
+ * loss within bf16 tolerance, LoRA gradients with cosine similarity > 0.999 (issue 6); with LoRA
+ * dropout p when p > 0 (the same mask seed on both backends). */
+static void model_case(const char *preset, bool nf4, unsigned targets, float p)
 {
     char dir[] = "/tmp/tandem-cuda-model-XXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -867,6 +936,8 @@ static void model_case(const char *preset, bool nf4, unsigned targets)
     for (int i = 0; i < 2; i++) {
         OK(tdm_model_load(&mdl[i], bes[i], dir, &mo, err));
         OK(tdm_lora_create(&ad[i], mdl[i], 8, 2.0f, targets, err));
+        ad[i]->dropout = p;
+        ad[i]->dropout_seed = tdm_lora_dropout_seed(7, 3, 1);
     }
     for (int l = 0; l < cfg.num_layers; l++)
         for (int t = 0; t < TDM_LORA_N_TARGETS; t++) {
@@ -897,8 +968,9 @@ static void model_case(const char *preset, bool nf4, unsigned targets)
     for (int64_t i = 0; i < ad[0]->n_params; i++)
         dot += (double)gg[i] * gc[i], ng += (double)gg[i] * gg[i], nc += (double)gc[i] * gc[i];
     double cosv = dot / sqrt(ng * nc), rel = fabs(lg - lc) / fabs(lc);
-    printf("  model %-12s %s targets 0x%02x: loss gpu %.6f cpu %.6f rel %.2e; grad cosine %.6f\n",
-           preset, nf4 ? "nf4 " : "f32 ", targets, lg, lc, rel, cosv);
+    printf("  model %-12s %s targets 0x%02x dropout %.1f: loss gpu %.6f cpu %.6f rel %.2e; grad "
+           "cosine %.6f\n",
+           preset, nf4 ? "nf4 " : "f32 ", targets, (double)p, lg, lc, rel, cosv);
     assert_true(rel <= 1e-2);
     assert_true(cosv > 0.999);
     free(gg), free(gc);
@@ -912,10 +984,18 @@ static void model_case(const char *preset, bool nf4, unsigned targets)
 static void test_model_step(void **state)
 {
     unsigned qv = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
-    model_case("tiny", false, qv);
-    model_case("tiny", true, qv);
-    model_case("tiny-llama", true, (1u << TDM_LORA_N_TARGETS) - 1);
-    model_case("tiny-qwen3", false, (1u << TDM_LORA_N_TARGETS) - 1);
+    model_case("tiny", false, qv, 0);
+    model_case("tiny", true, qv, 0);
+    model_case("tiny-llama", true, (1u << TDM_LORA_N_TARGETS) - 1, 0);
+    model_case("tiny-qwen3", false, (1u << TDM_LORA_N_TARGETS) - 1, 0);
+}
+
+/* A whole training step with LoRA dropout on both backends (every module, so q/k/v, gate/up and
+ * down all draw masks). */
+static void test_model_step_dropout(void **state)
+{
+    model_case("tiny", true, (1u << TDM_LORA_N_TARGETS) - 1, 0.1f);
+    model_case("tiny-qwen3", false, TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V), 0.3f);
 }
 
 static int setup(void **state)
@@ -959,12 +1039,14 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_lora_dropout),
         cmocka_unit_test(test_lora_long_segments),
         cmocka_unit_test(test_sumsq_clip),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_errors_and_memory),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_model_step),
+        cmocka_unit_test(test_model_step_dropout),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

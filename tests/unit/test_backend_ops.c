@@ -3,7 +3,11 @@
  * of llama.cpp's test-backend-ops). Inputs are random and never zero. Each check prints
  *     op-name                      max_rel_err  (tolerance)
  * where max_rel_err = max |got - want| / max |want| over the tensor. Also: thread-count
- * independence (1 vs 3 threads, bit-equal) and the argument checks of backend.c.
+ * independence (1 vs 3 threads, bit-equal) and the argument checks of backend.c. LoRA dropout:
+ * the segmented op with dropout against a reference that rebuilds the mask from
+ * engine/dropout.h (and finite differences), the mask's statistics (kept fraction, independence
+ * across modules, layers, micro-steps, steps), the backend's mask = the documented function bit
+ * for bit, and a segment moved to another row_begin giving the same bits.
  *
  * Backend under test: TANDEM_TEST_BACKEND (default "cpu"), so the same harness runs the CUDA
  * backend when it exists. */
@@ -19,6 +23,8 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/dropout.h"
+#include "engine/model.h"
 #include "model/nf4.h"
 #include "util/half.h"
 #include "util/rng.h"
@@ -854,26 +860,43 @@ typedef struct {
     int64_t begin[NSEG], end[NSEG], rank[NSEG];
     bool has[NSEG];
     double scale[NSEG];
+    float p[NSEG];                    /* LoRA dropout per segment (0: none) */
+    uint64_t seed[NSEG];              /* its mask seed */
     int64_t a_off[NSEG], b_off[NSEG]; /* offsets of A and B in the parameter vector */
     const double *g;                  /* upstream gradient of y */
 } lora_ctx;
 
-/* in = [x (m, in) | A_0 | B_0 | A_1 | B_1 ...]; y = s X A^T B^T on segment rows, 0 elsewhere. */
+/* The dropout factor of x[i][k] in segment s, rebuilt here from the documented mask function
+ * (engine/dropout.h): 1/(1-p) where keep, else 0; 1 without dropout. */
+static double drop_factor(const lora_ctx *c, int s, int64_t i, int64_t k)
+{
+    if (c->p[s] == 0) return 1.0;
+    bool keep = tdm_dropout_keep(c->seed[s], tdm_dropout_threshold(c->p[s]),
+                                 (uint64_t)(i - c->begin[s]), (uint64_t)k);
+    return keep ? 1.0 / (1.0 - (double)c->p[s]) : 0.0;
+}
+
+/* in = [x (m, in) | A_0 | B_0 | A_1 | B_1 ...]; y = s (X*D) A^T B^T on segment rows, 0 elsewhere
+ * (D the dropout mask, fixed: y is smooth in every input). */
 static void ref_lora(const lora_ctx *c, const double *in, double *y)
 {
     memset(y, 0, (size_t)(c->m * c->out) * sizeof(double));
+    double *xd = malloc((size_t)c->in * sizeof(double));
     for (int s = 0; s < NSEG; s++) {
         if (!c->has[s]) continue;
         const double *A = in + c->a_off[s], *B = in + c->b_off[s];
         int64_t r = c->rank[s];
         for (int64_t i = c->begin[s]; i < c->end[s]; i++) {
+            for (int64_t k = 0; k < c->in; k++)
+                xd[k] = in[i * c->in + k] * drop_factor(c, s, i, k);
             double u[8];
             for (int64_t k = 0; k < r; k++)
-                u[k] = dot_d(in + i * c->in, A + k * c->in, c->in);
+                u[k] = dot_d(xd, A + k * c->in, c->in);
             for (int64_t o = 0; o < c->out; o++)
                 y[i * c->out + o] = c->scale[s] * dot_d(u, B + o * r, r);
         }
     }
+    free(xd);
 }
 
 static double lora_loss(void *vc, double *in)
@@ -886,7 +909,9 @@ static double lora_loss(void *vc, double *in)
     return l;
 }
 
-static void test_lora(void **state)
+/* Segmented LoRA fwd/bwd vs the double reference and finite differences, with dropout p[s] per
+ * segment (all 0: the plain op). */
+static void lora_case(const float *p, const char *tag)
 {
     /* segments: rank 2, (no LoRA for this module), rank 5, rank 3; rows 14..15 outside all */
     lora_ctx c = {.m = 16,
@@ -898,7 +923,11 @@ static void test_lora(void **state)
                   .has = {true, false, true, true},
                   .scale = {2.0, 1.0, 0.75, 1.5}};
     int64_t n = c.m * c.in;
+    int drops = 0;
     for (int s = 0; s < NSEG; s++) {
+        c.p[s] = p[s];
+        c.seed[s] = tdm_dropout_derive(99, (uint64_t)s);
+        drops += c.has[s] && p[s] > 0;
         c.a_off[s] = n;
         n += c.rank[s] * c.in;
         c.b_off[s] = n;
@@ -924,14 +953,30 @@ static void test_lora(void **state)
         dB[s] = dev_f32x(gb, c.out * c.rank[s]);
         free(ga), free(gb);
         segs[s] = (tdm_lora_seg){
-            c.begin[s], c.end[s], c.rank[s], (float)c.scale[s], c.has[s] ? A[s] : NULL,
-            B[s],       dA[s],    dB[s]};
+            c.begin[s], c.end[s], c.rank[s], (float)c.scale[s], c.has[s] ? A[s] : NULL, B[s],
+            dA[s],      dB[s],    c.p[s],    c.seed[s]};
     }
+    char nm[128];
     float *du = dev_f32x(NULL, c.m * u_ld);
     OK(tdm_be_lora_fwd(be, segs, NSEG, dx, c.m, c.in, c.out, du, u_ld, dy, err));
     float *got = get_act(dy, c.m * c.out);
-    check("lora_fwd (4 segments, ranks 2/-/5/3)", got, yd, c.m * c.out, 1e-6);
+    snprintf(nm, sizeof nm, "lora_fwd (4 segments, ranks 2/-/5/3)%s", tag);
+    check(nm, got, yd, c.m * c.out, 1e-6);
     free(got);
+    if (drops > 0) { /* the mask matters: the reference without it is far off */
+        lora_ctx c0 = c;
+        memset(c0.p, 0, sizeof c0.p);
+        double *y_nodrop = malloc((size_t)(c.m * c.out) * sizeof(double));
+        ref_lora(&c0, ind, y_nodrop);
+        got = get_act(dy, c.m * c.out);
+        for (int64_t i = 0; i < c.m * c.out; i++)
+            y_nodrop[i] += y0[i];
+        double e = max_rel_err(got, y_nodrop, c.m * c.out);
+        printf("  %-44s max_rel_err %.3e  (must be > 1e-2)\n", "lora_fwd with dropout vs without",
+               e);
+        assert_true(e > 1e-2);
+        free(got), free(y_nodrop);
+    }
 
     float *dx0 = rndf(c.m * c.in, 1);
     void *ddx = dev_f32(dx0, c.m * c.in), *dg = dev_f32(g, c.m * c.out);
@@ -945,18 +990,20 @@ static void test_lora(void **state)
     float *gx = get_act(ddx, c.m * c.in);
     for (int64_t i = 0; i < c.m * c.in; i++)
         gx[i] -= dx0[i];
-    check("lora_bwd dX (accumulated) vs finite differences", gx, fd, c.m * c.in, 1e-5);
+    snprintf(nm, sizeof nm, "lora_bwd dX (accumulated) vs FD%s", tag);
+    check(nm, gx, fd, c.m * c.in, 1e-5);
     for (int s = 0; s < NSEG; s++) {
         float *ga = get_f32(dA[s], c.rank[s] * c.in), *gb = get_f32(dB[s], c.out * c.rank[s]);
         for (int64_t i = 0; i < c.rank[s] * c.in; i++)
             ga[i] -= a0[s][i];
         for (int64_t i = 0; i < c.out * c.rank[s]; i++)
             gb[i] -= b0[s][i];
-        char nm[96];
         if (c.has[s]) {
-            snprintf(nm, sizeof nm, "lora_bwd dA segment %d (rank %lld)", s, (long long)c.rank[s]);
+            snprintf(nm, sizeof nm, "lora_bwd dA segment %d (rank %lld, p %.2f)", s,
+                     (long long)c.rank[s], (double)c.p[s]);
             check(nm, ga, fd + c.a_off[s], c.rank[s] * c.in, 1e-5);
-            snprintf(nm, sizeof nm, "lora_bwd dB segment %d (rank %lld)", s, (long long)c.rank[s]);
+            snprintf(nm, sizeof nm, "lora_bwd dB segment %d (rank %lld, p %.2f)", s,
+                     (long long)c.rank[s], (double)c.p[s]);
             check(nm, gb, fd + c.b_off[s], c.out * c.rank[s], 1e-5);
         } else { /* a segment without this module: its gradients are untouched */
             for (int64_t i = 0; i < c.rank[s] * c.in; i++)
@@ -972,6 +1019,175 @@ static void test_lora(void **state)
             tdm_be_free(be, dB[s]);
     tdm_be_free(be, dx), tdm_be_free(be, dy), tdm_be_free(be, du), tdm_be_free(be, ddx),
         tdm_be_free(be, dg);
+}
+
+static void test_lora(void **state)
+{
+    const float none[NSEG] = {0, 0, 0, 0};
+    lora_case(none, "");
+}
+
+/* LoRA dropout: the same checks with p = 0.1 / 0.3 (a segment without the module) / 0.5 / 0.25,
+ * against the reference that rebuilds the mask from engine/dropout.h. */
+static void test_lora_dropout(void **state)
+{
+    const float p[NSEG] = {0.1f, 0.3f, 0.5f, 0.25f};
+    lora_case(p, " dropout");
+}
+/* One segment of R rows at rows [r0, r0 + R) of an m-row batch (the other rows zero): fills U
+ * (R, r), Y (R, out) = y0 + LoRA, dA (r, in), dB (out, r) (from zero) and dX (R, in) (from
+ * zero) of the segment's rows, for dropout p with mask seed `seed`. */
+typedef struct seg_run {
+    float *u, *y, *da, *db, *dx;
+} seg_run;
+
+static seg_run run_one_segment(int64_t r0, int64_t m, int64_t R, int64_t in, int64_t out, int64_t r,
+                               const float *X, const float *Ah, const float *Bh, const float *DY,
+                               float p, uint64_t seed)
+{
+    float *xb = calloc((size_t)(m * in), sizeof(float)),
+          *dyb = calloc((size_t)(m * out), sizeof(float));
+    memcpy(xb + r0 * in, X, (size_t)(R * in) * sizeof(float));
+    memcpy(dyb + r0 * out, DY, (size_t)(R * out) * sizeof(float));
+    void *x = dev_f32(xb, m * in), *y = dev_f32(NULL, m * out), *dy = dev_f32(dyb, m * out);
+    void *dx = dev_f32(NULL, m * in);
+    float *a = dev_f32x(Ah, r * in), *b = dev_f32x(Bh, out * r);
+    float *da = dev_f32x(NULL, r * in), *db = dev_f32x(NULL, out * r), *u = dev_f32x(NULL, m * r);
+    tdm_lora_seg sg = {r0, r0 + R, r, 0.5f, a, b, da, db, p, seed};
+    OK(tdm_be_lora_fwd(be, &sg, 1, x, m, in, out, u, r, y, err));
+    OK(tdm_be_lora_bwd(be, &sg, 1, x, u, r, dy, m, in, out, dx, err));
+    seg_run o;
+    float *uh = get_f32(u, m * r), *yh = get_act(y, m * out), *dxh = get_act(dx, m * in);
+    o.u = malloc((size_t)(R * r) * sizeof(float));
+    o.y = malloc((size_t)(R * out) * sizeof(float));
+    o.dx = malloc((size_t)(R * in) * sizeof(float));
+    memcpy(o.u, uh + r0 * r, (size_t)(R * r) * sizeof(float));
+    memcpy(o.y, yh + r0 * out, (size_t)(R * out) * sizeof(float));
+    memcpy(o.dx, dxh + r0 * in, (size_t)(R * in) * sizeof(float));
+    o.da = get_f32(da, r * in);
+    o.db = get_f32(db, out * r);
+    free(uh), free(yh), free(dxh), free(xb), free(dyb);
+    tdm_be_free(be, x), tdm_be_free(be, y), tdm_be_free(be, dy), tdm_be_free(be, dx);
+    tdm_be_free(be, a), tdm_be_free(be, b), tdm_be_free(be, da), tdm_be_free(be, db);
+    tdm_be_free(be, u);
+    return o;
+}
+
+static void seg_run_free(seg_run *o)
+{
+    free(o->u), free(o->y), free(o->da), free(o->db), free(o->dx);
+}
+
+/* Fraction of elements of a rows x cols block where two masks agree / the first keeps. */
+static double mask_agree(uint64_t s1, uint64_t s2, uint32_t thr, int64_t rows, int64_t cols)
+{
+    int64_t same = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t k = 0; k < cols; k++)
+            same += tdm_dropout_keep(s1, thr, (uint64_t)i, (uint64_t)k) ==
+                    tdm_dropout_keep(s2, thr, (uint64_t)i, (uint64_t)k);
+    return (double)same / (double)(rows * cols);
+}
+
+/* The dropout mask: its statistics, its independence across modules and steps, that the backend
+ * applies exactly the documented function, and that it is relative to the segment's rows. */
+static void test_dropout_mask(void **state)
+{
+    /* 1. kept fraction within 5 sigma of 1 - p over 4M elements; also along one row and one
+     * column (4096 each), so neither the row nor the column alone drives the hash */
+    const float ps[3] = {0.1f, 0.5f, 0.9f};
+    for (int j = 0; j < 3; j++) {
+        uint32_t thr = tdm_dropout_threshold(ps[j]);
+        uint64_t seed = tdm_dropout_derive(2024, (uint64_t)j);
+        int64_t N = 2048, kept = 0, kept_row = 0, kept_col = 0;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t k = 0; k < N; k++)
+                kept += tdm_dropout_keep(seed, thr, (uint64_t)i, (uint64_t)k);
+        for (int64_t i = 0; i < 4096; i++) {
+            kept_row += tdm_dropout_keep(seed, thr, 7, (uint64_t)i);
+            kept_col += tdm_dropout_keep(seed, thr, (uint64_t)i, 7);
+        }
+        double q = 1.0 - ps[j], f = (double)kept / (double)(N * N);
+        double sig = sqrt(q * (1 - q) / (double)(N * N)), sig1 = sqrt(q * (1 - q) / 4096.0);
+        double fr = kept_row / 4096.0, fc = kept_col / 4096.0;
+        printf(
+            "  dropout p %.1f: kept %.5f (1-p %.1f, %.1f sigma); one row %.4f, one column %.4f\n",
+            (double)ps[j], f, q, fabs(f - q) / sig, fr, fc);
+        assert_true(fabs(f - q) <= 5 * sig);
+        assert_true(fabs(fr - q) <= 5 * sig1 && fabs(fc - q) <= 5 * sig1);
+    }
+    assert_int_equal(tdm_dropout_threshold(0.0f), 0);
+    assert_true(tdm_dropout_threshold(0.5f) == 0x80000000u);
+    assert_true(tdm_dropout_scale(0.5f) == 2.0f);
+
+    /* 2. masks of two modules of a layer (q_proj and k_proj read the same x), of two layers, of
+     * two micro-steps and of two optimizer steps are independent: they agree on p^2 + (1-p)^2 of
+     * the elements (0.5 at p = 0.5), not on all of them */
+    uint64_t st = tdm_lora_dropout_seed(42, 5, 0);
+    uint64_t q0 = tdm_lora_dropout_module_seed(st, 0, TDM_LORA_Q);
+    uint64_t others[5] = {
+        tdm_lora_dropout_module_seed(st, 0, TDM_LORA_K),
+        tdm_lora_dropout_module_seed(st, 0, TDM_LORA_V),
+        tdm_lora_dropout_module_seed(st, 1, TDM_LORA_Q),
+        tdm_lora_dropout_module_seed(tdm_lora_dropout_seed(42, 5, 1), 0, TDM_LORA_Q),
+        tdm_lora_dropout_module_seed(tdm_lora_dropout_seed(42, 6, 0), 0, TDM_LORA_Q)};
+    const char *what[5] = {"k_proj vs q_proj", "v_proj vs q_proj", "layer 1 vs 0",
+                           "micro-step 1 vs 0", "step 6 vs 5"};
+    for (int j = 0; j < 5; j++) {
+        double a = mask_agree(q0, others[j], 0x80000000u, 512, 512);
+        double sig = sqrt(0.25 / (512.0 * 512.0));
+        printf("  dropout masks %-18s agree on %.4f of the elements (independent: 0.5)\n", what[j],
+               a);
+        assert_true(fabs(a - 0.5) <= 5 * sig);
+    }
+    assert_true(mask_agree(q0, q0, 0x80000000u, 64, 64) == 1.0);
+    assert_true(tdm_lora_dropout_seed(42, 5, 0) == st); /* a pure function (resume) */
+    assert_true(tdm_lora_dropout_seed(43, 5, 0) != st);
+
+    /* 3. the backend applies exactly that mask: X = 1, A = I, so U = X D A^T = D, bit for bit */
+    int64_t m = 300, in = 64, r = 64;
+    float *ones = malloc((size_t)(m * in) * sizeof(float)),
+          *eye = calloc((size_t)(r * in), sizeof(float));
+    for (int64_t i = 0; i < m * in; i++)
+        ones[i] = 1.0f;
+    for (int64_t k = 0; k < r; k++)
+        eye[k * in + k] = 1.0f;
+    float *zero_b = calloc(8 * (size_t)r, sizeof(float)),
+          *dy8 = calloc((size_t)(m * 8), sizeof(float));
+    seg_run o = run_one_segment(0, m, m, in, 8, r, ones, eye, zero_b, dy8, 0.5f, q0);
+    int64_t bad = 0, kept = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t k = 0; k < in; k++) {
+            bool keep = tdm_dropout_keep(q0, 0x80000000u, (uint64_t)i, (uint64_t)k);
+            kept += keep;
+            bad += o.u[i * r + k] != (keep ? 2.0f : 0.0f);
+        }
+    printf("  backend %s dropout mask (p 0.5, %lld elements): %lld differ from engine/dropout.h, "
+           "kept %.4f\n",
+           tdm_be_name(be), (long long)(m * in), (long long)bad, (double)kept / (double)(m * in));
+    assert_int_equal(bad, 0);
+    seg_run_free(&o);
+    free(ones), free(eye), free(zero_b), free(dy8);
+
+    /* 4. relative rows: the same segment at row 0 of a 90-row batch and at row 37 of a 160-row
+     * batch gives the same bits (U, Y, dA, dB, dX) */
+    int64_t R = 90, out = 24, rk = 6;
+    in = 40;
+    float *X = rndf(R * in, 1), *Ah = rndf(rk * in, 0.3f), *Bh = rndf(out * rk, 0.3f);
+    float *DY = rndf(R * out, 1);
+    seg_run s0 = run_one_segment(0, R, R, in, out, rk, X, Ah, Bh, DY, 0.3f, q0);
+    seg_run s1 = run_one_segment(37, 160, R, in, out, rk, X, Ah, Bh, DY, 0.3f, q0);
+    seg_run sn = run_one_segment(0, R, R, in, out, rk, X, Ah, Bh, DY, 0.3f, others[0]);
+    assert_memory_equal(s0.u, s1.u, (size_t)(R * rk) * sizeof(float));
+    assert_memory_equal(s0.y, s1.y, (size_t)(R * out) * sizeof(float));
+    assert_memory_equal(s0.da, s1.da, (size_t)(rk * in) * sizeof(float));
+    assert_memory_equal(s0.db, s1.db, (size_t)(out * rk) * sizeof(float));
+    assert_memory_equal(s0.dx, s1.dx, (size_t)(R * in) * sizeof(float));
+    /* and another seed gives another result */
+    assert_true(memcmp(s0.y, sn.y, (size_t)(R * out) * sizeof(float)) != 0);
+    printf("  dropout segment moved from row 0 to row 37: U, Y, dA, dB, dX bit-identical\n");
+    seg_run_free(&s0), seg_run_free(&s1), seg_run_free(&sn);
+    free(X), free(Ah), free(Bh), free(DY);
 }
 
 /* =================================================================== optimizer ==== */
@@ -1099,7 +1315,18 @@ static float *det_run(int n_threads, int64_t *n_out)
     float *ss = dev_f32x(NULL, 1);
     tdm_be_vec vec = {(const float *)y, m * V, 0};
     OK(tdm_be_sumsq(be, &vec, 1, 1, ss, err));
-    int64_t total = nq + 2 * nk + m + m * d + m * V + 1;
+    /* LoRA with dropout over X = y (m, V): the mask loops run on several threads */
+    int64_t lr = 8;
+    float *ah = rndf(lr * V, 0.1f), *bh = rndf(d * lr, 0.1f);
+    float *la = dev_f32x(ah, lr * V), *lb = dev_f32x(bh, d * lr);
+    float *lda = dev_f32x(NULL, lr * V), *ldb = dev_f32x(NULL, d * lr),
+          *lu = dev_f32x(NULL, m * lr);
+    void *ly = dev_f32(NULL, m * d), *ldx = dev_f32(NULL, m * V);
+    tdm_lora_seg lsg = {0, m, lr, 0.5f, la, lb, lda, ldb, 0.3f, 77};
+    OK(tdm_be_lora_fwd(be, &lsg, 1, y, m, V, d, lu, lr, ly, err));
+    OK(tdm_be_lora_bwd(be, &lsg, 1, y, lu, lr, dg, m, V, d, ldx, err));
+    int64_t nl = m * lr + m * d + m * V + lr * V + d * lr;
+    int64_t total = nq + 2 * nk + m + m * d + m * V + 1 + nl;
     float *res = malloc((size_t)total * sizeof(float));
     float *p = res;
     OK(tdm_be_download_f32(be, p, gq, TDM_BE_F32, nq, err));
@@ -1115,6 +1342,17 @@ static float *det_run(int n_threads, int64_t *n_out)
     OK(tdm_be_download_f32(be, p, y, TDM_BE_F32, m * V, err));
     p += m * V;
     OK(tdm_be_download_f32(be, p, ss, TDM_BE_F32, 1, err));
+    p += 1;
+    OK(tdm_be_download_f32(be, p, lu, TDM_BE_F32, m * lr, err));
+    p += m * lr;
+    OK(tdm_be_download_f32(be, p, ly, TDM_BE_F32, m * d, err));
+    p += m * d;
+    OK(tdm_be_download_f32(be, p, ldx, TDM_BE_F32, m * V, err));
+    p += m * V;
+    OK(tdm_be_download_f32(be, p, lda, TDM_BE_F32, lr * V, err));
+    p += lr * V;
+    OK(tdm_be_download_f32(be, p, ldb, TDM_BE_F32, d * lr, err));
+    free(ah), free(bh);
     free(q), free(k), free(v), free(g), free(wref), free(labels), free(wt);
     tdm_backend_free(be); /* frees every buffer still allocated */
     be = saved;
@@ -1152,13 +1390,22 @@ static void test_argument_checks(void **state)
         .m = 4, .n = 4, .k = 4, .alpha = 1, .a = x, .lda = 3, .b = x, .ldb = 4, .c = x, .ldc = 4};
     assert_int_equal(tdm_be_gemm(be, &g, &e), TDM_ERR_INVALID);
     assert_non_null(strstr(e.message, "lda 3"));
-    tdm_lora_seg segs[2] = {{0, 5, 2, 1.0f, x, x, x, x}, {4, 8, 2, 1.0f, x, x, x, x}};
+    tdm_lora_seg segs[2] = {{0, 5, 2, 1.0f, x, x, x, x, 0.0f, 0},
+                            {4, 8, 2, 1.0f, x, x, x, x, 0.0f, 0}};
     assert_int_equal(tdm_be_lora_fwd(be, segs, 2, x, 8, 2, 2, x, 2, x, &e), TDM_ERR_INVALID);
     assert_non_null(strstr(e.message, "overlaps"));
     segs[1].row_begin = 5;
     segs[1].rank = 3;
     assert_int_equal(tdm_be_lora_fwd(be, segs, 2, x, 8, 2, 2, x, 2, x, &e), TDM_ERR_INVALID);
     assert_non_null(strstr(e.message, "rank 3"));
+    segs[1].rank = 2;
+    segs[1].dropout = 1.0f; /* p must be below 1 */
+    assert_int_equal(tdm_be_lora_fwd(be, segs, 2, x, 8, 2, 2, x, 2, x, &e), TDM_ERR_INVALID);
+    assert_non_null(strstr(e.message, "dropout 1"));
+    segs[1].dropout = NAN;
+    assert_int_equal(tdm_be_lora_bwd(be, segs, 2, x, x, 2, x, 8, 2, 2, x, &e), TDM_ERR_INVALID);
+    segs[1].dropout = 0.5f;
+    OK(tdm_be_lora_fwd(be, segs, 2, x, 8, 2, 2, x, 2, x, err));
     int32_t cu_bad[3] = {0, 5, 7};
     int32_t *dcu = dev_i32(cu_bad, 3);
     tdm_be_seqs s = {dcu, 2, 5, 8};
@@ -1187,6 +1434,8 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_lora_dropout),
+        cmocka_unit_test(test_dropout_mask),
         cmocka_unit_test(test_sumsq_clip_adamw),
         cmocka_unit_test(test_thread_count_independence),
         cmocka_unit_test(test_argument_checks),

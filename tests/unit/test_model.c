@@ -6,6 +6,9 @@
  *   - gradient checkpointing gives bit-identical losses and gradients;
  *   - fused equals alone: three adapters of different ranks and targets in one batch give each
  *     adapter the same loss and gradients as running it alone, to float rounding.
+ *   - LoRA dropout: finite differences of the training loss with dropout on every module,
+ *     checkpointing bit-equal with dropout (the recompute regenerates the masks), fused = alone
+ *     with dropout, dropout 0 = the plain path whatever the mask seed, evaluation never drops.
  * The models are written by the test (config.json + model.safetensors with random weights,
  * random norm weights and biases), so nothing depends on fixtures. */
 #include <setjmp.h>
@@ -195,7 +198,9 @@ static double total_loss(tdm_model *m, tdm_lora **ad, int n, const tdm_batch *b,
     return L;
 }
 
-static void fd_check(const char *preset, bool nf4)
+/* With dropout p > 0 the mask is fixed (one dropout_seed), so the loss is still a smooth function
+ * of A and B; the finite differences then evaluate training steps (the only ones that drop). */
+static void fd_check(const char *preset, bool nf4, float dropout)
 {
     const char *dir = write_model(preset, preset, 7);
     tdm_model_opts o = {.nf4 = nf4, .double_quant = nf4};
@@ -204,6 +209,10 @@ static void fd_check(const char *preset, bool nf4)
     tdm_lora *a;
     OK(tdm_lora_create(&a, m, 3, 0.7f, (1u << TDM_LORA_N_TARGETS) - 1, err));
     randomize(a, 11);
+    const uint64_t dseed = tdm_lora_dropout_seed(5, 2, 1);
+    a->dropout = dropout;
+    a->dropout_seed = dseed;
+    bool fd_train = dropout > 0;
     test_batch tb;
     const int lens[3] = {6, 4, 7};
     const int ad[3] = {0, 0, 0};
@@ -251,10 +260,10 @@ static void fd_check(const char *preset, bool nf4)
                     float orig = p[i], h = 1e-2f;
                     float v = orig + h;
                     OK(tdm_be_upload_f32(be, a->params + i, TDM_BE_F32, &v, 1, err));
-                    double lp = total_loss(m, &a, 1, &tb.b, false);
+                    double lp = total_loss(m, &a, 1, &tb.b, fd_train);
                     v = orig - h;
                     OK(tdm_be_upload_f32(be, a->params + i, TDM_BE_F32, &v, 1, err));
-                    double lm = total_loss(m, &a, 1, &tb.b, false);
+                    double lm = total_loss(m, &a, 1, &tb.b, fd_train);
                     OK(tdm_be_upload_f32(be, a->params + i, TDM_BE_F32, &orig, 1, err));
                     double fd = (lp - lm) / (2.0 * h);
                     err_max = fmax(err_max, fabs(fd - grad[i]));
@@ -263,14 +272,18 @@ static void fd_check(const char *preset, bool nf4)
                 double rel = err_max / fmax(gmax, 1e-3);
                 worst = fmax(worst, rel);
                 if (rel > 1e-2)
-                    fail_msg("%s%s layer %d %s lora_%c: FD error %.3e relative to max |grad| "
-                             "%.3e",
-                             preset, nf4 ? " nf4" : "", l, tdm_lora_target_name(t),
+                    fail_msg("%s%s dropout %.2f layer %d %s lora_%c: FD error %.3e relative to "
+                             "max |grad| %.3e",
+                             preset, nf4 ? " nf4" : "", (double)dropout, l, tdm_lora_target_name(t),
                              which ? 'B' : 'A', rel, gmax);
             }
-    printf("  %-14s %-5s loss %.6f  %d gradient elements vs finite differences: worst error "
-           "%.2e of max |grad|\n",
-           preset, nf4 ? "nf4" : "f32", L0, checked, worst);
+    printf("  %-14s %-5s dropout %.2f loss %.6f  %d gradient elements vs finite differences: "
+           "worst error %.2e of max |grad|\n",
+           preset, nf4 ? "nf4" : "f32", (double)dropout, L0, checked, worst);
+    if (dropout > 0) { /* the dropout acts: the loss without it (a forward-only step) differs */
+        double Le = total_loss(m, &a, 1, &tb.b, false);
+        assert_true(fabs(Le - L0) > 1e-4 * fabs(L0));
+    }
 
     /* gradient checkpointing: the same bits */
     tdm_model *mc;
@@ -280,6 +293,8 @@ static void fd_check(const char *preset, bool nf4)
     tdm_lora *ac;
     OK(tdm_lora_create(&ac, mc, 3, 0.7f, (1u << TDM_LORA_N_TARGETS) - 1, err));
     randomize(ac, 11);
+    ac->dropout = dropout; /* the recompute regenerates the forward's masks */
+    ac->dropout_seed = dseed;
     double Lc = total_loss(mc, &ac, 1, &tb.b, true);
     float *gc = malloc((size_t)np * sizeof(float));
     OK(tdm_be_download_f32(be, gc, ac->grads, TDM_BE_F32, np, err));
@@ -296,31 +311,39 @@ static void fd_check(const char *preset, bool nf4)
 
 static void test_fd_llama(void **state)
 {
-    fd_check("tiny-llama", false);
+    fd_check("tiny-llama", false, 0);
 }
 static void test_fd_qwen2(void **state)
 {
-    fd_check("tiny", false);
+    fd_check("tiny", false, 0);
 }
 static void test_fd_qwen3(void **state)
 {
-    fd_check("tiny-qwen3", false);
+    fd_check("tiny-qwen3", false, 0);
 }
 static void test_fd_mistral(void **state)
 {
-    fd_check("tiny-mistral", false);
+    fd_check("tiny-mistral", false, 0);
 }
 static void test_fd_qwen2_nf4(void **state)
 {
-    fd_check("tiny", true);
+    fd_check("tiny", true, 0);
 }
 static void test_fd_llama_nf4(void **state)
 {
-    fd_check("tiny-llama", true);
+    fd_check("tiny-llama", true, 0);
+}
+/* LoRA dropout on all seven modules: FD of the training loss, checkpointing bit-equal */
+static void test_fd_dropout(void **state)
+{
+    fd_check("tiny-llama", false, 0.3f);
+    fd_check("tiny-qwen3", false, 0.1f);
+    fd_check("tiny", true, 0.5f);
 }
 
-/* Three adapters: ranks 2, 4, 3; targets {q, v}, all seven, {o, gate, down}. */
-static void test_fused_equals_alone(void **state)
+/* Three adapters: ranks 2, 4, 3; targets {q, v}, all seven, {o, gate, down}; with dropout, each
+ * its own p and mask seed (its rows sit at other rows of the fused batch than alone). */
+static void fused_equals_alone(const float *dropout)
 {
     const char *presets[2] = {"tiny", "tiny-qwen3"};
     for (int pi = 0; pi < 2; pi++) {
@@ -335,6 +358,8 @@ static void test_fused_equals_alone(void **state)
         for (int i = 0; i < 3; i++) {
             OK(tdm_lora_create(&ad[i], m, ranks[i], 2.0f / (float)ranks[i], tg[i], err));
             randomize(ad[i], 100 + (uint64_t)i);
+            ad[i]->dropout = dropout[i];
+            ad[i]->dropout_seed = tdm_lora_dropout_seed(40 + (uint64_t)i, 3, 0);
             OK(tdm_lora_zero_grad(ad[i], err));
         }
         /* fused: 6 sequences, adapters 0 0 1 2 2 2 (different data lengths per adapter) */
@@ -386,13 +411,71 @@ static void test_fused_equals_alone(void **state)
                          presets[pi], i, dl, num / den);
             free(g1);
         }
-        printf("  %-12s fused vs alone (3 adapters, ranks 2/4/3): loss rel diff %.2e, gradient "
-               "rel diff %.2e\n",
-               presets[pi], worst_loss, worst_grad);
+        printf("  %-12s fused vs alone (3 adapters, ranks 2/4/3, dropout %.1f/%.1f/%.1f): loss "
+               "rel diff %.2e, gradient rel diff %.2e\n",
+               presets[pi], (double)dropout[0], (double)dropout[1], (double)dropout[2], worst_loss,
+               worst_grad);
         for (int i = 0; i < 3; i++)
             free(gf[i]), tdm_lora_free(ad[i]);
         tdm_model_free(m);
     }
+}
+
+static void test_fused_equals_alone(void **state)
+{
+    const float none[3] = {0, 0, 0};
+    fused_equals_alone(none);
+}
+
+static void test_fused_equals_alone_dropout(void **state)
+{
+    const float p[3] = {0.2f, 0.5f, 0.1f};
+    fused_equals_alone(p);
+}
+
+/* Dropout 0 is the old code path: the mask seed is ignored (same bits whatever it is), and a
+ * forward-only step (evaluation) with dropout > 0 gives the bits of dropout 0. */
+static void test_dropout_zero_and_eval(void **state)
+{
+    const char *dir = write_model("tiny-llama", "tiny-llama", 7);
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, NULL, err));
+    tdm_lora *a;
+    OK(tdm_lora_create(&a, m, 4, 0.5f, (1u << TDM_LORA_N_TARGETS) - 1, err));
+    randomize(a, 21);
+    test_batch tb;
+    const int lens[3] = {5, 8, 6}, ad[3] = {0, 0, 0};
+    make_batch(&tb, lens, 3, ad, 9);
+    int64_t np = a->n_params;
+    float *g[3];
+    double L[3];
+    const uint64_t seeds[3] = {0, 12345, 0xffffffffffffull};
+    for (int k = 0; k < 3; k++) { /* p = 0 with three mask seeds */
+        a->dropout = 0;
+        a->dropout_seed = seeds[k];
+        OK(tdm_lora_zero_grad(a, err));
+        L[k] = total_loss(m, &a, 1, &tb.b, true);
+        g[k] = malloc((size_t)np * sizeof(float));
+        OK(tdm_be_download_f32(be, g[k], a->grads, TDM_BE_F32, np, err));
+    }
+    assert_true(L[0] == L[1] && L[0] == L[2]);
+    assert_memory_equal(g[0], g[1], (size_t)np * sizeof(float));
+    assert_memory_equal(g[0], g[2], (size_t)np * sizeof(float));
+    a->dropout = 0;
+    double Le0 = total_loss(m, &a, 1, &tb.b, false);
+    a->dropout = 0.4f;
+    double Le = total_loss(m, &a, 1, &tb.b, false);
+    assert_true(Le == Le0); /* evaluation never drops */
+    OK(tdm_lora_zero_grad(a, err));
+    double Lt = total_loss(m, &a, 1, &tb.b, true);
+    assert_true(Lt != L[0]); /* training does */
+    printf("  dropout 0: same bits for 3 mask seeds (loss %.6f); eval with dropout 0.4 = eval "
+           "without; training loss with it %.6f\n",
+           L[0], Lt);
+    for (int k = 0; k < 3; k++)
+        free(g[k]);
+    tdm_lora_free(a);
+    tdm_model_free(m);
 }
 
 static void test_batch_checks(void **state)
@@ -427,10 +510,17 @@ static void test_batch_checks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fd_llama),           cmocka_unit_test(test_fd_qwen2),
-        cmocka_unit_test(test_fd_qwen3),           cmocka_unit_test(test_fd_mistral),
-        cmocka_unit_test(test_fd_qwen2_nf4),       cmocka_unit_test(test_fd_llama_nf4),
-        cmocka_unit_test(test_fused_equals_alone), cmocka_unit_test(test_batch_checks),
+        cmocka_unit_test(test_fd_llama),
+        cmocka_unit_test(test_fd_qwen2),
+        cmocka_unit_test(test_fd_qwen3),
+        cmocka_unit_test(test_fd_mistral),
+        cmocka_unit_test(test_fd_qwen2_nf4),
+        cmocka_unit_test(test_fd_llama_nf4),
+        cmocka_unit_test(test_fused_equals_alone),
+        cmocka_unit_test(test_batch_checks),
+        cmocka_unit_test(test_fd_dropout),
+        cmocka_unit_test(test_fused_equals_alone_dropout),
+        cmocka_unit_test(test_dropout_zero_and_eval),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,7 +5,9 @@
  *     as each trained alone (one with weight 0.5, so it steps every other global step); the
  *     round-robin and priority-val-loss schedules give exactly alone's bits (an adapter's
  *     trajectory never depends on the schedule or the others);
- *   - LoRA dropout > 0 is refused (the engine has none).
+ *   - with LoRA dropout the same holds (round-robin = alone bit for bit, fused = alone to float
+ *     rounding), dropout changes the result, adapter_config.json records it, and p >= 1 is
+ *     refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -190,7 +192,66 @@ static void test_fused_equals_alone(void **state)
     }
 }
 
-static void test_dropout_refused(void **state)
+/* LoRA dropout: each adapter's masks come from its own seed, step and micro-batch only, so with
+ * dropout 0.2 everywhere round-robin still equals alone bit for bit and fused equals alone to
+ * float rounding (a mask tied to the batch rows or to the global step would break both); the
+ * dropout acts (the weights differ from a run without it); adapter_config.json records it. */
+static void test_dropout(void **state)
+{
+    (void)state;
+    tdm_trainer_adapter fused[3] = {spec(0, "df0"), spec(1, "df1"), spec(2, "df2")};
+    tdm_trainer_adapter rr[3] = {spec(0, "dr0"), spec(1, "dr1"), spec(2, "dr2")};
+    for (int k = 0; k < 3; k++)
+        fused[k].lora_dropout = rr[k].lora_dropout = 0.2;
+    train(fused, 3, TDM_SCHEDULE_SYNCHRONIZED);
+    train(rr, 3, TDM_SCHEDULE_ROUND_ROBIN);
+    for (int k = 0; k < 3; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "da%d", k);
+        tdm_trainer_adapter alone = spec(k, name);
+        alone.lora_dropout = 0.2;
+        train(&alone, 1, TDM_SCHEDULE_SYNCHRONIZED);
+        snprintf(name, sizeof name, "dn%d", k);
+        tdm_trainer_adapter nodrop = spec(k, name);
+        train(&nodrop, 1, TDM_SCHEDULE_SYNCHRONIZED);
+        tdm_lora_params f = {0}, a = {0}, r = {0}, n = {0};
+        load(fused[k].output, &f);
+        load(alone.output, &a);
+        load(rr[k].output, &r);
+        load(nodrop.output, &n);
+        double df = rel_diff(&f, &a), dr = rel_diff(&r, &a), dn = rel_diff(&n, &a);
+        print_message("dropout 0.2 adapter %d: fused vs alone %.3g, round-robin %.3g; "
+                      "without dropout %.3g\n",
+                      k, df, dr, dn);
+        assert_true(dr == 0);
+        assert_true(df < 1e-3);
+        assert_true(dn > 1e-2);
+        /* the value used is recorded for PEFT */
+        char cfgp[600];
+        snprintf(cfgp, sizeof cfgp, "%s/adapter_config.json", alone.output);
+        FILE *cf = fopen(cfgp, "r");
+        assert_non_null(cf);
+        char text[8192];
+        size_t len = fread(text, 1, sizeof text - 1, cf);
+        fclose(cf);
+        text[len] = 0;
+        int rank;
+        double alpha;
+        uint32_t tg;
+        bool rs;
+        tdm_peft_meta meta;
+        tdm_error err = {0};
+        assert_int_equal(
+            tdm_peft_config_parse(text, len, cfgp, &rank, &alpha, &tg, &rs, &meta, &err), TDM_OK);
+        assert_true(meta.lora_dropout == 0.2);
+        tdm_lora_params_free(&f);
+        tdm_lora_params_free(&a);
+        tdm_lora_params_free(&r);
+        tdm_lora_params_free(&n);
+    }
+}
+
+static void test_dropout_range(void **state)
 {
     (void)state;
     tdm_trainer_adapter a = spec(0, "d0");
@@ -199,10 +260,10 @@ static void test_dropout_refused(void **state)
     char model[512];
     snprintf(model, sizeof model, "%s/tiny", dir);
     o.model_dir = model;
-    o.lora_dropout = 0.1;
+    a.lora_dropout = 1.0;
     tdm_trainer *t = NULL;
     tdm_error err = {0};
-    assert_int_equal(tdm_trainer_create(&t, &o, &a, 1, NULL, &err), TDM_ERR_UNSUPPORTED);
+    assert_int_equal(tdm_trainer_create(&t, &o, &a, 1, NULL, &err), TDM_ERR_INVALID);
     assert_non_null(strstr(err.message, "dropout"));
     assert_null(t);
     assert_int_equal(access(a.output, F_OK), -1); /* nothing written */
@@ -212,7 +273,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_equals_alone),
-        cmocka_unit_test(test_dropout_refused),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_dropout_range),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

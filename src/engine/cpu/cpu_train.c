@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/cpu/cpu_internal.h"
+#include "engine/dropout.h"
 
 #define IGNORE_INDEX (-100)
 
@@ -65,6 +66,47 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     return TDM_OK;
 }
 
+/* LoRA dropout on the CPU: the segment's masked input Xd = X * D (engine/dropout.h, rows counted
+ * from the segment's start) is formed in a per-segment scratch copy (R, in) f32, regenerated in
+ * the backward; every element is independent, so the result does not depend on the threads. */
+static void drop_rows(int nt, const tdm_lora_seg *s, const float *x, int64_t in, float *xd)
+{
+    int64_t R = s->row_end - s->row_begin;
+    uint32_t thr = tdm_dropout_threshold(s->dropout);
+    float ks = tdm_dropout_scale(s->dropout);
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * in > TDM_CPU_PAR_MIN)
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t k = 0; k < in; k++)
+            xd[i * in + k] =
+                x[i * in + k] *
+                (tdm_dropout_keep(s->mask_seed, thr, (uint64_t)i, (uint64_t)k) ? ks : 0.0f);
+}
+
+/* dX[rows] += T * D, T = dU A (R, in) of the segment. */
+static void drop_add(int nt, const tdm_lora_seg *s, const float *t, int64_t in, float *dx)
+{
+    int64_t R = s->row_end - s->row_begin;
+    uint32_t thr = tdm_dropout_threshold(s->dropout);
+    float ks = tdm_dropout_scale(s->dropout);
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * in > TDM_CPU_PAR_MIN)
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t k = 0; k < in; k++)
+            dx[i * in + k] +=
+                t[i * in + k] *
+                (tdm_dropout_keep(s->mask_seed, thr, (uint64_t)i, (uint64_t)k) ? ks : 0.0f);
+}
+
+/* The scratch a call needs for dropout: the most rows of a segment with dropout, times in
+ * (0: no segment has dropout). */
+static int64_t drop_scratch(const tdm_lora_seg *segs, int64_t n_segs, int64_t in)
+{
+    int64_t rows = 0;
+    for (int64_t i = 0; i < n_segs; i++)
+        if (segs[i].a && segs[i].dropout > 0 && segs[i].row_end - segs[i].row_begin > rows)
+            rows = segs[i].row_end - segs[i].row_begin;
+    return rows * in;
+}
+
 /* Segment by segment, as plain GEMMs on the segment's rows (the CPU gains nothing from one
  * grouped launch). */
 tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *xv,
@@ -74,16 +116,24 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
     const float *x = xv;
     float *y = yv;
     int nt = cpu_of(be)->n_threads;
+    int64_t nd = drop_scratch(segs, n_segs, in);
+    float *xd = nd > 0 ? malloc((size_t)nd * sizeof(float)) : NULL;
+    if (nd > 0 && !xd) return tdm_fail(err, TDM_ERR_NOMEM, "lora_fwd: out of memory (dropout)");
     for (int64_t i = 0; i < n_segs; i++) {
         const tdm_lora_seg *s = &segs[i];
         int64_t R = s->row_end - s->row_begin;
         if (!s->a || R == 0) continue;
         float *us = u + s->row_begin * u_ld;
-        cpu_sgemm(nt, false, true, R, s->rank, in, 1.0f, x + s->row_begin * in, in, s->a, in, 0.0f,
-                  us, u_ld);
+        const float *xs = x + s->row_begin * in;
+        if (s->dropout > 0) {
+            drop_rows(nt, s, xs, in, xd);
+            xs = xd;
+        }
+        cpu_sgemm(nt, false, true, R, s->rank, in, 1.0f, xs, in, s->a, in, 0.0f, us, u_ld);
         cpu_sgemm(nt, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
                   y + s->row_begin * out, out);
     }
+    free(xd);
     return TDM_OK;
 }
 
@@ -102,26 +152,41 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             max_rows = segs[i].row_end - segs[i].row_begin;
     }
     if (max_r == 0 || max_rows == 0) return TDM_OK;
+    int64_t nd = drop_scratch(segs, n_segs, in);
     float *du = malloc((size_t)(max_rows * max_r) * sizeof(float));
-    if (!du) return tdm_fail(err, TDM_ERR_NOMEM, "lora_bwd: out of memory");
+    float *xd = nd > 0 ? malloc((size_t)nd * sizeof(float)) : NULL;
+    if (!du || (nd > 0 && !xd)) {
+        free(du), free(xd);
+        return tdm_fail(err, TDM_ERR_NOMEM, "lora_bwd: out of memory");
+    }
     for (int64_t i = 0; i < n_segs; i++) {
         const tdm_lora_seg *s = &segs[i];
         int64_t R = s->row_end - s->row_begin, r = s->rank;
         if (!s->a || R == 0) continue;
         const float *dys = dy + s->row_begin * out, *xs = x + s->row_begin * in;
         const float *us = u + s->row_begin * u_ld;
+        bool drop = s->dropout > 0;
+        if (drop) { /* the forward's Xd, regenerated */
+            drop_rows(nt, s, xs, in, xd);
+            xs = xd;
+        }
         /* dB (out, r) += scale dY^T U */
         cpu_sgemm(nt, true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
         /* dU (R, r) = scale dY B */
         cpu_sgemm(nt, false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
-        /* dA (r, in) += dU^T X */
+        /* dA (r, in) += dU^T Xd */
         cpu_sgemm(nt, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
-        /* dX (R, in) += dU A */
-        if (dx)
+        /* dX (R, in) += dU A, times the mask with dropout (T = dU A in the scratch first) */
+        if (dx && !drop)
             cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
                       dx + s->row_begin * in, in);
+        else if (dx) {
+            cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 0.0f, xd, in);
+            drop_add(nt, s, xd, in, dx + s->row_begin * in);
+        }
     }
     free(du);
+    free(xd);
     return TDM_OK;
 }
 

@@ -205,6 +205,10 @@ static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, 
         d->scale = s->scale;
         d->rank = (int)s->rank;
         d->tile0 = p->n_blocks;
+        d->drop = s->dropout > 0;
+        d->keep_thr = tdm_dropout_threshold(s->dropout);
+        d->keep_scale = tdm_dropout_scale(s->dropout);
+        d->mask_seed = s->mask_seed;
         p->n_blocks +=
             blocks_per_seg > 0 ? blocks_per_seg : (int)((R + rows_per_block - 1) / rows_per_block);
     }

@@ -7,16 +7,22 @@
  *   lora_fwd_kernel      block = 16 rows of one segment: U = X A^T (kept in shared memory and
  *                        written to u), then Y += scale U B^T over all output columns. ONE launch.
  *   lora_bwd_rows_kernel block = 16 rows: dU = scale dY B, then dX += dU A. (dU to workspace.)
- *   lora_bwd_red_kernel  block = 64 columns of dA or dB of one segment and one chunk of the
- *                        segment's rows (tdm_cuda_lora_red_chunk_rows in
- *                        cuda_memory_plan.h: at most 16 chunks of >= 256 rows, so a 4096-row
- * segment gives 16 times the blocks of one pass over all rows), summing the chunk's rows in order
- * into f32 partials: dU^T X for dA, dY^T U for dB. lora_red_finish_kernel  per element of dA / dB:
- * the chunks' partials added in chunk order, then dA += sum, dB += scale * sum. Every output
- * element has one owner thread and a fixed summation order: deterministic. The row kernels give
- * thread t the outputs (row, rank column) o = t + q * 256 < 16 * r, rows of r consecutive o each:
- * all threads busy at any rank (a fixed stride of LORA_MAX_RANK per row left 7 of 8 threads idle at
- * rank 16). X, Y, dY, dX are bf16 (act), everything else f32; products accumulate in f32.
+ *   lora_bwd_red_kernel  block = 64 columns of dA or dB of one segment and one chunk of its
+ *                        rows (tdm_cuda_lora_red_chunk_rows, cuda_memory_plan.h: at most 16
+ *                        chunks of >= 256 rows, so a 4096-row segment gives 16 times the blocks
+ *                        of one pass over all rows), the chunk's rows summed in order into f32
+ *                        partials: dU^T X for dA, dY^T U for dB.
+ *   lora_red_finish_kernel  per element of dA / dB: the chunks' partials added in chunk order,
+ *                        then dA += sum, dB += scale * sum.
+ * Every output element has one owner thread and a fixed summation order: deterministic.
+ * The row kernels give thread t the outputs (row, rank column) o = t + q * 256 < 16 * r, rows of
+ * r consecutive o each: all threads busy at any rank (a fixed stride of LORA_MAX_RANK per row
+ * left 7 of 8 threads idle at rank 16).
+ * X, Y, dY, dX are bf16 (act), everything else f32; products accumulate in f32.
+ * LoRA dropout (a segment with drop set): the mask of engine/dropout.h is applied where X is
+ * loaded, as x * (keep ? 1/(1-p) : 0) with the row counted from the segment's start (the fwd
+ * kernel's X tile, the reduction kernel's X tile for dA) and to dU A before it is added into dX;
+ * nothing is stored, no copy of X is made, and the mask is bit-identical to the CPU backend's.
  */
 #ifndef TANDEM_ENGINE_CUDA_LORA_CUH
 #define TANDEM_ENGINE_CUDA_LORA_CUH
@@ -24,6 +30,7 @@
 #include <stdint.h>
 
 #include "engine/cuda/cuda_memory_plan.h"
+#include "engine/dropout.h"
 
 #define LORA_MAX_SEGS 16 /* per launch; longer tables are split into several launches */
 #define LORA_MAX_RANK 128
@@ -39,7 +46,11 @@ struct lora_seg_d {
     float *da, *db;
     float scale;
     int rank;
-    int tile0; /* first block of this segment in the launch */
+    int tile0;          /* first block of this segment in the launch */
+    int drop;           /* LoRA dropout on this segment's input */
+    uint32_t keep_thr;  /* tdm_dropout_threshold(p) */
+    float keep_scale;   /* tdm_dropout_scale(p) = 1 / (1 - p) */
+    uint64_t mask_seed; /* the segment's mask seed */
     /* reduction only: rows per chunk, chunks, and where the segment's partials start in
      * lora_params.part (floats; n_chunks blocks of rank * (in + out) each) and its elements
      * start in the finish kernel's index space */
@@ -47,6 +58,15 @@ struct lora_seg_d {
     int n_chunks;
     int64_t part0, elem0;
 };
+
+/* The dropout factor of element (row, col) of X (row: of the batch): 1/(1-p) or 0. */
+__device__ __forceinline__ float lora_drop(const lora_seg_d &sg, int64_t row, int64_t col)
+{
+    return tdm_dropout_keep(sg.mask_seed, sg.keep_thr, (uint64_t)(row - sg.row_begin),
+                            (uint64_t)col)
+               ? sg.keep_scale
+               : 0.0f;
+}
 
 struct lora_params {
     lora_seg_d seg[LORA_MAX_SEGS];
@@ -95,7 +115,12 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_fwd_kernel(lora_params p)
         __syncthreads();
         for (int i = t; i < LORA_TM * LORA_KC; i += LORA_THREADS) {
             int rr = i / LORA_KC, kk = i % LORA_KC;
-            Xs[i] = rr < rows && kk < kc ? __bfloat162float(p.x[(r0 + rr) * p.in + k0 + kk]) : 0.0f;
+            float v = 0.0f;
+            if (rr < rows && kk < kc) {
+                v = __bfloat162float(p.x[(r0 + rr) * p.in + k0 + kk]);
+                if (sg.drop) v *= lora_drop(sg, r0 + rr, k0 + kk);
+            }
+            Xs[i] = v;
         }
         for (int i = t; i < r * LORA_KC; i += LORA_THREADS) {
             int c = i / LORA_KC, kk = i % LORA_KC;
@@ -213,7 +238,9 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_rows_kernel(lora_params
         }
         for (int rr = 0; rr < rows; rr++) {
             __nv_bfloat16 *xp = p.dx + (r0 + rr) * p.in + col;
-            *xp = __float2bfloat16_rn(__bfloat162float(*xp) + xs[rr]);
+            float v = xs[rr];
+            if (sg.drop) v *= lora_drop(sg, r0 + rr, col);
+            *xp = __float2bfloat16_rn(__bfloat162float(*xp) + v);
         }
     }
 }
@@ -260,9 +287,12 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_bwd_red_kernel(lora_params 
         }
         for (int i = t; i < LORA_RED_ROWS * LORA_RED_COLS; i += LORA_THREADS) {
             int rr = i / LORA_RED_COLS, cc = i % LORA_RED_COLS;
-            Rs[i] = rr < nr && col0 + cc < rcols
-                        ? __bfloat162float(R[(row0 + rr) * rcols + col0 + cc])
-                        : 0.0f;
+            float v = 0.0f;
+            if (rr < nr && col0 + cc < rcols) {
+                v = __bfloat162float(R[(row0 + rr) * rcols + col0 + cc]);
+                if (is_a && sg.drop) v *= lora_drop(sg, row0 + rr, col0 + cc); /* dU^T Xd */
+            }
+            Rs[i] = v;
         }
         __syncthreads();
         for (int rr = 0; rr < nr; rr++) {
