@@ -20,8 +20,10 @@ void tdm_checkpoint_info_free(tdm_checkpoint_info *info)
 {
     json_decref(info->data_cursor);
     json_decref(info->extra);
+    free(info->grad_accum);
     info->data_cursor = NULL;
     info->extra = NULL;
+    info->grad_accum = NULL;
 }
 
 static tdm_status write_json(const char *path, const json_t *doc, tdm_error *err)
@@ -72,12 +74,15 @@ static bool hex_u64(const json_t *j, uint64_t *v)
     return true;
 }
 
-/* ---- optimizer file ---- */
+/* ---- tensor files: one or more flat arrays in the adapter's layout ---- */
 
-static tdm_status save_optimizer(const char *path, const tdm_lora_params *l, const tdm_adamw_state *opt,
-                                 tdm_error *err)
+/* Writes n_arr arrays (each in l's flat layout) as F32 tensors named "<PEFT name>" (suffix NULL)
+ * or "<PEFT name>.<suffix>", with __metadata__ format, version "1" and step. */
+static tdm_status save_tensors(const char *path, const tdm_lora_params *l,
+                               const float *const *arrays, const char *const *suffix, int n_arr,
+                               const char *format, int64_t step_no, tdm_error *err)
 {
-    size_t nt = 4 * l->n_modules;
+    size_t nt = (size_t)n_arr * 2 * l->n_modules;
     tdm_st_spec *specs = calloc(nt, sizeof *specs);
     const void **data = calloc(nt, sizeof *data);
     char *names = calloc(nt, NAME_CAP);
@@ -94,22 +99,23 @@ static tdm_status save_optimizer(const char *path, const tdm_lora_params *l, con
             char base[NAME_CAP];
             tdm_lora_params_tensor_name(m, b, base, sizeof base);
             int64_t off = b ? m->b_offset : m->a_offset;
-            for (int which = 0; which < 2; which++, k++) {
+            for (int which = 0; which < n_arr; which++, k++) {
                 char *nm = names + k * NAME_CAP;
-                if (snprintf(nm, NAME_CAP, "%.200s.%s", base, which ? "exp_avg_sq" : "exp_avg") < 0)
-                    nm[0] = '\0';
+                int w = suffix[which] ? snprintf(nm, NAME_CAP, "%.200s.%s", base, suffix[which])
+                                      : snprintf(nm, NAME_CAP, "%.200s", base);
+                if (w < 0) nm[0] = '\0';
                 specs[k].name = nm;
                 specs[k].dtype = TDM_DTYPE_F32;
                 specs[k].rank = 2;
                 specs[k].shape[0] = b ? m->out : l->rank;
                 specs[k].shape[1] = b ? l->rank : m->in;
-                data[k] = (which ? opt->v : opt->m) + off;
+                data[k] = arrays[which] + off;
             }
         }
     }
     char step[32];
-    snprintf(step, sizeof step, "%" PRId64, opt->step);
-    const char *meta[] = {"format", "tandem-adamw", "version", "1", "step", step};
+    snprintf(step, sizeof step, "%" PRId64, step_no);
+    const char *meta[] = {"format", format, "version", "1", "step", step};
     tdm_status st = tdm_st_save(path, specs, data, nt, meta, 3, err);
     free(specs);
     free(data);
@@ -117,8 +123,11 @@ static tdm_status save_optimizer(const char *path, const tdm_lora_params *l, con
     return st;
 }
 
-static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm_adamw_state *opt,
-                                 tdm_error *err)
+/* Reads what save_tensors wrote into arrays[0..n_arr) (each l->n_params floats, allocated by the
+ * caller); checks the format, every name and shape, and that nothing else is in the file. */
+static tdm_status load_tensors(const char *path, const tdm_lora_params *l, float *const *arrays,
+                               const char *const *suffix, int n_arr, const char *format,
+                               int64_t *step_no, tdm_error *err)
 {
     tdm_st_file f = {0};
     tdm_status st = tdm_st_open(&f, path, err);
@@ -126,15 +135,12 @@ static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm
     const char *fmt = tdm_st_metadata(&f, "format"), *sv = tdm_st_metadata(&f, "step");
     char *end = NULL;
     long long step = sv ? strtoll(sv, &end, 10) : -1;
-    if (!fmt || strcmp(fmt, "tandem-adamw") != 0 || !sv || !*sv || *end || step < 0) {
+    if (!fmt || strcmp(fmt, format) != 0 || !sv || !*sv || *end || step < 0) {
         tdm_st_close(&f);
-        return tdm_fail(err, TDM_ERR_CORRUPT,
-                        "%s: not a tandem optimizer state (metadata "
-                        "format/step missing)",
-                        path);
+        return tdm_fail(err, TDM_ERR_CORRUPT, "%s: not a %s file (metadata format/step missing)",
+                        path, format);
     }
-    st = tdm_adamw_state_init(opt, l->n_params, err);
-    opt->step = step;
+    *step_no = step;
     size_t used = 0;
     for (size_t i = 0; i < l->n_modules && st == TDM_OK; i++) {
         const tdm_lora_module *m = &l->modules[i];
@@ -143,8 +149,11 @@ static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm
             tdm_lora_params_tensor_name(m, b, base, sizeof base);
             int64_t off = b ? m->b_offset : m->a_offset;
             int64_t r0 = b ? m->out : l->rank, r1 = b ? l->rank : m->in;
-            for (int which = 0; which < 2 && st == TDM_OK; which++) {
-                snprintf(nm, sizeof nm, "%s.%s", base, which ? "exp_avg_sq" : "exp_avg");
+            for (int which = 0; which < n_arr && st == TDM_OK; which++) {
+                if (suffix[which])
+                    snprintf(nm, sizeof nm, "%s.%s", base, suffix[which]);
+                else
+                    snprintf(nm, sizeof nm, "%s", base);
                 const tdm_st_tensor *t = tdm_st_find(&f, nm);
                 if (!t || t->dtype != TDM_DTYPE_F32 || t->rank != 2 || t->shape[0] != r0 ||
                     t->shape[1] != r1)
@@ -152,7 +161,7 @@ static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm
                                   "%s: tensor %s is missing or not F32 [%lld, %lld]", path, nm,
                                   (long long)r0, (long long)r1);
                 else {
-                    st = tdm_st_tensor_to_f32(t, (which ? opt->v : opt->m) + off, err);
+                    st = tdm_st_tensor_to_f32(t, arrays[which] + off, err);
                     used++;
                 }
             }
@@ -162,6 +171,26 @@ static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm
         st = tdm_fail(err, TDM_ERR_CORRUPT, "%s: %zu tensors, expected %zu", path, f.n_tensors,
                       used);
     tdm_st_close(&f);
+    return st;
+}
+
+static const char *const adamw_suffix[2] = {"exp_avg", "exp_avg_sq"};
+static const char *const grad_suffix[1] = {NULL};
+
+static tdm_status save_optimizer(const char *path, const tdm_lora_params *l,
+                                 const tdm_adamw_state *opt, tdm_error *err)
+{
+    const float *arrays[2] = {opt->m, opt->v};
+    return save_tensors(path, l, arrays, adamw_suffix, 2, "tandem-adamw", opt->step, err);
+}
+
+static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm_adamw_state *opt,
+                                 tdm_error *err)
+{
+    tdm_status st = tdm_adamw_state_init(opt, l->n_params, err);
+    if (st != TDM_OK) return st;
+    float *arrays[2] = {opt->m, opt->v};
+    st = load_tensors(path, l, arrays, adamw_suffix, 2, "tandem-adamw", &opt->step, err);
     if (st != TDM_OK) tdm_adamw_state_free(opt);
     return st;
 }
@@ -201,6 +230,7 @@ static json_t *state_json(const tdm_checkpoint_info *info, bool with_trainer_sta
     json_array_append_new(files, json_string(TDM_PEFT_CONFIG_FILE));
     json_array_append_new(files, json_string(TDM_PEFT_WEIGHTS_FILE));
     json_array_append_new(files, json_string(TDM_CHECKPOINT_OPTIMIZER_FILE));
+    if (info->grad_accum) json_array_append_new(files, json_string(TDM_CHECKPOINT_GRAD_FILE));
     if (with_trainer_state)
         json_array_append_new(files, json_string(TDM_CHECKPOINT_TRAINER_STATE_FILE));
     json_object_set_new(o, "files", files);
@@ -258,9 +288,10 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
 
 /* ---- save / load ---- */
 
-tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
-                               const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
-                               const json_t *trainer_state, char *path, size_t cap, tdm_error *err)
+tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l,
+                               const tdm_peft_meta *meta, const tdm_adamw_state *opt,
+                               const tdm_checkpoint_info *info, const json_t *trainer_state,
+                               char *path, size_t cap, tdm_error *err)
 {
     if (opt->n != l->n_params)
         return tdm_fail(err, TDM_ERR_INVALID, "optimizer state has %lld values, adapter %lld",
@@ -278,6 +309,11 @@ tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l, co
     if (st == TDM_OK) {
         snprintf(file, sizeof file, "%s/%s", tmp, TDM_CHECKPOINT_OPTIMIZER_FILE);
         st = save_optimizer(file, l, opt, err);
+    }
+    if (st == TDM_OK && info->grad_accum) {
+        snprintf(file, sizeof file, "%s/%s", tmp, TDM_CHECKPOINT_GRAD_FILE);
+        const float *arrays[1] = {info->grad_accum};
+        st = save_tensors(file, l, arrays, grad_suffix, 1, "tandem-grad-accum", info->step, err);
     }
     if (st == TDM_OK && trainer_state) {
         snprintf(file, sizeof file, "%s/%s", tmp, TDM_CHECKPOINT_TRAINER_STATE_FILE);
@@ -298,9 +334,9 @@ tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l, co
     return st;
 }
 
-tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora_params *l,
-                               tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
-                               tdm_error *err)
+tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg,
+                               tdm_lora_params *l, tdm_peft_meta *meta, tdm_adamw_state *opt,
+                               tdm_checkpoint_info *info, tdm_error *err)
 {
     memset(l, 0, sizeof *l);
     memset(opt, 0, sizeof *opt);
@@ -311,6 +347,13 @@ tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg
     tdm_status st = read_json(file, &doc, err);
     if (st != TDM_OK) return st;
     st = parse_state(file, doc, info, err);
+    bool has_grad = false;
+    size_t i;
+    json_t *f;
+    json_array_foreach(json_object_get(doc, "files"), i, f)
+    {
+        has_grad |= json_is_string(f) && !strcmp(json_string_value(f), TDM_CHECKPOINT_GRAD_FILE);
+    }
     json_decref(doc);
     if (st != TDM_OK) {
         tdm_checkpoint_info_free(info);
@@ -325,6 +368,19 @@ tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg
                           "%s: optimizer step %lld but checkpoint step "
                           "%lld",
                           file, (long long)opt->step, (long long)info->step);
+    }
+    if (st == TDM_OK && has_grad) {
+        snprintf(file, sizeof file, "%s/%s", ckpt_dir, TDM_CHECKPOINT_GRAD_FILE);
+        info->grad_accum = malloc((size_t)l->n_params * sizeof(float));
+        int64_t gstep = -1;
+        if (!info->grad_accum)
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory reading %s", file);
+        else
+            st = load_tensors(file, l, &info->grad_accum, grad_suffix, 1, "tandem-grad-accum",
+                              &gstep, err);
+        if (st == TDM_OK && gstep != info->step)
+            st = tdm_fail(err, TDM_ERR_CORRUPT, "%s: step %lld but checkpoint step %lld", file,
+                          (long long)gstep, (long long)info->step);
     }
     if (st != TDM_OK) {
         tdm_lora_params_free(l);

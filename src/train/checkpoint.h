@@ -8,6 +8,10 @@
  *                                       "<PEFT tensor name>.exp_avg", "<...>.exp_avg_sq", same
  *                                       shape as the tensor; __metadata__ {"format":
  *                                       "tandem-adamw", "version": "1", "step": "<t>"}
+ *       grad_accum.safetensors          optional: the gradient accumulated so far of an
+ *                                       optimizer batch in progress, F32, one tensor per LoRA
+ *                                       tensor under its PEFT name; __metadata__ {"format":
+ *                                       "tandem-grad-accum", "version": "1", "step": "<STEP>"}
  *       trainer_state.json              optional: the caller's Trainer-style state at this step
  *       tandem_state.json               written last: {"format": "tandem-checkpoint",
  *                                       "version": 1, "step", "epoch", "schedule": {...},
@@ -42,6 +46,7 @@
 #define TDM_CHECKPOINT_PREFIX "checkpoint-"
 #define TDM_CHECKPOINT_STATE_FILE "tandem_state.json"
 #define TDM_CHECKPOINT_OPTIMIZER_FILE "optimizer.safetensors"
+#define TDM_CHECKPOINT_GRAD_FILE "grad_accum.safetensors"
 #define TDM_CHECKPOINT_TRAINER_STATE_FILE "trainer_state.json"
 #define TDM_BEST_DIR "best"
 #define TDM_BEST_FILE "best.json"
@@ -54,24 +59,29 @@ typedef struct tdm_checkpoint_info {
     tdm_rng rng;              /* the adapter's RNG stream, exactly */
     json_t *data_cursor;      /* save: borrowed, required; load: a new reference */
     json_t *extra;            /* save: borrowed, may be NULL; load: new reference or NULL */
+    float *grad_accum;        /* (n_params) f32, the partial gradient of an optimizer batch in
+                                 progress, or NULL; save: borrowed; load: malloc'd or NULL */
 } tdm_checkpoint_info;
 
-/* Drops the references load gave (safe on a zeroed info). */
+/* Drops the references and the buffer load gave (safe on a zeroed info). */
 void tdm_checkpoint_info_free(tdm_checkpoint_info *info);
 
 /* Writes OUT_DIR/checkpoint-STEP atomically (see above). out_dir must exist. trainer_state may
  * be NULL. path (cap bytes, may be NULL) receives the checkpoint's path. A checkpoint of the same
- * step already there is replaced as a whole. opt->n must equal l->n_params. */
-tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l, const tdm_peft_meta *meta,
-                               const tdm_adamw_state *opt, const tdm_checkpoint_info *info,
-                               const json_t *trainer_state, char *path, size_t cap, tdm_error *err);
+ * step already there is replaced as a whole. opt->n must equal l->n_params. With
+ * info->grad_accum (l->n_params values) grad_accum.safetensors is written and listed too. */
+tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l,
+                               const tdm_peft_meta *meta, const tdm_adamw_state *opt,
+                               const tdm_checkpoint_info *info, const json_t *trainer_state,
+                               char *path, size_t cap, tdm_error *err);
 
 /* Reads a checkpoint directory for a model with config cfg: the adapter (*l, *meta may be NULL),
- * the optimizer state (*opt, allocated here) and *info. Checks that the names, shapes and steps
- * agree. On failure nothing is left allocated. */
-tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg, tdm_lora_params *l,
-                               tdm_peft_meta *meta, tdm_adamw_state *opt, tdm_checkpoint_info *info,
-                               tdm_error *err);
+ * the optimizer state (*opt, allocated here) and *info (info->grad_accum when the checkpoint
+ * lists grad_accum.safetensors). Checks that the names, shapes and steps agree. On failure
+ * nothing is left allocated. */
+tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg,
+                               tdm_lora_params *l, tdm_peft_meta *meta, tdm_adamw_state *opt,
+                               tdm_checkpoint_info *info, tdm_error *err);
 
 /* Steps of the directories named checkpoint-<decimal> in out_dir, ascending (malloc'd *steps,
  * NULL when none). Scratch entries and other names are ignored. */

@@ -264,6 +264,12 @@ tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_e
 
 tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *kept, tdm_error *err)
 {
+    return tdm_metrics_truncate_lines(path, step, -1, kept, err);
+}
+
+tdm_status tdm_metrics_truncate_lines(const char *path, int64_t step, int64_t max_lines,
+                                      int64_t *kept, tdm_error *err)
+{
     if (kept) *kept = 0;
     char *text;
     size_t len;
@@ -282,7 +288,8 @@ tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *k
         if (!nl) break; /* a torn last line */
         json_t *o = json_loadb(p, (size_t)(nl - p), 0, NULL);
         const json_t *s = o ? json_object_get(o, "step") : NULL;
-        if (json_is_integer(s) && json_integer_value(s) <= step) {
+        if (json_is_integer(s) && json_integer_value(s) <= step &&
+            (max_lines < 0 || k < max_lines)) {
             memcpy(out + on, p, (size_t)(nl - p) + 1);
             on += (size_t)(nl - p) + 1;
             k++;

@@ -113,5 +113,10 @@ tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_e
  * fine. *kept (optional) receives the number of lines kept. */
 tdm_status tdm_metrics_truncate_after(const char *path, int64_t step, int64_t *kept,
                                       tdm_error *err);
+/* The same, keeping at most the first max_lines of those lines (max_lines < 0: all). A resume
+ * passes the count its checkpoint recorded: an adapter that did not step between the checkpoint
+ * and a crash may have written lines of the same step after the checkpoint (an evaluation). */
+tdm_status tdm_metrics_truncate_lines(const char *path, int64_t step, int64_t max_lines,
+                                      int64_t *kept, tdm_error *err);
 
 #endif

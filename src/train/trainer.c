@@ -82,7 +82,16 @@ typedef struct adapter_state {
     /* position (all of it in checkpoints) */
     int64_t step;
     bool done;
-    double credit;
+    double credit; /* synchronized, weight below the largest: sequences owed to it (< 1 between
+                      passes); each pass adds weight / max weight * batch_size */
+    bool log_due;  /* a --log-every point passed since its last log line */
+    /* the optimizer batch in progress: drawn at once (idx, micro_n, step_counted), processed in
+     * pieces over one or more global steps, stepped when all batch_seqs are done */
+    bool in_batch;
+    int batch_seqs, seqs_done;
+    char *batch_cursor;  /* the data cursor before the batch was drawn (JSON), while in_batch */
+    float *d_grad_saved; /* (n_params) f32 device or NULL: the partial gradient at the start of
+                            the global step, for the out-of-memory rollback */
     double last_val, last_train_loss, last_grad_norm, last_lr;
     int64_t tokens_seen, samples_seen;
     double epoch_loss_sum;
@@ -90,12 +99,13 @@ typedef struct adapter_state {
     double last_epoch_loss;
     double log_loss_sum;
     int64_t log_tokens;
+    int64_t metrics_lines; /* lines in metrics.jsonl */
     /* wall clock (not state) */
     double train_ms, epoch_start_ms, last_epoch_ms;
     int64_t run_tokens;
     int64_t run_steps;
     /* scratch for one optimizer step */
-    uint32_t *idx; /* (grad_accum * batch_size) sample indices of this step */
+    uint32_t *idx; /* (grad_accum * batch_size) sample indices of this batch */
     int n_micro;
     int micro_n[64];
     int64_t step_counted;
@@ -142,6 +152,8 @@ void tdm_trainer_free(tdm_trainer *t)
         tdm_train_cursor_free(s->cur);
         tdm_trainer_state_free(&s->ts);
         free(s->idx);
+        free(s->batch_cursor);
+        if (t->be) tdm_be_free(t->be, s->d_grad_saved);
     }
     free(t->ad);
     if (t->be) {
@@ -375,6 +387,16 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
             }
         }
     }
+    /* synchronized: an adapter weighted below the largest spreads its batch over global steps;
+     * the out-of-memory rollback restores its partial gradient from a copy */
+    double wmax = 0;
+    for (int a = 0; a < t->n; a++)
+        wmax = fmax(wmax, t->ad[a].cfg.weight);
+    for (int a = 0; a < t->n; a++)
+        if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED && t->ad[a].cfg.weight < wmax &&
+            (st = tdm_be_alloc(be, TDM_BE_F32, t->ad[a].host.n_params,
+                               (void **)&t->ad[a].d_grad_saved, err)) != TDM_OK)
+            return st;
     if ((st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_sumsq, err)) != TDM_OK ||
         (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_coef, err)) != TDM_OK ||
         (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_norm, err)) != TDM_OK)
@@ -553,8 +575,8 @@ static tdm_status eval_adapter(tdm_trainer *t, adapter_state *s, double *val, td
 
 /* ----------------------------------------------------------- one step ---- */
 
-/* Draws this step's samples of adapter s: up to grad_accum micro-batches, none crossing the
- * epoch's end. */
+/* Draws the samples of adapter s's next optimizer step: up to grad_accum micro-batches, none
+ * crossing the epoch's end. */
 static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
 {
     int64_t in_epoch = s->step % s->steps_per_epoch;
@@ -576,51 +598,104 @@ static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
             used++;
         }
     }
+    s->batch_seqs = (int)used;
     return TDM_OK;
 }
 
-static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, tdm_error *err)
+/* Starts adapter s's next optimizer batch: keeps the data cursor from before it (a checkpoint
+ * taken while the batch is in progress saves that cursor and draws the batch again on resume),
+ * draws the whole batch, so that its counted tokens N (the loss weight 1/N) are known before
+ * the first piece, and zeroes the gradient. */
+static tdm_status begin_batch(tdm_trainer *t, adapter_state *s, tdm_error *err)
+{
+    free(s->batch_cursor);
+    s->batch_cursor = NULL;
+    TRY(tdm_train_cursor_to_json(s->cur, &s->batch_cursor, err));
+    TRY(plan_step(t, s, err));
+    TRY(tdm_lora_zero_grad(s->dev, err));
+    s->in_batch = true;
+    s->seqs_done = 0;
+    return TDM_OK;
+}
+
+/* How many of its batch's remaining sequences adapter s puts in the next pass, at share ratio
+ * (weight / max weight, 1 for the max-weight adapter and for the one-adapter schedules). At 1 it
+ * is a whole micro-batch, so the batch completes within the global step exactly as a
+ * micro-batch loop would run it. Below 1 the pass adds ratio * batch_size to the adapter's credit
+ * and takes its whole part; a piece never crosses the batch's end, and credit the end leaves
+ * unused is dropped (the fraction carries over), so the credit stays below 1 between passes. */
+static int piece_size(adapter_state *s, double ratio)
+{
+    int left = s->batch_seqs - s->seqs_done;
+    if (left <= 0) return 0;
+    if (ratio >= 1) {
+        s->credit = 0;
+        return left < s->cfg.batch_size ? left : s->cfg.batch_size;
+    }
+    s->credit += ratio * s->cfg.batch_size;
+    double whole = floor(s->credit + 1e-9); /* 0.3 * 10 is 2.9999999999999996 */
+    s->credit -= whole;
+    return whole < left ? (int)whole : left;
+}
+
+/* One global step of the adapters part[0..np), adapter part[p] at share ratio[p]: up to
+ * grad_accum fused forward + backward passes, each with a piece of every adapter's batch (see
+ * piece_size; an adapter without a batch in progress draws one first), then clipping and AdamW
+ * for the adapters whose batch is complete, one launch each. stepped[p]: part[p] took an
+ * optimizer step; worked[p]: it put sequences in a pass. The gradient of a batch is that of its
+ * token losses divided by its counted tokens, however its sequences were split into pieces. */
+static tdm_status train_step(tdm_trainer *t, const int *part, const double *ratio, int np, fused *f,
+                             bool *stepped, bool *worked, tdm_error *err)
 {
     int n = t->n;
     tdm_lora **slots = calloc((size_t)n, sizeof *slots);
     double *w = calloc((size_t)n, sizeof *w), *ls = calloc((size_t)n, sizeof *ls);
     int64_t *tk = calloc((size_t)n, sizeof *tk);
-    int64_t *off = calloc((size_t)n, sizeof *off);
+    int *pass_seqs = calloc((size_t)n, sizeof *pass_seqs);
+    int64_t *pass_rows = calloc((size_t)n, sizeof *pass_rows);
+    int *q = calloc((size_t)np, sizeof *q);
     tdm_be_vec *vecs = calloc((size_t)np, sizeof *vecs);
     float *maxn = calloc((size_t)np, sizeof *maxn);
     tdm_adamw_tensor *ten = calloc((size_t)np, sizeof *ten);
     float *norms = calloc((size_t)np, sizeof *norms);
     tdm_status st = TDM_OK;
-    if (!slots || !w || !ls || !tk || !off || !vecs || !maxn || !ten || !norms) {
+    if (!slots || !w || !ls || !tk || !pass_seqs || !pass_rows || !q || !vecs || !maxn || !ten ||
+        !norms) {
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         goto done;
     }
-    int max_micro = 0;
     for (int p = 0; p < np; p++) {
         adapter_state *s = &t->ad[part[p]];
         slots[part[p]] = s->dev;
-        if ((st = plan_step(t, s, err)) != TDM_OK) goto done;
+        stepped[p] = worked[p] = false;
+        if (!s->in_batch && (st = begin_batch(t, s, err)) != TDM_OK) goto done;
         /* Anomaly test: a device out-of-memory after the batch was drawn (docs/testing.md). */
         if (t->global_step >= 3 && tdm_fault("trainer.step_oom")) {
             st = tdm_fail(err, TDM_ERR_NOMEM, "injected device out-of-memory (trainer.step_oom)");
             goto done;
         }
         w[part[p]] = s->step_counted > 0 ? 1.0 / (double)s->step_counted : 0.0;
-        if (s->n_micro > max_micro) max_micro = s->n_micro;
-        if ((st = tdm_lora_zero_grad(s->dev, err)) != TDM_OK) goto done;
     }
-    for (int j = 0; j < max_micro; j++) {
+    for (int j = 0, pass = 0; j < t->o.grad_accum; j++) {
         fused_clear(f);
+        memset(pass_seqs, 0, (size_t)n * sizeof *pass_seqs);
+        memset(pass_rows, 0, (size_t)n * sizeof *pass_rows);
         for (int p = 0; p < np; p++) {
             adapter_state *s = &t->ad[part[p]];
-            if (j >= s->n_micro) continue;
-            if ((st = fused_add(f, &s->ds, s->idx + off[part[p]], s->micro_n[j], part[p], err)) !=
-                TDM_OK)
+            int k = piece_size(s, ratio[p]);
+            if (k == 0) continue;
+            int64_t begin = f->m;
+            if ((st = fused_add(f, &s->ds, s->idx + s->seqs_done, k, part[p], err)) != TDM_OK)
                 goto done;
-            off[part[p]] += s->micro_n[j];
-            /* the dropout masks of this micro-step: from the adapter's own step and micro index */
-            s->dev->dropout_seed = tdm_lora_dropout_seed(t->o.seed, s->step, j);
+            /* the dropout masks of this piece: from the adapter's own step and the sequences of
+             * its batch done before it (restored on resume, independent of the other adapters) */
+            s->dev->dropout_seed = tdm_lora_dropout_seed(t->o.seed, s->step, (int)s->seqs_done);
+            s->seqs_done += k;
+            pass_seqs[part[p]] = k;
+            pass_rows[part[p]] = f->m - begin;
+            worked[p] = true;
         }
+        if (f->n_segs == 0) continue;
         tdm_batch b = fused_view(f);
         memset(ls, 0, (size_t)n * sizeof *ls);
         memset(tk, 0, (size_t)n * sizeof *tk);
@@ -628,26 +703,46 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
             goto done;
         for (int p = 0; p < np; p++)
             t->ad[part[p]].step_loss_sum += ls[part[p]];
+        /* Anomaly test: a device out-of-memory after a pass added to the gradients. */
+        if (t->global_step >= 3 && tdm_fault("trainer.pass_oom")) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "injected device out-of-memory (trainer.pass_oom)");
+            goto done;
+        }
+        if (t->o.on_pass) {
+            tdm_trainer_pass tp = {.global_step = t->global_step,
+                                   .pass = pass++,
+                                   .n_adapters = n,
+                                   .seqs = pass_seqs,
+                                   .rows = pass_rows};
+            t->o.on_pass(&tp, t->o.on_pass_user);
+        }
     }
-    /* clipping and AdamW, one launch each for all participating adapters */
-    for (int p = 0; p < np; p++) {
-        adapter_state *s = &t->ad[part[p]];
-        vecs[p] = (tdm_be_vec){s->dev->grads, s->dev->n_params, p};
-        maxn[p] = (float)t->o.max_grad_norm;
+    /* clipping and AdamW, one launch each for the adapters whose batch is complete */
+    int nq = 0;
+    for (int p = 0; p < np; p++)
+        if (t->ad[part[p]].seqs_done == t->ad[part[p]].batch_seqs) {
+            stepped[p] = true;
+            q[nq++] = part[p];
+        }
+    if (nq == 0) goto done;
+    for (int i = 0; i < nq; i++) {
+        adapter_state *s = &t->ad[q[i]];
+        vecs[i] = (tdm_be_vec){s->dev->grads, s->dev->n_params, i};
+        maxn[i] = (float)t->o.max_grad_norm;
     }
-    if ((st = tdm_be_sumsq(t->be, vecs, np, np, t->d_sumsq, err)) != TDM_OK) goto done;
-    if ((st = tdm_be_clip_coef(t->be, t->d_sumsq, maxn, np, t->d_coef, t->d_norm, err)) != TDM_OK)
+    if ((st = tdm_be_sumsq(t->be, vecs, nq, nq, t->d_sumsq, err)) != TDM_OK) goto done;
+    if ((st = tdm_be_clip_coef(t->be, t->d_sumsq, maxn, nq, t->d_coef, t->d_norm, err)) != TDM_OK)
         goto done;
-    for (int p = 0; p < np; p++) {
-        adapter_state *s = &t->ad[part[p]];
+    for (int i = 0; i < nq; i++) {
+        adapter_state *s = &t->ad[q[i]];
         double lr = tdm_lr_at(&s->sched, s->step);
         s->last_lr = lr;
-        ten[p] = (tdm_adamw_tensor){.p = s->dev->params,
+        ten[i] = (tdm_adamw_tensor){.p = s->dev->params,
                                     .g = s->dev->grads,
                                     .m = s->dev->adam_m,
                                     .v = s->dev->adam_v,
                                     .n = s->dev->n_params,
-                                    .grad_scale = t->o.max_grad_norm > 0 ? t->d_coef + p : NULL,
+                                    .grad_scale = t->o.max_grad_norm > 0 ? t->d_coef + i : NULL,
                                     .lr = lr, /* doubles, as torch computes its constants */
                                     .beta1 = 0.9,
                                     .beta2 = 0.999,
@@ -655,19 +750,21 @@ static tdm_status train_step(tdm_trainer *t, const int *part, int np, fused *f, 
                                     .weight_decay = t->o.weight_decay,
                                     .step = s->step + 1};
     }
-    if ((st = tdm_be_adamw(t->be, ten, np, err)) != TDM_OK) goto done;
-    if ((st = tdm_be_download(t->be, norms, t->d_norm, (size_t)np * sizeof(float), err)) != TDM_OK)
+    if ((st = tdm_be_adamw(t->be, ten, nq, err)) != TDM_OK) goto done;
+    if ((st = tdm_be_download(t->be, norms, t->d_norm, (size_t)nq * sizeof(float), err)) != TDM_OK)
         goto done;
-    for (int p = 0; p < np; p++) {
-        adapter_state *s = &t->ad[part[p]];
+    for (int i = 0; i < nq; i++) {
+        adapter_state *s = &t->ad[q[i]];
         s->step++;
-        s->last_grad_norm = norms[p];
+        s->in_batch = false;
+        free(s->batch_cursor);
+        s->batch_cursor = NULL;
+        s->last_grad_norm = norms[i];
         s->last_train_loss = s->step_counted > 0 ? s->step_loss_sum / (double)s->step_counted : NAN;
         s->tokens_seen += s->step_counted;
         s->run_tokens += s->step_counted;
         s->run_steps++;
-        for (int j = 0; j < s->n_micro; j++)
-            s->samples_seen += s->micro_n[j];
+        s->samples_seen += s->batch_seqs;
         s->epoch_loss_sum += s->step_loss_sum;
         s->epoch_tokens += s->step_counted;
         s->log_loss_sum += s->step_loss_sum;
@@ -678,7 +775,9 @@ done:
     free(w);
     free(ls);
     free(tk);
-    free(off);
+    free(pass_seqs);
+    free(pass_rows);
+    free(q);
     free(vecs);
     free(maxn);
     free(ten);
@@ -766,6 +865,7 @@ static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
                            .adapter_index = a,
                            .label = s->cfg.label};
     TRY(tdm_metrics_append(path, &ml, err));
+    s->metrics_lines++;
     s->log_loss_sum = 0;
     s->log_tokens = 0;
     report(t, a, TDM_TRAINER_EVENT_LOG, loss);
@@ -803,6 +903,7 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
                            .adapter_index = a,
                            .label = s->cfg.label};
     TRY(tdm_metrics_append(path, &ml, err));
+    s->metrics_lines++;
     if (is_best) {
         TRY(download_state(t, s, false, err));
         TRY(tdm_checkpoint_save_best(s->cfg.output, &s->host, &s->meta, s->step, "eval_loss", v,
@@ -827,12 +928,43 @@ static int64_t jint(const json_t *o, const char *k)
     return json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
 }
 
+/* Writes adapter a's checkpoint at its current step. An adapter in the middle of an optimizer
+ * batch (synchronized, weight below the largest: the batch spans global steps) saves where that
+ * batch began, the data cursor from before it was drawn, with "piece" = the sequences of it done
+ * and their loss sum, and its partial gradient (grad_accum.safetensors); resume draws the batch
+ * again and continues with the next piece. (Deferring the checkpoint to the adapter's next
+ * optimizer step instead would leave no global step that every adapter saved, and the
+ * out-of-memory checkpoint cannot wait.) */
 static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
     TRY(download_state(t, s, true, err));
+    bool piece = s->in_batch && s->seqs_done > 0;
+    float *grad = NULL;
+    if (piece) {
+        size_t bytes = (size_t)s->host.n_params * sizeof(float);
+        grad = malloc(bytes);
+        if (!grad) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        tdm_status gs = tdm_be_download(t->be, grad, s->dev->grads, bytes, err);
+        if (gs != TDM_OK) {
+            free(grad);
+            return gs;
+        }
+    }
     char *cj = NULL;
-    TRY(tdm_train_cursor_to_json(s->cur, &cj, err));
+    if (s->in_batch && s->batch_cursor) {
+        cj = strdup(s->batch_cursor);
+        if (!cj) {
+            free(grad);
+            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        }
+    } else {
+        tdm_status cs = tdm_train_cursor_to_json(s->cur, &cj, err);
+        if (cs != TDM_OK) {
+            free(grad);
+            return cs;
+        }
+    }
     json_t *cursor = json_loads(cj, 0, NULL);
     free(cj);
     json_t *extra = json_pack(
@@ -844,9 +976,17 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
         json_real(s->epoch_loss_sum), "epoch_tokens", (json_int_t)s->epoch_tokens,
         "last_epoch_loss", jreal(s->last_epoch_loss), "log_loss_sum", json_real(s->log_loss_sum),
         "log_tokens", (json_int_t)s->log_tokens, "rr_next", (json_int_t)t->rr_next);
+    if (extra) {
+        json_object_set_new(extra, "log_due", json_boolean(s->log_due));
+        json_object_set_new(extra, "metrics_lines", json_integer(s->metrics_lines));
+        json_object_set_new(
+            extra, "piece",
+            piece ? json_pack("{s:i, s:f}", "seqs_done", s->seqs_done, "loss_sum", s->step_loss_sum)
+                  : json_null());
+    }
     json_t *tsj = tdm_trainer_state_to_json(&s->ts);
     tdm_status st = TDM_OK;
-    if (!cursor || !extra || !tsj)
+    if (!cursor || !extra || !tsj || (piece && !json_is_object(json_object_get(extra, "piece"))))
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     else {
         tdm_checkpoint_info info = {.step = s->step,
@@ -854,13 +994,15 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
                                     .schedule = s->sched,
                                     .rng = s->rng,
                                     .data_cursor = cursor,
-                                    .extra = extra};
+                                    .extra = extra,
+                                    .grad_accum = grad};
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
     }
     json_decref(cursor);
     json_decref(extra);
     json_decref(tsj);
+    free(grad);
     return st;
 }
 
@@ -931,7 +1073,29 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
         s->last_epoch_loss = jget(ex, "last_epoch_loss");
         s->log_loss_sum = jget(ex, "log_loss_sum");
         s->log_tokens = jint(ex, "log_tokens");
+        s->log_due = json_is_true(json_object_get(ex, "log_due"));
         st = upload_state(t, s, true, err);
+    }
+    const json_t *piece = st == TDM_OK ? json_object_get(info.extra, "piece") : NULL;
+    if (json_is_object(piece)) { /* in the middle of an optimizer batch: draw it again */
+        free(s->batch_cursor);
+        s->batch_cursor = strdup(cj);
+        if (!s->batch_cursor) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        if (st == TDM_OK) st = plan_step(t, s, err);
+        int64_t done_seqs = jint(piece, "seqs_done");
+        if (st == TDM_OK && (!info.grad_accum || done_seqs < 1 || done_seqs >= s->batch_seqs))
+            st = tdm_fail(err, TDM_ERR_CORRUPT,
+                          "%s: an optimizer batch in progress (%lld of %d sequences done) without "
+                          "its partial gradient, or out of range",
+                          dir, (long long)done_seqs, s->batch_seqs);
+        if (st == TDM_OK)
+            st = tdm_be_upload(t->be, s->dev->grads, info.grad_accum,
+                               (size_t)s->host.n_params * sizeof(float), err);
+        if (st == TDM_OK) {
+            s->in_batch = true;
+            s->seqs_done = (int)done_seqs;
+            s->step_loss_sum = jget(piece, "loss_sum");
+        }
     }
     if (st == TDM_OK) {
         char tsp[4200];
@@ -942,7 +1106,10 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     if (st == TDM_OK) {
         char mp[4096];
         snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
-        st = tdm_metrics_truncate_after(mp, s->step, NULL, err);
+        /* the lines written up to the checkpoint (an older checkpoint: those up to its step) */
+        const json_t *ml = json_object_get(info.extra, "metrics_lines");
+        st = tdm_metrics_truncate_lines(
+            mp, s->step, json_is_integer(ml) ? json_integer_value(ml) : -1, &s->metrics_lines, err);
     }
     free(cj);
     tdm_lora_params_free(&l);
@@ -1131,7 +1298,16 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint};
-    return tdm_model_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, &p, out, err);
+    TRY(tdm_model_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, &p, out, err));
+    /* synchronized: the copy of the partial gradient of each adapter weighted below the largest
+     * (tdm_trainer_attach) */
+    double wmax = 0;
+    for (int a = 0; a < t->n; a++)
+        wmax = fmax(wmax, t->ad[a].cfg.weight);
+    for (int a = 0; a < t->n; a++)
+        if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED && t->ad[a].cfg.weight < wmax)
+            out->adapters += (uint64_t)t->ad[a].host.n_params * sizeof(float);
+    return TDM_OK;
 }
 
 /* mkdir -p */
@@ -1157,8 +1333,11 @@ static tdm_status make_dirs(const char *path, tdm_error *err)
 typedef struct step_snapshot {
     int64_t global_step;
     int rr_next;
-    double *credit; /* per adapter */
-    char **cursor;  /* per adapter: tdm_train_cursor JSON, NULL when not taken */
+    double *credit;   /* per adapter */
+    char **cursor;    /* per adapter: tdm_train_cursor JSON, NULL when not taken */
+    bool *in_batch;   /* per adapter: an optimizer batch in progress... */
+    int *seqs_done;   /* ...with this many of its sequences done... */
+    double *loss_sum; /* ...and their loss sum; the gradient is in the adapter's d_grad_saved */
 } step_snapshot;
 
 static void snapshot_free(step_snapshot *ss, int n)
@@ -1168,7 +1347,25 @@ static void snapshot_free(step_snapshot *ss, int n)
             free(ss->cursor[a]);
     free(ss->cursor);
     free(ss->credit);
+    free(ss->in_batch);
+    free(ss->seqs_done);
+    free(ss->loss_sum);
     memset(ss, 0, sizeof *ss);
+}
+
+static tdm_status snapshot_init(step_snapshot *ss, int n, tdm_error *err)
+{
+    memset(ss, 0, sizeof *ss);
+    ss->credit = calloc((size_t)n, sizeof *ss->credit);
+    ss->cursor = calloc((size_t)n, sizeof *ss->cursor);
+    ss->in_batch = calloc((size_t)n, sizeof *ss->in_batch);
+    ss->seqs_done = calloc((size_t)n, sizeof *ss->seqs_done);
+    ss->loss_sum = calloc((size_t)n, sizeof *ss->loss_sum);
+    if (!ss->credit || !ss->cursor || !ss->in_batch || !ss->seqs_done || !ss->loss_sum) {
+        snapshot_free(ss, n);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    return TDM_OK;
 }
 
 static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *err)
@@ -1176,10 +1373,23 @@ static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *er
     ss->global_step = t->global_step;
     ss->rr_next = t->rr_next;
     for (int a = 0; a < t->n; a++) {
-        ss->credit[a] = t->ad[a].credit;
+        adapter_state *s = &t->ad[a];
+        ss->credit[a] = s->credit;
+        ss->in_batch[a] = s->in_batch;
+        ss->seqs_done[a] = s->seqs_done;
+        ss->loss_sum[a] = s->step_loss_sum;
         free(ss->cursor[a]);
         ss->cursor[a] = NULL;
-        if (!t->ad[a].done) TRY(tdm_train_cursor_to_json(t->ad[a].cur, &ss->cursor[a], err));
+        if (s->done) continue;
+        TRY(tdm_train_cursor_to_json(s->cur, &ss->cursor[a], err));
+        if (!s->in_batch || s->seqs_done == 0) continue;
+        /* a partial gradient the step may spoil: keep a device copy (allocated by attach for
+         * the adapters that can be here; a batch restored by --resume under another schedule
+         * gets one now) */
+        size_t bytes = (size_t)s->host.n_params * sizeof(float);
+        if (!s->d_grad_saved)
+            TRY(tdm_be_alloc(t->be, TDM_BE_F32, s->host.n_params, (void **)&s->d_grad_saved, err));
+        TRY(tdm_be_copy(t->be, s->d_grad_saved, s->dev->grads, bytes, err));
     }
     return TDM_OK;
 }
@@ -1201,6 +1411,18 @@ static tdm_status checkpoint_after_oom(tdm_trainer *t, const step_snapshot *ss, 
         if (s->done) continue;
         if (ss->cursor[a]) st = tdm_train_cursor_from_json(s->cur, ss->cursor[a], &serr);
         if (st != TDM_OK) break;
+        if (!ss->in_batch[a]) { /* a batch drawn by the failed step is drawn again */
+            s->in_batch = false;
+            free(s->batch_cursor);
+            s->batch_cursor = NULL;
+        } else {
+            s->seqs_done = ss->seqs_done[a];
+            s->step_loss_sum = ss->loss_sum[a];
+            if (s->seqs_done > 0)
+                st = tdm_be_copy(t->be, s->dev->grads, s->d_grad_saved,
+                                 (size_t)s->host.n_params * sizeof(float), &serr);
+            if (st != TDM_OK) break;
+        }
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
         s->ts.global_step = s->step;
@@ -1279,9 +1501,6 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     if (t->o.max_checkpoint_interval > 0 &&
         (save_every == 0 || save_every > t->o.max_checkpoint_interval))
         save_every = t->o.max_checkpoint_interval;
-    double wmax = 0;
-    for (int a = 0; a < n; a++)
-        if (t->ad[a].cfg.weight > wmax) wmax = t->ad[a].cfg.weight;
 
     /* priority-val-loss needs a first measurement of everyone */
     if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
@@ -1289,15 +1508,20 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             TRY(eval_point(t, a, err));
 
     int *part = malloc((size_t)n * sizeof *part);
-    step_snapshot snap = {.credit = calloc((size_t)n, sizeof(double)),
-                          .cursor = calloc((size_t)n, sizeof(char *))};
-    if (!part || !snap.credit || !snap.cursor) {
+    double *ratio = malloc((size_t)n * sizeof *ratio);
+    bool *stepped = malloc((size_t)n * sizeof *stepped),
+         *worked = malloc((size_t)n * sizeof *worked);
+    step_snapshot snap;
+    tdm_status st = snapshot_init(&snap, n, err);
+    if (st != TDM_OK || !part || !ratio || !stepped || !worked) {
         free(part);
+        free(ratio);
+        free(stepped);
+        free(worked);
         snapshot_free(&snap, n);
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        return st != TDM_OK ? st : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
     fused f = {0};
-    tdm_status st = TDM_OK;
     t->t0_ms = now_ms();
     for (int a = 0; a < n; a++)
         t->ad[a].epoch_start_ms = t->t0_ms;
@@ -1305,23 +1529,22 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         int np = 0;
         if ((st = snapshot_take(t, &snap, err)) != TDM_OK) break;
         if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED) {
-            for (int a = 0; a < n; a++) {
-                adapter_state *s = &t->ad[a];
-                if (s->done) continue;
-                s->credit += s->cfg.weight / wmax;
-                if (s->credit >= 1.0 - 1e-9) {
-                    s->credit -= 1.0;
+            /* every active adapter, each with its share of the pass: weight / the largest
+             * weight among the active ones */
+            double wmax = 0;
+            for (int a = 0; a < n; a++)
+                if (!t->ad[a].done) wmax = fmax(wmax, t->ad[a].cfg.weight);
+            for (int a = 0; a < n; a++)
+                if (!t->ad[a].done) {
+                    ratio[np] = t->ad[a].cfg.weight / wmax;
                     part[np++] = a;
                 }
-            }
-            bool any = false;
-            for (int a = 0; a < n; a++)
-                any |= !t->ad[a].done;
-            if (!any) break;
+            if (np == 0) break;
         } else if (t->o.schedule == TDM_SCHEDULE_ROUND_ROBIN) {
             for (int k = 0; k < n; k++) {
                 int a = (t->rr_next + k) % n;
                 if (!t->ad[a].done) {
+                    ratio[np] = 1;
                     part[np++] = a;
                     t->rr_next = (a + 1) % n;
                     break;
@@ -1331,20 +1554,24 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         } else {
             int a = pick_priority(t);
             if (a < 0) break;
+            ratio[np] = 1;
             part[np++] = a;
         }
         t->global_step++;
-        if (np == 0) continue;
         double ts0 = now_ms();
-        if ((st = train_step(t, part, np, &f, err)) != TDM_OK) {
+        if ((st = train_step(t, part, ratio, np, &f, stepped, worked, err)) != TDM_OK) {
             if (st == TDM_ERR_NOMEM) st = checkpoint_after_oom(t, &snap, err);
             break;
         }
         double dt = now_ms() - ts0;
+        if (t->global_step % t->o.log_every == 0)
+            for (int a = 0; a < n; a++)
+                t->ad[a].log_due = !t->ad[a].done;
         for (int p = 0; p < np && st == TDM_OK; p++) {
             int a = part[p];
             adapter_state *s = &t->ad[a];
-            s->train_ms += dt;
+            if (worked[p]) s->train_ms += dt;
+            if (!stepped[p]) continue;
             report(t, a, TDM_TRAINER_EVENT_STEP, s->last_train_loss);
             if (s->step % s->steps_per_epoch == 0) { /* an epoch ended */
                 s->last_epoch_loss =
@@ -1360,8 +1587,12 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         for (int p = 0; p < np && st == TDM_OK; p++) {
             int a = part[p];
             adapter_state *s = &t->ad[a];
+            if (!stepped[p]) continue;
             bool last = s->step >= s->total_steps;
-            if (t->global_step % t->o.log_every == 0 || last) st = log_point(t, a, err);
+            if (s->log_due || last) {
+                s->log_due = false;
+                st = log_point(t, a, err);
+            }
             if (st == TDM_OK && last) st = finish_adapter(t, a, err);
         }
         if (st != TDM_OK) break;
@@ -1386,6 +1617,9 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     }
     fused_free(&f);
     free(part);
+    free(ratio);
+    free(stepped);
+    free(worked);
     snapshot_free(&snap, n);
     return st;
 }

@@ -3,10 +3,15 @@
  * One process loads the frozen base once (NF4 projections for qlora, the base precision for
  * lora) and trains N LoRA adapters, each with its own data, hyper-parameters, AdamW state, LR
  * schedule, clipping, step counter, data cursor and RNG. Per global step the schedule picks the
- * adapters that take an optimizer step:
- *   synchronized       every active adapter whose weight credit reached 1 (credit += weight /
- *                      max weight per step; weight 1 everywhere = every adapter every step); their
- *                      micro-batches are fused into one model step
+ * adapters that train:
+ *   synchronized       every active adapter, fused into up to grad_accum passes (one model step
+ *                      each), each adapter with a share of weight / max weight (among the active
+ *                      adapters) of its optimizer batch per global step: the max-weight adapters
+ *                      put one micro-batch in each pass and step every global step; a lighter
+ *                      adapter draws its whole batch at once, puts a credit-based piece of it in
+ *                      each pass (credit += share * batch_size per pass, the whole part taken),
+ *                      accumulates the gradient over global steps and steps when the batch is
+ *                      done, so its trajectory is that of training alone (to float rounding)
  *   round-robin        one adapter per step, in turn
  *   priority-val-loss  the adapter with the highest latest validation loss (one not yet
  *                      evaluated first; without validation data its latest training loss)
@@ -62,7 +67,7 @@ typedef struct tdm_trainer_adapter {
     int epochs;
     int batch_size;
     int max_seq_len;
-    double weight; /* > 0, synchronized schedule's share */
+    double weight; /* > 0, synchronized schedule's share of each pass (relative to the largest) */
 } tdm_trainer_adapter;
 
 /* What the trainer reports to its caller (the CLI draws progress from it). */
@@ -91,6 +96,18 @@ typedef struct tdm_trainer_progress {
 
 typedef void (*tdm_trainer_progress_fn)(const tdm_trainer_progress *p, void *user);
 
+/* One fused forward + backward pass of a global step, as the on_pass hook sees it (tests check
+ * the synchronized schedule's shares with it). */
+typedef struct tdm_trainer_pass {
+    int64_t global_step; /* the global step the pass belongs to, from 1 */
+    int pass;            /* index within the global step, from 0 (at most grad_accum passes) */
+    int n_adapters;
+    const int *seqs;     /* (n_adapters) sequences each adapter put in the pass */
+    const int64_t *rows; /* (n_adapters) rows (tokens) each adapter put in the pass */
+} tdm_trainer_pass;
+
+typedef void (*tdm_trainer_pass_fn)(const tdm_trainer_pass *p, void *user);
+
 typedef struct tdm_trainer_opts {
     const char *model_dir;
     const char *task;  /* "instruct" */
@@ -117,6 +134,8 @@ typedef struct tdm_trainer_opts {
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
     tdm_trainer_progress_fn progress;
     void *progress_user;
+    tdm_trainer_pass_fn on_pass; /* may be NULL: called after each fused training pass */
+    void *on_pass_user;
 } tdm_trainer_opts;
 
 /* The defaults of `tandem finetune` (docs/finetune.md). */
@@ -135,10 +154,11 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
 
 /* The device memory training will use on the CUDA backend (bf16 activations), by owner,
  * computed before any device exists (tdm_model_memory_estimate): the frozen weights (NF4 or
- * dense), every adapter's params + grads + AdamW moments, the workspace of the largest fused
- * step (per adapter its batch_size longest samples, at most batch_size * max_seq_len rows; all
- * adapters together under the synchronized schedule; one layer's worth with grad_checkpoint) and
- * the backend's scratch. The CUDA context is not included. */
+ * dense), every adapter's params + grads + AdamW moments (+ a partial-gradient copy for each
+ * adapter weighted below the largest under the synchronized schedule), the workspace of the largest
+ * fused step (per adapter its batch_size longest samples, at most batch_size * max_seq_len rows;
+ * all adapters together under the synchronized schedule; one layer's worth with grad_checkpoint)
+ * and the backend's scratch. The CUDA context is not included. */
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err);
 
 /* Loads the frozen base onto be (which must outlive the trainer) and allocates every adapter's

@@ -4,6 +4,10 @@
 #    metadata.json, metrics.jsonl well-formed, checkpoints, and the training loss falls;
 #  - determinism: the same run again gives byte-identical adapters;
 #  - kill -9 mid-run, then --resume: the same final adapter bytes and logged losses;
+#  - weights (upper 0.375 and add 0.3 of reverse's 1: lighter adapters spread their optimizer
+#    batches over global steps): the same samples per optimizer step as without weights, one log
+#    line per optimizer step, checkpoints in the middle of a batch (with its partial gradient),
+#    and kill -9 / --resume gives the uninterrupted weighted run's bytes and losses;
 #  - eval with the adapter is lower than without; --json shape;
 #  - bad data: exit 1 with FILE:LINE and nothing written; usage errors exit 2.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -12,7 +16,7 @@ M="$WORK/tiny"
 "$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 16
 cd "$WORK" || exit 1
 
-write_toml() { # write_toml FILE PREFIX
+write_toml() { # write_toml FILE PREFIX [UPPER_WEIGHT ADD_WEIGHT]
     cat >"$1" <<EOF
 [[adapter]]
 data = "data/reverse.jsonl"
@@ -29,6 +33,7 @@ rank = 4
 targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
 learning_rate = 1e-2
 epochs = 3
+${3:+weight = $3}
 
 [[adapter]]
 data = "data/add.jsonl"
@@ -38,6 +43,7 @@ rank = 2
 targets = "gate_proj,up_proj,down_proj"
 learning_rate = 1e-2
 epochs = 1
+${4:+weight = $4}
 EOF
 }
 COMMON=(--batch-size 4 --epochs 2 --val-split 0.1 --log-every 1 --eval-every 3 --save-every 2
@@ -91,14 +97,46 @@ expect_exit 2 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}"
 grep -q -- "--resume" last.err || fail "existing checkpoints message"
 
 # kill -9 after the first checkpoints, then --resume: same adapters, same logged losses
-write_toml run3.toml run3
-kill9_when run3/reverse/checkpoint-4 "$TANDEM" finetune "$M" --adapters-config run3.toml "${COMMON[@]}"
-expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run3.toml "${COMMON[@]}" --resume
+kill_and_resume() { # kill_and_resume REF PREFIX [UPPER_WEIGHT ADD_WEIGHT]
+    local ref=$1 run=$2; shift 2
+    write_toml $run.toml $run "$@"
+    kill9_when $run/reverse/checkpoint-4 "$TANDEM" finetune "$M" --adapters-config $run.toml "${COMMON[@]}"
+    expect_exit 0 "$TANDEM" finetune "$M" --adapters-config $run.toml "${COMMON[@]}" --resume
+    for a in reverse upper add; do
+        cmp -s $ref/$a/adapter_model.safetensors $run/$a/adapter_model.safetensors || fail "$run/$a: resume differs"
+        diff <(jq -c '[.step, .loss, .val_loss]' $ref/$a/metrics.jsonl) \
+             <(jq -c '[.step, .loss, .val_loss]' $run/$a/metrics.jsonl) >/dev/null || fail "$run/$a: resumed losses differ"
+    done
+}
+kill_and_resume run1 run3
+
+# weights: upper puts 1.5 of its 4 sequences in each pass, add 1.2 (reverse, the heaviest, 4)
+write_toml w1.toml w1 0.375 0.3
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config w1.toml "${COMMON[@]}"
 for a in reverse upper add; do
-    cmp -s run1/$a/adapter_model.safetensors run3/$a/adapter_model.safetensors || fail "$a: resume differs"
-    diff <(jq -c '[.step, .loss, .val_loss]' run1/$a/metrics.jsonl) \
-         <(jq -c '[.step, .loss, .val_loss]' run3/$a/metrics.jsonl) >/dev/null || fail "$a: resumed losses differ"
+    # the same samples form every optimizer step: the same counted tokens, step by step
+    diff <(jq -c 'select(.loss) | [.step, .tokens]' run1/$a/metrics.jsonl) \
+         <(jq -c 'select(.loss) | [.step, .tokens]' w1/$a/metrics.jsonl) >/dev/null || fail "w1/$a: other batches than unweighted"
+    # a log line at every optimizer step (--log-every 1), steps 1..max_steps
+    jq -e -s --argjson n "$(jq .max_steps w1/$a/trainer_state.json)" \
+        '[.[] | select(.loss) | .step] == [range(1; $n + 1)]' w1/$a/metrics.jsonl >/dev/null || fail "w1/$a: log lines"
+    # the first step's loss is computed before any update: equal to the unweighted run's
+    awk -v a="$(jq -s '[.[] | select(.loss)] | first.loss' run1/$a/metrics.jsonl)" \
+        -v b="$(jq -s '[.[] | select(.loss)] | first.loss' w1/$a/metrics.jsonl)" \
+        'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' || fail "w1/$a: first loss differs"
 done
+# upper and add saved checkpoints in the middle of a batch, each with its partial gradient
+for a in upper add; do
+    mid=0
+    for c in w1/$a/checkpoint-*; do
+        jq -e '.extra.piece.seqs_done > 0' $c/tandem_state.json >/dev/null || continue
+        mid=$((mid + 1))
+        { jq -e '.files | index("grad_accum.safetensors")' $c/tandem_state.json >/dev/null &&
+            [ -s $c/grad_accum.safetensors ]; } || fail "$c: no partial gradient"
+    done
+    [ $mid -gt 0 ] || fail "w1/$a: no checkpoint in the middle of a batch"
+done
+kill_and_resume w1 w2 0.375 0.3
 
 # eval: the trained adapter beats the bare base on its own data
 expect_exit 0 "$TANDEM" eval "$M" --data data/add.jsonl --json

@@ -1,8 +1,9 @@
 /* Unit tests of train/checkpoint and util/atomic_dir: exact round trip of everything a resume
- * needs, discovery of the latest complete checkpoint (scratch, junk and damaged entries ignored),
- * retention, best/, every injected I/O fault leaving the previous checkpoint as the latest, and
- * a child process killed with SIGKILL while writing checkpoints in a loop: after each kill the
- * latest checkpoint, and every other one listed, is complete and holds the values of its step. */
+ * needs (the partial gradient of an optimizer batch in progress included), discovery of the
+ * latest complete checkpoint (scratch, junk and damaged entries ignored), retention, best/, every
+ * injected I/O fault leaving the previous checkpoint as the latest, and a child process killed
+ * with SIGKILL while writing checkpoints in a loop: after each kill the latest checkpoint, and
+ * every other one listed, is complete and holds the values of its step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -93,8 +94,9 @@ static void fixture_init(fixture *f, int hidden, int inter)
 {
     tdm_error err = {0};
     tiny_config(&f->cfg, hidden, inter, 2);
-    assert_int_equal(tdm_lora_params_init(&f->lora, &f->cfg, 4, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_lora_params_init(&f->lora, &f->cfg, 4, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err),
+        TDM_OK);
     assert_int_equal(tdm_adamw_state_init(&f->opt, f->lora.n_params, &err), TDM_OK);
 }
 
@@ -203,6 +205,62 @@ static void test_round_trip(void **state)
     tdm_model_config other;
     tiny_config(&other, 64, 128, 2);
     assert_int_not_equal(tdm_checkpoint_load(path, &other, &l, NULL, &o, &back, &err), TDM_OK);
+    fixture_free(&f);
+}
+
+/* The partial gradient of an optimizer batch in progress: written and listed only when given,
+ * read back bit-exact, and a checkpoint without it loads with none. */
+static void test_grad_accum(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, 16, 24);
+    fixture_fill(&f, 5);
+    tdm_error err = {0};
+    char out[300], path[400], file[500];
+    make_dir(out, sizeof out, "grad");
+    float *g = malloc((size_t)f.lora.n_params * sizeof *g);
+    assert_non_null(g);
+    for (int64_t i = 0; i < f.lora.n_params; i++)
+        g[i] = (float)i * -1.5e-3f + 1.0f / 3.0f;
+    tdm_checkpoint_info info = {.step = 5, .epoch = 0.5, .schedule = {TDM_LR_COSINE, 2e-4, 2, 10}};
+    info.data_cursor = json_pack("{s:I}", "position", (json_int_t)3);
+    info.grad_accum = g;
+    assert_int_equal(
+        tdm_checkpoint_save(out, &f.lora, NULL, &f.opt, &info, NULL, path, sizeof path, &err),
+        TDM_OK);
+    assert_int_equal(tdm_checkpoint_verify(path, &err), TDM_OK);
+    snprintf(file, sizeof file, "%s/%s", path, TDM_CHECKPOINT_GRAD_FILE);
+    assert_int_equal(access(file, R_OK), 0);
+    tdm_lora_params l;
+    tdm_adamw_state o;
+    tdm_checkpoint_info back;
+    assert_int_equal(tdm_checkpoint_load(path, &f.cfg, &l, NULL, &o, &back, &err), TDM_OK);
+    assert_non_null(back.grad_accum);
+    assert_memory_equal(back.grad_accum, g, (size_t)f.lora.n_params * sizeof(float));
+    tdm_checkpoint_info_free(&back);
+    assert_null(back.grad_accum);
+    tdm_lora_params_free(&l);
+    tdm_adamw_state_free(&o);
+    /* a damaged partial gradient makes the checkpoint fail to verify */
+    FILE *fp = fopen(file, "r+");
+    assert_non_null(fp);
+    assert_int_equal(ftruncate(fileno(fp), 40), 0);
+    fclose(fp);
+    assert_int_not_equal(tdm_checkpoint_verify(path, &err), TDM_OK);
+    /* the same step again without one: replaced as a whole, nothing left of it */
+    info.grad_accum = NULL;
+    assert_int_equal(
+        tdm_checkpoint_save(out, &f.lora, NULL, &f.opt, &info, NULL, path, sizeof path, &err),
+        TDM_OK);
+    assert_int_equal(access(file, F_OK), -1);
+    assert_int_equal(tdm_checkpoint_load(path, &f.cfg, &l, NULL, &o, &back, &err), TDM_OK);
+    assert_null(back.grad_accum);
+    tdm_checkpoint_info_free(&back);
+    tdm_checkpoint_info_free(&info);
+    tdm_lora_params_free(&l);
+    tdm_adamw_state_free(&o);
+    free(g);
     fixture_free(&f);
 }
 
@@ -347,7 +405,8 @@ static void child_loop(const char *out, int64_t first)
     fixture f;
     tdm_error err = {0};
     tiny_config(&f.cfg, 128, 256, 2);
-    if (tdm_lora_params_init(&f.lora, &f.cfg, 8, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err) != TDM_OK ||
+    if (tdm_lora_params_init(&f.lora, &f.cfg, 8, 8.0, false, TDM_ADAPTER_TARGET_ALL, &err) !=
+            TDM_OK ||
         tdm_adamw_state_init(&f.opt, f.lora.n_params, &err) != TDM_OK)
         _exit(3);
     for (int64_t s = first;; s++) {
@@ -452,6 +511,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_grad_accum),
         cmocka_unit_test(test_discovery_and_retention),
         cmocka_unit_test(test_best),
         cmocka_unit_test(test_faults),

@@ -248,6 +248,15 @@ static void test_metrics_jsonl(void **state)
     assert_null(strstr(text, "\"step\":5"));
     assert_null(strstr(text, "\"step\": 7"));
     free(text);
+    /* the line count a checkpoint recorded wins over the step: of the 4 lines of step <= 4,
+     * keep the first 3 (an evaluation line of step 3 written after a checkpoint at step 3) */
+    assert_int_equal(tdm_metrics_truncate_lines(path, 4, 3, &kept, &err), TDM_OK);
+    assert_int_equal(kept, 3);
+    assert_int_equal(count_lines(path), 3);
+    assert_int_equal(tdm_read_file(path, &text, NULL, &err), TDM_OK);
+    assert_null(strstr(text, "\"step\":4"));
+    assert_non_null(strstr(text, "\"step\":3"));
+    free(text);
     char missing[320];
     snprintf(missing, sizeof missing, "%s/none.jsonl", tmpdir);
     assert_int_equal(tdm_metrics_truncate_after(missing, 4, &kept, &err), TDM_OK);
@@ -262,7 +271,7 @@ static void test_metrics_jsonl(void **state)
                           .val_loss = NAN};
     assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_ERR_IO);
     unsetenv("TANDEM_FAULT_INJECT");
-    assert_int_equal(count_lines(path), 4);
+    assert_int_equal(count_lines(path), 3);
 }
 
 int main(void)
