@@ -2,7 +2,8 @@
 #  - three adapters fused from an adapters.toml (different ranks, targets, learning rates, data
 #    sizes, epochs): PEFT files with the right tensor names and shapes, trainer_state.json,
 #    metadata.json, metrics.jsonl well-formed, checkpoints, and the training loss falls;
-#  - determinism: the same run again gives byte-identical adapters;
+#  - determinism: the same run again (with --profile-ops, whose table it checks) gives
+#    byte-identical adapters;
 #  - kill -9 mid-run, then --resume: the same final adapter bytes and logged losses;
 #  - weights (upper 0.375 and add 0.3 of reverse's 1: lighter adapters spread their optimizer
 #    batches over global steps): the same samples per optimizer step as without weights, one log
@@ -86,9 +87,14 @@ jq -e 'has("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight") | n
 jq -e ".epoch == 1" run1/add/metadata.json >/dev/null || fail "add epochs: $(jq .epoch run1/add/metadata.json)"
 jq -e ".epoch == 3" run1/upper/metadata.json >/dev/null || fail "upper epochs"
 
-# determinism: the same command again gives the same bytes
+# determinism: the same command again gives the same bytes, also with --profile-ops (timing
+# every op changes nothing), which prints the per-op table at the end
 write_toml run2.toml run2
-expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}"
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}" --profile-ops
+grep -q '^op profile (backend cpu)' last.err || fail "--profile-ops: no table"
+for op in linear_fwd linear_bwd lora_bwd cross_entropy adamw; do
+    grep -Eq "^  $op +[1-9][0-9]* " last.err || fail "--profile-ops: no $op row with calls"
+done
 for a in reverse upper add; do
     cmp -s run1/$a/adapter_model.safetensors run2/$a/adapter_model.safetensors || fail "$a: not deterministic"
 done
