@@ -595,6 +595,21 @@ static tdm_status cuda_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *
 
 /* -------------------------------------------------------- frozen weights ---- */
 
+/* The dequantization kernels' view of an NF4 weight: n elements from element e0, contiguous. */
+static nf4_args nf4_args_of(const tdm_be_weight *w, int64_t e0, int64_t n)
+{
+    nf4_args a;
+    a.codes = w->codes;
+    a.absmax = w->format == TDM_BE_W_NF4 ? w->absmax : NULL;
+    a.absmax_q = w->absmax_q;
+    a.absmax2 = w->absmax2;
+    a.offset = w->offset;
+    a.e0 = e0;
+    a.n = n;
+    a.width = a.ld = 0;
+    return a;
+}
+
 tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0, int64_t r1,
                             void *out, tdm_be_dtype dtype, tdm_error *err)
 {
@@ -627,15 +642,7 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
         break;
     }
     cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
-    nf4_args a;
-    a.codes = w->codes;
-    a.absmax = w->format == TDM_BE_W_NF4 ? w->absmax : NULL;
-    a.absmax_q = w->absmax_q;
-    a.absmax2 = w->absmax2;
-    a.offset = w->offset;
-    a.e0 = e0;
-    a.n = n;
-    a.width = a.ld = 0;
+    nf4_args a = nf4_args_of(w, e0, n);
     if (!f32 && e0 % 16 == 0 && (uintptr_t)out % 16 == 0) {
         unsigned blocks = cuda_blocks(n / 16 > 0 ? n / 16 : 1, 256);
         nf4_dequant_v4<<<blocks, 256, 0, st>>>(a, (bf16 *)out);
@@ -702,14 +709,7 @@ static tdm_status cuda_weight_cols(cuda_backend *cb, const tdm_be_weight *w, int
         CU_LAUNCHED("convert_slab_kernel");
         return TDM_OK;
     }
-    nf4_args a;
-    a.codes = w->codes;
-    a.absmax = w->format == TDM_BE_W_NF4 ? w->absmax : NULL;
-    a.absmax_q = w->absmax_q;
-    a.absmax2 = w->absmax2;
-    a.offset = w->offset;
-    a.e0 = c0;
-    a.n = n;
+    nf4_args a = nf4_args_of(w, c0, n);
     a.width = width;
     a.ld = w->cols;
     nf4_dequant_v4<<<cuda_blocks(n / 16 > 0 ? n / 16 : 1, 256), 256, 0, st>>>(a, out);
