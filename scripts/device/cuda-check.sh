@@ -2,7 +2,7 @@
 # cuda-check.sh DIR [--full] — run on the GPU machine (CUDA 13 driver + toolkit, no internet).
 # DIR is what scripts/device/cuda-pack.sh made on the build machine:
 #   DIR/bin/test_backend_cuda       every CUDA backend op against the CPU backend (cmocka)
-#   DIR/bin/{nf4_dequant,attention,lora,adamw}   dev/cuda kernel programs (validation + timing)
+#   DIR/bin/{nf4_dequant,attention,lora,adamw,cross_entropy}   dev/cuda kernel programs (validation + timing)
 #   DIR/lib/                        Debian shared libraries the GPU image lacks
 # A dev program missing from DIR/bin is compiled here from dev/cuda/ with nvcc (sm_90).
 # Prints the details as it goes and a short summary table last; full logs go to $OUT (or
@@ -38,7 +38,7 @@ else
 fi
 [ "${RC[test_backend_cuda]}" = 0 ] || status=1
 
-for k in nf4_dequant attention lora adamw; do
+for k in nf4_dequant attention lora adamw cross_entropy; do
     echo "== dev/cuda/$k"
     exe="$DIR/bin/$k"
     if [ ! -x "$exe" ]; then
@@ -64,7 +64,7 @@ done
         END { for (op in worst) printf "  %-22s checks %3d  max_rel_err %-10s (tol %s)\n", op, n[op], worst[op], t[op] }' | sort
     printf '%-14s %-9s %-40s %10s %14s %9s %s\n' kernel variant shape time_us rate err status
     # the fastest passing variant per (kernel, shape), plus every failure
-    cat "$LOG"/{nf4_dequant,attention,lora,adamw}.log 2>/dev/null | awk '/^RESULT/ {
+    cat "$LOG"/{nf4_dequant,attention,lora,adamw,cross_entropy}.log 2>/dev/null | awk '/^RESULT/ {
         k = $2 " " $4; t = $5; sub("time_us=", "", t)
         if ($8 == "FAIL") { print; next }
         if (!(k in best) || t + 0 < best[k] + 0) { best[k] = t; line[k] = $0 }

@@ -2,7 +2,7 @@
 # cuda-pack.sh — run HERE (the build machine, CUDA toolkit installed, no GPU needed): builds the
 # CUDA test and the dev/cuda kernel programs and packs them, with the Debian shared libraries
 # they need that the GPU machine lacks, into DIR (default .device/cuda, git-ignored):
-#   DIR/bin/test_backend_cuda  DIR/bin/{nf4_dequant,attention,lora,adamw}  DIR/lib/*.so*
+#   DIR/bin/test_backend_cuda  DIR/bin/{nf4_dequant,attention,lora,adamw,cross_entropy}  DIR/lib/*.so*
 # Then on the GPU machine: scripts/device/cuda-check.sh DIR   (carry: .device)
 #   BUILD=build-cuda  build directory (configured with -DTANDEM_WERROR=ON if absent)
 #   JOBS=1            parallel build jobs
@@ -12,12 +12,12 @@ DIR=${1:-.device/cuda}
 BUILD=${BUILD:-build-cuda}
 JOBS=${JOBS:-1}
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DTANDEM_WERROR=ON
-cmake --build "$BUILD" -j "$JOBS" --target test_backend_cuda dev_nf4_dequant dev_attention \
+cmake --build "$BUILD" -j "$JOBS" --target test_backend_cuda dev_nf4_dequant dev_attention dev_cross_entropy \
     dev_lora dev_adamw
 rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib"
 cp "$BUILD/tests/test_backend_cuda" "$DIR/bin/"
-cp "$BUILD"/dev/cuda/{nf4_dequant,attention,lora,adamw} "$DIR/bin/"
+cp "$BUILD"/dev/cuda/{nf4_dequant,attention,lora,adamw,cross_entropy} "$DIR/bin/"
 # Shared libraries outside glibc / libstdc++ / CUDA (the GPU image has those).
 ldd "$DIR"/bin/* | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
