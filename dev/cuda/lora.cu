@@ -158,6 +158,17 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     result("lora_fwd", "v1", shp, us, "GB/s", fbytes / us / 1e3, err, ok);
     us = time_us(bwd);
     result("lora_bwd", "v2", shp, us, "GB/s", bbytes / us / 1e3, err, ok);
+    /* the backward's three kernels one at a time (each re-run on the same inputs accumulates
+     * into dX / dA / dB, harmless for timing): which one the time goes to */
+    double us_rows = time_us(
+        [&]() { lora_bwd_rows_kernel<<<p.n_blocks, LORA_THREADS, LORA_BWD_ROWS_SMEM>>>(p); });
+    double us_red =
+        time_us([&]() { lora_bwd_red_kernel<<<pr.n_blocks, LORA_THREADS, LORA_RED_SMEM>>>(pr); });
+    double us_fin = time_us(
+        [&]() { lora_red_finish_kernel<<<(unsigned)((pr.n_elems + 255) / 256), 256>>>(pr); });
+    printf("  lora_bwd parts %s: rows kernel %.1f us (%d blocks), reduction %.1f us (%d blocks), "
+           "finish %.1f us\n",
+           shp, us_rows, p.n_blocks, us_red, pr.n_blocks, us_fin);
     for (auto q : da)
         cudaCheck(cudaFree(q));
     for (auto q : db)
