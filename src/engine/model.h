@@ -93,9 +93,10 @@ typedef struct tdm_lora {
     uint64_t dropout_seed; /* the caller sets it before each training step: tdm_lora_dropout_seed */
 } tdm_lora;
 
-/* The dropout mask seed of an adapter's micro-step: a pure function of the adapter's seed, its
- * optimizer step (the number of steps taken before) and the micro-batch index within the step,
- * so a run resumed from a checkpoint draws the same masks without storing any state. */
+/* The dropout mask seed of an adapter's piece of a step: a pure function of the adapter's seed,
+ * its optimizer step (the number of steps taken before) and `micro`, the piece's position in the
+ * step's batch (the trainer passes the sequences of the batch done before it), so a run resumed
+ * from a checkpoint draws the same masks without storing any state. */
 uint64_t tdm_lora_dropout_seed(uint64_t seed, int64_t step, int64_t micro);
 /* The mask seed of module t of layer l for an adapter whose dropout_seed is step_seed (what
  * tdm_model_step puts into the segment table). */
