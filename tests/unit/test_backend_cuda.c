@@ -549,80 +549,104 @@ static void test_cross_entropy(void **state)
 
 /* ------------------------------------------------------------------ LoRA ---- */
 
-/* Segmented LoRA fwd + bwd on both backends; p[s] is segment s's LoRA dropout (all 0: none). */
-static void lora_case(const float *p, const char *tag)
+/* A segment table for lora_case: rows [rb, re) with rank rk (0: no LoRA) and scale sc; rows in
+ * no segment are left alone by the ops. */
+#define LORA_CASE_MAX_SEGS 4
+typedef struct lora_layout {
+    const char *what; /* names the checks */
+    int64_t m, in, out, u_ld;
+    int n;
+    int64_t rb[LORA_CASE_MAX_SEGS], re[LORA_CASE_MAX_SEGS], rk[LORA_CASE_MAX_SEGS];
+    float sc[LORA_CASE_MAX_SEGS];
+} lora_layout;
+
+/* segments: rank 4 rows [0, 30), no LoRA [30, 41), gap [41, 45), rank 16 [45, 80), rank 32
+ * [80, 90) */
+static const lora_layout lora_small = {.what = "r 4/16/32, a no-LoRA run, a gap",
+                                       .m = 90,
+                                       .in = 96,
+                                       .out = 80,
+                                       .u_ld = 32,
+                                       .n = 4,
+                                       .rb = {0, 30, 45, 80},
+                                       .re = {30, 41, 80, 90},
+                                       .rk = {4, 0, 16, 32},
+                                       .sc = {2.0f, 0, 0.5f, 1.25f}};
+
+/* Segmented LoRA fwd + bwd on both backends over layout l; p[s] is segment s's LoRA dropout (all
+ * 0: none). dX, dA and dB start from random values (the backward accumulates). */
+static void lora_case(const lora_layout *l, const float *p, const char *tag)
 {
-    int64_t m = 90, in = 96, out = 80, u_ld = 32;
-    /* segments: rank 4 rows [0, 30), no LoRA [30, 41), gap [41, 45), rank 16 [45, 80),
-     * rank 32 [80, 90) */
-    int64_t rb[4] = {0, 30, 45, 80}, re[4] = {30, 41, 80, 90}, rk[4] = {4, 0, 16, 32};
-    float sc[4] = {2.0f, 0, 0.5f, 1.25f};
+    const int64_t m = l->m, in = l->in, out = l->out, u_ld = l->u_ld;
+    const int64_t *rb = l->rb, *re = l->re, *rk = l->rk;
+    const int n = l->n;
     float *X = rndb(m * in, 1), *Y = rndb(m * out, 1), *DY = rndb(m * out, 1),
           *DX = rndb(m * in, 1);
-    float *A[4], *B[4], *DA0[4], *DB0[4];
-    for (int s = 0; s < 4; s++) {
+    float *A[LORA_CASE_MAX_SEGS], *B[LORA_CASE_MAX_SEGS], *DA0[LORA_CASE_MAX_SEGS],
+        *DB0[LORA_CASE_MAX_SEGS];
+    for (int s = 0; s < n; s++) {
         int64_t r = rk[s] ? rk[s] : 1;
         A[s] = rndb(r * in, 0.3f), B[s] = rndb(out * r, 0.3f);
         DA0[s] = rndb(r * in, 0.1f), DB0[s] = rndb(out * r, 0.1f);
     }
     tdm_backend *bes[2] = {gpu, cpu};
     void *x[2], *y[2], *dy[2], *dx[2];
-    float *u[2], *a[2][4], *b[2][4], *da[2][4], *db[2][4];
+    float *u[2], *a[2][LORA_CASE_MAX_SEGS], *b[2][LORA_CASE_MAX_SEGS], *da[2][LORA_CASE_MAX_SEGS],
+        *db[2][LORA_CASE_MAX_SEGS];
     for (int i = 0; i < 2; i++) {
         tdm_backend *be = bes[i];
         x[i] = put_act(be, X, m * in), y[i] = put_act(be, Y, m * out);
         dy[i] = put_act(be, DY, m * out), dx[i] = put_act(be, DX, m * in);
         u[i] = put(be, TDM_BE_F32, NULL, m * u_ld);
-        tdm_lora_seg segs[4];
-        for (int s = 0; s < 4; s++) {
+        tdm_lora_seg segs[LORA_CASE_MAX_SEGS];
+        for (int s = 0; s < n; s++) {
             int64_t r = rk[s] ? rk[s] : 1;
             a[i][s] = put(be, TDM_BE_F32, A[s], r * in),
             b[i][s] = put(be, TDM_BE_F32, B[s], out * r);
             da[i][s] = put(be, TDM_BE_F32, DA0[s], r * in);
             db[i][s] = put(be, TDM_BE_F32, DB0[s], out * r);
-            tdm_lora_seg sg = {
-                rb[s],   re[s],    rk[s] ? rk[s] : 1, sc[s], rk[s] ? a[i][s] : NULL,
-                b[i][s], da[i][s], db[i][s],          p[s],  0x5eed0000u + (uint64_t)s};
+            tdm_lora_seg sg = {rb[s],   re[s],    r,        l->sc[s], rk[s] ? a[i][s] : NULL,
+                               b[i][s], da[i][s], db[i][s], p[s],     0x5eed0000u + (uint64_t)s};
             segs[s] = sg;
         }
-        OK(tdm_be_lora_fwd(be, segs, 4, x[i], m, in, out, u[i], u_ld, y[i], err));
-        OK(tdm_be_lora_bwd(be, segs, 4, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
+        OK(tdm_be_lora_fwd(be, segs, n, x[i], m, in, out, u[i], u_ld, y[i], err));
+        OK(tdm_be_lora_bwd(be, segs, n, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
     }
-    char name[96];
-    snprintf(name, sizeof name, "lora_fwd y (r 4/16/32, a no-LoRA run, a gap)%s", tag);
+    char name[128];
+    snprintf(name, sizeof name, "lora_fwd y (%s)%s", l->what, tag);
     cmp_act(name, y[0], y[1], m * out, BF_TOL);
-    /* u: compare only the columns each segment writes */
+    /* u: compare only the columns each segment with LoRA writes (zero the rest on both sides) */
     float *ug = get(gpu, u[0], TDM_BE_F32, m * u_ld), *uc = get(cpu, u[1], TDM_BE_F32, m * u_ld);
-    for (int s = 0; s < 4; s++)
-        for (int64_t r = rb[s]; r < re[s]; r++)
-            for (int64_t c = 0; c < u_ld; c++)
-                if (!rk[s] || c >= rk[s]) ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
-    for (int64_t r = 41; r < 45; r++)
-        for (int64_t c = 0; c < u_ld; c++)
+    for (int64_t r = 0; r < m; r++) {
+        int64_t rank = 0;
+        for (int s = 0; s < n; s++)
+            if (rb[s] <= r && r < re[s]) rank = rk[s];
+        for (int64_t c = rank; c < u_ld; c++)
             ug[r * u_ld + c] = uc[r * u_ld + c] = 0;
+    }
     snprintf(name, sizeof name, "lora_fwd u%s", tag);
     check(name, ug, uc, m * u_ld, BF_TOL);
     free(ug), free(uc);
     snprintf(name, sizeof name, "lora_bwd dx (accumulated)%s", tag);
     cmp_act(name, dx[0], dx[1], m * in, BF_TOL);
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < n; s++) {
         if (!rk[s]) continue;
-        snprintf(name, sizeof name, "lora_bwd dA rank %lld p %.2f (accumulated)", (long long)rk[s],
-                 (double)p[s]);
+        snprintf(name, sizeof name, "lora_bwd dA rank %lld, %lld rows, p %.2f (accumulated)",
+                 (long long)rk[s], (long long)(re[s] - rb[s]), (double)p[s]);
         cmp(name, da[0][s], da[1][s], TDM_BE_F32, TDM_BE_F32, rk[s] * in, BF_TOL);
-        snprintf(name, sizeof name, "lora_bwd dB rank %lld p %.2f (accumulated)", (long long)rk[s],
-                 (double)p[s]);
+        snprintf(name, sizeof name, "lora_bwd dB rank %lld, %lld rows, p %.2f (accumulated)",
+                 (long long)rk[s], (long long)(re[s] - rb[s]), (double)p[s]);
         cmp(name, db[0][s], db[1][s], TDM_BE_F32, TDM_BE_F32, out * rk[s], BF_TOL);
     }
     for (int i = 0; i < 2; i++) {
         tdm_be_free(bes[i], x[i]), tdm_be_free(bes[i], y[i]), tdm_be_free(bes[i], dy[i]);
         tdm_be_free(bes[i], dx[i]), tdm_be_free(bes[i], u[i]);
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < n; s++) {
             tdm_be_free(bes[i], a[i][s]), tdm_be_free(bes[i], b[i][s]);
             tdm_be_free(bes[i], da[i][s]), tdm_be_free(bes[i], db[i][s]);
         }
     }
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < n; s++)
         free(A[s]), free(B[s]), free(DA0[s]), free(DB0[s]);
     free(X), free(Y), free(DY), free(DX);
 }
@@ -630,7 +654,7 @@ static void lora_case(const float *p, const char *tag)
 static void test_lora(void **state)
 {
     const float none[4] = {0, 0, 0, 0};
-    lora_case(none, "");
+    lora_case(&lora_small, none, "");
 }
 
 /* LoRA dropout on the GPU: the same op comparison with p 0.1 / - / 0.5 / 0.3, then the mask
@@ -640,7 +664,7 @@ static void test_lora(void **state)
 static void test_lora_dropout(void **state)
 {
     const float p[4] = {0.1f, 0.2f, 0.5f, 0.3f};
-    lora_case(p, " dropout");
+    lora_case(&lora_small, p, " dropout");
 
     int64_t m = 150, in = 96, r = 96, out = 8, r0 = 21;
     float *X = malloc((size_t)(m * in) * sizeof(float)),
@@ -685,55 +709,21 @@ static void test_lora_dropout(void **state)
 }
 
 /* Segments long enough for the backward's row-chunked reduction (cuda_memory_plan.h): 700 rows
- * = 3 chunks of 256, 5000 rows = 16 chunks of 320; dA / dB / dX against the CPU backend. */
+ * = 3 chunks of 256, 5000 rows = 16 chunks of 320; y, u, dX, dA, dB against the CPU backend. */
 static void test_lora_long_segments(void **state)
 {
-    int64_t m = 5700, in = 96, out = 80, u_ld = 16;
-    int64_t rb[2] = {0, 700}, re[2] = {700, 5700}, rk[2] = {16, 8};
-    float sc[2] = {2.0f, 0.5f};
-    float *X = rndb(m * in, 1), *DY = rndb(m * out, 1), *Y = rndb(m * out, 1);
-    float *A[2], *B[2];
-    for (int s = 0; s < 2; s++)
-        A[s] = rndb(rk[s] * in, 0.3f), B[s] = rndb(out * rk[s], 0.3f);
-    tdm_backend *bes[2] = {gpu, cpu};
-    void *x[2], *y[2], *dy[2], *dx[2], *u[2], *a[2][2], *b[2][2], *da[2][2], *db[2][2];
-    for (int i = 0; i < 2; i++) {
-        tdm_backend *be = bes[i];
-        x[i] = put_act(be, X, m * in), y[i] = put_act(be, Y, m * out);
-        dy[i] = put_act(be, DY, m * out), dx[i] = put(be, tdm_be_act_dtype(be), NULL, m * in);
-        u[i] = put(be, TDM_BE_F32, NULL, m * u_ld);
-        tdm_lora_seg segs[2];
-        for (int s = 0; s < 2; s++) {
-            a[i][s] = put(be, TDM_BE_F32, A[s], rk[s] * in);
-            b[i][s] = put(be, TDM_BE_F32, B[s], out * rk[s]);
-            da[i][s] = put(be, TDM_BE_F32, NULL, rk[s] * in);
-            db[i][s] = put(be, TDM_BE_F32, NULL, out * rk[s]);
-            tdm_lora_seg sg = {rb[s],   re[s],    rk[s],    sc[s], a[i][s],
-                               b[i][s], da[i][s], db[i][s], 0,     0};
-            segs[s] = sg;
-        }
-        OK(tdm_be_lora_fwd(be, segs, 2, x[i], m, in, out, u[i], u_ld, y[i], err));
-        OK(tdm_be_lora_bwd(be, segs, 2, x[i], u[i], u_ld, dy[i], m, in, out, dx[i], err));
-    }
-    cmp_act("lora_bwd dx (700 + 5000 rows)", dx[0], dx[1], m * in, BF_TOL);
-    for (int s = 0; s < 2; s++) {
-        char name[64];
-        snprintf(name, sizeof name, "lora_bwd dA, %lld rows", (long long)(re[s] - rb[s]));
-        cmp(name, da[0][s], da[1][s], TDM_BE_F32, TDM_BE_F32, rk[s] * in, BF_TOL);
-        snprintf(name, sizeof name, "lora_bwd dB, %lld rows", (long long)(re[s] - rb[s]));
-        cmp(name, db[0][s], db[1][s], TDM_BE_F32, TDM_BE_F32, out * rk[s], BF_TOL);
-    }
-    for (int i = 0; i < 2; i++) {
-        tdm_be_free(bes[i], x[i]), tdm_be_free(bes[i], y[i]), tdm_be_free(bes[i], dy[i]);
-        tdm_be_free(bes[i], dx[i]), tdm_be_free(bes[i], u[i]);
-        for (int s = 0; s < 2; s++) {
-            tdm_be_free(bes[i], a[i][s]), tdm_be_free(bes[i], b[i][s]);
-            tdm_be_free(bes[i], da[i][s]), tdm_be_free(bes[i], db[i][s]);
-        }
-    }
-    for (int s = 0; s < 2; s++)
-        free(A[s]), free(B[s]);
-    free(X), free(Y), free(DY);
+    static const lora_layout long_segs = {.what = "700 + 5000 rows",
+                                          .m = 5700,
+                                          .in = 96,
+                                          .out = 80,
+                                          .u_ld = 16,
+                                          .n = 2,
+                                          .rb = {0, 700},
+                                          .re = {700, 5700},
+                                          .rk = {16, 8},
+                                          .sc = {2.0f, 0.5f}};
+    const float none[2] = {0, 0};
+    lora_case(&long_segs, none, "");
 }
 
 /* ------------------------------------------------------------- optimizer ---- */
