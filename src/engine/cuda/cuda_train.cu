@@ -87,10 +87,9 @@ static tdm_status lora_check(const tdm_lora_seg *segs, int64_t n_segs, const cha
     return TDM_OK;
 }
 
-/* Fills p.seg with up to LORA_MAX_SEGS active segments from segs[*next...], assigning blocks
- * (tiles of `rows_per_block` rows, or `blocks_per_seg` fixed blocks when > 0). */
-static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, int64_t *next,
-                      int rows_per_block, int blocks_per_seg)
+/* Fills p.seg with up to LORA_MAX_SEGS active segments from segs[*next...], one block per
+ * LORA_TM rows (the row kernels' grid; lora_plan_reduction lays out the reduction's). */
+static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, int64_t *next)
 {
     p->n_segs = 0;
     p->n_blocks = 0;
@@ -112,8 +111,7 @@ static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, 
         d->keep_thr = tdm_dropout_threshold(s->dropout);
         d->keep_scale = tdm_dropout_scale(s->dropout);
         d->mask_seed = s->mask_seed;
-        p->n_blocks +=
-            blocks_per_seg > 0 ? blocks_per_seg : (int)((R + rows_per_block - 1) / rows_per_block);
+        p->n_blocks += (int)((R + LORA_TM - 1) / LORA_TM);
     }
 }
 
@@ -133,7 +131,7 @@ tdm_status cuda_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
     p.out = out;
     int64_t next = 0;
     while (next < n_segs) {
-        lora_pack(&p, segs, n_segs, &next, LORA_TM, 0);
+        lora_pack(&p, segs, n_segs, &next);
         if (p.n_blocks == 0) continue;
         lora_fwd_kernel<<<p.n_blocks, LORA_THREADS, LORA_FWD_SMEM, cb->stream>>>(p);
         CU_LAUNCHED("lora_fwd_kernel");
@@ -161,14 +159,12 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
     p.out = out;
     int64_t next = 0;
     while (next < n_segs) {
-        int64_t start = next;
-        lora_pack(&p, segs, n_segs, &next, LORA_TM, 0);
+        lora_pack(&p, segs, n_segs, &next);
         if (p.n_blocks == 0) continue;
         lora_bwd_rows_kernel<<<p.n_blocks, LORA_THREADS, LORA_BWD_ROWS_SMEM, cb->stream>>>(p);
         CU_LAUNCHED("lora_bwd_rows_kernel");
-        /* reduction: each segment's rows in chunks, partials in scratch slot 7 */
-        next = start;
-        lora_pack(&p, segs, n_segs, &next, LORA_TM, 0);
+        /* reduction over the same segments (the launch above took p by value): each segment's
+         * rows in chunks, partials in scratch slot 7 */
         int64_t part = lora_plan_reduction(&p), elems = p.n_elems;
         void *pbuf;
         TRY(cuda_scratch_get(cb, 7, (size_t)part * sizeof(float), &pbuf, err));
