@@ -82,7 +82,7 @@ tdm_be_dtype tdm_be_act_dtype(const tdm_backend *be)
     do {                                                                                           \
         if (!be->prof) return (call);                                                              \
         int64_t t0_;                                                                               \
-        int tok_ = tdm_op_profile_begin(be, (id), &t0_);                                           \
+        int tok_ = tdm_op_profile_begin(be, &t0_);                                                 \
         tdm_status st_ = (call);                                                                   \
         tdm_op_profile_end(be, (id), tok_, t0_);                                                   \
         return st_;                                                                                \

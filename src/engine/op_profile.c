@@ -64,9 +64,8 @@ tdm_status tdm_be_profile_enable(tdm_backend *be, bool on, tdm_error *err)
     return TDM_OK;
 }
 
-int tdm_op_profile_begin(tdm_backend *be, tdm_op_id id, int64_t *host_t0_ns)
+int tdm_op_profile_begin(tdm_backend *be, int64_t *host_t0_ns)
 {
-    (void)id;
     tdm_op_profile *p = be->prof;
     *host_t0_ns = 0;
     if (!p) return -1;
@@ -93,18 +92,11 @@ void tdm_op_profile_end(tdm_backend *be, tdm_op_id id, int token, int64_t host_t
     p->depth--;
 }
 
-static int by_device_ms(const void *a, const void *b, void *ctx)
-{
-    const tdm_op_stats *s = ctx;
-    double x = s[*(const int *)a].device_ms, y = s[*(const int *)b].device_ms;
-    return (x < y) - (x > y);
-}
-
-/* qsort_r is glibc's; a tiny insertion sort keeps this portable. */
+/* ops by device time, largest first (a handful of entries: insertion sort) */
 static void sort_ops(int *idx, int n, const tdm_op_stats *s)
 {
     for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && by_device_ms(&idx[j - 1], &idx[j], (void *)s) > 0; j--) {
+        for (int j = i; j > 0 && s[idx[j]].device_ms > s[idx[j - 1]].device_ms; j--) {
             int t = idx[j];
             idx[j] = idx[j - 1];
             idx[j - 1] = t;

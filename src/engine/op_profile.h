@@ -80,7 +80,7 @@ void tdm_be_profile_report(tdm_backend *be, FILE *out);
 
 /* For backend.c and backend implementations: brackets one op or sub-op. begin returns a token
  * for end (the backend's device timer slot, or -1). No-ops when profiling is off. */
-int tdm_op_profile_begin(tdm_backend *be, tdm_op_id id, int64_t *host_t0_ns);
+int tdm_op_profile_begin(tdm_backend *be, int64_t *host_t0_ns);
 void tdm_op_profile_end(tdm_backend *be, tdm_op_id id, int token, int64_t host_t0_ns);
 
 #endif

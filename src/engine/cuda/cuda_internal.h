@@ -135,7 +135,7 @@ struct cuda_prof_scope {
     int64_t t0;
     cuda_prof_scope(cuda_backend *cb, tdm_op_id op) : be(&cb->base), id(op), token(-1), t0(0)
     {
-        if (be->prof) token = tdm_op_profile_begin(be, id, &t0);
+        if (be->prof) token = tdm_op_profile_begin(be, &t0);
     }
     ~cuda_prof_scope()
     {
