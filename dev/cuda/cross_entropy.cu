@@ -6,7 +6,8 @@
  * -> 670 MB -> ~160 us at 4.3 TB/s; 2 expf per element (~67 M) are far below the SFU rate.
  * Variants:
  *   v1  one block of 256 threads per row, scalar loads and stores (shipped until 2026-12-01,
- *       with ~110-row chunks: 29 ms of a 116 ms qwen2.5-0.5b step with the chunk GEMMs)
+ *       with ~110-row chunks: 29 ms of a 116 ms qwen2.5-0.5b step with the chunk GEMMs). The
+ *       shipped kernel's scalar path is that kernel, so v1 is ce_rows_kernel<1> on 256 threads
  *   v2  (shipped, src/engine/cuda/cross_entropy.cuh) 512 threads per row, float4 loads and
  *       8-byte bf16 stores when V % 4 == 0 (v2/vec1 otherwise)
  * Validation: random logits (scale 4) with a fifth of the rows ignored (-100), against a double
@@ -15,47 +16,6 @@
  */
 #include "common.h"
 #include "engine/cuda/cross_entropy.cuh"
-
-/* v1, kept for comparison: the kernel as first written. */
-__global__ void ce_rows_v1(const float *logits, int64_t V, const int32_t *labels,
-                           const float *weight, float *loss, __nv_bfloat16 *dlog, int *dev_error)
-{
-    __shared__ float sm[32], ss[32];
-    const int64_t i = blockIdx.x;
-    const float *l = logits + i * V;
-    const int32_t lab = labels[i];
-    const bool bad = lab != IGNORE_INDEX && (lab < 0 || lab >= V);
-    if (lab == IGNORE_INDEX || bad) {
-        if (bad && threadIdx.x == 0) atomicCAS(dev_error, 0, CE_DEVERR_LABEL);
-        if (threadIdx.x == 0) loss[i] = 0.0f;
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-            dlog[i * V + j] = __float2bfloat16_rn(0.0f);
-        return;
-    }
-    float mx = -INFINITY, s = 0.0f;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-        ce_online(l[j], mx, s);
-    for (int o = 16; o > 0; o >>= 1) {
-        float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-        float nm = fmaxf(mx, om);
-        s = (mx == -INFINITY ? 0.0f : s * expf(mx - nm)) +
-            (om == -INFINITY ? 0.0f : os * expf(om - nm));
-        mx = nm;
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    if (lane == 0) sm[warp] = mx, ss[warp] = s;
-    __syncthreads();
-    float M = -INFINITY, S = 0.0f;
-    for (int w = 0; w < nw; w++)
-        M = fmaxf(M, sm[w]);
-    for (int w = 0; w < nw; w++)
-        if (sm[w] != -INFINITY) S += ss[w] * expf(sm[w] - M);
-    const float lse = M + logf(S);
-    if (threadIdx.x == 0) loss[i] = lse - l[lab];
-    const float wt = weight[i];
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-        dlog[i * V + j] = __float2bfloat16_rn(wt * (expf(l[j] - lse) - (j == lab ? 1.0f : 0.0f)));
-}
 
 static void run_case(int64_t c, int64_t V, bool check)
 {
@@ -99,7 +59,7 @@ static void run_case(int64_t c, int64_t V, bool check)
     for (int v = 1; v <= 2; v++) {
         auto launch = [&]() {
             if (v == 1)
-                ce_rows_v1<<<(unsigned)c, 256>>>(dl, V, dlab, dw, dloss, dd, derr);
+                ce_rows_kernel<1><<<(unsigned)c, 256>>>(dl, V, dlab, dw, dloss, dd, derr);
             else if (V % 4 == 0)
                 ce_rows_kernel<4><<<(unsigned)c, CE_THREADS>>>(dl, V, dlab, dw, dloss, dd, derr);
             else
