@@ -68,32 +68,21 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
 
 /* LoRA dropout on the CPU: the segment's masked input Xd = X * D (engine/dropout.h, rows counted
  * from the segment's start) is formed in a per-segment scratch copy (R, in) f32, regenerated in
- * the backward; every element is independent, so the result does not depend on the threads. */
-static void drop_rows(int nt, const tdm_lora_seg *s, const float *x, int64_t in, float *xd)
+ * the backward; every element is independent, so the result does not depend on the threads.
+ * dst = src * D, or dst += src * D when accumulate (dX += (dU A) * D in the backward). */
+static void drop_apply(int nt, const tdm_lora_seg *s, const float *src, int64_t in, float *dst,
+                       bool accumulate)
 {
     int64_t R = s->row_end - s->row_begin;
     uint32_t thr = tdm_dropout_threshold(s->dropout);
     float ks = tdm_dropout_scale(s->dropout);
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * in > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < R; i++)
-        for (int64_t k = 0; k < in; k++)
-            xd[i * in + k] =
-                x[i * in + k] *
-                (tdm_dropout_keep(s->mask_seed, thr, (uint64_t)i, (uint64_t)k) ? ks : 0.0f);
-}
-
-/* dX[rows] += T * D, T = dU A (R, in) of the segment. */
-static void drop_add(int nt, const tdm_lora_seg *s, const float *t, int64_t in, float *dx)
-{
-    int64_t R = s->row_end - s->row_begin;
-    uint32_t thr = tdm_dropout_threshold(s->dropout);
-    float ks = tdm_dropout_scale(s->dropout);
-#pragma omp parallel for schedule(static) num_threads(nt) if (R * in > TDM_CPU_PAR_MIN)
-    for (int64_t i = 0; i < R; i++)
-        for (int64_t k = 0; k < in; k++)
-            dx[i * in + k] +=
-                t[i * in + k] *
-                (tdm_dropout_keep(s->mask_seed, thr, (uint64_t)i, (uint64_t)k) ? ks : 0.0f);
+        for (int64_t k = 0; k < in; k++) {
+            float v = src[i * in + k] *
+                      (tdm_dropout_keep(s->mask_seed, thr, (uint64_t)i, (uint64_t)k) ? ks : 0.0f);
+            dst[i * in + k] = accumulate ? dst[i * in + k] + v : v;
+        }
 }
 
 /* The scratch a call needs for dropout: the most rows of a segment with dropout, times in
@@ -126,7 +115,7 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
         float *us = u + s->row_begin * u_ld;
         const float *xs = x + s->row_begin * in;
         if (s->dropout > 0) {
-            drop_rows(nt, s, xs, in, xd);
+            drop_apply(nt, s, xs, in, xd, false);
             xs = xd;
         }
         cpu_sgemm(nt, false, true, R, s->rank, in, 1.0f, xs, in, s->a, in, 0.0f, us, u_ld);
@@ -167,7 +156,7 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
         const float *us = u + s->row_begin * u_ld;
         bool drop = s->dropout > 0;
         if (drop) { /* the forward's Xd, regenerated */
-            drop_rows(nt, s, xs, in, xd);
+            drop_apply(nt, s, xs, in, xd, false);
             xs = xd;
         }
         /* dB (out, r) += scale dY^T U */
@@ -182,7 +171,7 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
                       dx + s->row_begin * in, in);
         else if (dx) {
             cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 0.0f, xd, in);
-            drop_add(nt, s, xd, in, dx + s->row_begin * in);
+            drop_apply(nt, s, xd, in, dx + s->row_begin * in, true);
         }
     }
     free(du);
