@@ -356,6 +356,16 @@ fail:
     return st;
 }
 
+/* Under synchronized an adapter weighted below the largest spreads each optimizer batch over
+ * several global steps (its gradient is partial between them); the others never do. */
+static bool spreads_batches(const tdm_trainer *t, int a)
+{
+    if (t->o.schedule != TDM_SCHEDULE_SYNCHRONIZED) return false;
+    for (int b = 0; b < t->n; b++)
+        if (t->ad[b].cfg.weight > t->ad[a].cfg.weight) return true;
+    return false;
+}
+
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 {
     if (t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: model already loaded");
@@ -387,13 +397,10 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
             }
         }
     }
-    /* synchronized: an adapter weighted below the largest spreads its batch over global steps;
-     * the out-of-memory rollback restores its partial gradient from a copy */
-    double wmax = 0;
+    /* the out-of-memory rollback restores the partial gradient of an adapter that spreads its
+     * batch over global steps from a copy */
     for (int a = 0; a < t->n; a++)
-        wmax = fmax(wmax, t->ad[a].cfg.weight);
-    for (int a = 0; a < t->n; a++)
-        if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED && t->ad[a].cfg.weight < wmax &&
+        if (spreads_batches(t, a) &&
             (st = tdm_be_alloc(be, TDM_BE_F32, t->ad[a].host.n_params,
                                (void **)&t->ad[a].d_grad_saved, err)) != TDM_OK)
             return st;
@@ -1299,13 +1306,10 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
                          .double_quant = t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint};
     TRY(tdm_model_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, &p, out, err));
-    /* synchronized: the copy of the partial gradient of each adapter weighted below the largest
+    /* the copy of the partial gradient of each adapter that spreads its batches
      * (tdm_trainer_attach) */
-    double wmax = 0;
     for (int a = 0; a < t->n; a++)
-        wmax = fmax(wmax, t->ad[a].cfg.weight);
-    for (int a = 0; a < t->n; a++)
-        if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED && t->ad[a].cfg.weight < wmax)
+        if (spreads_batches(t, a))
             out->adapters += (uint64_t)t->ad[a].host.n_params * sizeof(float);
     return TDM_OK;
 }
