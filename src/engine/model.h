@@ -86,8 +86,8 @@ typedef struct tdm_lora {
      * only (tdm_model_step with backward true; evaluation never drops): p in [0, 1), 0 after
      * create. Module t of layer l uses the mask seed tdm_lora_dropout_module_seed(dropout_seed,
      * l, t) = tdm_dropout_derive(tdm_dropout_derive(dropout_seed, l), t) (engine/dropout.h), with
-     * rows counted from the adapter's segment, so the mask depends on the adapter, its
-     * micro-step, the layer and the module only: fused = alone, q/k/v get independent masks, and
+     * rows counted from the adapter's segment, so the mask depends on the adapter, its step and
+     * the piece's position in the step's batch, the layer and the module only: fused = alone, q/k/v get independent masks, and
      * the backward and a gradient-checkpointing recompute regenerate it. */
     float dropout;
     uint64_t dropout_seed; /* the caller sets it before each training step: tdm_lora_dropout_seed */

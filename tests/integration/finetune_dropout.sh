@@ -3,7 +3,7 @@
 #  - two adapters fused with --lora-dropout 0.1 train (the loss falls) and adapter_config.json
 #    records lora_dropout 0.1;
 #  - the same command gives byte-identical adapters (the masks are a function of the seed, the
-#    adapter's step and micro-batch), and they differ from a run without dropout;
+#    adapter's step and the piece's position in its batch), and they differ from a run without dropout;
 #  - kill -9 after a checkpoint, then --resume: the same adapter bytes and logged losses; an
 #    injected out-of-memory, then --resume: the same bytes too; --resume with another dropout is
 #    refused;
