@@ -2,7 +2,6 @@
  * See backend.h for the contracts. */
 #include "engine/backend.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "engine/backend_impl.h"
@@ -59,9 +58,7 @@ tdm_status tdm_backend_create(tdm_backend **out, const char *name, const tdm_bac
 void tdm_backend_free(tdm_backend *be)
 {
     if (!be) return;
-    if (be->prof && be->vt->prof_reset) be->vt->prof_reset(be);
-    free(be->prof);
-    be->prof = NULL;
+    (void)tdm_be_profile_enable(be, false, NULL); /* the profile and its device marks */
     be->vt->destroy(be);
 }
 

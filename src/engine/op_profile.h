@@ -72,7 +72,8 @@ typedef struct tdm_op_profile {
     int depth;        /* nesting of begin/end: only depth-1 ops count as top level */
 } tdm_op_profile;
 
-/* Turns per-op profiling on (it starts empty) or off (the figures so far are dropped). */
+/* Turns per-op profiling on (it starts empty) or off (the figures so far are dropped; err is
+ * not used then, and may be NULL). tdm_backend_free turns it off. */
 tdm_status tdm_be_profile_enable(tdm_backend *be, bool on, tdm_error *err);
 /* Collects pending device timings and prints the table (ops by device time, calls, host ms,
  * device ms, share of the window, the idle time) to out. Nothing when profiling is off. */

@@ -143,7 +143,6 @@ static void cuda_destroy(tdm_backend *be)
 {
     cuda_backend *cb = cuda_of(be);
     cudaStreamSynchronize(cb->stream);
-    cuda_prof_reset(be);
     cuda_plan_cache_free(cb);
     for (auto &kv : *cb->allocs)
         cudaFree(kv.first);
