@@ -44,14 +44,15 @@ static const char usage[] =
 /* finetune flags passed through to every node's `tandem finetune`: those that take a value, and
  * those that do not. --device is chosen by placement; --init-adapter is not staged (refused). */
 static const char *const value_flags[] = {
-    "method",       "task",          "rank",          "alpha",        "targets",    "lr",
-    "weight-decay", "max-grad-norm", "lr-schedule",   "warmup-steps", "epochs",     "batch-size",
-    "grad-accum",   "max-seq-len",   "seed",          "val-split",    "eval-every", "save-every",
-    "log-every",    "schedule",      "chat-template", "vram",         "timeout",    "gpu-share",
+    "method",      "task",        "rank",       "alpha",      "targets",    "lr",
+    "weight-decay", "max-grad-norm", "lr-schedule", "warmup-steps", "epochs", "batch-size",
+    "grad-accum",  "max-seq-len", "seed",       "val-split",  "eval-every", "save-every",
+    "log-every",   "schedule",    "chat-template", "vram",    "timeout",    "gpu-share",
     "lora-dropout"};
-static const char *const bool_flags[] = {
-    "rslora",      "no-shuffle",       "train-on-prompt", "skip-bad-lines",  "no-double-quant",
-    "no-wait-gpu", "experimental-mps", "resume",          "grad-checkpoint", "profile-ops"};
+static const char *const bool_flags[] = {"rslora",          "no-shuffle",     "train-on-prompt",
+                                         "skip-bad-lines",  "no-double-quant", "no-wait-gpu",
+                                         "experimental-mps", "resume",         "grad-checkpoint",
+                                         "profile-ops"};
 enum {
     N_VALUE_FLAGS = sizeof value_flags / sizeof *value_flags,
     N_BOOL_FLAGS = sizeof bool_flags / sizeof *bool_flags,
@@ -88,8 +89,10 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
     fprintf(f, "\nlabel = ");
     toml_str(f, label);
     fprintf(f, "\n");
-    if (s->has_rank) fprintf(f, "rank = %d\n", s->rank);
-    if (s->has_alpha) fprintf(f, "alpha = %.17g\n", s->alpha);
+    if (s->has_rank)
+        fprintf(f, "rank = %d\n", s->rank);
+    if (s->has_alpha)
+        fprintf(f, "alpha = %.17g\n", s->alpha);
     if (s->has_targets) {
         fprintf(f, "targets = [");
         int k = 0;
@@ -98,10 +101,14 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
                 fprintf(f, "%s\"%s\"", k++ ? ", " : "", tdm_adapter_target_name(b));
         fprintf(f, "]\n");
     }
-    if (s->has_learning_rate) fprintf(f, "learning_rate = %.17g\n", s->learning_rate);
-    if (s->has_epochs) fprintf(f, "epochs = %d\n", s->epochs);
-    if (s->has_batch_size) fprintf(f, "batch_size = %d\n", s->batch_size);
-    if (s->has_max_seq_len) fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
+    if (s->has_learning_rate)
+        fprintf(f, "learning_rate = %.17g\n", s->learning_rate);
+    if (s->has_epochs)
+        fprintf(f, "epochs = %d\n", s->epochs);
+    if (s->has_batch_size)
+        fprintf(f, "batch_size = %d\n", s->batch_size);
+    if (s->has_max_seq_len)
+        fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
     if (s->has_weight) {
         char w[64];
         snprintf(w, sizeof w, "%.17g", s->weight);
@@ -118,8 +125,10 @@ static char *resolve(const char *base_dir, const char *path)
 {
     size_t n = strlen(base_dir) + strlen(path) + 2;
     char *s = malloc(n);
-    if (s) snprintf(s, n, "%s/%s", base_dir, path);
-    if (s && path[0] == '/') snprintf(s, n, "%s", path);
+    if (s)
+        snprintf(s, n, "%s/%s", base_dir, path);
+    if (s && path[0] == '/')
+        snprintf(s, n, "%s", path);
     return s;
 }
 
@@ -140,8 +149,8 @@ static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, 
     printf("score = (free / budget) x speed x 1/(1 + active adapters)\n");
     for (size_t a = 0; a < ac->n_adapters; a++) {
         int chosen = plan->node_of[a];
-        printf("\nadapter %zu (%s): %s%s\n", a + 1, labels[a], chosen >= 0 ? "-> " : "NOT PLACED",
-               chosen >= 0 ? cfg->nodes[chosen].name : "");
+        printf("\nadapter %zu (%s): %s%s\n", a + 1, labels[a],
+               chosen >= 0 ? "-> " : "NOT PLACED", chosen >= 0 ? cfg->nodes[chosen].name : "");
         for (size_t n = 0; n < cfg->n_nodes; n++) {
             const tdm_place_eval *e = &plan->evals[a * cfg->n_nodes + n];
             if (!e->eligible) {
@@ -158,12 +167,14 @@ static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, 
     (void)info;
     printf("\nPlan:\n");
     for (size_t n = 0; n < cfg->n_nodes; n++) {
-        if (!plan->adapters_on_node[n]) continue;
+        if (!plan->adapters_on_node[n])
+            continue;
         int g = plan->device_of_node[n];
         printf("  %-14s one finetune process on %s with %d adapter(s):", cfg->nodes[n].name,
                g >= 0 ? pn[n].gpus[g].uuid : "the CPU", plan->adapters_on_node[n]);
         for (size_t a = 0; a < ac->n_adapters; a++)
-            if (plan->node_of[a] == (int)n) printf(" %s", labels[a]);
+            if (plan->node_of[a] == (int)n)
+                printf(" %s", labels[a]);
         printf("\n");
     }
 }
@@ -225,24 +236,12 @@ int tdm_cmd_submit(int argc, char **argv)
             continue;
         }
         switch (c) {
-        case 'c':
-            cluster = optarg;
-            break;
-        case 'm':
-            model = optarg;
-            break;
-        case 'a':
-            adapters_path = optarg;
-            break;
-        case 'd':
-            dry_run = true;
-            break;
-        case 's':
-            stage_only = true;
-            break;
-        case 'h':
-            fputs(usage, stdout);
-            return TDM_EXIT_OK;
+        case 'c': cluster = optarg; break;
+        case 'm': model = optarg; break;
+        case 'a': adapters_path = optarg; break;
+        case 'd': dry_run = true; break;
+        case 's': stage_only = true; break;
+        case 'h': fputs(usage, stdout); return TDM_EXIT_OK;
         default:
             fputs(usage, stderr);
             return tdm_cli_fail(TDM_EXIT_USAGE, "unknown option '%s'", argv[optind - 1]);
@@ -251,8 +250,8 @@ int tdm_cmd_submit(int argc, char **argv)
     if (optind < argc)
         return tdm_cli_fail(TDM_EXIT_USAGE, "unexpected argument '%s'", argv[optind]);
     if (!model || !adapters_path)
-        return fputs(usage, stderr),
-               tdm_cli_fail(TDM_EXIT_USAGE, "--model and --adapters-config are required");
+        return fputs(usage, stderr), tdm_cli_fail(TDM_EXIT_USAGE,
+                                                  "--model and --adapters-config are required");
     long rank = 16, batch = 4, seq = 512;
     if ((pf.rank && !tdm_cli_parse_long(pf.rank, &rank)) || rank < 1 ||
         (pf.batch_size && !tdm_cli_parse_long(pf.batch_size, &batch)) || batch < 1 ||
@@ -265,7 +264,8 @@ int tdm_cmd_submit(int argc, char **argv)
     tdm_error err = {0};
     tdm_cluster_config cfg;
     int rc = tdm_cli_load_cluster(cluster, &cfg);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     tdm_adapters_config ac;
     tdm_model_config mc;
     if (tdm_adapters_config_load(adapters_path, &ac, &err) != TDM_OK) {
@@ -320,9 +320,12 @@ int tdm_cmd_submit(int argc, char **argv)
                           .quantized = !pf.method || !strcmp(pf.method, "qlora")};
     for (size_t a = 0; a < ac.n_adapters; a++) {
         const tdm_adapter_spec *s = &ac.adapters[a];
-        if (s->has_rank && s->rank > pm.rank) pm.rank = s->rank;
-        if (s->has_batch_size && s->batch_size > pm.batch_size) pm.batch_size = s->batch_size;
-        if (s->has_max_seq_len && s->max_seq_len > pm.max_seq_len) pm.max_seq_len = s->max_seq_len;
+        if (s->has_rank && s->rank > pm.rank)
+            pm.rank = s->rank;
+        if (s->has_batch_size && s->batch_size > pm.batch_size)
+            pm.batch_size = s->batch_size;
+        if (s->has_max_seq_len && s->max_seq_len > pm.max_seq_len)
+            pm.max_seq_len = s->max_seq_len;
     }
     tdm_place_budget budget;
     tdm_place_estimate(&pm, &budget);
@@ -331,10 +334,8 @@ int tdm_cmd_submit(int argc, char **argv)
          * of adapters it trains: place with that budget. */
         double gb;
         if (!tdm_cli_parse_double(pf.vram, &gb) || gb <= 0) {
-            rc = tdm_cli_fail(TDM_EXIT_USAGE,
-                              "--vram needs a positive number of GiB or auto, "
-                              "not '%s'",
-                              pf.vram);
+            rc = tdm_cli_fail(TDM_EXIT_USAGE, "--vram needs a positive number of GiB or auto, "
+                                              "not '%s'", pf.vram);
             goto out_early;
         }
         budget.gpu_first_mb = (int64_t)ceil(gb * 1024.0);
@@ -381,11 +382,11 @@ int tdm_cmd_submit(int argc, char **argv)
                     if (!speed && node->gpus[k].type)
                         speed = tdm_gpu_speed_factor(node->gpus[k].type);
                 }
-            info[n].gpus[g] =
-                (tdm_place_gpu){.uuid = s->gpus[g].uuid,
-                                .name = s->gpus[g].name,
-                                .speed = speed > 0 ? speed : tdm_gpu_speed_factor(s->gpus[g].name),
-                                .free_mb = s->gpus[g].free_mb};
+            info[n].gpus[g] = (tdm_place_gpu){.uuid = s->gpus[g].uuid,
+                                              .name = s->gpus[g].name,
+                                              .speed = speed > 0 ? speed
+                                                                 : tdm_gpu_speed_factor(s->gpus[g].name),
+                                              .free_mb = s->gpus[g].free_mb};
         }
         pn[n].gpus = info[n].gpus;
         pn[n].n_gpus = s->n_gpus;
@@ -401,7 +402,8 @@ int tdm_cmd_submit(int argc, char **argv)
     }
     tdm_place_plan plan;
     tdm_status pst = tdm_place(pn, cfg.n_nodes, ac.n_adapters, &budget, pm.params, &plan, &err);
-    if (plan.node_of) print_plan(&cfg, pn, info, &ac, labels, &plan, &budget, pm.params);
+    if (plan.node_of)
+        print_plan(&cfg, pn, info, &ac, labels, &plan, &budget, pm.params);
     if (pst != TDM_OK) {
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s", err.message);
         goto out_plan;
@@ -418,13 +420,15 @@ int tdm_cmd_submit(int argc, char **argv)
         const char *slash = strrchr(adapters_path, '/');
         snprintf(adir, sizeof adir, "%.*s", slash ? (int)(slash - adapters_path) : 1,
                  slash ? adapters_path : ".");
-        if (slash == adapters_path) snprintf(adir, sizeof adir, "/");
+        if (slash == adapters_path)
+            snprintf(adir, sizeof adir, "/");
     }
     char submission[128], now[32];
     tdm_registry_new_id(NULL, submission, sizeof submission);
     tdm_format_rfc3339(time(NULL), now, sizeof now);
     for (size_t n = 0; n < cfg.n_nodes && !rc; n++) {
-        if (!plan.adapters_on_node[n]) continue;
+        if (!plan.adapters_on_node[n])
+            continue;
         const tdm_cluster_node *node = &cfg.nodes[n];
         tdm_stage_stats ms = {0}, ds = {0};
         char *rmodel = NULL;
@@ -447,14 +451,14 @@ int tdm_cmd_submit(int argc, char **argv)
         fprintf(f, "# written by tandem submit for node %s from %s\n", node->name, adapters_path);
         json_t *jadapters = json_array();
         for (size_t a = 0; a < ac.n_adapters && !rc; a++) {
-            if (plan.node_of[a] != (int)n) continue;
+            if (plan.node_of[a] != (int)n)
+                continue;
             const tdm_adapter_spec *s = &ac.adapters[a];
             char *local = resolve(adir, s->data), *rdata = NULL;
-            char *rout =
-                s->output[0] == '/' ? strdup(s->output) : resolve(node->workdir, s->output);
+            char *rout = s->output[0] == '/' ? strdup(s->output) : resolve(node->workdir, s->output);
             if (!local || !rout || tdm_stage_file(&tr[n], local, &rdata, &ds, &err) != TDM_OK) {
-                rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: copying %s: %s", node->name, s->data,
-                                  err.message);
+                rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: copying %s: %s", node->name,
+                                  s->data, err.message);
             } else {
                 write_adapter(f, s, rdata, rout, labels[a]);
                 json_array_append_new(jadapters,
@@ -476,7 +480,8 @@ int tdm_cmd_submit(int argc, char **argv)
             rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: %s", node->name, err.message);
         unlink(tmp);
         if (rc || stage_only) {
-            if (!rc) printf("%s: staged %s (not started: --stage-only)\n", node->name, remote_toml);
+            if (!rc)
+                printf("%s: staged %s (not started: --stage-only)\n", node->name, remote_toml);
             json_decref(jadapters);
             free(rmodel);
             continue;
@@ -517,9 +522,8 @@ int tdm_cmd_submit(int argc, char **argv)
             (json_int_t)pid, "argv", av, "state", "running", "exit_code", "adapters", jadapters,
             "model", rmodel, "device", g >= 0 ? info[n].gpus[g].uuid : NULL);
         if (!job || tdm_registry_save(regdir, job, &err) != TDM_OK)
-            rc = tdm_cli_fail(TDM_EXIT_FAILURE,
-                              "job %s started (pid %ld on %s) but not recorded: %s", id, pid,
-                              node->name, job ? err.message : "out of memory");
+            rc = tdm_cli_fail(TDM_EXIT_FAILURE, "job %s started (pid %ld on %s) but not recorded: %s",
+                              id, pid, node->name, job ? err.message : "out of memory");
         else
             printf("%s: started job %s (pid %ld, %d adapter(s), log %s/log)\n", node->name, id, pid,
                    plan.adapters_on_node[n], job_dir);
