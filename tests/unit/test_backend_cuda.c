@@ -726,6 +726,26 @@ static void test_lora_long_segments(void **state)
     lora_case(&long_segs, none, "");
 }
 
+/* Wide modules (lora.cuh's down kernel splits K in slices of >= 512, cuda_memory_plan.h): in
+ * 1030 (3 slices; not a multiple of 4, so the scalar loads and stores) and out 1300 (3 slices in
+ * the backward, vector loads), rank 24 (two rank groups, the second partial) and the largest
+ * rank 128 (8 groups), with dropout on the rank-24 segment. */
+static void test_lora_wide_modules(void **state)
+{
+    static const lora_layout wide = {.what = "in 1030, out 1300, r 24/128",
+                                     .m = 300,
+                                     .in = 1030,
+                                     .out = 1300,
+                                     .u_ld = 128,
+                                     .n = 3,
+                                     .rb = {0, 37, 40},
+                                     .re = {37, 40, 300},
+                                     .rk = {24, 0, 128},
+                                     .sc = {1.5f, 0, 0.125f}};
+    const float p[3] = {0.2f, 0, 0};
+    lora_case(&wide, p, " wide");
+}
+
 /* ------------------------------------------------------------- optimizer ---- */
 
 static void test_sumsq_clip(void **state)
@@ -1031,6 +1051,7 @@ int main(void)
         cmocka_unit_test(test_lora),
         cmocka_unit_test(test_lora_dropout),
         cmocka_unit_test(test_lora_long_segments),
+        cmocka_unit_test(test_lora_wide_modules),
         cmocka_unit_test(test_sumsq_clip),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_errors_and_memory),

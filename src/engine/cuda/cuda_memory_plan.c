@@ -88,8 +88,17 @@ uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
     /* slot 2: bf16 dlogits of a chunk, or the attention backward's dk/dv partials */
     if (s->backward)
         slot[2] = max_u64((uint64_t)(s->ce_chunk * s->vocab) * 2, attention_split_bytes(s));
-    /* slot 3: LoRA dU (m, u_ld) f32 */
-    if (s->backward && s->max_rank > 0) slot[3] = (uint64_t)(s->m * s->max_rank) * 4;
+    /* slot 3: the LoRA down-projections' per-K-slice partials (slices x m x u_ld f32), and in
+     * the backward dU (m x u_ld) after them; K is a module's in or out features */
+    if (s->max_rank > 0) {
+        /* (the slice count is not monotonic in K: take the largest over the dimensions) */
+        const int64_t dims[] = {s->hidden, s->inter, s->q_dim, s->kv_dim};
+        int64_t slices = 1;
+        for (unsigned i = 0; i < sizeof dims / sizeof dims[0]; i++)
+            if (tdm_cuda_lora_k_slices(dims[i]) > slices) slices = tdm_cuda_lora_k_slices(dims[i]);
+        int64_t blocks = slices + (s->backward ? 1 : 0);
+        slot[3] = (uint64_t)(blocks * s->m * s->max_rank) * 4;
+    }
     /* slots 4, 5: op tables (AdamW chunks of 4096 parameters, sum-of-squares chunks of 8192,
      * LoRA segment tables) and per-chunk partial sums: small */
     slot[4] = (uint64_t)(s->lora_params / 4096 + 64) * 64;

@@ -47,6 +47,26 @@ static inline int64_t tdm_cuda_lora_red_chunks(int64_t R)
     return R > 0 ? (R + c - 1) / c : 0;
 }
 
+/* The segmented LoRA down-projections (U = X A^T, dU = s dY B: K = in or out features reduced to
+ * the rank) split K across blocks in slices, each slice's sums kept as f32 (m x u_ld) partials in
+ * scratch slot 3 that the up-projection kernel adds in slice order (lora.cuh). Slices: at most 16,
+ * at least 512 wide where K allows, widths a multiple of 256; a pure function of K, so the same
+ * summation order on every run and every GPU. */
+#define TDM_CUDA_LORA_K_SLICE_MIN 512
+#define TDM_CUDA_LORA_MAX_K_SLICES 16
+static inline int64_t tdm_cuda_lora_k_slice(int64_t K)
+{
+    int64_t s = (K + TDM_CUDA_LORA_K_SLICE_MIN - 1) / TDM_CUDA_LORA_K_SLICE_MIN;
+    if (s > TDM_CUDA_LORA_MAX_K_SLICES) s = TDM_CUDA_LORA_MAX_K_SLICES;
+    if (s < 1) s = 1;
+    int64_t w = (K + s - 1) / s;
+    return (w + 255) / 256 * 256;
+}
+static inline int64_t tdm_cuda_lora_k_slices(int64_t K)
+{
+    return K > 0 ? (K + tdm_cuda_lora_k_slice(K) - 1) / tdm_cuda_lora_k_slice(K) : 1;
+}
+
 /* Rows of W (rows x cols) dequantized per tile in the forward (Y's column blocks): whole rows;
  * when W needs several tiles, equal tiles of a multiple of 64 rows (the last one shorter). */
 int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols);

@@ -87,16 +87,15 @@ static tdm_status lora_check(const tdm_lora_seg *segs, int64_t n_segs, const cha
     return TDM_OK;
 }
 
-/* Fills p.seg with up to LORA_MAX_SEGS active segments from segs[*next...], one block per
- * LORA_TM rows (the row kernels' grid; lora_plan_reduction lays out the reduction's). */
+/* Fills p.seg with up to LORA_MAX_SEGS active segments from segs[*next...]; sets p->n_segs (the
+ * lora_plan_* functions then lay out each kernel's blocks). */
 static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, int64_t *next)
 {
     p->n_segs = 0;
     p->n_blocks = 0;
     while (*next < n_segs && p->n_segs < LORA_MAX_SEGS) {
         const tdm_lora_seg *s = &segs[(*next)++];
-        int64_t R = s->row_end - s->row_begin;
-        if (!s->a || R == 0) continue;
+        if (!s->a || s->row_end == s->row_begin) continue;
         lora_seg_d *d = &p->seg[p->n_segs++];
         d->row_begin = s->row_begin;
         d->row_end = s->row_end;
@@ -106,13 +105,24 @@ static void lora_pack(lora_params *p, const tdm_lora_seg *segs, int64_t n_segs, 
         d->db = s->db;
         d->scale = s->scale;
         d->rank = (int)s->rank;
-        d->tile0 = p->n_blocks;
         d->drop = s->dropout > 0;
         d->keep_thr = tdm_dropout_threshold(s->dropout);
         d->keep_scale = tdm_dropout_scale(s->dropout);
         d->mask_seed = s->mask_seed;
-        p->n_blocks += (int)((R + LORA_TM - 1) / LORA_TM);
     }
+}
+
+/* The down-projection's per-K-slice partials (scratch slot 3, cuda_memory_plan.c): k_slices
+ * blocks of (m, u_ld) f32, then, when `du`, dU (m, u_ld). */
+static tdm_status lora_workspace(cuda_backend *cb, lora_params *p, int64_t K, bool du,
+                                 tdm_error *err)
+{
+    int64_t block = p->m * p->u_ld, blocks = tdm_cuda_lora_k_slices(K) + (du ? 1 : 0);
+    void *ws;
+    TRY(cuda_scratch_get(cb, 3, (size_t)(blocks * block) * sizeof(float), &ws, err));
+    p->ws = (float *)ws;
+    if (du) p->du = p->ws + (blocks - 1) * block;
+    return TDM_OK;
 }
 
 tdm_status cuda_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_segs, const void *x,
@@ -126,15 +136,21 @@ tdm_status cuda_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
     p.x = (const bf16 *)x;
     p.y = (bf16 *)y;
     p.u = u;
+    p.m = m;
     p.u_ld = u_ld;
     p.in = in;
     p.out = out;
+    TRY(lora_workspace(cb, &p, in, false, err));
     int64_t next = 0;
     while (next < n_segs) {
         lora_pack(&p, segs, n_segs, &next);
-        if (p.n_blocks == 0) continue;
-        lora_fwd_kernel<<<p.n_blocks, LORA_THREADS, LORA_FWD_SMEM, cb->stream>>>(p);
-        CU_LAUNCHED("lora_fwd_kernel");
+        if (p.n_segs == 0) continue;
+        lora_plan_down(&p, false);
+        lora_down_kernel<false><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        CU_LAUNCHED("lora_down_kernel<fwd>");
+        lora_plan_up(&p, false);
+        lora_up_kernel<false><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        CU_LAUNCHED("lora_up_kernel<fwd>");
     }
     return TDM_OK;
 }
@@ -145,32 +161,35 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
 {
     cuda_backend *cb = cuda_of(be);
     TRY(lora_check(segs, n_segs, "lora_bwd", err));
-    void *du;
-    TRY(cuda_scratch_get(cb, 3, (size_t)(m * u_ld) * sizeof(float), &du, err));
     lora_params p;
     memset(&p, 0, sizeof p);
     p.x = (const bf16 *)x;
     p.dy = (const bf16 *)dy;
     p.dx = (bf16 *)dx;
     p.u = (float *)u;
-    p.du = (float *)du;
+    p.m = m;
     p.u_ld = u_ld;
     p.in = in;
     p.out = out;
+    TRY(lora_workspace(cb, &p, out, true, err));
     int64_t next = 0;
     while (next < n_segs) {
         lora_pack(&p, segs, n_segs, &next);
-        if (p.n_blocks == 0) continue;
-        lora_bwd_rows_kernel<<<p.n_blocks, LORA_THREADS, LORA_BWD_ROWS_SMEM, cb->stream>>>(p);
-        CU_LAUNCHED("lora_bwd_rows_kernel");
-        /* reduction over the same segments (the launch above took p by value): each segment's
-         * rows in chunks, partials in scratch slot 7 */
+        if (p.n_segs == 0) continue;
+        /* dU = s dY B (slices' partials), then dU summed into du with dX += dU A */
+        lora_plan_down(&p, true);
+        lora_down_kernel<true><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        CU_LAUNCHED("lora_down_kernel<bwd>");
+        lora_plan_up(&p, true);
+        lora_up_kernel<true><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        CU_LAUNCHED("lora_up_kernel<bwd>");
+        /* dA, dB over each segment's rows in chunks, partials in scratch slot 7 */
         int64_t part = lora_plan_reduction(&p), elems = p.n_elems;
         void *pbuf;
         TRY(cuda_scratch_get(cb, 7, (size_t)part * sizeof(float), &pbuf, err));
         p.part = (float *)pbuf;
-        lora_bwd_red_kernel<<<p.n_blocks, LORA_THREADS, LORA_RED_SMEM, cb->stream>>>(p);
-        CU_LAUNCHED("lora_bwd_red_kernel");
+        lora_grad_kernel<<<p.n_blocks, LORA_GRAD_THREADS, 0, cb->stream>>>(p);
+        CU_LAUNCHED("lora_grad_kernel");
         lora_red_finish_kernel<<<cuda_blocks(elems, 256), 256, 0, cb->stream>>>(p);
         CU_LAUNCHED("lora_red_finish_kernel");
     }
