@@ -1,9 +1,11 @@
 #!/bin/bash
 # On the GPU machine, in one call: the CUDA op tests (test_backend_cuda: every op against the CPU
-# backend, LoRA dropout, a training step with and without dropout), then the issue-6 benchmark
-# against transformers + PEFT for the configurations the targets name, and one combined table.
-# Carry .device-pack (scripts/device/pack.sh). Budget: about 7 minutes on an H200.
-#   usage: scripts/device/gpu-final-bench.sh
+# backend, LoRA dropout, a training step with and without dropout), the NF4 dequantization and LoRA
+# kernel programs (dev/cuda, validation + quick timing), then the issue-6 benchmark against
+# transformers + PEFT for the configurations the targets name, one combined table, and
+# `--profile-ops` runs of 0.5B 1x8 and 7B 1x4 (where the time goes).
+# Carry .device-pack (scripts/device/pack.sh). Budget: about 8 minutes on an H200.
+#   usage: scripts/device/gpu-final-bench.sh [--no-profile]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-final-out}
@@ -19,10 +21,31 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 echo "test_backend_cuda exit $?: $(grep -cE '^\[       OK \]' "$RES/test_backend_cuda.log") ok," \
     "$(grep -cE '^\[  FAILED  \]' "$RES/test_backend_cuda.log") failed"
 grep -E 'dropout|model .* loss gpu|FAILED' "$RES/test_backend_cuda.log" | head -20
+for k in nf4_dequant lora; do
+    timeout 90 ".device/bin/$k" --quick >"$RES/dev-$k.log" 2>&1
+    echo "dev/cuda/$k exit $?: $(grep -c '^RESULT.* ok$' "$RES/dev-$k.log") ok, $(grep -c '^RESULT.* FAIL$' "$RES/dev-$k.log") FAIL"
+done
+# v4 against v5 on the 7B gate_proj tile, best block size of each
+grep -E '^RESULT .*dq_18944x3584' "$RES/dev-nf4_dequant.log" | sort -t= -k2 -g | awk '!seen[$3]++' 
 bench() { bash bench/gpu_vs_peft.sh "$B" --out "$RES" "$@" 2>&1 | grep -E '^== |tokens/s|exit' | sed 's/: .*finetune.*//'; }
 bench --models 0.5b --configs 1x8,3x4,peft1x8
 bench --models 1.5b --configs 1x4,3x4,peft1x4,peft3x4 --skip-matmul
 bench --models 7b --configs 1x4,1x4gc,peft1x4 --skip-matmul
-bash bench/gpu_vs_peft.sh --combine "$RES"/rows-*.tsv | tee "$RES/combined.md"
+bash bench/gpu_vs_peft.sh --combine "$RES"/rows-*.tsv >"$RES/combined.md"
+cp "$RES/combined.md" "$OUT/"   # first, so a call cut short in the profiles still returns it
+if [ "${1:-}" != --no-profile ]; then
+    PROF=$RES/profile
+    mkdir -p "$PROF"
+    bash bench/gpu_vs_peft.sh "$B" --out "$PROF" --models 0.5b --configs 1x8 --skip-peft --skip-matmul \
+        --tandem-flags --profile-ops >/dev/null 2>&1
+    bash bench/gpu_vs_peft.sh "$B" --out "$PROF" --models 7b --configs 1x4 --skip-peft --skip-matmul \
+        --tandem-flags --profile-ops >/dev/null 2>&1
+    for f in "$PROF"/tandem-*.log; do
+        echo "## $(basename "$f" .log)"
+        sed -n '/^op profile/,/NF4 dequantize/p' "$f"
+    done >"$RES/op-profiles.txt"
+    head -14 "$RES/op-profiles.txt"
+fi
 tar czf "$OUT/gpu-final.tgz" -C /tmp gpu-final-res
-cp "$RES/combined.md" "$OUT/"
+cp "$RES/combined.md" "$RES/op-profiles.txt" "$OUT/" 2>/dev/null
+cat "$RES/combined.md"

@@ -324,8 +324,9 @@ static void test_embedding(void **state)
 
 static void test_rmsnorm(void **state)
 {
-    int64_t dims[3] = {64, 896, 3000}, rows = 19;
-    for (int t = 0; t < 3; t++) {
+    /* 64, 896, 3000: the 8-wide kernels (d % 8 == 0); 1030: the scalar ones */
+    int64_t dims[4] = {64, 896, 3000, 1030}, rows = 19;
+    for (int t = 0; t < 4; t++) {
         int64_t d = dims[t], n = rows * d;
         float *X = rndb(n, 2), *W = rndb(d, 1), *DY = rndb(n, 1), *DX = rndb(n, 1);
         void *xg = put_act(gpu, X, n), *xc = put_act(cpu, X, n);
@@ -477,9 +478,11 @@ static void test_attention(void **state)
     attention_case(h, 2, 2, 2, 128);
 }
 
-static void test_swiglu(void **state)
+/* 17 x 300: the scalar kernels (5100 elements, not a multiple of 8); 16 x 304: the 8-wide ones */
+static void swiglu_case(int64_t m, int64_t n)
 {
-    int64_t m = 17, n = 300, t = m * n;
+    int64_t t = m * n;
+    printf("  swiglu %lld x %lld\n", (long long)m, (long long)n);
     float *G = rndb(t, 3), *U = rndb(t, 1), *DH = rndb(t, 1);
     void *gg = put_act(gpu, G, t), *gc = put_act(cpu, G, t);
     void *ug = put_act(gpu, U, t), *uc = put_act(cpu, U, t);
@@ -499,6 +502,12 @@ static void test_swiglu(void **state)
     for (int i = 0; i < 5; i++)
         tdm_be_free(gpu, all[0][i]), tdm_be_free(cpu, all[1][i]);
     free(G), free(U), free(DH);
+}
+
+static void test_swiglu(void **state)
+{
+    swiglu_case(17, 300);
+    swiglu_case(16, 304);
 }
 
 /* --------------------------------------------------------- cross-entropy ---- */
@@ -827,9 +836,11 @@ static void test_adamw(void **state)
 
 /* --------------------------------------------------------- elementwise ---- */
 
-static void test_elementwise(void **state)
+/* cols 77: the scalar kernels; cols 96: the 8-wide bf16 axpy and add_bias */
+static void elementwise_case(int64_t rows, int64_t cols)
 {
-    int64_t rows = 13, cols = 77, n = rows * cols;
+    int64_t n = rows * cols;
+    printf("  elementwise %lld x %lld\n", (long long)rows, (long long)cols);
     float *X = rndb(n, 1), *Y = rndb(n, 1), *bias = rndb(cols, 1);
     tdm_backend *bes[2] = {gpu, cpu};
     void *x[2], *y[2], *f[2];
@@ -850,6 +861,12 @@ static void test_elementwise(void **state)
         tdm_be_free(bes[i], x[i]), tdm_be_free(bes[i], y[i]), tdm_be_free(bes[i], f[i]),
             tdm_be_free(bes[i], b[i]);
     free(X), free(Y), free(bias);
+}
+
+static void test_elementwise(void **state)
+{
+    elementwise_case(13, 77);
+    elementwise_case(13, 96);
 }
 
 /* ---------------------------------------------------- errors & memory ---- */

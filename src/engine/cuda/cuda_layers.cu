@@ -1,6 +1,7 @@
 /* cuda_layers.cu — the CUDA backend's layer ops: embedding, RMSNorm, RoPE, attention, SwiGLU.
  * bf16 in and out, f32 arithmetic; row reductions are done by one block in a fixed order. */
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/bf16x8.cuh"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_memory_plan.h"
 
@@ -97,9 +98,82 @@ __global__ void rmsnorm_bwd_kernel(const bf16 *dy, const bf16 *x, const float *w
     }
 }
 
+/* The same two kernels 8 elements at a time (d % 8 == 0, rows and w 16-byte aligned): thread j
+ * takes elements 8j.. of every 8 * blockDim.x. The per-thread partial sums cover other elements
+ * than the scalar kernels', so the sums (and results) may differ from theirs in the last bit. */
+__global__ void rmsnorm_fwd_v8_kernel(const bf16 *x, const float *w, int64_t d, float eps, bf16 *y,
+                                      float *rstd)
+{
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const bf16 *xr = x + r * d;
+    float ss = 0.0f;
+    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
+        float v[8];
+        bf16x8_load(xr + j, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            ss = fmaf(v[k], v[k], ss);
+    }
+    ss = block_sum(ss, red);
+    float rs = rsqrtf(ss / (float)d + eps);
+    bf16 *yr = y + r * d;
+    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
+        float v[8], wv[8];
+        bf16x8_load(xr + j, v);
+        f32x8_load(w + j, wv);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = wv[k] * (v[k] * rs);
+        bf16x8_store(yr + j, v);
+    }
+    if (rstd && threadIdx.x == 0) rstd[r] = rs;
+}
+
+__global__ void rmsnorm_bwd_v8_kernel(const bf16 *dy, const bf16 *x, const float *w,
+                                      const float *rstd, int64_t d, bf16 *dx, float beta)
+{
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const bf16 *dyr = dy + r * d, *xr = x + r * d;
+    float dot = 0.0f;
+    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
+        float g[8], xv[8], wv[8];
+        bf16x8_load(dyr + j, g);
+        bf16x8_load(xr + j, xv);
+        f32x8_load(w + j, wv);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            dot = fmaf(wv[k] * g[k], xv[k], dot);
+    }
+    dot = block_sum(dot, red);
+    float rs = rstd[r];
+    float c = dot * rs * rs * rs / (float)d;
+    bf16 *dxr = dx + r * d;
+    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
+        float g[8], xv[8], wv[8], old[8];
+        bf16x8_load(dyr + j, g);
+        bf16x8_load(xr + j, xv);
+        f32x8_load(w + j, wv);
+        if (beta != 0.0f) bf16x8_load(dxr + j, old);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            g[k] = rs * wv[k] * g[k] - c * xv[k];
+            if (beta != 0.0f) g[k] += beta * old[k];
+        }
+        bf16x8_store(dxr + j, g);
+    }
+}
+
 static unsigned row_threads(int64_t d)
 {
     return d >= 1024 ? 256 : d >= 256 ? 128 : 64;
+}
+
+/* Threads of the 8-wide row kernels: about two 8-element groups per thread or more. */
+static unsigned row_threads_v8(int64_t d)
+{
+    return d >= 8 * 512 ? 256 : d >= 8 * 128 ? 128 : 64;
 }
 
 tdm_status cuda_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int64_t rows,
@@ -107,6 +181,12 @@ tdm_status cuda_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int6
 {
     cuda_backend *cb = cuda_of(be);
     if (rows > 0x7fffffff) return tdm_fail(err, TDM_ERR_UNSUPPORTED, "rmsnorm_fwd: too many rows");
+    if (bf16x8_ok(d, x, w, y)) {
+        rmsnorm_fwd_v8_kernel<<<(unsigned)rows, row_threads_v8(d), 0, cb->stream>>>(
+            (const bf16 *)x, w, d, eps, (bf16 *)y, rstd);
+        CU_LAUNCHED("rmsnorm_fwd_v8_kernel");
+        return TDM_OK;
+    }
     rmsnorm_fwd_kernel<<<(unsigned)rows, row_threads(d), 0, cb->stream>>>(
         (const bf16 *)x, w, d, eps, (bf16 *)y, rstd);
     CU_LAUNCHED("rmsnorm_fwd_kernel");
@@ -119,6 +199,12 @@ tdm_status cuda_rmsnorm_bwd(tdm_backend *be, const void *dy, const void *x, cons
 {
     cuda_backend *cb = cuda_of(be);
     if (rows > 0x7fffffff) return tdm_fail(err, TDM_ERR_UNSUPPORTED, "rmsnorm_bwd: too many rows");
+    if (bf16x8_ok(d, dy, x, w, dx)) {
+        rmsnorm_bwd_v8_kernel<<<(unsigned)rows, row_threads_v8(d), 0, cb->stream>>>(
+            (const bf16 *)dy, (const bf16 *)x, w, rstd, d, (bf16 *)dx, beta);
+        CU_LAUNCHED("rmsnorm_bwd_v8_kernel");
+        return TDM_OK;
+    }
     rmsnorm_bwd_kernel<<<(unsigned)rows, row_threads(d), 0, cb->stream>>>(
         (const bf16 *)dy, (const bf16 *)x, w, rstd, d, (bf16 *)dx, beta);
     CU_LAUNCHED("rmsnorm_bwd_kernel");
@@ -319,14 +405,25 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
 
 /* ------------------------------------------------------------------- SwiGLU ---- */
 
+/* h = silu(g) u and its gradients, one element: the scalar and the 8-wide kernels share these so
+ * they write the same bits. */
+__device__ __forceinline__ float swiglu_h(float g, float u)
+{
+    float sg = 1.0f / (1.0f + expf(-g));
+    return g * sg * u;
+}
+__device__ __forceinline__ void swiglu_grad(float g, float u, float d, float *dg, float *du)
+{
+    float sg = 1.0f / (1.0f + expf(-g));
+    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+    *du = d * g * sg;
+}
+
 __global__ void swiglu_fwd_kernel(const bf16 *g, const bf16 *u, int64_t n, bf16 *h)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float gi = __bfloat162float(g[i]);
-        float sg = 1.0f / (1.0f + expf(-gi));
-        h[i] = __float2bfloat16_rn(gi * sg * __bfloat162float(u[i]));
-    }
+         i += (int64_t)gridDim.x * blockDim.x)
+        h[i] = __float2bfloat16_rn(swiglu_h(__bfloat162float(g[i]), __bfloat162float(u[i])));
 }
 
 __global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const bf16 *dh, int64_t n, bf16 *dg,
@@ -334,14 +431,44 @@ __global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const bf16 *dh, 
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float gi = __bfloat162float(g[i]), ui = __bfloat162float(u[i]);
-        float d = __bfloat162float(dh[i]);
-        float sg = 1.0f / (1.0f + expf(-gi));
         /* read everything before writing: dg or du may alias dh */
-        float dgv = d * ui * sg * (1.0f + gi * (1.0f - sg));
-        float duv = d * gi * sg;
+        float dgv, duv;
+        swiglu_grad(__bfloat162float(g[i]), __bfloat162float(u[i]), __bfloat162float(dh[i]), &dgv,
+                    &duv);
         dg[i] = __float2bfloat16_rn(dgv);
         du[i] = __float2bfloat16_rn(duv);
+    }
+}
+
+/* 8 elements per thread and access (n8 = n / 8 groups, every pointer 16-byte aligned) */
+__global__ void swiglu_fwd_v8_kernel(const bf16 *g, const bf16 *u, int64_t n8, bf16 *h)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float gv[8], uv[8];
+        bf16x8_load(g + 8 * i, gv);
+        bf16x8_load(u + 8 * i, uv);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            gv[k] = swiglu_h(gv[k], uv[k]);
+        bf16x8_store(h + 8 * i, gv);
+    }
+}
+
+__global__ void swiglu_bwd_v8_kernel(const bf16 *g, const bf16 *u, const bf16 *dh, int64_t n8,
+                                     bf16 *dg, bf16 *du)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float gv[8], uv[8], dv[8], dgv[8], duv[8];
+        bf16x8_load(g + 8 * i, gv);
+        bf16x8_load(u + 8 * i, uv);
+        bf16x8_load(dh + 8 * i, dv);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            swiglu_grad(gv[k], uv[k], dv[k], &dgv[k], &duv[k]);
+        bf16x8_store(dg + 8 * i, dgv);
+        bf16x8_store(du + 8 * i, duv);
     }
 }
 
@@ -349,6 +476,12 @@ tdm_status cuda_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_
                            void *h, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
+    if (bf16x8_ok(m * n, g, u, h)) {
+        swiglu_fwd_v8_kernel<<<cuda_blocks(m * n / 8, EW_THREADS), EW_THREADS, 0, cb->stream>>>(
+            (const bf16 *)g, (const bf16 *)u, m * n / 8, (bf16 *)h);
+        CU_LAUNCHED("swiglu_fwd_v8_kernel");
+        return TDM_OK;
+    }
     swiglu_fwd_kernel<<<cuda_blocks(m * n, EW_THREADS * 4), EW_THREADS, 0, cb->stream>>>(
         (const bf16 *)g, (const bf16 *)u, m * n, (bf16 *)h);
     CU_LAUNCHED("swiglu_fwd_kernel");
@@ -359,6 +492,13 @@ tdm_status cuda_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const 
                            int64_t m, int64_t n, void *dg, void *du, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
+    if (bf16x8_ok(m * n, g, u, dh, dg) && bf16x8_ok(m * n, du)) {
+        swiglu_bwd_v8_kernel<<<cuda_blocks(m * n / 8, EW_THREADS), EW_THREADS, 0, cb->stream>>>(
+            (const bf16 *)g, (const bf16 *)u, (const bf16 *)dh, m * n / 8, (bf16 *)dg,
+            (bf16 *)du);
+        CU_LAUNCHED("swiglu_bwd_v8_kernel");
+        return TDM_OK;
+    }
     swiglu_bwd_kernel<<<cuda_blocks(m * n, EW_THREADS * 4), EW_THREADS, 0, cb->stream>>>(
         (const bf16 *)g, (const bf16 *)u, (const bf16 *)dh, m * n, (bf16 *)dg, (bf16 *)du);
     CU_LAUNCHED("swiglu_bwd_kernel");
