@@ -7,9 +7,14 @@
  *   v1  one element per thread (any alignment)                        [src: nf4_dequant_v1]
  *   v2  8 elements per thread from one 32-bit code load              [src: nf4_dequant_v2, f32 out]
  *   v3  16 elements per thread: one 64-bit code load, two 16-byte stores (dev only)
- *   v4  v3 with the code table and double-quant map in shared memory  [src: nf4_dequant_v4, used]
+ *   v4  v3 with the code table and double-quant map in shared memory  [src: nf4_dequant_v4, slabs]
  *   v5  v4's tables, warp-contiguous 32-bit code loads and 16-byte stores, four 8-element groups
- *       per thread in flight (dev only: measured equal to v4, see below)
+ *       per thread in flight                                         [src: nf4_dequant_v5, tiles]
+ * H200, 2026-12-01 (scripts/device/gpu-final-bench.sh), the 7B gate_proj middle tile (21.2 Mi
+ * elements, double quant): v5 25.5 us (2243 GB/s) at 256 threads, v4 25.8 us (at 512; 36.4 at
+ * 128, v5 28.5), v3 90 us: v5 is at most a few percent ahead, inside one run's spread; it ships
+ * for the forward's tiles because it is never slower at any block size, and it is the variant the
+ * benchmark of that day measured (docs/benchmarks.md).
  * Validation: random codes, random absmax / double-quant tables, random code and dynamic maps
  * (the kernels are table driven, so any tables test them), against a CPU reference in double.
  * Build: nvcc -O3 -arch=sm_90 -I src -I dev/cuda dev/cuda/nf4_dequant.cu -o nf4_dequant
@@ -44,68 +49,6 @@ __global__ void nf4_dequant_v3(nf4_args a, __nv_bfloat16 *out)
         uint8_t byte = a.codes[e >> 1];
         uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
         out[t] = __float2bfloat16_rn(nf4_code_c[q] * nf4_block_absmax(a, e >> 6));
-    }
-}
-
-/* v5: H200, 2026-12-01 (scripts/device/gpu-final-bench.sh): on the 7B gate_proj middle tile
- * (21.2 Mi elements, double quant) 25.5 us (2243 GB/s) against v4's 25.8 us, within the spread of
- * one run; in training the 7B NF4 dequantization total did not move (383.8 -> 383.2 ms per 25
- * steps). So v4 stays in the backend and v5 stays here, the record of a tried idea.
- * Variant 5: v4's shared-memory tables with warp-contiguous accesses and four groups in flight.
- * A warp takes 1024 elements at a time as four runs of 256; lane l dequantizes elements 8l..8l+7
- * of each run: one 32-bit code load per group (a warp reads 128 contiguous bytes) and one
- * 16-byte store (a warp writes 512 contiguous bytes; v4's two stores per thread each covered
- * half of every 32-byte sector of 1 KB), the four groups' loads issued before any store.
- * Requires e0 % 8 == 0 (a group shares one 64-block and its word is 4-byte aligned), out 16-byte
- * aligned, a contiguous range (a.width == 0); the tail (< 8 elements) elementwise. */
-__global__ void nf4_dequant_v5(nf4_args a, __nv_bfloat16 *out)
-{
-    __shared__ float code_s[16];
-    __shared__ float dmap_s[256];
-    for (int i = threadIdx.x; i < 16; i += blockDim.x)
-        code_s[i] = nf4_code_c[i];
-    if (!a.absmax)
-        for (int i = threadIdx.x; i < 256; i += blockDim.x)
-            dmap_s[i] = nf4_dmap_c[i];
-    __syncthreads();
-    const int lane = threadIdx.x & 31;
-    const int64_t n8 = a.n >> 3;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
-    for (int64_t c = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); c * 128 < n8;
-         c += warps) {
-        uint32_t w[4];
-        float amax[4];
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            const int64_t g = c * 128 + h * 32 + lane;
-            w[h] = 0, amax[h] = 0.0f;
-            if (g >= n8) continue;
-            const int64_t e = a.e0 + g * 8, blk = e >> 6;
-            w[h] = __ldg((const uint32_t *)(a.codes + (e >> 1)));
-            amax[h] = a.absmax ? __ldg(a.absmax + blk)
-                               : dmap_s[__ldg(a.absmax_q + blk)] * __ldg(a.absmax2 + blk / 256) +
-                                     a.offset;
-        }
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            const int64_t g = c * 128 + h * 32 + lane;
-            if (g >= n8) continue;
-            __align__(16) __nv_bfloat162 v[4];
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                uint32_t byte = (w[h] >> (8 * b)) & 0xff;
-                v[b] = __floats2bfloat162_rn(code_s[byte >> 4] * amax[h],
-                                             code_s[byte & 0x0f] * amax[h]);
-            }
-            *(uint4 *)(out + g * 8) = *(uint4 *)&v[0];
-        }
-    }
-    int64_t t = n8 * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (blockIdx.x == 0 && t < a.n) {
-        int64_t e = a.e0 + t;
-        uint8_t byte = a.codes[e >> 1];
-        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
-        out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
     }
 }
 

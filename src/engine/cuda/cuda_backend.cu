@@ -682,10 +682,9 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
     }
     cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
     nf4_args a = nf4_args_of(w, e0, n);
-    if (!f32 && e0 % 16 == 0 && (uintptr_t)out % 16 == 0) {
-        unsigned blocks = cuda_blocks(n / 16 > 0 ? n / 16 : 1, 256);
-        nf4_dequant_v4<<<blocks, 256, 0, st>>>(a, (bf16 *)out);
-        CU_LAUNCHED("nf4_dequant_v4");
+    if (!f32 && e0 % 8 == 0 && (uintptr_t)out % 16 == 0) {
+        nf4_dequant_v5<<<nf4_dequant_v5_blocks(n), 256, 0, st>>>(a, (bf16 *)out);
+        CU_LAUNCHED("nf4_dequant_v5");
     } else if (e0 % 8 == 0) {
         unsigned blocks = cuda_blocks(n / 8 > 0 ? n / 8 : 1, 256);
         if (f32)

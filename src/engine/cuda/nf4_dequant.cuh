@@ -1,9 +1,10 @@
 /* nf4_dequant.cuh — NF4 / double-quantized NF4 dequantization kernels (device code only).
  *
- * Variants (dev/cuda/nf4_dequant.cu times them): v4 (bf16 output, tile start on a 16-element
- * boundary, the common case) keeps the code table in shared memory and writes 16 elements per
- * thread; v2 (8 elements per thread from one 32-bit code word) serves f32 output and 8-aligned
- * starts; v1 (one element per thread) any start. Layout (model/nf4.h): element e of the
+ * Variants (dev/cuda/nf4_dequant.cu times them): v5 (bf16 output, contiguous range, start on an
+ * 8-element boundary: the forward's tiles) keeps the code table in shared memory and has each
+ * warp read and write contiguous runs, four 8-element groups per thread in flight; v4 (bf16,
+ * 16-element boundary) serves the backward's column slabs, 16 elements per thread; v2 (8
+ * elements per thread from one 32-bit code word) serves f32 output and 8-aligned starts; v1 (one element per thread) any start. Layout (model/nf4.h): element e of the
  * row-major weight sits in byte e/2 (even e in the high nibble); block b = e/64 has absmax
  * absmax[b], or dmap[absmax_q[b]] * absmax2[b/256] + offset when double-quantized.
  * Included by exactly one library translation unit (cuda_backend.cu) and by the dev program.
@@ -139,6 +140,72 @@ __global__ void nf4_dequant_v4(nf4_args a, __nv_bfloat16 *out)
         uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
         out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
     }
+}
+
+/* Variant 5: v4's shared-memory tables with warp-contiguous accesses and four groups in flight.
+ * A warp takes 1024 elements at a time as four runs of 256; lane l dequantizes elements 8l..8l+7
+ * of each run: one 32-bit code load per group (a warp reads 128 contiguous bytes) and one
+ * 16-byte store (a warp writes 512 contiguous bytes; v4's two stores per thread each covered
+ * half of every 32-byte sector of 1 KB), the four groups' loads issued before any store.
+ * Requires e0 % 8 == 0 (a group shares one 64-block and its word is 4-byte aligned), out 16-byte
+ * aligned, a contiguous range (a.width == 0); the tail (< 8 elements) elementwise. */
+__global__ void nf4_dequant_v5(nf4_args a, __nv_bfloat16 *out)
+{
+    __shared__ float code_s[16];
+    __shared__ float dmap_s[256];
+    for (int i = threadIdx.x; i < 16; i += blockDim.x)
+        code_s[i] = nf4_code_c[i];
+    if (!a.absmax)
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+            dmap_s[i] = nf4_dmap_c[i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int64_t n8 = a.n >> 3;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t c = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); c * 128 < n8;
+         c += warps) {
+        uint32_t w[4];
+        float amax[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int64_t g = c * 128 + h * 32 + lane;
+            w[h] = 0, amax[h] = 0.0f;
+            if (g >= n8) continue;
+            const int64_t e = a.e0 + g * 8, blk = e >> 6;
+            w[h] = __ldg((const uint32_t *)(a.codes + (e >> 1)));
+            amax[h] = a.absmax ? __ldg(a.absmax + blk)
+                               : dmap_s[__ldg(a.absmax_q + blk)] * __ldg(a.absmax2 + blk / 256) +
+                                     a.offset;
+        }
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int64_t g = c * 128 + h * 32 + lane;
+            if (g >= n8) continue;
+            __align__(16) __nv_bfloat162 v[4];
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                uint32_t byte = (w[h] >> (8 * b)) & 0xff;
+                v[b] = __floats2bfloat162_rn(code_s[byte >> 4] * amax[h],
+                                             code_s[byte & 0x0f] * amax[h]);
+            }
+            *(uint4 *)(out + g * 8) = *(uint4 *)&v[0];
+        }
+    }
+    int64_t t = n8 * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (blockIdx.x == 0 && t < a.n) {
+        int64_t e = a.e0 + t;
+        uint8_t byte = a.codes[e >> 1];
+        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
+        out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
+    }
+}
+
+/* Blocks of 256 threads for v5 over n elements: one 1024-element chunk per warp, at most
+ * 2^20 blocks (the kernel is warp-stride beyond that). */
+static inline unsigned nf4_dequant_v5_blocks(int64_t n)
+{
+    int64_t b = (n + 8 * 1024 - 1) / (8 * 1024);
+    return (unsigned)(b < 1 ? 1 : b > (1 << 20) ? (1 << 20) : b);
 }
 
 /* Dense column slab: out (rows, width) = T(in[r * ld + c]) for c < width (in already offset to
