@@ -43,13 +43,7 @@ __global__ void nf4_dequant_v3(nf4_args a, __nv_bfloat16 *out)
         o[0] = *(uint4 *)&v[0];
         o[1] = *(uint4 *)&v[4];
     }
-    int64_t t = n16 * 16 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (blockIdx.x == 0 && t < a.n) {
-        int64_t e = a.e0 + t;
-        uint8_t byte = a.codes[e >> 1];
-        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
-        out[t] = __float2bfloat16_rn(nf4_code_c[q] * nf4_block_absmax(a, e >> 6));
-    }
+    nf4_dequant_tail(a, out, n16 * 16, nf4_code_c);
 }
 
 int main(int argc, char **argv)

@@ -4,9 +4,10 @@
  * 8-element boundary: the forward's tiles) keeps the code table in shared memory and has each
  * warp read and write contiguous runs, four 8-element groups per thread in flight; v4 (bf16,
  * 16-element boundary) serves the backward's column slabs, 16 elements per thread; v2 (8
- * elements per thread from one 32-bit code word) serves f32 output and 8-aligned starts; v1 (one element per thread) any start. Layout (model/nf4.h): element e of the
- * row-major weight sits in byte e/2 (even e in the high nibble); block b = e/64 has absmax
- * absmax[b], or dmap[absmax_q[b]] * absmax2[b/256] + offset when double-quantized.
+ * elements per thread from one 32-bit code word) serves f32 output and 8-aligned starts; v1 (one
+ * element per thread) any start. Layout (model/nf4.h): element e of the row-major weight sits in
+ * byte e/2 (even e in the high nibble); block b = e/64 has absmax absmax[b], or
+ * dmap[absmax_q[b]] * absmax2[b/256] + offset when double-quantized.
  * Included by exactly one library translation unit (cuda_backend.cu) and by the dev program.
  */
 #ifndef TANDEM_ENGINE_CUDA_NF4_DEQUANT_CUH
@@ -60,6 +61,35 @@ template <typename T> __global__ void nf4_dequant_v1(nf4_args a, T *out)
     }
 }
 
+/* The elements [done, a.n) that a vector loop left (fewer than its group, so fewer than a block's
+ * threads), one per thread of block 0; `code` is the code table in constant or shared memory.
+ * Contiguous ranges only. */
+template <typename T>
+__device__ __forceinline__ void nf4_dequant_tail(const nf4_args &a, T *out, int64_t done,
+                                                 const float *code)
+{
+    int64_t t = done + threadIdx.x;
+    if (blockIdx.x == 0 && t < a.n) {
+        int64_t e = a.e0 + t;
+        uint8_t byte = a.codes[e >> 1];
+        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
+        out[t] = nf4_from_f32<T>(code[q] * nf4_block_absmax(a, e >> 6));
+    }
+}
+
+/* The code table, and with double quantization the dynamic map, copied into shared memory by the
+ * block (the kernels that look codes up there: v4, v5), then a barrier. */
+__device__ __forceinline__ void nf4_tables_to_shared(const nf4_args &a, float *code_s,
+                                                     float *dmap_s)
+{
+    for (int i = threadIdx.x; i < 16; i += blockDim.x)
+        code_s[i] = nf4_code_c[i];
+    if (!a.absmax)
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+            dmap_s[i] = nf4_dmap_c[i];
+    __syncthreads();
+}
+
 /* Variant 2: 8 elements per thread from one 32-bit load of codes (e0 % 8 == 0 required, so the
  * 8 elements share one 64-block and the word is 4-byte aligned); the tail is done elementwise. */
 template <typename T> __global__ void nf4_dequant_v2(nf4_args a, T *out)
@@ -82,14 +112,7 @@ template <typename T> __global__ void nf4_dequant_v2(nf4_args a, T *out)
         for (int j = 0; j < 8; j++)
             o[j] = v[j];
     }
-    /* tail (< 8 elements): the first block's threads */
-    int64_t t = n8 * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (blockIdx.x == 0 && t < a.n) {
-        int64_t e = a.e0 + t;
-        uint8_t byte = a.codes[e >> 1];
-        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
-        out[t] = nf4_from_f32<T>(nf4_code_c[q] * nf4_block_absmax(a, e >> 6));
-    }
+    nf4_dequant_tail(a, out, n8 * 8, nf4_code_c);
 }
 
 /* Variant 4: 16 elements per thread from one 64-bit load of codes, two 16-byte bf16 stores, and
@@ -103,12 +126,7 @@ __global__ void nf4_dequant_v4(nf4_args a, __nv_bfloat16 *out)
 {
     __shared__ float code_s[16];
     __shared__ float dmap_s[256];
-    for (int i = threadIdx.x; i < 16; i += blockDim.x)
-        code_s[i] = nf4_code_c[i];
-    if (!a.absmax)
-        for (int i = threadIdx.x; i < 256; i += blockDim.x)
-            dmap_s[i] = nf4_dmap_c[i];
-    __syncthreads();
+    nf4_tables_to_shared(a, code_s, dmap_s);
     int64_t n16 = a.n >> 4;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -133,13 +151,7 @@ __global__ void nf4_dequant_v4(nf4_args a, __nv_bfloat16 *out)
         o[0] = *(uint4 *)&v[0];
         o[1] = *(uint4 *)&v[4];
     }
-    int64_t t = n16 * 16 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (blockIdx.x == 0 && t < a.n) {
-        int64_t e = a.e0 + t;
-        uint8_t byte = a.codes[e >> 1];
-        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
-        out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
-    }
+    nf4_dequant_tail(a, out, n16 * 16, code_s);
 }
 
 /* Variant 5: v4's shared-memory tables with warp-contiguous accesses and four groups in flight.
@@ -153,12 +165,7 @@ __global__ void nf4_dequant_v5(nf4_args a, __nv_bfloat16 *out)
 {
     __shared__ float code_s[16];
     __shared__ float dmap_s[256];
-    for (int i = threadIdx.x; i < 16; i += blockDim.x)
-        code_s[i] = nf4_code_c[i];
-    if (!a.absmax)
-        for (int i = threadIdx.x; i < 256; i += blockDim.x)
-            dmap_s[i] = nf4_dmap_c[i];
-    __syncthreads();
+    nf4_tables_to_shared(a, code_s, dmap_s);
     const int lane = threadIdx.x & 31;
     const int64_t n8 = a.n >> 3;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
@@ -191,13 +198,7 @@ __global__ void nf4_dequant_v5(nf4_args a, __nv_bfloat16 *out)
             *(uint4 *)(out + g * 8) = *(uint4 *)&v[0];
         }
     }
-    int64_t t = n8 * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (blockIdx.x == 0 && t < a.n) {
-        int64_t e = a.e0 + t;
-        uint8_t byte = a.codes[e >> 1];
-        uint8_t q = (e & 1) ? (byte & 0x0f) : (byte >> 4);
-        out[t] = __float2bfloat16_rn(code_s[q] * nf4_block_absmax(a, e >> 6));
-    }
+    nf4_dequant_tail(a, out, n8 * 8, code_s);
 }
 
 /* Blocks of 256 threads for v5 over n elements: one 1024-element chunk per warp, at most
