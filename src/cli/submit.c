@@ -79,6 +79,14 @@ static void toml_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* key = v as a TOML float: 17 significant digits, and ".0" when %g printed an integer */
+static void toml_float(FILE *f, const char *key, double v)
+{
+    char w[64];
+    snprintf(w, sizeof w, "%.17g", v);
+    fprintf(f, "%s = %s%s\n", key, w, strpbrk(w, ".e") ? "" : ".0");
+}
+
 static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, const char *output,
                           const char *label)
 {
@@ -109,16 +117,8 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
         fprintf(f, "batch_size = %d\n", s->batch_size);
     if (s->has_max_seq_len)
         fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
-    if (s->has_weight) {
-        char w[64];
-        snprintf(w, sizeof w, "%.17g", s->weight);
-        fprintf(f, "weight = %s%s\n", w, strpbrk(w, ".e") ? "" : ".0");
-    }
-    if (s->has_lora_dropout) {
-        char w[64];
-        snprintf(w, sizeof w, "%.17g", s->lora_dropout);
-        fprintf(f, "lora_dropout = %s%s\n", w, strpbrk(w, ".e") ? "" : ".0");
-    }
+    if (s->has_weight) toml_float(f, "weight", s->weight);
+    if (s->has_lora_dropout) toml_float(f, "lora_dropout", s->lora_dropout);
 }
 
 static char *resolve(const char *base_dir, const char *path)

@@ -3,9 +3,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/backend_impl.h"
+#include "util/timeutil.h"
 
 static const char *const op_names[TDM_OP_COUNT] = {
     [TDM_OP_UPLOAD] = "upload",
@@ -44,13 +44,6 @@ const char *tdm_op_name(tdm_op_id id)
     return id >= 0 && id < TDM_OP_COUNT && op_names[id] ? op_names[id] : "?";
 }
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 tdm_status tdm_be_profile_enable(tdm_backend *be, bool on, tdm_error *err)
 {
     if (be->prof) {
@@ -73,7 +66,7 @@ int tdm_op_profile_begin(tdm_backend *be, int64_t *host_t0_ns)
     /* the device mark first: when its slots run out it waits for the device, which is not this
      * op's host time */
     int token = be->vt->prof_begin ? be->vt->prof_begin(be) : -1;
-    *host_t0_ns = now_ns();
+    *host_t0_ns = tdm_now_mono_ns();
     return token;
 }
 
@@ -82,7 +75,7 @@ void tdm_op_profile_end(tdm_backend *be, tdm_op_id id, int token, int64_t host_t
     tdm_op_profile *p = be->prof;
     if (!p) return;
     if (token >= 0 && be->vt->prof_end) be->vt->prof_end(be, token, (int)id);
-    double ms = (double)(now_ns() - host_t0_ns) / 1e6;
+    double ms = (double)(tdm_now_mono_ns() - host_t0_ns) / 1e6;
     p->op[id].calls++;
     p->op[id].host_ms += ms;
     if (!be->vt->prof_begin) { /* synchronous backend: the host time is the op's time */

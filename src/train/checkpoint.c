@@ -76,6 +76,15 @@ static bool hex_u64(const json_t *j, uint64_t *v)
 
 /* ---- tensor files: one or more flat arrays in the adapter's layout ---- */
 
+/* A tensor's name in these files: "<PEFT name>" (suffix NULL) or "<PEFT name>.<suffix>", into
+ * out[NAME_CAP] (the PEFT name cut at 200 bytes, far beyond any real one). */
+static void tensor_key(char *out, const char *base, const char *suffix)
+{
+    int w = suffix ? snprintf(out, NAME_CAP, "%.200s.%s", base, suffix)
+                   : snprintf(out, NAME_CAP, "%.200s", base);
+    if (w < 0) out[0] = '\0';
+}
+
 /* Writes n_arr arrays (each in l's flat layout) as F32 tensors named "<PEFT name>" (suffix NULL)
  * or "<PEFT name>.<suffix>", with __metadata__ format, version "1" and step. */
 static tdm_status save_tensors(const char *path, const tdm_lora_params *l,
@@ -101,9 +110,7 @@ static tdm_status save_tensors(const char *path, const tdm_lora_params *l,
             int64_t off = b ? m->b_offset : m->a_offset;
             for (int which = 0; which < n_arr; which++, k++) {
                 char *nm = names + k * NAME_CAP;
-                int w = suffix[which] ? snprintf(nm, NAME_CAP, "%.200s.%s", base, suffix[which])
-                                      : snprintf(nm, NAME_CAP, "%.200s", base);
-                if (w < 0) nm[0] = '\0';
+                tensor_key(nm, base, suffix[which]);
                 specs[k].name = nm;
                 specs[k].dtype = TDM_DTYPE_F32;
                 specs[k].rank = 2;
@@ -145,15 +152,12 @@ static tdm_status load_tensors(const char *path, const tdm_lora_params *l, float
     for (size_t i = 0; i < l->n_modules && st == TDM_OK; i++) {
         const tdm_lora_module *m = &l->modules[i];
         for (int b = 0; b < 2 && st == TDM_OK; b++) {
-            char base[NAME_CAP], nm[NAME_CAP + 16];
+            char base[NAME_CAP], nm[NAME_CAP];
             tdm_lora_params_tensor_name(m, b, base, sizeof base);
             int64_t off = b ? m->b_offset : m->a_offset;
             int64_t r0 = b ? m->out : l->rank, r1 = b ? l->rank : m->in;
             for (int which = 0; which < n_arr && st == TDM_OK; which++) {
-                if (suffix[which])
-                    snprintf(nm, sizeof nm, "%s.%s", base, suffix[which]);
-                else
-                    snprintf(nm, sizeof nm, "%s", base);
+                tensor_key(nm, base, suffix[which]);
                 const tdm_st_tensor *t = tdm_st_find(&f, nm);
                 if (!t || t->dtype != TDM_DTYPE_F32 || t->rank != 2 || t->shape[0] != r0 ||
                     t->shape[1] != r1)

@@ -85,11 +85,11 @@ typedef struct adapter_state {
     double credit; /* synchronized, weight below the largest: sequences owed to it (< 1 between
                       passes); each pass adds weight / max weight * batch_size */
     bool log_due;  /* a --log-every point passed since its last log line */
-    /* the optimizer batch in progress: drawn at once (idx, micro_n, step_counted), processed in
-     * pieces over one or more global steps, stepped when all batch_seqs are done */
-    bool in_batch;
+    /* the optimizer batch in progress: drawn at once (idx, step_counted), processed in pieces
+     * over one or more global steps, stepped when all batch_seqs are done; in progress exactly
+     * while batch_cursor is set (in_batch()) */
     int batch_seqs, seqs_done;
-    char *batch_cursor;  /* the data cursor before the batch was drawn (JSON), while in_batch */
+    char *batch_cursor;  /* the data cursor before the batch was drawn (JSON), or NULL */
     float *d_grad_saved; /* (n_params) f32 device or NULL: the partial gradient at the start of
                             the global step, for the out-of-memory rollback */
     double last_val, last_train_loss, last_grad_norm, last_lr;
@@ -106,8 +106,6 @@ typedef struct adapter_state {
     int64_t run_steps;
     /* scratch for one optimizer step */
     uint32_t *idx; /* (grad_accum * batch_size) sample indices of this batch */
-    int n_micro;
-    int micro_n[64];
     int64_t step_counted;
     double step_loss_sum;
 } adapter_state;
@@ -125,6 +123,12 @@ struct tdm_trainer {
     float *d_sumsq, *d_coef, *d_norm; /* (n) f32 device */
     double t0_ms;
 };
+
+/* An optimizer batch is in progress (drawn, not yet stepped). */
+static bool in_batch(const adapter_state *s)
+{
+    return s->batch_cursor != NULL;
+}
 
 static double now_ms(void)
 {
@@ -590,15 +594,13 @@ static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
     int64_t first_micro = in_epoch * t->o.grad_accum;
     int64_t micros = s->micro_per_epoch - first_micro;
     if (micros > t->o.grad_accum) micros = t->o.grad_accum;
-    s->n_micro = (int)micros;
     s->step_counted = 0;
     s->step_loss_sum = 0;
     int64_t used = 0;
-    for (int j = 0; j < s->n_micro; j++) {
+    for (int64_t j = 0; j < micros; j++) {
         uint64_t pos = tdm_train_cursor_position(s->cur);
         uint64_t left = s->ds.n_train - pos;
         int k = (int)(left < (uint64_t)s->cfg.batch_size ? left : (uint64_t)s->cfg.batch_size);
-        s->micro_n[j] = k;
         for (int i = 0; i < k; i++) {
             TRY(tdm_train_cursor_next(s->cur, &s->idx[used], err));
             s->step_counted += s->ds.samples[s->idx[used]].counted;
@@ -620,7 +622,6 @@ static tdm_status begin_batch(tdm_trainer *t, adapter_state *s, tdm_error *err)
     TRY(tdm_train_cursor_to_json(s->cur, &s->batch_cursor, err));
     TRY(plan_step(t, s, err));
     TRY(tdm_lora_zero_grad(s->dev, err));
-    s->in_batch = true;
     s->seqs_done = 0;
     return TDM_OK;
 }
@@ -675,7 +676,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
         adapter_state *s = &t->ad[part[p]];
         slots[part[p]] = s->dev;
         stepped[p] = worked[p] = false;
-        if (!s->in_batch && (st = begin_batch(t, s, err)) != TDM_OK) goto done;
+        if (!in_batch(s) && (st = begin_batch(t, s, err)) != TDM_OK) goto done;
         /* Anomaly test: a device out-of-memory after the batch was drawn (docs/testing.md). */
         if (t->global_step >= 3 && tdm_fault("trainer.step_oom")) {
             st = tdm_fail(err, TDM_ERR_NOMEM, "injected device out-of-memory (trainer.step_oom)");
@@ -763,7 +764,6 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
     for (int i = 0; i < nq; i++) {
         adapter_state *s = &t->ad[q[i]];
         s->step++;
-        s->in_batch = false;
         free(s->batch_cursor);
         s->batch_cursor = NULL;
         s->last_grad_norm = norms[i];
@@ -946,34 +946,24 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
     TRY(download_state(t, s, true, err));
-    bool piece = s->in_batch && s->seqs_done > 0;
+    /* the data cursor: from before the batch in progress, else the current one */
+    char *now = NULL;
+    if (!in_batch(s)) TRY(tdm_train_cursor_to_json(s->cur, &now, err));
+    json_t *cursor = json_loads(now ? now : s->batch_cursor, 0, NULL);
+    free(now);
+    bool piece = in_batch(s) && s->seqs_done > 0;
     float *grad = NULL;
     if (piece) {
         size_t bytes = (size_t)s->host.n_params * sizeof(float);
         grad = malloc(bytes);
-        if (!grad) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        tdm_status gs = tdm_be_download(t->be, grad, s->dev->grads, bytes, err);
+        tdm_status gs = grad ? tdm_be_download(t->be, grad, s->dev->grads, bytes, err)
+                             : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         if (gs != TDM_OK) {
             free(grad);
+            json_decref(cursor);
             return gs;
         }
     }
-    char *cj = NULL;
-    if (s->in_batch && s->batch_cursor) {
-        cj = strdup(s->batch_cursor);
-        if (!cj) {
-            free(grad);
-            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        }
-    } else {
-        tdm_status cs = tdm_train_cursor_to_json(s->cur, &cj, err);
-        if (cs != TDM_OK) {
-            free(grad);
-            return cs;
-        }
-    }
-    json_t *cursor = json_loads(cj, 0, NULL);
-    free(cj);
     json_t *extra = json_pack(
         "{s:I, s:b, s:o, s:o, s:o, s:o, s:o, s:I, s:I, s:o, s:I, s:o, s:o, s:I, s:I}",
         "global_step", (json_int_t)t->global_step, "done", s->done, "credit", jreal(s->credit),
@@ -1086,9 +1076,9 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     const json_t *piece = st == TDM_OK ? json_object_get(info.extra, "piece") : NULL;
     if (json_is_object(piece)) { /* in the middle of an optimizer batch: draw it again */
         free(s->batch_cursor);
-        s->batch_cursor = strdup(cj);
-        if (!s->batch_cursor) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        if (st == TDM_OK) st = plan_step(t, s, err);
+        s->batch_cursor = cj; /* the cursor before the batch: in progress from here */
+        cj = NULL;
+        st = plan_step(t, s, err);
         int64_t done_seqs = jint(piece, "seqs_done");
         if (st == TDM_OK && (!info.grad_accum || done_seqs < 1 || done_seqs >= s->batch_seqs))
             st = tdm_fail(err, TDM_ERR_CORRUPT,
@@ -1099,7 +1089,6 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
             st = tdm_be_upload(t->be, s->dev->grads, info.grad_accum,
                                (size_t)s->host.n_params * sizeof(float), err);
         if (st == TDM_OK) {
-            s->in_batch = true;
             s->seqs_done = (int)done_seqs;
             s->step_loss_sum = jget(piece, "loss_sum");
         }
@@ -1334,42 +1323,35 @@ static tdm_status make_dirs(const char *path, tdm_error *err)
 
 /* Where the loop stood before a step: an out-of-memory inside the step rolls back to it, so the
  * checkpoints written for the failure resume exactly at that step. */
+/* One adapter as it stood before the step. */
+typedef struct adapter_snapshot {
+    double credit;
+    char *cursor;    /* tdm_train_cursor JSON, NULL when not taken (the adapter was done) */
+    bool in_batch;   /* an optimizer batch in progress... */
+    int seqs_done;   /* ...with this many of its sequences done... */
+    double loss_sum; /* ...and their loss sum; the gradient is in the adapter's d_grad_saved */
+} adapter_snapshot;
+
 typedef struct step_snapshot {
     int64_t global_step;
     int rr_next;
-    double *credit;   /* per adapter */
-    char **cursor;    /* per adapter: tdm_train_cursor JSON, NULL when not taken */
-    bool *in_batch;   /* per adapter: an optimizer batch in progress... */
-    int *seqs_done;   /* ...with this many of its sequences done... */
-    double *loss_sum; /* ...and their loss sum; the gradient is in the adapter's d_grad_saved */
+    adapter_snapshot *ad; /* (n) */
 } step_snapshot;
 
 static void snapshot_free(step_snapshot *ss, int n)
 {
-    if (ss->cursor)
+    if (ss->ad)
         for (int a = 0; a < n; a++)
-            free(ss->cursor[a]);
-    free(ss->cursor);
-    free(ss->credit);
-    free(ss->in_batch);
-    free(ss->seqs_done);
-    free(ss->loss_sum);
+            free(ss->ad[a].cursor);
+    free(ss->ad);
     memset(ss, 0, sizeof *ss);
 }
 
 static tdm_status snapshot_init(step_snapshot *ss, int n, tdm_error *err)
 {
     memset(ss, 0, sizeof *ss);
-    ss->credit = calloc((size_t)n, sizeof *ss->credit);
-    ss->cursor = calloc((size_t)n, sizeof *ss->cursor);
-    ss->in_batch = calloc((size_t)n, sizeof *ss->in_batch);
-    ss->seqs_done = calloc((size_t)n, sizeof *ss->seqs_done);
-    ss->loss_sum = calloc((size_t)n, sizeof *ss->loss_sum);
-    if (!ss->credit || !ss->cursor || !ss->in_batch || !ss->seqs_done || !ss->loss_sum) {
-        snapshot_free(ss, n);
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    }
-    return TDM_OK;
+    ss->ad = calloc((size_t)n, sizeof *ss->ad);
+    return ss->ad ? TDM_OK : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
 }
 
 static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *err)
@@ -1378,15 +1360,16 @@ static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *er
     ss->rr_next = t->rr_next;
     for (int a = 0; a < t->n; a++) {
         adapter_state *s = &t->ad[a];
-        ss->credit[a] = s->credit;
-        ss->in_batch[a] = s->in_batch;
-        ss->seqs_done[a] = s->seqs_done;
-        ss->loss_sum[a] = s->step_loss_sum;
-        free(ss->cursor[a]);
-        ss->cursor[a] = NULL;
+        adapter_snapshot *as = &ss->ad[a];
+        as->credit = s->credit;
+        as->in_batch = in_batch(s);
+        as->seqs_done = s->seqs_done;
+        as->loss_sum = s->step_loss_sum;
+        free(as->cursor);
+        as->cursor = NULL;
         if (s->done) continue;
-        TRY(tdm_train_cursor_to_json(s->cur, &ss->cursor[a], err));
-        if (!s->in_batch || s->seqs_done == 0) continue;
+        TRY(tdm_train_cursor_to_json(s->cur, &as->cursor, err));
+        if (!as->in_batch || s->seqs_done == 0) continue;
         /* a partial gradient the step may spoil: keep a device copy (allocated by attach for
          * the adapters that can be here; a batch restored by --resume under another schedule
          * gets one now) */
@@ -1411,17 +1394,17 @@ static tdm_status checkpoint_after_oom(tdm_trainer *t, const step_snapshot *ss, 
     t->rr_next = ss->rr_next;
     for (int a = 0; a < t->n && st == TDM_OK; a++) {
         adapter_state *s = &t->ad[a];
-        s->credit = ss->credit[a];
+        const adapter_snapshot *as = &ss->ad[a];
+        s->credit = as->credit;
         if (s->done) continue;
-        if (ss->cursor[a]) st = tdm_train_cursor_from_json(s->cur, ss->cursor[a], &serr);
+        if (as->cursor) st = tdm_train_cursor_from_json(s->cur, as->cursor, &serr);
         if (st != TDM_OK) break;
-        if (!ss->in_batch[a]) { /* a batch drawn by the failed step is drawn again */
-            s->in_batch = false;
+        if (!as->in_batch) { /* a batch drawn by the failed step is drawn again */
             free(s->batch_cursor);
             s->batch_cursor = NULL;
         } else {
-            s->seqs_done = ss->seqs_done[a];
-            s->step_loss_sum = ss->loss_sum[a];
+            s->seqs_done = as->seqs_done;
+            s->step_loss_sum = as->loss_sum;
             if (s->seqs_done > 0)
                 st = tdm_be_copy(t->be, s->dev->grads, s->d_grad_saved,
                                  (size_t)s->host.n_params * sizeof(float), &serr);
