@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include <algorithm>
-#include <functional>
 #include <vector>
 
 #define cudaCheck(call)                                                                            \

@@ -26,6 +26,8 @@
  * with and without dropout (the mask hash is computed where X is loaded).
  * Build: nvcc -O3 -arch=sm_90 -I src -I dev/cuda dev/cuda/lora.cu -o lora
  */
+#include <functional>
+
 #include "common.h"
 #include "engine/cuda/lora.cuh"
 #include "lora_v2.cuh"

@@ -5,6 +5,7 @@
 #   DIR/bin/{nf4_dequant,attention,lora,adamw,cross_entropy}   dev/cuda kernel programs (validation + timing)
 #   DIR/lib/                        Debian shared libraries the GPU image lacks
 # A dev program missing from DIR/bin is compiled here from dev/cuda/ with nvcc (sm_90).
+# KERNELS="nf4_dequant lora" runs only those dev programs (default: all five).
 # Prints the details as it goes and a short summary table last; full logs go to $OUT (or
 # /tmp/cuda-check). Exit status: 0 when every test and validation passed. Budget: ~2-3 min
 # (timings use --quick repetitions unless --full).
@@ -12,6 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:?usage: cuda-check.sh DIR [--full]}
 QUICK=--quick
+KERNELS=${KERNELS:-nf4_dequant attention lora adamw cross_entropy}
 [ "${2:-}" = --full ] && QUICK=
 LOG=${OUT:-/tmp/cuda-check}
 mkdir -p "$LOG"
@@ -38,7 +40,7 @@ else
 fi
 [ "${RC[test_backend_cuda]}" = 0 ] || status=1
 
-for k in nf4_dequant attention lora adamw cross_entropy; do
+for k in $KERNELS; do
     echo "== dev/cuda/$k"
     exe="$DIR/bin/$k"
     if [ ! -x "$exe" ]; then
@@ -64,13 +66,13 @@ done
         END { for (op in worst) printf "  %-22s checks %3d  max_rel_err %-10s (tol %s)\n", op, n[op], worst[op], t[op] }' | sort
     printf '%-14s %-9s %-40s %10s %14s %9s %s\n' kernel variant shape time_us rate err status
     # the fastest passing variant per (kernel, shape), plus every failure
-    cat "$LOG"/{nf4_dequant,attention,lora,adamw,cross_entropy}.log 2>/dev/null | awk '/^RESULT/ {
+    for k in $KERNELS; do cat "$LOG/$k.log"; done 2>/dev/null | awk '/^RESULT/ {
         k = $2 " " $4; t = $5; sub("time_us=", "", t)
         if ($8 == "FAIL") { print; next }
         if (!(k in best) || t + 0 < best[k] + 0) { best[k] = t; line[k] = $0 }
     } END { for (k in line) print line[k] }' | sort | awk '{
         printf "%-14s %-9s %-40s %10s %14s %9s %s\n", $2, $3, $4, substr($5, 9), $6, substr($7, 5), $8 }'
-    for k in test_backend_cuda nf4_dequant attention lora adamw; do
+    for k in test_backend_cuda $KERNELS; do
         printf '%s=%s ' "$k" "${RC[$k]:-?}"
     done
     echo

@@ -12,12 +12,12 @@ DIR=${1:-.device/cuda}
 BUILD=${BUILD:-build-cuda}
 JOBS=${JOBS:-1}
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DTANDEM_WERROR=ON
-cmake --build "$BUILD" -j "$JOBS" --target test_backend_cuda dev_nf4_dequant dev_attention dev_cross_entropy \
-    dev_lora dev_adamw
+KERNELS=(nf4_dequant attention lora adamw cross_entropy) # the dev/cuda programs
+cmake --build "$BUILD" -j "$JOBS" --target test_backend_cuda "${KERNELS[@]/#/dev_}"
 rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib"
 cp "$BUILD/tests/test_backend_cuda" "$DIR/bin/"
-cp "$BUILD"/dev/cuda/{nf4_dequant,attention,lora,adamw,cross_entropy} "$DIR/bin/"
+for k in "${KERNELS[@]}"; do cp "$BUILD/dev/cuda/$k" "$DIR/bin/"; done
 # Shared libraries outside glibc / libstdc++ / CUDA (the GPU image has those).
 ldd "$DIR"/bin/* | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in

@@ -108,11 +108,7 @@ kill_and_resume() { # kill_and_resume REF PREFIX [UPPER_WEIGHT ADD_WEIGHT]
     write_toml $run.toml $run "$@"
     kill9_when $run/reverse/checkpoint-4 "$TANDEM" finetune "$M" --adapters-config $run.toml "${COMMON[@]}"
     expect_exit 0 "$TANDEM" finetune "$M" --adapters-config $run.toml "${COMMON[@]}" --resume
-    for a in reverse upper add; do
-        cmp -s $ref/$a/adapter_model.safetensors $run/$a/adapter_model.safetensors || fail "$run/$a: resume differs"
-        diff <(jq -c '[.step, .loss, .val_loss]' $ref/$a/metrics.jsonl) \
-             <(jq -c '[.step, .loss, .val_loss]' $run/$a/metrics.jsonl) >/dev/null || fail "$run/$a: resumed losses differ"
-    done
+    same_run $ref $run "resume differs" reverse upper add
 }
 kill_and_resume run1 run3
 

@@ -21,14 +21,6 @@ run() { # run OUT_PREFIX [extra flags...]
         --val-split 0.1 --eval-every 2 --save-every 2 --log-every 1 --lr 5e-3 \
         --lr-schedule constant --seed 7 "$@"
 }
-same() { # same DIR1 DIR2 WHAT: every adapter of the two runs byte-identical, same logged losses
-    for a in reverse add; do
-        cmp -s "$1/$a/adapter_model.safetensors" "$2/$a/adapter_model.safetensors" || fail "$a: $3"
-        diff <(jq -c '[.step, .loss, .val_loss]' "$1/$a/metrics.jsonl") \
-             <(jq -c '[.step, .loss, .val_loss]' "$2/$a/metrics.jsonl") >/dev/null ||
-            fail "$a: $3 (logged losses)"
-    done
-}
 
 expect_exit 0 run d1 --lora-dropout 0.1
 for a in reverse add; do
@@ -41,7 +33,7 @@ done
 
 # determinism, and the dropout acts
 expect_exit 0 run d2 --lora-dropout 0.1
-same d1 d2 "not deterministic with dropout"
+same_run d1 d2 "not deterministic with dropout" reverse add
 expect_exit 0 run n0
 for a in reverse add; do
     cmp -s d1/$a/adapter_model.safetensors n0/$a/adapter_model.safetensors && fail "$a: dropout changed nothing"
@@ -54,13 +46,13 @@ kill9_when d3/add/checkpoint-3 run d3 --lora-dropout 0.1 --save-every 1
 expect_exit 2 run d3 --lora-dropout 0.2 --resume
 grep -q "trained with LoRA dropout 0.1, this run has 0.2" last.err || fail "resume dropout mismatch: $(cat last.err)"
 expect_exit 0 run d3 --lora-dropout 0.1 --resume
-same d1 d3 "resume after kill -9 differs"
+same_run d1 d3 "resume after kill -9 differs" reverse add
 
 # an out-of-memory inside a step (rolled back, checkpointed), then --resume
 TANDEM_FAULT_INJECT=trainer.step_oom expect_exit 1 run d4 --lora-dropout 0.1
 grep -q "out of device memory at global step" last.err || fail "OOM message: $(cat last.err)"
 expect_exit 0 run d4 --lora-dropout 0.1 --resume
-same d1 d4 "resume after the OOM differs"
+same_run d1 d4 "resume after the OOM differs" reverse add
 
 # adapters.toml: a per-adapter lora_dropout wins over the flag
 cat >dropout.toml <<T

@@ -55,6 +55,19 @@ kill9_when() {
     wait "$pid" 2>/dev/null
 }
 
+# same_run REF RUN WHAT ADAPTER...: every ADAPTER's adapter_model.safetensors byte-identical in the
+# two runs' output folders and the same logged [step, loss, val_loss] in their metrics.jsonl;
+# otherwise fails with "RUN/ADAPTER: WHAT".
+same_run() {
+    local ref=$1 run=$2 what=$3; shift 3
+    for a in "$@"; do
+        cmp -s "$ref/$a/adapter_model.safetensors" "$run/$a/adapter_model.safetensors" || fail "$run/$a: $what"
+        diff <(jq -c '[.step, .loss, .val_loss]' "$ref/$a/metrics.jsonl") \
+             <(jq -c '[.step, .loss, .val_loss]' "$run/$a/metrics.jsonl") >/dev/null ||
+            fail "$run/$a: $what (logged losses)"
+    done
+}
+
 # ledger_count: reservations + queued tickets in the ledger (via gpu status --json).
 ledger_count() {
     "$TANDEM" gpu status --json | jq '[.gpus[] | (.reservations | length) + (.queue | length)] | add // 0'
