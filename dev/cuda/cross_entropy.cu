@@ -60,10 +60,8 @@ static void run_case(int64_t c, int64_t V, bool check)
         auto launch = [&]() {
             if (v == 1)
                 ce_rows_kernel<1><<<(unsigned)c, 256>>>(dl, V, dlab, dw, dloss, dd, derr);
-            else if (V % 4 == 0)
-                ce_rows_kernel<4><<<(unsigned)c, CE_THREADS>>>(dl, V, dlab, dw, dloss, dd, derr);
             else
-                ce_rows_kernel<1><<<(unsigned)c, CE_THREADS>>>(dl, V, dlab, dw, dloss, dd, derr);
+                ce_rows_launch(c, dl, V, dlab, dw, dloss, dd, derr, 0);
             launchCheck("ce rows");
         };
         double err = 0;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "engine/cuda/cuda_memory_plan.h"
+#include "engine/cuda/lora.cuh"
 #include "engine/dropout.h"
 
 namespace lora_v2 {
@@ -21,33 +22,10 @@ namespace lora_v2 {
 #define V2_LORA_RED_COLS 64
 #define V2_LORA_RED_ROWS 32
 
-struct lora_seg_d {
-    int64_t row_begin, row_end;
-    const float *a, *b;
-    float *da, *db;
-    float scale;
-    int rank;
-    int tile0;          /* first block of this segment in the launch */
-    int drop;           /* LoRA dropout on this segment's input */
-    uint32_t keep_thr;  /* tdm_dropout_threshold(p) */
-    float keep_scale;   /* tdm_dropout_scale(p) = 1 / (1 - p) */
-    uint64_t mask_seed; /* the segment's mask seed */
-    /* reduction only: rows per chunk, chunks, and where the segment's partials start in
-     * lora_params.part (floats; n_chunks blocks of rank * (in + out) each) and its elements
-     * start in the finish kernel's index space */
-    int64_t chunk_rows;
-    int n_chunks;
-    int64_t part0, elem0;
-};
-
-/* The dropout factor of element (row, col) of X (row: of the batch): 1/(1-p) or 0. */
-__device__ __forceinline__ float lora_drop(const lora_seg_d &sg, int64_t row, int64_t col)
-{
-    return tdm_dropout_keep(sg.mask_seed, sg.keep_thr, (uint64_t)(row - sg.row_begin),
-                            (uint64_t)col)
-               ? sg.keep_scale
-               : 0.0f;
-}
+/* The segment descriptor and the dropout factor are the shipped kernels' (the same fields and
+ * mask); only the kernels and their parameters differ. */
+using ::lora_drop;
+using ::lora_seg_d;
 
 struct lora_params {
     lora_seg_d seg[V2_LORA_MAX_SEGS];

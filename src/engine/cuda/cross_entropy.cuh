@@ -6,6 +6,7 @@
 #ifndef TANDEM_ENGINE_CUDA_CROSS_ENTROPY_CUH
 #define TANDEM_ENGINE_CUDA_CROSS_ENTROPY_CUH
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -108,6 +109,20 @@ __global__ void __launch_bounds__(CE_THREADS)
             dlog[i * V + j] = __float2bfloat16_rn(wt * p);
         }
     }
+}
+
+/* The shipped launch over a chunk of c rows: the float4 path when V % 4 == 0 (cuda_train.cu and
+ * the dev program's "v2" both call this, so the dev program times what ships). */
+static inline void ce_rows_launch(int64_t c, const float *logits, int64_t V, const int32_t *labels,
+                                  const float *weight, float *loss, __nv_bfloat16 *dlog,
+                                  int *dev_error, cudaStream_t stream)
+{
+    if (V % 4 == 0)
+        ce_rows_kernel<4><<<(unsigned)c, CE_THREADS, 0, stream>>>(logits, V, labels, weight, loss,
+                                                                  dlog, dev_error);
+    else
+        ce_rows_kernel<1><<<(unsigned)c, CE_THREADS, 0, stream>>>(logits, V, labels, weight, loss,
+                                                                  dlog, dev_error);
 }
 
 #endif

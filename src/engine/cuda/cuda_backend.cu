@@ -465,11 +465,17 @@ static void plan_destroy(lt_plan *p)
     cublasLtMatmulDescDestroy(p->op);
 }
 
+static void plan_cache_clear(cuda_plan_cache *c)
+{
+    for (auto &kv : c->map)
+        plan_destroy(&kv.second);
+    c->map.clear();
+}
+
 void cuda_plan_cache_free(cuda_backend *cb)
 {
     if (!cb->plans) return;
-    for (auto &kv : cb->plans->map)
-        plan_destroy(&kv.second);
+    plan_cache_clear(cb->plans);
     delete cb->plans;
     cb->plans = NULL;
 }
@@ -537,11 +543,7 @@ static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_
     LT(cublasLtMatmul(cb->lt, d.op, &alpha, g->b, d.a, g->a, d.b, &beta, g->c, d.c, g->c, d.c,
                       &heur.algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
     if (cb->plans) {
-        if (cb->plans->map.size() >= PLAN_CACHE_MAX) {
-            for (auto &kv : cb->plans->map)
-                plan_destroy(&kv.second);
-            cb->plans->map.clear();
-        }
+        if (cb->plans->map.size() >= PLAN_CACHE_MAX) plan_cache_clear(cb->plans);
         lt_plan p = {d.op, d.a, d.b, d.c, heur.algo};
         try {
             cb->plans->map.emplace(key, p);
@@ -730,10 +732,12 @@ static int64_t tile_rows(const tdm_be_weight *w)
 }
 
 /* Columns [c0, c1) of every row of W into out (rows, c1 - c0) bf16: the backward's slab. Needs
- * c0, c1 and cols multiples of 16 for NF4 (tdm_cuda_slab_cols gives multiples of 64). */
+ * c0, c1 and cols multiples of 16 for NF4 (tdm_cuda_slab_cols gives multiples of 64). All the
+ * columns are the whole weight, contiguous: cuda_weight_rows's kernel. */
 static tdm_status cuda_weight_cols(cuda_backend *cb, const tdm_be_weight *w, int64_t c0, int64_t c1,
                                    bf16 *out, tdm_error *err)
 {
+    if (c0 == 0 && c1 == w->cols) return cuda_weight_rows(cb, w, 0, w->rows, out, TDM_BE_BF16, err);
     cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
     int64_t width = c1 - c0, n = w->rows * width;
     cudaStream_t st = cb->stream;
@@ -847,10 +851,7 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
         g.beta = beta;
         for (int64_t c0 = 0; c0 < w->cols; c0 += slab) {
             int64_t c1 = c0 + slab < w->cols ? c0 + slab : w->cols;
-            if (slab == w->cols)
-                TRY(cuda_weight_rows(cb, w, 0, w->rows, buf, TDM_BE_BF16, err));
-            else
-                TRY(cuda_weight_cols(cb, w, c0, c1, (bf16 *)buf, err));
+            TRY(cuda_weight_cols(cb, w, c0, c1, (bf16 *)buf, err));
             g.n = c1 - c0;
             g.ldb = c1 - c0;
             g.c = (bf16 *)dx + c0;

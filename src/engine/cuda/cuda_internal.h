@@ -47,7 +47,7 @@ typedef struct cuda_backend {
     size_t lt_ws_bytes;
     int *dev_error; /* device i32: enum cuda_dev_error */
     /* Scratch: [0] NF4 weight tiles, [1] f32 accumulators / logits, [2] bf16 dlogits / converted
-     * operands, [3] LoRA dU, [4] op tables (sumsq / AdamW / clip), [5] sumsq partials,
+     * operands, [3] the LoRA down kernels' per-K-slice partials (and dU), [4] op tables (sumsq / AdamW / clip), [5] sumsq partials,
      * [6] f32 staging of a bf16 GEMM output, [7] LoRA backward partial sums. */
     cuda_scratch scratch[8];
     std::unordered_map<void *, size_t> *allocs; /* user buffers -> bytes */

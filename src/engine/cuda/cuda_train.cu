@@ -45,14 +45,8 @@ tdm_status cuda_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weigh
         g.ldc = V;
         g.batch = 1;
         TRY(cuda_gemm_rm(cb, &g, err));
-        if (V % 4 == 0)
-            ce_rows_kernel<4><<<(unsigned)c, CE_THREADS, 0, cb->stream>>>(
-                (const float *)logits, V, labels + r0, weight + r0, loss + r0, (bf16 *)dlog,
-                cb->dev_error);
-        else
-            ce_rows_kernel<1><<<(unsigned)c, CE_THREADS, 0, cb->stream>>>(
-                (const float *)logits, V, labels + r0, weight + r0, loss + r0, (bf16 *)dlog,
-                cb->dev_error);
+        ce_rows_launch(c, (const float *)logits, V, labels + r0, weight + r0, loss + r0,
+                       (bf16 *)dlog, cb->dev_error, cb->stream);
         CU_LAUNCHED("ce_rows_kernel");
         if (!dh) continue;
         tdm_gemm_args b = {};

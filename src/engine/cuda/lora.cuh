@@ -85,6 +85,16 @@ __device__ __forceinline__ float lora_drop(const lora_seg_d &sg, int64_t row, in
                : 0.0f;
 }
 
+/* v[j] *= the dropout factor of (row, k + j) for the columns below kmax (4 consecutive elements
+ * of a row of X, or of dU A before it is added into dX). */
+__device__ __forceinline__ void lora_drop4(const lora_seg_d &sg, int64_t row, int64_t k,
+                                           int64_t kmax, float v[4])
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (k + j < kmax) v[j] *= lora_drop(sg, row, k + j);
+}
+
 struct lora_params {
     lora_seg_d seg[LORA_MAX_SEGS];
     int n_segs, n_blocks;
@@ -228,9 +238,7 @@ template <bool BWD> __global__ void __launch_bounds__(LORA_THREADS) lora_down_ke
                         xv[rr][4 * h] = xv[rr][4 * h + 1] = xv[rr][4 * h + 2] =
                             xv[rr][4 * h + 3] = 0.0f;
                     if (!BWD && sg.drop && row < sg.row_end)
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            if (k + j < k_hi) xv[rr][4 * h + j] *= lora_drop(sg, row, k + j);
+                        lora_drop4(sg, row, k, k_hi, &xv[rr][4 * h]);
                 }
             }
 #pragma unroll
@@ -355,10 +363,9 @@ template <bool BWD> __global__ void __launch_bounds__(LORA_THREADS) lora_up_kern
             if (n >= N) continue;
             float v[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < 4; j++)
                 v[j] = oscale * acc[rr][4 * h + j];
-                if (BWD && sg.drop && n + j < N) v[j] *= lora_drop(sg, row, n + j);
-            }
+            if (BWD && sg.drop) lora_drop4(sg, row, n, N, v);
             lora_add4(O + row * N, n, N, vec, v);
         }
     }
@@ -408,10 +415,7 @@ __global__ void __launch_bounds__(LORA_GRAD_THREADS) lora_grad_kernel(lora_param
             const int64_t row = sub + rr;
             float rv[4];
             lora_load4(R + row * rcols, col, rcols, vec, rv);
-            if (is_a && sg.drop)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (col + j < rcols) rv[j] *= lora_drop(sg, row, col + j);
+            if (is_a && sg.drop) lora_drop4(sg, row, col, rcols, rv);
 #pragma unroll
             for (int c4 = 0; c4 < LORA_RG / 4; c4++) {
                 const float4 l = *reinterpret_cast<const float4 *>(&Ls[rr * LORA_RG + 4 * c4]);
