@@ -21,9 +21,10 @@
  *
  * row is the row index RELATIVE TO THE ADAPTER'S SEGMENT of the fused batch (row - row_begin) and
  * col the input feature, so an adapter's mask does not depend on where its rows sit in a fused
- * batch (fused = alone). seed is per (adapter, micro-step, layer, module): engine/model.h derives
- * it with tdm_dropout_derive from the adapter's seed, its micro-step counter, the layer and the
- * module index (q_proj, k_proj and v_proj read the same x but get independent masks).
+ * batch (fused = alone). seed is per (step, piece, layer, module): engine/model.h derives it with
+ * tdm_dropout_derive from the run's seed, the adapter's optimizer step, the piece's position in
+ * that step's batch (sequences done before it), the layer and the module index (q_proj, k_proj
+ * and v_proj read the same x but get independent masks).
  * Limits: row < 2^32 and col < 2^32 (the backends' shapes are far below).
  */
 #ifndef TANDEM_ENGINE_DROPOUT_H

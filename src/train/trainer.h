@@ -59,9 +59,11 @@ typedef struct tdm_trainer_adapter {
     bool use_rslora;
     uint32_t targets; /* tdm_adapter_target bits */
     /* LoRA dropout p in [0, 1) on every targeted module's input, training steps only (PEFT's
-     * lora_dropout; 0: none). The mask of micro-batch j of optimizer step k is drawn from
-     * tdm_lora_dropout_seed(opts.seed, k, j): a pure function, so fused = alone and --resume
-     * repeat it without any stored state. Recorded in adapter_config.json. */
+     * lora_dropout; 0: none). The mask of the piece of optimizer step k that follows the
+     * batch's first d sequences is drawn from tdm_lora_dropout_seed(opts.seed, k, d): a pure
+     * function, so fused = alone and --resume repeat it without any stored state (and two
+     * adapters at the same step and position draw the same masks, over their own data).
+     * Recorded in adapter_config.json. */
     double lora_dropout;
     double lr;
     int epochs;
