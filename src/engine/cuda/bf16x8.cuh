@@ -12,6 +12,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+typedef __nv_bfloat16 bf16;
+
 __device__ __forceinline__ void bf16x8_load(const __nv_bfloat16 *p, float v[8])
 {
     uint4 q = *reinterpret_cast<const uint4 *>(p);

@@ -17,6 +17,8 @@
 
 #include <unordered_map>
 
+#include "engine/cuda/grid.cuh"
+
 extern "C" {
 #include "engine/backend_impl.h"
 #include "engine/op_profile.h"
@@ -113,14 +115,6 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
 tdm_status cuda_dense_bf16(cuda_backend *cb, const tdm_be_weight *w, int slot, const bf16 **out,
                            tdm_error *err);
 
-/* 1-D grid size for n items at `per_block` items per block, capped for grid-stride loops. */
-static inline unsigned cuda_blocks(int64_t n, int64_t per_block)
-{
-    int64_t b = (n + per_block - 1) / per_block;
-    if (b < 1) b = 1;
-    if (b > (1 << 20)) b = 1 << 20;
-    return (unsigned)b;
-}
 
 /* Per-op profiling (cuda_profile.cu): the vtable's prof_* entries, and a scope that times a part
  * of an op (an op_profile.h sub-op) when profiling is on and costs one branch when it is off. */

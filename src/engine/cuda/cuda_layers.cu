@@ -1,9 +1,14 @@
 /* cuda_layers.cu — the CUDA backend's layer ops: embedding, RMSNorm, RoPE, attention, SwiGLU.
- * bf16 in and out, f32 arithmetic; row reductions are done by one block in a fixed order. */
+ * bf16 in and out, f32 arithmetic; row reductions are done by one block in a fixed order. The
+ * RMSNorm, RoPE, SwiGLU and attention kernels live in their own headers (rmsnorm.cuh, rope.cuh,
+ * swiglu.cuh, attention.cuh), which dev/cuda's programs include to validate and time them. */
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/bf16x8.cuh"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_memory_plan.h"
+#include "engine/cuda/rmsnorm.cuh"
+#include "engine/cuda/rope.cuh"
+#include "engine/cuda/swiglu.cuh"
 
 #define EW_THREADS 256
 
@@ -44,152 +49,14 @@ tdm_status cuda_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t
 
 /* ------------------------------------------------------------------ RMSNorm ---- */
 
-/* Sum of x over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
-__device__ float block_sum(float x, float *shared32)
-{
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    __syncthreads(); /* shared32 may still be read from a previous call */
-    if (lane == 0) shared32[warp] = x;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < nw; i++) s += shared32[i]; /* same order in every thread */
-    return s;
-}
-
-/* One block per row: rstd = 1/sqrt(mean(x^2) + eps), y = w * (x * rstd). In place allowed. */
-__global__ void rmsnorm_fwd_kernel(const bf16 *x, const float *w, int64_t d, float eps, bf16 *y,
-                                   float *rstd)
-{
-    __shared__ float red[32];
-    const int64_t r = blockIdx.x;
-    const bf16 *xr = x + r * d;
-    float ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        float v = __bfloat162float(xr[j]);
-        ss = fmaf(v, v, ss);
-    }
-    ss = block_sum(ss, red);
-    float rs = rsqrtf(ss / (float)d + eps);
-    bf16 *yr = y + r * d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        yr[j] = __float2bfloat16_rn(w[j] * (__bfloat162float(xr[j]) * rs));
-    if (rstd && threadIdx.x == 0) rstd[r] = rs;
-}
-
-/* dx_j = r w_j dy_j - x_j r^3 / d * sum_k w_k dy_k x_k, then dx = beta dx + that. */
-__global__ void rmsnorm_bwd_kernel(const bf16 *dy, const bf16 *x, const float *w,
-                                   const float *rstd, int64_t d, bf16 *dx, float beta)
-{
-    __shared__ float red[32];
-    const int64_t r = blockIdx.x;
-    const bf16 *dyr = dy + r * d, *xr = x + r * d;
-    float dot = 0.0f;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        dot = fmaf(w[j] * __bfloat162float(dyr[j]), __bfloat162float(xr[j]), dot);
-    dot = block_sum(dot, red);
-    float rs = rstd[r];
-    float c = dot * rs * rs * rs / (float)d;
-    bf16 *dxr = dx + r * d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        float g = rs * w[j] * __bfloat162float(dyr[j]) - c * __bfloat162float(xr[j]);
-        if (beta != 0.0f) g += beta * __bfloat162float(dxr[j]);
-        dxr[j] = __float2bfloat16_rn(g);
-    }
-}
-
-/* The same two kernels 8 elements at a time (d % 8 == 0, rows and w 16-byte aligned): thread j
- * takes elements 8j.. of every 8 * blockDim.x. The per-thread partial sums cover other elements
- * than the scalar kernels', so the sums (and results) may differ from theirs in the last bit. */
-__global__ void rmsnorm_fwd_v8_kernel(const bf16 *x, const float *w, int64_t d, float eps, bf16 *y,
-                                      float *rstd)
-{
-    __shared__ float red[32];
-    const int64_t r = blockIdx.x;
-    const bf16 *xr = x + r * d;
-    float ss = 0.0f;
-    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
-        float v[8];
-        bf16x8_load(xr + j, v);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            ss = fmaf(v[k], v[k], ss);
-    }
-    ss = block_sum(ss, red);
-    float rs = rsqrtf(ss / (float)d + eps);
-    bf16 *yr = y + r * d;
-    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
-        float v[8], wv[8];
-        bf16x8_load(xr + j, v);
-        f32x8_load(w + j, wv);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = wv[k] * (v[k] * rs);
-        bf16x8_store(yr + j, v);
-    }
-    if (rstd && threadIdx.x == 0) rstd[r] = rs;
-}
-
-__global__ void rmsnorm_bwd_v8_kernel(const bf16 *dy, const bf16 *x, const float *w,
-                                      const float *rstd, int64_t d, bf16 *dx, float beta)
-{
-    __shared__ float red[32];
-    const int64_t r = blockIdx.x;
-    const bf16 *dyr = dy + r * d, *xr = x + r * d;
-    float dot = 0.0f;
-    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
-        float g[8], xv[8], wv[8];
-        bf16x8_load(dyr + j, g);
-        bf16x8_load(xr + j, xv);
-        f32x8_load(w + j, wv);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            dot = fmaf(wv[k] * g[k], xv[k], dot);
-    }
-    dot = block_sum(dot, red);
-    float rs = rstd[r];
-    float c = dot * rs * rs * rs / (float)d;
-    bf16 *dxr = dx + r * d;
-    for (int64_t j = 8 * threadIdx.x; j < d; j += 8 * blockDim.x) {
-        float g[8], xv[8], wv[8], old[8];
-        bf16x8_load(dyr + j, g);
-        bf16x8_load(xr + j, xv);
-        f32x8_load(w + j, wv);
-        if (beta != 0.0f) bf16x8_load(dxr + j, old);
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            g[k] = rs * wv[k] * g[k] - c * xv[k];
-            if (beta != 0.0f) g[k] += beta * old[k];
-        }
-        bf16x8_store(dxr + j, g);
-    }
-}
-
-static unsigned row_threads(int64_t d)
-{
-    return d >= 1024 ? 256 : d >= 256 ? 128 : 64;
-}
-
-/* Threads of the 8-wide row kernels: about two 8-element groups per thread or more. */
-static unsigned row_threads_v8(int64_t d)
-{
-    return d >= 8 * 512 ? 256 : d >= 8 * 128 ? 128 : 64;
-}
-
 tdm_status cuda_rmsnorm_fwd(tdm_backend *be, const void *x, const float *w, int64_t rows,
                             int64_t d, float eps, void *y, float *rstd, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
     if (rows > 0x7fffffff) return tdm_fail(err, TDM_ERR_UNSUPPORTED, "rmsnorm_fwd: too many rows");
-    if (bf16x8_ok(d, x, w, y)) {
-        rmsnorm_fwd_v8_kernel<<<(unsigned)rows, row_threads_v8(d), 0, cb->stream>>>(
-            (const bf16 *)x, w, d, eps, (bf16 *)y, rstd);
-        CU_LAUNCHED("rmsnorm_fwd_v8_kernel");
-        return TDM_OK;
-    }
-    rmsnorm_fwd_kernel<<<(unsigned)rows, row_threads(d), 0, cb->stream>>>(
-        (const bf16 *)x, w, d, eps, (bf16 *)y, rstd);
-    CU_LAUNCHED("rmsnorm_fwd_kernel");
+    rmsnorm_fwd_launch(bf16x8_ok(d, x, w, y), (const bf16 *)x, w, rows, d, eps, (bf16 *)y, rstd,
+                       cb->stream);
+    CU_LAUNCHED("rmsnorm_fwd_v8_kernel / rmsnorm_fwd_kernel");
     return TDM_OK;
 }
 
@@ -199,52 +66,20 @@ tdm_status cuda_rmsnorm_bwd(tdm_backend *be, const void *dy, const void *x, cons
 {
     cuda_backend *cb = cuda_of(be);
     if (rows > 0x7fffffff) return tdm_fail(err, TDM_ERR_UNSUPPORTED, "rmsnorm_bwd: too many rows");
-    if (bf16x8_ok(d, dy, x, w, dx)) {
-        rmsnorm_bwd_v8_kernel<<<(unsigned)rows, row_threads_v8(d), 0, cb->stream>>>(
-            (const bf16 *)dy, (const bf16 *)x, w, rstd, d, (bf16 *)dx, beta);
-        CU_LAUNCHED("rmsnorm_bwd_v8_kernel");
-        return TDM_OK;
-    }
-    rmsnorm_bwd_kernel<<<(unsigned)rows, row_threads(d), 0, cb->stream>>>(
-        (const bf16 *)dy, (const bf16 *)x, w, rstd, d, (bf16 *)dx, beta);
-    CU_LAUNCHED("rmsnorm_bwd_kernel");
+    rmsnorm_bwd_launch(bf16x8_ok(d, dy, x, w, dx), (const bf16 *)dy, (const bf16 *)x, w, rstd, rows,
+                       d, (bf16 *)dx, beta, cb->stream);
+    CU_LAUNCHED("rmsnorm_bwd_v8_kernel / rmsnorm_bwd_kernel");
     return TDM_OK;
 }
 
 /* --------------------------------------------------------------------- RoPE ---- */
-
-/* One thread per (row, j < half): angle = f32(pos) * inv_freq[j] (accurate sincosf, angles reach
- * thousands of radians), rotating pair (j, j + half) of every head. */
-__global__ void rope_kernel(bf16 *x, int64_t m, int n_heads, int head_dim, int64_t ld,
-                            const int32_t *pos, const float *inv_freq, bool inverse)
-{
-    const int half = head_dim / 2;
-    int64_t n = m * half;
-    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n;
-         t += (int64_t)gridDim.x * blockDim.x) {
-        int64_t i = t / half;
-        int j = (int)(t % half);
-        float ang = (float)pos[i] * inv_freq[j];
-        float s, c;
-        sincosf(ang, &s, &c);
-        if (inverse) s = -s;
-        bf16 *row = x + i * ld;
-        for (int h = 0; h < n_heads; h++) {
-            bf16 *hx = row + (int64_t)h * head_dim;
-            float a = __bfloat162float(hx[j]), b = __bfloat162float(hx[j + half]);
-            hx[j] = __float2bfloat16_rn(a * c - b * s);
-            hx[j + half] = __float2bfloat16_rn(b * c + a * s);
-        }
-    }
-}
 
 tdm_status cuda_rope(tdm_backend *be, void *x, int64_t m, int64_t n_heads, int64_t head_dim,
                      int64_t ld, const int32_t *pos, const float *inv_freq, bool inverse,
                      tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    rope_kernel<<<cuda_blocks(m * head_dim / 2, EW_THREADS), EW_THREADS, 0, cb->stream>>>(
-        (bf16 *)x, m, (int)n_heads, (int)head_dim, ld, pos, inv_freq, inverse);
+    rope_launch((bf16 *)x, m, n_heads, head_dim, ld, pos, inv_freq, inverse, cb->stream);
     CU_LAUNCHED("rope_kernel");
     return TDM_OK;
 }
@@ -405,86 +240,13 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
 
 /* ------------------------------------------------------------------- SwiGLU ---- */
 
-/* h = silu(g) u and its gradients, one element: the scalar and the 8-wide kernels share these so
- * they write the same bits. */
-__device__ __forceinline__ float swiglu_h(float g, float u)
-{
-    float sg = 1.0f / (1.0f + expf(-g));
-    return g * sg * u;
-}
-__device__ __forceinline__ void swiglu_grad(float g, float u, float d, float *dg, float *du)
-{
-    float sg = 1.0f / (1.0f + expf(-g));
-    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
-    *du = d * g * sg;
-}
-
-__global__ void swiglu_fwd_kernel(const bf16 *g, const bf16 *u, int64_t n, bf16 *h)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        h[i] = __float2bfloat16_rn(swiglu_h(__bfloat162float(g[i]), __bfloat162float(u[i])));
-}
-
-__global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const bf16 *dh, int64_t n, bf16 *dg,
-                                  bf16 *du)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        /* read everything before writing: dg or du may alias dh */
-        float dgv, duv;
-        swiglu_grad(__bfloat162float(g[i]), __bfloat162float(u[i]), __bfloat162float(dh[i]), &dgv,
-                    &duv);
-        dg[i] = __float2bfloat16_rn(dgv);
-        du[i] = __float2bfloat16_rn(duv);
-    }
-}
-
-/* 8 elements per thread and access (n8 = n / 8 groups, every pointer 16-byte aligned) */
-__global__ void swiglu_fwd_v8_kernel(const bf16 *g, const bf16 *u, int64_t n8, bf16 *h)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float gv[8], uv[8];
-        bf16x8_load(g + 8 * i, gv);
-        bf16x8_load(u + 8 * i, uv);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            gv[k] = swiglu_h(gv[k], uv[k]);
-        bf16x8_store(h + 8 * i, gv);
-    }
-}
-
-__global__ void swiglu_bwd_v8_kernel(const bf16 *g, const bf16 *u, const bf16 *dh, int64_t n8,
-                                     bf16 *dg, bf16 *du)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float gv[8], uv[8], dv[8], dgv[8], duv[8];
-        bf16x8_load(g + 8 * i, gv);
-        bf16x8_load(u + 8 * i, uv);
-        bf16x8_load(dh + 8 * i, dv);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            swiglu_grad(gv[k], uv[k], dv[k], &dgv[k], &duv[k]);
-        bf16x8_store(dg + 8 * i, dgv);
-        bf16x8_store(du + 8 * i, duv);
-    }
-}
-
 tdm_status cuda_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
                            void *h, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    if (bf16x8_ok(m * n, g, u, h)) {
-        swiglu_fwd_v8_kernel<<<cuda_blocks(m * n / 8, EW_THREADS), EW_THREADS, 0, cb->stream>>>(
-            (const bf16 *)g, (const bf16 *)u, m * n / 8, (bf16 *)h);
-        CU_LAUNCHED("swiglu_fwd_v8_kernel");
-        return TDM_OK;
-    }
-    swiglu_fwd_kernel<<<cuda_blocks(m * n, EW_THREADS * 4), EW_THREADS, 0, cb->stream>>>(
-        (const bf16 *)g, (const bf16 *)u, m * n, (bf16 *)h);
-    CU_LAUNCHED("swiglu_fwd_kernel");
+    swiglu_fwd_launch(bf16x8_ok(m * n, g, u, h), (const bf16 *)g, (const bf16 *)u, m * n,
+                      (bf16 *)h, cb->stream);
+    CU_LAUNCHED("swiglu_fwd_v8_kernel / swiglu_fwd_kernel");
     return TDM_OK;
 }
 
@@ -492,15 +254,8 @@ tdm_status cuda_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const 
                            int64_t m, int64_t n, void *dg, void *du, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    if (bf16x8_ok(m * n, g, u, dh, dg) && bf16x8_ok(m * n, du)) {
-        swiglu_bwd_v8_kernel<<<cuda_blocks(m * n / 8, EW_THREADS), EW_THREADS, 0, cb->stream>>>(
-            (const bf16 *)g, (const bf16 *)u, (const bf16 *)dh, m * n / 8, (bf16 *)dg,
-            (bf16 *)du);
-        CU_LAUNCHED("swiglu_bwd_v8_kernel");
-        return TDM_OK;
-    }
-    swiglu_bwd_kernel<<<cuda_blocks(m * n, EW_THREADS * 4), EW_THREADS, 0, cb->stream>>>(
-        (const bf16 *)g, (const bf16 *)u, (const bf16 *)dh, m * n, (bf16 *)dg, (bf16 *)du);
-    CU_LAUNCHED("swiglu_bwd_kernel");
+    swiglu_bwd_launch(bf16x8_ok(m * n, g, u, dh, dg) && bf16x8_ok(m * n, du), (const bf16 *)g,
+                      (const bf16 *)u, (const bf16 *)dh, m * n, (bf16 *)dg, (bf16 *)du, cb->stream);
+    CU_LAUNCHED("swiglu_bwd_v8_kernel / swiglu_bwd_kernel");
     return TDM_OK;
 }
