@@ -9,7 +9,8 @@
  *   v1  (shipped, src/engine/cuda/rope.cuh) one thread per (row, j), looping over the heads
  *       (the angle computed once for all of them), accurate sincosf (angles reach thousands of
  *       radians at long positions). 2048 x 64 threads: 2 bytes per access, 64 consecutive per
- *       head
+ *       head. H200, 2026-12-02: 7B q 13.6 us (2.16 TB/s), 0.5B q (4096 x 14 x 64) 11.0 us; 4 calls
+ *       per layer (q, k; forward and backward) make ~1.3 ms of a 7B step: not worth a v2 yet
  * Validation: positions random in [0, 32768), inv_freq as engine/rope.c computes it (theta 1e6,
  * Qwen2.5), random bf16 x (scale 2); double reference rotating by the same f32 angle
  * (f32(pos) * inv_freq[j], as the kernel forms it); compared as bf16 (tol 1e-2); the inverse
