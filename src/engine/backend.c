@@ -170,6 +170,13 @@ tdm_status tdm_be_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
     return be->vt->memory(be, info, err);
 }
 
+tdm_status tdm_be_reserve_scratch(tdm_backend *be, const struct tdm_cuda_scratch_shape *shape,
+                                  tdm_error *err)
+{
+    CHECK(shape, "reserve_scratch: NULL shape");
+    return be->vt->reserve_scratch ? be->vt->reserve_scratch(be, shape, err) : TDM_OK;
+}
+
 void tdm_be_reset_peak(tdm_backend *be)
 {
     be->vt->reset_peak(be);

@@ -109,6 +109,13 @@ typedef struct tdm_be_mem_info {
     uint64_t free_bytes;  /* device free memory as the driver reports it (CPU: MemAvailable) */
 } tdm_be_mem_info;
 tdm_status tdm_be_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err);
+
+/* Grows the backend's own scratch (CUDA: the slots of engine/cuda/cuda_memory_plan.h) now to
+ * what steps of that shape will ask for, so that a run holds its device memory from its start
+ * rather than from the first step that needs it. A backend without scratch does nothing. */
+struct tdm_cuda_scratch_shape;
+tdm_status tdm_be_reserve_scratch(tdm_backend *be, const struct tdm_cuda_scratch_shape *shape,
+                                  tdm_error *err);
 void tdm_be_reset_peak(tdm_backend *be);
 
 /* Waits until every issued op has completed; reports a pending asynchronous failure. */

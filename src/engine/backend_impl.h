@@ -88,6 +88,11 @@ typedef struct tdm_backend_vtable {
     void (*prof_end)(tdm_backend *be, int slot, int id);
     void (*prof_collect)(tdm_backend *be);
     void (*prof_reset)(tdm_backend *be);
+
+    /* Optional (NULL: the backend keeps no scratch of its own): grows the backend's scratch now
+     * to what steps of that shape will ask for (tdm_be_reserve_scratch). */
+    tdm_status (*reserve_scratch)(tdm_backend *be, const struct tdm_cuda_scratch_shape *shape,
+                                  tdm_error *err);
 } tdm_backend_vtable;
 
 /* The common head of every backend object; implementations embed it first. */

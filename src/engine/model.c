@@ -882,6 +882,48 @@ static uint64_t weight_bytes(int64_t numel, bool quantize, bool double_quant, td
     return bytes;
 }
 
+/* What the plan's largest step asks of the CUDA backend's scratch. */
+static tdm_cuda_scratch_shape scratch_shape(const tdm_model_config *c, const tdm_model_opts *o,
+                                            tdm_be_dtype act, const tdm_model_mem_plan *p)
+{
+    return (tdm_cuda_scratch_shape){.m = p->rows,
+                                    .hidden = c->hidden_size,
+                                    .inter = c->intermediate_size,
+                                    .q_dim = c->num_heads * c->head_dim,
+                                    .kv_dim = c->num_kv_heads * c->head_dim,
+                                    .heads = c->num_heads,
+                                    .kv_heads = c->num_kv_heads,
+                                    .head_dim = c->head_dim,
+                                    .vocab = c->vocab_size,
+                                    .ce_chunk = ce_chunk_rows(c, act),
+                                    .max_rank = p->max_rank,
+                                    .nf4 = o->nf4,
+                                    .backward = p->backward,
+                                    .lora_params = p->lora_params,
+                                    .lora_module_params = p->lora_module_params};
+}
+
+/* The workspace parameters of the plan's largest step, as tdm_model_step would ask for them. */
+static void plan_workspace(const tdm_model_config *c, const tdm_model_opts *o,
+                           const tdm_model_mem_plan *p, workspace *w)
+{
+    w->m = p->rows;
+    w->cu_cap = p->n_seqs + 1;
+    w->u_ld = p->max_rank > 0 ? p->max_rank : 1;
+    w->tmask = p->targets;
+    w->n_sets = p->backward && !o->grad_checkpoint ? (int)c->num_layers : 1;
+}
+
+tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
+{
+    if (p->rows <= 0) return TDM_OK;
+    workspace w = {0};
+    plan_workspace(&m->cfg, &m->opts, p, &w);
+    TRY(ws_ensure(m, w.m, w.cu_cap - 1, w.u_ld, w.tmask, w.n_sets, err));
+    tdm_cuda_scratch_shape sh = scratch_shape(&m->cfg, &m->opts, m->act, p);
+    return tdm_be_reserve_scratch(m->be, &sh, err);
+}
+
 tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
                                      tdm_be_dtype act, const tdm_model_mem_plan *p,
                                      tdm_model_mem *out, tdm_error *err)
@@ -906,30 +948,12 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
     out->weights += (uint64_t)(c->head_dim / 2) * 4; /* RoPE inverse frequencies */
     /* activations: the workspace of the largest step, laid out as ws_ensure lays it out */
     workspace w = {0};
-    w.m = p->rows;
-    w.cu_cap = p->n_seqs + 1;
-    w.u_ld = p->max_rank > 0 ? p->max_rank : 1;
-    w.tmask = p->targets;
-    w.n_sets = p->backward && !o->grad_checkpoint ? (int)c->num_layers : 1;
+    plan_workspace(c, o, p, &w);
     carver cv = {NULL, 0};
     ws_layout(c, act, &w, &cv);
     out->activations = cv.off;
     out->adapters = (uint64_t)p->lora_params * 4 * 4; /* params, grads, AdamW m and v: f32 */
-    tdm_cuda_scratch_shape sh = {.m = p->rows,
-                                 .hidden = c->hidden_size,
-                                 .inter = c->intermediate_size,
-                                 .q_dim = c->num_heads * c->head_dim,
-                                 .kv_dim = c->num_kv_heads * c->head_dim,
-                                 .heads = c->num_heads,
-                                 .kv_heads = c->num_kv_heads,
-                                 .head_dim = c->head_dim,
-                                 .vocab = c->vocab_size,
-                                 .ce_chunk = ce_chunk_rows(c, act),
-                                 .max_rank = p->max_rank,
-                                 .nf4 = o->nf4,
-                                 .backward = p->backward,
-                                 .lora_params = p->lora_params,
-                                 .lora_module_params = p->lora_module_params};
+    tdm_cuda_scratch_shape sh = scratch_shape(c, o, act, p);
     out->backend_scratch = tdm_cuda_scratch_bytes(&sh);
     return TDM_OK;
 }

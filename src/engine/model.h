@@ -180,6 +180,14 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
                                      tdm_be_dtype act, const tdm_model_mem_plan *p,
                                      tdm_model_mem *out, tdm_error *err);
 
+/* Allocates now what the plan's largest step needs: the activation workspace and the backend's
+ * scratch (tdm_be_reserve_scratch), exactly the parts tdm_model_memory_estimate counts. A run
+ * then holds its device memory from the start: a program that does not use the ledger cannot
+ * take what a later, longer batch needs, and a plan that does not fit fails here, before any
+ * step, instead of at its first long batch. Steps within the plan allocate no activations or
+ * scratch; a larger step still grows them. */
+tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err);
+
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);
 uint64_t tdm_model_activation_bytes(const tdm_model *m);

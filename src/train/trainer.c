@@ -370,6 +370,8 @@ static bool spreads_batches(const tdm_trainer *t, int a)
     return false;
 }
 
+static void memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out);
+
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 {
     if (t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: model already loaded");
@@ -412,6 +414,17 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
         (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_coef, err)) != TDM_OK ||
         (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_norm, err)) != TDM_OK)
         return st;
+    /* 4. the activations and backend scratch of the largest step, now: the run holds from its
+     * start what the ledger reserved for it, and a plan that does not fit fails before step 1 */
+    tdm_model_mem_plan plan;
+    memory_plan(t, &plan);
+    if ((st = tdm_model_reserve(t->model, &plan, err)) != TDM_OK) {
+        tdm_error_prefix(err,
+                         "the largest step (%lld rows) does not fit (lower --batch-size or "
+                         "--max-seq-len, or free memory)",
+                         (long long)plan.rows);
+        return st;
+    }
     return TDM_OK;
 }
 
@@ -1263,7 +1276,8 @@ static int64_t largest_batch_rows(const adapter_state *s)
     return rows < cap ? rows : cap;
 }
 
-tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
+/* The largest step of this run (what tdm_model_reserve holds and --vram auto reserves). */
+static void memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out)
 {
     tdm_model_mem_plan p = {.backward = true};
     int64_t max_rows = 0, max_seqs = 0;
@@ -1291,6 +1305,13 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
                 sum += t->ad[a].host.rank * (d_in + d_out);
         if (sum > p.lora_module_params) p.lora_module_params = sum;
     }
+    *out = p;
+}
+
+tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
+{
+    tdm_model_mem_plan p;
+    memory_plan(t, &p);
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint};

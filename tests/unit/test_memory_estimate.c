@@ -3,7 +3,9 @@
  * and without double quantization), with and without gradient checkpointing, two adapters of
  * different ranks and targets, the estimated weight, activation and adapter bytes must EQUAL
  * the bytes the model allocated after loading and one training step of the planned shape; a
- * smaller batch must not grow the workspace beyond the estimate. The CUDA backend's scratch
+ * smaller batch must not grow the workspace beyond the estimate; tdm_model_reserve holds the
+ * estimated workspace before the first step, and the plan's steps allocate nothing more. The
+ * CUDA backend's scratch
  * part is checked on a GPU by scripts/device/vram-estimate.sh (docs/verification.md). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -129,6 +131,68 @@ static void check(const char *preset, bool nf4, bool dq, bool ckpt)
     tdm_model_free(m);
 }
 
+/* tdm_model_reserve allocates the plan's workspace before any step, exactly the estimate's
+ * activation bytes; the steps of the plan (a smaller one, then the planned one) then allocate
+ * nothing more through the backend: its peak stays at what was held after the reserve. */
+static void check_reserve(const char *preset, bool nf4, bool ckpt)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s-reserve", tmpdir, preset);
+    tdm_model_config cfg;
+    tdm_init_model_opts io = {.preset = preset, .seed = 6, .dtype = TDM_DTYPE_F32};
+    OK(tdm_init_model(dir, &io, &cfg, err));
+    tdm_model_opts mo = {.nf4 = nf4, .grad_checkpoint = ckpt};
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, &mo, err));
+    const unsigned t0 = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
+    const unsigned t1 = TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_DOWN);
+    tdm_lora *ad[2];
+    OK(tdm_lora_create(&ad[0], m, 4, 2.0f, t0, err));
+    OK(tdm_lora_create(&ad[1], m, 8, 2.0f, t1, err));
+    const int lens[5] = {17, 9, 30, 12, 21};
+    owned_batch big, small;
+    make_batch(&big, lens, 5, 2);
+    make_batch(&small, lens, 2, 1);
+    tdm_model_mem_plan plan = {.rows = big.b.m,
+                               .n_seqs = 5,
+                               .max_rank = 8,
+                               .targets = t0 | t1,
+                               .lora_params = ad[0]->n_params + ad[1]->n_params,
+                               .backward = true};
+    tdm_model_mem est;
+    OK(tdm_model_memory_estimate(&cfg, &mo, tdm_be_act_dtype(be), &plan, &est, err));
+    assert_int_equal(tdm_model_activation_bytes(m), 0); /* nothing before the reserve */
+    OK(tdm_model_reserve(m, &plan, err));
+    assert_int_equal(tdm_model_activation_bytes(m), est.activations);
+    tdm_be_mem_info held, after;
+    OK(tdm_be_memory(be, &held, err));
+    tdm_be_reset_peak(be);
+    OK(tdm_model_step(m, ad, 2, &small.b, true, NULL, NULL, NULL, err));
+    OK(tdm_model_step(m, ad, 2, &big.b, true, NULL, NULL, NULL, err));
+    OK(tdm_be_memory(be, &after, err));
+    printf("  %-10s nf4=%d ckpt=%d reserve: activations %llu held before step 1; backend "
+           "used %llu, peak over the steps %llu bytes\n",
+           preset, nf4, ckpt, (unsigned long long)tdm_model_activation_bytes(m),
+           (unsigned long long)held.used_bytes, (unsigned long long)after.peak_bytes);
+    assert_int_equal(tdm_model_activation_bytes(m), est.activations);
+    assert_int_equal(after.used_bytes, held.used_bytes);
+    assert_int_equal(after.peak_bytes, held.used_bytes);
+    /* a plan of no rows (an empty run) holds nothing more */
+    tdm_model_mem_plan none = {0};
+    OK(tdm_model_reserve(m, &none, err));
+    assert_int_equal(tdm_model_activation_bytes(m), est.activations);
+    tdm_lora_free(ad[0]);
+    tdm_lora_free(ad[1]);
+    tdm_model_free(m);
+}
+
+static void test_reserve_holds_the_plan(void **state)
+{
+    (void)state;
+    check_reserve("tiny-llama", false, false);
+    check_reserve("tiny", true, true);
+}
+
 static void test_llama_dense(void **state)
 {
     (void)state;
@@ -206,6 +270,15 @@ static void test_scratch_shape(void **state)
     uint64_t no_lora_part = tdm_cuda_scratch_bytes(&s);
     s.lora_module_params = 3 * 16 * (896 + 896);
     assert_int_equal(tdm_cuda_scratch_bytes(&s) - no_lora_part, 8 * 3 * 16 * 1792 * 4 * 5 / 4);
+    /* the per-slot requests the backend reserves add up, with each slot's headroom and the
+     * cuBLASLt workspace, to the estimate */
+    uint64_t req[TDM_CUDA_SCRATCH_SLOTS], total = TDM_CUDA_LT_WORKSPACE_BYTES;
+    tdm_cuda_scratch_requests(&s, req);
+    for (int i = 0; i < TDM_CUDA_SCRATCH_SLOTS; i++)
+        total += req[i] + req[i] / TDM_CUDA_SCRATCH_HEADROOM_DIV;
+    assert_int_equal(total, tdm_cuda_scratch_bytes(&s));
+    assert_int_equal(req[7], 8 * 3 * 16 * 1792 * 4);
+    assert_int_equal(req[6], 0); /* the mixed-dtype GEMM staging: never in a training step */
 }
 
 int main(void)
@@ -215,6 +288,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_nf4),
         cmocka_unit_test(test_qwen2_nf4_dq),
         cmocka_unit_test(test_scratch_shape),
+        cmocka_unit_test(test_reserve_holds_the_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

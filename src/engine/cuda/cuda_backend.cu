@@ -107,6 +107,22 @@ tdm_status cuda_scratch_get(cuda_backend *cb, int slot, size_t bytes, void **out
     return TDM_OK;
 }
 
+/* The largest request of every slot for that shape, now (cuda_memory_plan.c computes them with
+ * the rules the ops allocate by, so later requests of a run within that shape find the slot big
+ * enough and allocate nothing). */
+static tdm_status cuda_reserve_scratch(tdm_backend *be, const tdm_cuda_scratch_shape *shape,
+                                       tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    uint64_t request[TDM_CUDA_SCRATCH_SLOTS];
+    tdm_cuda_scratch_requests(shape, request);
+    for (int i = 0; i < TDM_CUDA_SCRATCH_SLOTS; i++) {
+        void *p;
+        if (request[i]) TRY(cuda_scratch_get(cb, i, (size_t)request[i], &p, err));
+    }
+    return TDM_OK;
+}
+
 tdm_status cuda_table_upload(cuda_backend *cb, const void *host, size_t bytes, void **dev,
                              tdm_error *err)
 {
@@ -903,7 +919,7 @@ static const tdm_backend_vtable cuda_vtable = {
     cuda_attention_bwd,  cuda_swiglu_fwd,  cuda_swiglu_bwd,   cuda_cross_entropy,
     cuda_lora_fwd,       cuda_lora_bwd,    cuda_sumsq,        cuda_clip_coef,
     cuda_adamw,          cuda_prof_begin,  cuda_prof_end,     cuda_prof_collect,
-    cuda_prof_reset,
+    cuda_prof_reset,     cuda_reserve_scratch,
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)

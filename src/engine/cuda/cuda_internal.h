@@ -17,6 +17,7 @@
 
 #include <unordered_map>
 
+#include "engine/cuda/cuda_memory_plan.h"
 #include "engine/cuda/grid.cuh"
 
 extern "C" {
@@ -51,7 +52,7 @@ typedef struct cuda_backend {
     /* Scratch: [0] NF4 weight tiles, [1] f32 accumulators / logits, [2] bf16 dlogits / converted
      * operands, [3] the LoRA down kernels' per-K-slice partials (and dU), [4] op tables (sumsq / AdamW / clip), [5] sumsq partials,
      * [6] f32 staging of a bf16 GEMM output, [7] LoRA backward partial sums. */
-    cuda_scratch scratch[8];
+    cuda_scratch scratch[TDM_CUDA_SCRATCH_SLOTS];
     std::unordered_map<void *, size_t> *allocs; /* user buffers -> bytes */
     uint64_t used, peak;                         /* user buffers + scratch + workspace */
     int n_sms;

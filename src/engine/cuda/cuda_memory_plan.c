@@ -76,9 +76,11 @@ static uint64_t attention_split_bytes(const tdm_cuda_scratch_shape *s)
     return best;
 }
 
-uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
+void tdm_cuda_scratch_requests(const tdm_cuda_scratch_shape *s,
+                               uint64_t slot[TDM_CUDA_SCRATCH_SLOTS])
 {
-    uint64_t slot[8] = {0};
+    for (int i = 0; i < TDM_CUDA_SCRATCH_SLOTS; i++)
+        slot[i] = 0;
     uint64_t tile = 0, acc = 0;
     if (s->nf4) tiles(s, &tile, &acc);
     slot[0] = tile;
@@ -111,8 +113,14 @@ uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
         if (chunks > TDM_CUDA_LORA_RED_MAX_CHUNKS) chunks = TDM_CUDA_LORA_RED_MAX_CHUNKS;
         slot[7] = (uint64_t)(chunks * s->lora_module_params) * 4;
     }
+}
+
+uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
+{
+    uint64_t slot[TDM_CUDA_SCRATCH_SLOTS];
+    tdm_cuda_scratch_requests(s, slot);
     uint64_t total = TDM_CUDA_LT_WORKSPACE_BYTES;
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < TDM_CUDA_SCRATCH_SLOTS; i++)
         total += grown(slot[i]);
     return total;
 }

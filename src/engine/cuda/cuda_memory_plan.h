@@ -97,6 +97,15 @@ typedef struct tdm_cuda_scratch_shape {
     int64_t lora_module_params;
 } tdm_cuda_scratch_shape;
 
+/* Scratch slots of the CUDA backend (cuda_internal.h's cuda_backend.scratch). */
+#define TDM_CUDA_SCRATCH_SLOTS 8
+
+/* The largest request (bytes, before headroom) each scratch slot will get for that shape; 0 for
+ * a slot the shape never uses. The backend reserves these at the start of a run; the estimate
+ * adds them up with their headroom. */
+void tdm_cuda_scratch_requests(const tdm_cuda_scratch_shape *s,
+                               uint64_t request[TDM_CUDA_SCRATCH_SLOTS]);
+
 /* Bytes of the backend's workspace + scratch at their largest for that shape. */
 uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s);
 
