@@ -80,55 +80,76 @@ static void make_batch(owned_batch *o, const int *lens, int n_seqs, int split)
                        .n_segs = 2};
 }
 
-static void check(const char *preset, bool nf4, bool dq, bool ckpt)
+/* One case: a model of the preset loaded on the CPU backend, two adapters of different ranks and
+ * targets, the planned batch of five sequences and a smaller one of two, the plan and its
+ * estimate. dir_suffix keeps the model directories of the cases apart. */
+typedef struct mem_case {
+    tdm_model_config cfg;
+    tdm_model_opts mo;
+    tdm_model *m;
+    tdm_lora *ad[2];
+    owned_batch big, small;
+    tdm_model_mem_plan plan;
+    tdm_model_mem est;
+} mem_case;
+
+static void case_open(mem_case *k, const char *preset, const char *dir_suffix, bool nf4, bool dq,
+                      bool ckpt)
 {
     char dir[400];
-    snprintf(dir, sizeof dir, "%s/%s", tmpdir, preset);
-    tdm_model_config cfg;
+    snprintf(dir, sizeof dir, "%s/%s%s", tmpdir, preset, dir_suffix);
     tdm_init_model_opts io = {.preset = preset, .seed = 5, .dtype = TDM_DTYPE_F32};
-    OK(tdm_init_model(dir, &io, &cfg, err));
-    tdm_model_opts mo = {.nf4 = nf4, .double_quant = dq, .grad_checkpoint = ckpt};
-    tdm_model *m;
-    OK(tdm_model_load(&m, be, dir, &mo, err));
+    OK(tdm_init_model(dir, &io, &k->cfg, err));
+    k->mo = (tdm_model_opts){.nf4 = nf4, .double_quant = dq, .grad_checkpoint = ckpt};
+    OK(tdm_model_load(&k->m, be, dir, &k->mo, err));
     const unsigned t0 = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
     const unsigned t1 = TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_DOWN);
-    tdm_lora *ad[2];
-    OK(tdm_lora_create(&ad[0], m, 4, 2.0f, t0, err));
-    OK(tdm_lora_create(&ad[1], m, 8, 2.0f, t1, err));
-
+    OK(tdm_lora_create(&k->ad[0], k->m, 4, 2.0f, t0, err));
+    OK(tdm_lora_create(&k->ad[1], k->m, 8, 2.0f, t1, err));
     const int lens[5] = {17, 9, 30, 12, 21};
-    owned_batch big;
-    make_batch(&big, lens, 5, 2);
-    tdm_model_mem_plan plan = {.rows = big.b.m,
-                               .n_seqs = 5,
-                               .max_rank = 8,
-                               .targets = t0 | t1,
-                               .lora_params = ad[0]->n_params + ad[1]->n_params,
-                               .backward = true};
-    tdm_model_mem est;
-    OK(tdm_model_memory_estimate(&cfg, &mo, tdm_be_act_dtype(be), &plan, &est, err));
+    make_batch(&k->big, lens, 5, 2);
+    make_batch(&k->small, lens, 2, 1);
+    k->plan = (tdm_model_mem_plan){.rows = k->big.b.m,
+                                   .n_seqs = 5,
+                                   .max_rank = 8,
+                                   .targets = t0 | t1,
+                                   .lora_params = k->ad[0]->n_params + k->ad[1]->n_params,
+                                   .backward = true};
+    OK(tdm_model_memory_estimate(&k->cfg, &k->mo, tdm_be_act_dtype(be), &k->plan, &k->est, err));
+}
 
-    /* a smaller step first (the workspace must not need to grow past the plan), then the
-     * planned one */
-    owned_batch small;
-    make_batch(&small, lens, 2, 1);
-    OK(tdm_model_step(m, ad, 2, &small.b, true, NULL, NULL, NULL, err));
-    OK(tdm_model_step(m, ad, 2, &big.b, true, NULL, NULL, NULL, err));
+/* a smaller step first (the workspace must not need to grow past the plan), then the planned
+ * one */
+static void case_steps(mem_case *k)
+{
+    OK(tdm_model_step(k->m, k->ad, 2, &k->small.b, true, NULL, NULL, NULL, err));
+    OK(tdm_model_step(k->m, k->ad, 2, &k->big.b, true, NULL, NULL, NULL, err));
+}
 
-    uint64_t adapters = (uint64_t)(ad[0]->n_params + ad[1]->n_params) * 16;
+static void case_close(mem_case *k)
+{
+    tdm_lora_free(k->ad[0]);
+    tdm_lora_free(k->ad[1]);
+    tdm_model_free(k->m);
+}
+
+static void check(const char *preset, bool nf4, bool dq, bool ckpt)
+{
+    mem_case k;
+    case_open(&k, preset, "", nf4, dq, ckpt);
+    case_steps(&k);
+    uint64_t adapters = (uint64_t)(k.ad[0]->n_params + k.ad[1]->n_params) * 16;
     printf("  %-10s nf4=%d dq=%d ckpt=%d: weights %llu / %llu, activations %llu / %llu, "
            "adapters %llu / %llu (estimated / allocated bytes)\n",
-           preset, nf4, dq, ckpt, (unsigned long long)est.weights,
-           (unsigned long long)tdm_model_weight_bytes(m), (unsigned long long)est.activations,
-           (unsigned long long)tdm_model_activation_bytes(m), (unsigned long long)est.adapters,
+           preset, nf4, dq, ckpt, (unsigned long long)k.est.weights,
+           (unsigned long long)tdm_model_weight_bytes(k.m), (unsigned long long)k.est.activations,
+           (unsigned long long)tdm_model_activation_bytes(k.m), (unsigned long long)k.est.adapters,
            (unsigned long long)adapters);
-    assert_int_equal(est.weights, tdm_model_weight_bytes(m));
-    assert_int_equal(est.activations, tdm_model_activation_bytes(m));
-    assert_int_equal(est.adapters, adapters);
-    assert_true(est.backend_scratch >= TDM_CUDA_LT_WORKSPACE_BYTES);
-    tdm_lora_free(ad[0]);
-    tdm_lora_free(ad[1]);
-    tdm_model_free(m);
+    assert_int_equal(k.est.weights, tdm_model_weight_bytes(k.m));
+    assert_int_equal(k.est.activations, tdm_model_activation_bytes(k.m));
+    assert_int_equal(k.est.adapters, adapters);
+    assert_true(k.est.backend_scratch >= TDM_CUDA_LT_WORKSPACE_BYTES);
+    case_close(&k);
 }
 
 /* tdm_model_reserve allocates the plan's workspace before any step, exactly the estimate's
@@ -136,54 +157,28 @@ static void check(const char *preset, bool nf4, bool dq, bool ckpt)
  * nothing more through the backend: its peak stays at what was held after the reserve. */
 static void check_reserve(const char *preset, bool nf4, bool ckpt)
 {
-    char dir[400];
-    snprintf(dir, sizeof dir, "%s/%s-reserve", tmpdir, preset);
-    tdm_model_config cfg;
-    tdm_init_model_opts io = {.preset = preset, .seed = 6, .dtype = TDM_DTYPE_F32};
-    OK(tdm_init_model(dir, &io, &cfg, err));
-    tdm_model_opts mo = {.nf4 = nf4, .grad_checkpoint = ckpt};
-    tdm_model *m;
-    OK(tdm_model_load(&m, be, dir, &mo, err));
-    const unsigned t0 = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
-    const unsigned t1 = TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_DOWN);
-    tdm_lora *ad[2];
-    OK(tdm_lora_create(&ad[0], m, 4, 2.0f, t0, err));
-    OK(tdm_lora_create(&ad[1], m, 8, 2.0f, t1, err));
-    const int lens[5] = {17, 9, 30, 12, 21};
-    owned_batch big, small;
-    make_batch(&big, lens, 5, 2);
-    make_batch(&small, lens, 2, 1);
-    tdm_model_mem_plan plan = {.rows = big.b.m,
-                               .n_seqs = 5,
-                               .max_rank = 8,
-                               .targets = t0 | t1,
-                               .lora_params = ad[0]->n_params + ad[1]->n_params,
-                               .backward = true};
-    tdm_model_mem est;
-    OK(tdm_model_memory_estimate(&cfg, &mo, tdm_be_act_dtype(be), &plan, &est, err));
-    assert_int_equal(tdm_model_activation_bytes(m), 0); /* nothing before the reserve */
-    OK(tdm_model_reserve(m, &plan, err));
-    assert_int_equal(tdm_model_activation_bytes(m), est.activations);
+    mem_case k;
+    case_open(&k, preset, "-reserve", nf4, false, ckpt);
+    assert_int_equal(tdm_model_activation_bytes(k.m), 0); /* nothing before the reserve */
+    OK(tdm_model_reserve(k.m, &k.plan, err));
+    assert_int_equal(tdm_model_activation_bytes(k.m), k.est.activations);
     tdm_be_mem_info held, after;
     OK(tdm_be_memory(be, &held, err));
     tdm_be_reset_peak(be);
-    OK(tdm_model_step(m, ad, 2, &small.b, true, NULL, NULL, NULL, err));
-    OK(tdm_model_step(m, ad, 2, &big.b, true, NULL, NULL, NULL, err));
+    case_steps(&k);
     OK(tdm_be_memory(be, &after, err));
     printf("  %-10s nf4=%d ckpt=%d reserve: activations %llu held before step 1; backend "
            "used %llu, peak over the steps %llu bytes\n",
-           preset, nf4, ckpt, (unsigned long long)tdm_model_activation_bytes(m),
+           preset, nf4, ckpt, (unsigned long long)tdm_model_activation_bytes(k.m),
            (unsigned long long)held.used_bytes, (unsigned long long)after.peak_bytes);
-    assert_int_equal(tdm_model_activation_bytes(m), est.activations);
+    assert_int_equal(tdm_model_activation_bytes(k.m), k.est.activations);
     assert_int_equal(after.used_bytes, held.used_bytes);
     assert_int_equal(after.peak_bytes, held.used_bytes);
     /* a plan of no rows (an empty run) holds nothing more */
     tdm_model_mem_plan none = {0};
-    OK(tdm_model_reserve(m, &none, err));
-    assert_int_equal(tdm_model_activation_bytes(m), est.activations);
-    tdm_lora_free(ad[0]);
-    tdm_lora_free(ad[1]);
-    tdm_model_free(m);
+    OK(tdm_model_reserve(k.m, &none, err));
+    assert_int_equal(tdm_model_activation_bytes(k.m), k.est.activations);
+    case_close(&k);
 }
 
 static void test_reserve_holds_the_plan(void **state)
