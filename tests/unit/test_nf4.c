@@ -191,6 +191,45 @@ static void test_error_bounds(void **state)
     free(out);
 }
 
+/* The block quantizer (15 compare-and-select passes over a block) picks, element by element,
+ * the code tdm_nf4_quantize_value (a binary search) picks, on the inputs where the two could
+ * part: values on the midpoints between codes (ties go to the lower code), one ulp either side,
+ * +-0, NaN (code 0), the codes themselves. Every block holds a 1.0, so it scales by exactly 1;
+ * the count is odd, so the last block is short and its last byte padded. */
+static void test_block_codes_match_scalar(void **state)
+{
+    (void)state;
+    const int64_t n = 64 * 40 + 23;
+    float *w = malloc((size_t)n * sizeof *w);
+    for (int64_t i = 0; i < n; i++) {
+        int j = (int)(i % 15), kind = (int)(i / 15 % 7);
+        float mid = (tdm_nf4_code[j] + tdm_nf4_code[j + 1]) / 2;
+        float v = kind == 0   ? mid
+                  : kind == 1 ? nextafterf(mid, -2.0f)
+                  : kind == 2 ? nextafterf(mid, 2.0f)
+                  : kind == 3 ? tdm_nf4_code[j]
+                  : kind == 4 ? (i & 1 ? -0.0f : 0.0f)
+                  : kind == 5 ? (i % 3 ? mid : NAN)
+                              : -mid;
+        w[i] = v;
+    }
+    for (int64_t b = 0; b * 64 < n; b++)
+        w[b * 64 + 5 < n ? b * 64 + 5 : n - 1] = 1.0f;
+    tdm_nf4 q;
+    tdm_error err = {0};
+    assert_int_equal(tdm_nf4_quantize(w, n, false, &q, &err), TDM_OK);
+    for (int64_t i = 0; i < n; i++) {
+        assert_true(q.absmax[i / 64] == 1.0f);
+        uint8_t c = (uint8_t)((i & 1) ? q.packed[i / 2] & 15 : q.packed[i / 2] >> 4);
+        if (c != tdm_nf4_quantize_value(w[i]))
+            fail_msg("element %lld (%.9g): block code %d, scalar code %d", (long long)i, w[i], c,
+                     tdm_nf4_quantize_value(w[i]));
+    }
+    assert_int_equal(q.packed[n / 2] & 15, 7); /* the odd count's pad: code 7 (0.0) */
+    tdm_nf4_free(&q);
+    free(w);
+}
+
 static void test_double_quant(void **state)
 {
     const int64_t n = 64 * 256 * 3 + 100; /* 770 blocks: 4 second-level blocks, last short */
@@ -387,6 +426,7 @@ int main(void)
         cmocka_unit_test(test_packing_order),
         cmocka_unit_test(test_nearest_choice),
         cmocka_unit_test(test_error_bounds),
+        cmocka_unit_test(test_block_codes_match_scalar),
         cmocka_unit_test(test_double_quant),
         cmocka_unit_test(test_zero_block_and_threads),
         cmocka_unit_test(test_golden_reference),
