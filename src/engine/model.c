@@ -13,6 +13,7 @@
 #include "model/layout.h"
 #include "model/nf4.h"
 #include "model/weights.h"
+#include "util/fault.h"
 
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
@@ -917,6 +918,8 @@ static void plan_workspace(const tdm_model_config *c, const tdm_model_opts *o,
 tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
 {
     if (p->rows <= 0) return TDM_OK;
+    if (tdm_fault("model.reserve")) /* test seam: the allocation below running out of memory */
+        return tdm_fail(err, TDM_ERR_NOMEM, "injected out of memory (model.reserve)");
     workspace w = {0};
     plan_workspace(&m->cfg, &m->opts, p, &w);
     TRY(ws_ensure(m, w.m, w.cu_cap - 1, w.u_ld, w.tmask, w.n_sets, err));

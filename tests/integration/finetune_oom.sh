@@ -4,7 +4,8 @@
 # adapter; `--resume` then finishes the run with adapters identical, byte for byte, to an
 # uninterrupted run. The same with weights (add 0.3 of reverse's 1: add's optimizer batch is in
 # progress over several global steps), injected before the step's first pass (trainer.step_oom)
-# and after it added to add's partial gradient (trainer.pass_oom).
+# and after it added to add's partial gradient (trainer.pass_oom). And a run whose largest step
+# does not fit at the start (model.reserve) stops before step 1 with nothing written.
 set -u
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 cd "$WORK" || exit 1
@@ -44,6 +45,22 @@ oom_then_resume run whole oom trainer.step_oom
 expect_exit 0 run_weighted wwhole
 oom_then_resume run_weighted wwhole woom trainer.step_oom
 oom_then_resume run_weighted wwhole wpass trainer.pass_oom
+# The largest step's memory does not fit when the trainer attaches (model.reserve: the
+# allocation of tdm_model_reserve fails): exit 1 before step 1, the message names the step and
+# what to do, nothing is written; the same command then trains as if nothing had happened.
+TANDEM_FAULT_INJECT=model.reserve expect_exit 1 run nofit
+grep -q "the largest step ([0-9]* rows) does not fit (lower --batch-size or --max-seq-len, or free memory)" \
+    "$WORK/last.err" || fail "nofit: message: $(cat "$WORK/last.err")"
+for a in reverse add; do
+    [ -e nofit/$a/adapter_model.safetensors ] && fail "nofit/$a: an adapter was written"
+    ls -d nofit/$a/checkpoint-* >/dev/null 2>&1 && fail "nofit/$a: a checkpoint was written"
+    [ -s nofit/$a/metrics.jsonl ] && fail "nofit/$a: a step was logged"
+done
+expect_exit 0 run nofit
+for a in reverse add; do
+    cmp -s whole/$a/adapter_model.safetensors nofit/$a/adapter_model.safetensors ||
+        fail "nofit/$a: differs from the uninterrupted run"
+done
 # add was in the middle of a batch when the OOM hit: its checkpoint holds the partial gradient
 for o in woom wpass; do
     jq -e '.extra.piece.seqs_done > 0' $o/add/checkpoint-0/tandem_state.json >/dev/null &&
