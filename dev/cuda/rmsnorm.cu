@@ -26,14 +26,16 @@ static void run_case(int64_t rows, int64_t d, bool check)
     const size_t n = (size_t)(rows * d);
     auto x = rand_vec(n, 2, true), dy = rand_vec(n, 1, true), dx_prior = rand_vec(n, 1, true);
     std::vector<float> w((size_t)d);
-    for (auto &v : w) v = 1.0f + 0.5f * rnd1(1);
+    for (auto &v : w)
+        v = 1.0f + 0.5f * rnd1(1);
     /* the reference, in double from the bf16-rounded inputs */
     std::vector<double> ry(n), rrs((size_t)rows), rdx0(n), rdx1(n);
     std::vector<float> rs_f((size_t)rows);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = &x[(size_t)(r * d)], *dyr = &dy[(size_t)(r * d)];
         double ss = 0, dot = 0;
-        for (int64_t j = 0; j < d; j++) ss += (double)xr[j] * xr[j];
+        for (int64_t j = 0; j < d; j++)
+            ss += (double)xr[j] * xr[j];
         double rs = 1.0 / sqrt(ss / (double)d + eps);
         rrs[r] = rs;
         rs_f[r] = (float)rs;
@@ -84,7 +86,8 @@ static void run_case(int64_t rows, int64_t d, bool check)
             snprintf(what, sizeof what, "v%d bwd dx beta 0 %s", v, shp);
             okb &= validate(what, from_device(ddx, n), rdx0, 1e-2, &eb);
             std::vector<bf16> prior(n);
-            for (size_t i = 0; i < n; i++) prior[i] = (bf16)dx_prior[i];
+            for (size_t i = 0; i < n; i++)
+                prior[i] = (bf16)dx_prior[i];
             cudaCheck(cudaMemcpy(ddx, prior.data(), n * 2, cudaMemcpyHostToDevice));
             bwd(1.0f);
             cudaCheck(cudaDeviceSynchronize());
@@ -107,10 +110,10 @@ int main(int argc, char **argv)
 {
     dev_parse_args(argc, argv);
     dev_header("rmsnorm");
-    run_case(37, 896, true);    /* both variants, a small table */
-    run_case(19, 1030, true);   /* v1 only: d % 8 != 0 */
-    run_case(64, 3584, true);   /* the 7B width */
-    run_case(4096, 896, false); /* qwen2.5-0.5b, batch 8 x 512 */
+    run_case(37, 896, true);     /* both variants, a small table */
+    run_case(19, 1030, true);    /* v1 only: d % 8 != 0 */
+    run_case(64, 3584, true);    /* the 7B width */
+    run_case(4096, 896, false);  /* qwen2.5-0.5b, batch 8 x 512 */
     run_case(2048, 1536, false); /* qwen2.5-1.5b, batch 4 x 512 */
     run_case(2048, 3584, false); /* qwen2.5-7b, batch 4 x 512 */
     run_case(6144, 3584, false); /* qwen2.5-7b, 3 fused adapters */

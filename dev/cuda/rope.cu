@@ -29,9 +29,11 @@ static void run_case(int64_t m, int heads, int head_dim, int64_t extra, bool che
     const size_t n = (size_t)(m * ld);
     auto x = rand_vec(n, 2, true);
     std::vector<float> inv((size_t)half);
-    for (int j = 0; j < half; j++) inv[j] = 1.0f / powf(1e6f, (float)(2 * j) / (float)head_dim);
+    for (int j = 0; j < half; j++)
+        inv[j] = 1.0f / powf(1e6f, (float)(2 * j) / (float)head_dim);
     std::vector<int32_t> pos((size_t)m);
-    for (auto &p : pos) p = (int32_t)(urand() * 32768.0);
+    for (auto &p : pos)
+        p = (int32_t)(urand() * 32768.0);
     std::vector<double> ref;
     if (check) {
         ref.assign(x.begin(), x.end());
@@ -90,10 +92,10 @@ int main(int argc, char **argv)
 {
     dev_parse_args(argc, argv);
     dev_header("rope");
-    run_case(37, 3, 64, 0, true);     /* a small table */
-    run_case(29, 4, 128, 64, true);   /* a row wider than the heads */
-    run_case(4096, 14, 64, 0, false); /* qwen2.5-0.5b q, batch 8 x 512 */
-    run_case(4096, 2, 64, 0, false);  /* qwen2.5-0.5b k */
+    run_case(37, 3, 64, 0, true);      /* a small table */
+    run_case(29, 4, 128, 64, true);    /* a row wider than the heads */
+    run_case(4096, 14, 64, 0, false);  /* qwen2.5-0.5b q, batch 8 x 512 */
+    run_case(4096, 2, 64, 0, false);   /* qwen2.5-0.5b k */
     run_case(2048, 28, 128, 0, false); /* qwen2.5-7b q, batch 4 x 512 */
     run_case(2048, 4, 128, 0, false);  /* qwen2.5-7b k */
     return g_failures ? 1 : 0;

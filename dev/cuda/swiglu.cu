@@ -24,7 +24,8 @@
 static size_t count_differ(const std::vector<float> &a, const std::vector<float> &b)
 {
     size_t k = 0;
-    for (size_t i = 0; i < a.size(); i++) k += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    for (size_t i = 0; i < a.size(); i++)
+        k += memcmp(&a[i], &b[i], sizeof(float)) != 0;
     return k;
 }
 
@@ -113,11 +114,11 @@ int main(int argc, char **argv)
 {
     dev_parse_args(argc, argv);
     dev_header("swiglu");
-    run_case(16, 304, true);     /* both variants */
-    run_case(17, 300, true);     /* v1 only: n % 8 != 0 */
-    run_case(64, 18944, true);   /* the 7B width */
-    run_case(4096, 4864, false); /* qwen2.5-0.5b, batch 8 x 512 */
-    run_case(2048, 8960, false); /* qwen2.5-1.5b, batch 4 x 512 */
+    run_case(16, 304, true);      /* both variants */
+    run_case(17, 300, true);      /* v1 only: n % 8 != 0 */
+    run_case(64, 18944, true);    /* the 7B width */
+    run_case(4096, 4864, false);  /* qwen2.5-0.5b, batch 8 x 512 */
+    run_case(2048, 8960, false);  /* qwen2.5-1.5b, batch 4 x 512 */
     run_case(2048, 18944, false); /* qwen2.5-7b, batch 4 x 512 */
     return g_failures ? 1 : 0;
 }

@@ -16,13 +16,15 @@
 /* Sum of x over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
 static __device__ float block_sum(float x, float *shared32)
 {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
     __syncthreads(); /* shared32 may still be read from a previous call */
     if (lane == 0) shared32[warp] = x;
     __syncthreads();
     float s = 0.0f;
-    for (int i = 0; i < nw; i++) s += shared32[i]; /* same order in every thread */
+    for (int i = 0; i < nw; i++)
+        s += shared32[i]; /* same order in every thread */
     return s;
 }
 
@@ -47,8 +49,8 @@ __global__ void rmsnorm_fwd_kernel(const bf16 *x, const float *w, int64_t d, flo
 }
 
 /* dx_j = r w_j dy_j - x_j r^3 / d * sum_k w_k dy_k x_k, then dx = beta dx + that. */
-__global__ void rmsnorm_bwd_kernel(const bf16 *dy, const bf16 *x, const float *w,
-                                   const float *rstd, int64_t d, bf16 *dx, float beta)
+__global__ void rmsnorm_bwd_kernel(const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                                   int64_t d, bf16 *dx, float beta)
 {
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
@@ -153,7 +155,7 @@ static inline void rmsnorm_fwd_launch(bool v8, const bf16 *x, const float *w, in
 {
     if (v8)
         rmsnorm_fwd_v8_kernel<<<(unsigned)rows, row_threads_v8(d), 0, stream>>>(x, w, d, eps, y,
-                                                                                 rstd);
+                                                                                rstd);
     else
         rmsnorm_fwd_kernel<<<(unsigned)rows, row_threads(d), 0, stream>>>(x, w, d, eps, y, rstd);
 }
@@ -164,7 +166,7 @@ static inline void rmsnorm_bwd_launch(bool v8, const bf16 *dy, const bf16 *x, co
 {
     if (v8)
         rmsnorm_bwd_v8_kernel<<<(unsigned)rows, row_threads_v8(d), 0, stream>>>(dy, x, w, rstd, d,
-                                                                                 dx, beta);
+                                                                                dx, beta);
     else
         rmsnorm_bwd_kernel<<<(unsigned)rows, row_threads(d), 0, stream>>>(dy, x, w, rstd, d, dx,
                                                                           beta);

@@ -93,7 +93,7 @@ static inline void swiglu_fwd_launch(bool v8, const bf16 *g, const bf16 *u, int6
             g, u, n / 8, h);
     else
         swiglu_fwd_kernel<<<cuda_blocks(n, SWIGLU_THREADS * 4), SWIGLU_THREADS, 0, stream>>>(g, u,
-                                                                                          n, h);
+                                                                                             n, h);
 }
 
 static inline void swiglu_bwd_launch(bool v8, const bf16 *g, const bf16 *u, const bf16 *dh,
