@@ -536,27 +536,29 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
     w->cu = carve(c, w->cu_cap, TDM_BE_I32);
 }
 
-static tdm_status ws_ensure(tdm_model *m, int64_t M, int64_t n_seqs, int64_t u_ld, unsigned tmask,
-                            int n_sets, tdm_error *err)
+/* Makes the workspace cover `want` (its shape fields m, cu_cap, u_ld, tmask, n_sets): kept when
+ * it already does, otherwise allocated again for exactly that shape. */
+static tdm_status ws_ensure(tdm_model *m, const workspace *want, tdm_error *err)
 {
     workspace *w = &m->ws;
-    if (w->base && w->m >= M && w->cu_cap >= n_seqs + 1 && w->u_ld >= u_ld &&
-        (w->tmask & tmask) == tmask && w->n_sets >= n_sets)
+    if (w->base && w->m >= want->m && w->cu_cap >= want->cu_cap && w->u_ld >= want->u_ld &&
+        (w->tmask & want->tmask) == want->tmask && w->n_sets >= want->n_sets)
         return TDM_OK;
     tdm_be_free(m->be, w->base);
     free(w->x);
     free(w->sets);
     memset(w, 0, sizeof *w);
-    w->m = M, w->cu_cap = n_seqs + 1, w->u_ld = u_ld, w->tmask = tmask, w->n_sets = n_sets;
+    w->m = want->m, w->cu_cap = want->cu_cap, w->u_ld = want->u_ld, w->tmask = want->tmask;
+    w->n_sets = want->n_sets;
     w->x = calloc((size_t)m->cfg.num_layers + 1, sizeof *w->x);
-    w->sets = calloc((size_t)n_sets, sizeof *w->sets);
+    w->sets = calloc((size_t)w->n_sets, sizeof *w->sets);
     if (!w->x || !w->sets) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     carver c = {NULL, 0};
     ws_layout(&m->cfg, m->act, w, &c);
     w->bytes = c.off;
     tdm_status st = tdm_be_alloc(m->be, TDM_BE_U8, (int64_t)c.off, &w->base, err);
     if (st != TDM_OK) {
-        tdm_error_prefix(err, "activations for %lld rows (%.1f MiB)", (long long)M,
+        tdm_error_prefix(err, "activations for %lld rows (%.1f MiB)", (long long)w->m,
                          (double)c.off / (1 << 20));
         w->m = 0;
         return st;
@@ -784,7 +786,12 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
         if (adapters[i]->rank > u_ld) u_ld = adapters[i]->rank;
     }
     bool keep_all = backward && !m->opts.grad_checkpoint;
-    TRY(ws_ensure(m, M, b->n_seqs, u_ld, tmask, keep_all ? (int)L : 1, err));
+    workspace want = {.m = M,
+                      .cu_cap = b->n_seqs + 1,
+                      .u_ld = u_ld,
+                      .tmask = tmask,
+                      .n_sets = keep_all ? (int)L : 1};
+    TRY(ws_ensure(m, &want, err));
     workspace *w = &m->ws;
 
     /* host side: positions, shifted labels, per-row loss weights, counted tokens */
@@ -920,9 +927,9 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
     if (p->rows <= 0) return TDM_OK;
     if (tdm_fault("model.reserve")) /* test seam: the allocation below running out of memory */
         return tdm_fail(err, TDM_ERR_NOMEM, "injected out of memory (model.reserve)");
-    workspace w = {0};
-    plan_workspace(&m->cfg, &m->opts, p, &w);
-    TRY(ws_ensure(m, w.m, w.cu_cap - 1, w.u_ld, w.tmask, w.n_sets, err));
+    workspace want = {0};
+    plan_workspace(&m->cfg, &m->opts, p, &want);
+    TRY(ws_ensure(m, &want, err));
     tdm_cuda_scratch_shape sh = scratch_shape(&m->cfg, &m->opts, m->act, p);
     return tdm_be_reserve_scratch(m->be, &sh, err);
 }
