@@ -12,7 +12,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-typedef __nv_bfloat16 bf16;
+typedef __nv_bfloat16 bf16; /* the one definition every CUDA file of the backend uses */
 
 __device__ __forceinline__ void bf16x8_load(const __nv_bfloat16 *p, float v[8])
 {

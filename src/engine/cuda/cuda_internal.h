@@ -17,6 +17,7 @@
 
 #include <unordered_map>
 
+#include "engine/cuda/bf16x8.cuh" /* the bf16 type */
 #include "engine/cuda/cuda_memory_plan.h"
 #include "engine/cuda/grid.cuh"
 
@@ -24,8 +25,6 @@ extern "C" {
 #include "engine/backend_impl.h"
 #include "engine/op_profile.h"
 }
-
-typedef __nv_bfloat16 bf16;
 
 /* Codes of the device-side error word (the first failure wins). */
 enum cuda_dev_error {

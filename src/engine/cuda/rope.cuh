@@ -12,9 +12,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "engine/cuda/bf16x8.cuh" /* the bf16 type */
 #include "engine/cuda/grid.cuh"
-
-typedef __nv_bfloat16 bf16;
 
 #define ROPE_THREADS 256
 
