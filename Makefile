@@ -12,7 +12,7 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD)/CMakeCache.txt:
+$(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DTANDEM_WERROR=ON $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/CMakeCache.txt
