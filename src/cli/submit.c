@@ -21,11 +21,12 @@
 #include "cluster/stage.h"
 #include "cluster/transport.h"
 #include "model/config.h"
+#include "run/run_options.h"
 #include "train/adapters_config.h"
 #include "util/atomic_file.h"
 #include "util/timeutil.h"
 
-static const char usage[] =
+static const char usage_text[] =
     "usage: tandem submit --cluster FILE --model MODEL_DIR --adapters-config FILE\n"
     "                     [--dry-run] [--stage-only] [finetune flags]\n"
     "\n"
@@ -35,33 +36,36 @@ static const char usage[] =
     "the jobs detached; they are recorded in the job registry for `tandem cluster watch`.\n"
     "  --dry-run       print the plan (every score, every excluded node and why) and stop\n"
     "  --stage-only    copy model and data and write the adapters.toml files, start nothing\n"
-    "finetune flags passed on to every node: --method --task --rank --alpha --targets --lr\n"
-    "  --epochs --batch-size --grad-accum --max-seq-len --schedule --vram --timeout\n"
-    "  --no-wait-gpu --resume\n"
     "Relative data paths resolve against the adapters.toml's directory; relative output paths\n"
     "resolve inside the node's workdir.\n";
 
-/* finetune flags passed through to every node's `tandem finetune`: those that take a value, and
- * those that do not. --device is chosen by placement; --init-adapter is not staged (refused). */
-static const char *const value_flags[] = {
-    "method",      "task",        "rank",       "alpha",      "targets",    "lr",
-    "weight-decay", "max-grad-norm", "lr-schedule", "warmup-steps", "epochs", "batch-size",
-    "grad-accum",  "max-seq-len", "seed",       "val-split",  "eval-every", "save-every",
-    "log-every",   "schedule",    "chat-template", "vram",    "timeout",    "gpu-share",
-    "lora-dropout"};
-static const char *const bool_flags[] = {"rslora",          "no-shuffle",     "train-on-prompt",
-                                         "skip-bad-lines",  "no-double-quant", "no-wait-gpu",
-                                         "experimental-mps", "resume",         "grad-checkpoint",
-                                         "profile-ops"};
-enum {
-    N_VALUE_FLAGS = sizeof value_flags / sizeof *value_flags,
-    N_BOOL_FLAGS = sizeof bool_flags / sizeof *bool_flags,
-};
+/* usage_text, then the finetune flags submit passes on (from the option table). */
+static void print_usage(FILE *out)
+{
+    fputs(usage_text, out);
+    fputs("finetune flags passed on to every node (docs/finetune.md):\n ", out);
+    size_t n_rows, col = 1;
+    const tdm_run_option *rows = tdm_run_option_table(&n_rows);
+    for (size_t i = 0; i < n_rows; i++) {
+        if (!rows[i].submit_passes || !(rows[i].commands & TDM_CMD_FINETUNE)) continue;
+        size_t len = strlen(rows[i].flag) + 3;
+        if (col + len > 96) {
+            fputs("\n ", out);
+            col = 1;
+        }
+        fprintf(out, " --%s", rows[i].flag);
+        col += len;
+    }
+    fputc('\n', out);
+}
 
+/* The finetune flags passed on to every node's `tandem finetune` are the rows of the option
+ * table (src/run/run_options.c) marked submit_passes; submit parses them too, with the same
+ * checks, for the placement estimate. --device is chosen by placement; --init-adapter is not
+ * staged (refused). */
 typedef struct pass_flags {
     const char *v[64];
     size_t n;
-    const char *method, *rank, *batch_size, *max_seq_len, *vram;
 } pass_flags;
 
 /* TOML basic string. */
@@ -97,10 +101,8 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
     fprintf(f, "\nlabel = ");
     toml_str(f, label);
     fprintf(f, "\n");
-    if (s->has_rank)
-        fprintf(f, "rank = %d\n", s->rank);
-    if (s->has_alpha)
-        fprintf(f, "alpha = %.17g\n", s->alpha);
+    if (s->has_rank) fprintf(f, "rank = %d\n", s->rank);
+    if (s->has_alpha) fprintf(f, "alpha = %.17g\n", s->alpha);
     if (s->has_targets) {
         fprintf(f, "targets = [");
         int k = 0;
@@ -109,14 +111,10 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
                 fprintf(f, "%s\"%s\"", k++ ? ", " : "", tdm_adapter_target_name(b));
         fprintf(f, "]\n");
     }
-    if (s->has_learning_rate)
-        fprintf(f, "learning_rate = %.17g\n", s->learning_rate);
-    if (s->has_epochs)
-        fprintf(f, "epochs = %d\n", s->epochs);
-    if (s->has_batch_size)
-        fprintf(f, "batch_size = %d\n", s->batch_size);
-    if (s->has_max_seq_len)
-        fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
+    if (s->has_learning_rate) fprintf(f, "learning_rate = %.17g\n", s->learning_rate);
+    if (s->has_epochs) fprintf(f, "epochs = %d\n", s->epochs);
+    if (s->has_batch_size) fprintf(f, "batch_size = %d\n", s->batch_size);
+    if (s->has_max_seq_len) fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
     if (s->has_weight) toml_float(f, "weight", s->weight);
     if (s->has_lora_dropout) toml_float(f, "lora_dropout", s->lora_dropout);
 }
@@ -125,10 +123,8 @@ static char *resolve(const char *base_dir, const char *path)
 {
     size_t n = strlen(base_dir) + strlen(path) + 2;
     char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", base_dir, path);
-    if (s && path[0] == '/')
-        snprintf(s, n, "%s", path);
+    if (s) snprintf(s, n, "%s/%s", base_dir, path);
+    if (s && path[0] == '/') snprintf(s, n, "%s", path);
     return s;
 }
 
@@ -149,8 +145,8 @@ static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, 
     printf("score = (free / budget) x speed x 1/(1 + active adapters)\n");
     for (size_t a = 0; a < ac->n_adapters; a++) {
         int chosen = plan->node_of[a];
-        printf("\nadapter %zu (%s): %s%s\n", a + 1, labels[a],
-               chosen >= 0 ? "-> " : "NOT PLACED", chosen >= 0 ? cfg->nodes[chosen].name : "");
+        printf("\nadapter %zu (%s): %s%s\n", a + 1, labels[a], chosen >= 0 ? "-> " : "NOT PLACED",
+               chosen >= 0 ? cfg->nodes[chosen].name : "");
         for (size_t n = 0; n < cfg->n_nodes; n++) {
             const tdm_place_eval *e = &plan->evals[a * cfg->n_nodes + n];
             if (!e->eligible) {
@@ -167,21 +163,19 @@ static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, 
     (void)info;
     printf("\nPlan:\n");
     for (size_t n = 0; n < cfg->n_nodes; n++) {
-        if (!plan->adapters_on_node[n])
-            continue;
+        if (!plan->adapters_on_node[n]) continue;
         int g = plan->device_of_node[n];
         printf("  %-14s one finetune process on %s with %d adapter(s):", cfg->nodes[n].name,
                g >= 0 ? pn[n].gpus[g].uuid : "the CPU", plan->adapters_on_node[n]);
         for (size_t a = 0; a < ac->n_adapters; a++)
-            if (plan->node_of[a] == (int)n)
-                printf(" %s", labels[a]);
+            if (plan->node_of[a] == (int)n) printf(" %s", labels[a]);
         printf("\n");
     }
 }
 
 int tdm_cmd_submit(int argc, char **argv)
 {
-    /* Our own options, then one per passed-through finetune flag (codes 1000+ and 2000+). */
+    /* Our own options, then one per passed-through finetune flag (codes 1000+). */
     static const struct option own[] = {
         {"cluster", required_argument, NULL, 'c'},
         {"model", required_argument, NULL, 'm'},
@@ -191,81 +185,77 @@ int tdm_cmd_submit(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
     };
     enum { N_OWN = sizeof own / sizeof *own };
-    struct option opts[N_OWN + N_VALUE_FLAGS + N_BOOL_FLAGS + 1];
-    size_t n_opts = 0;
+    size_t n_rows;
+    const tdm_run_option *rows = tdm_run_option_table(&n_rows);
+    struct option opts[N_OWN + 64 + 1];
+    const tdm_run_option *passed[64];
+    size_t n_opts = 0, n_passed = 0;
     for (size_t i = 0; i < N_OWN; i++)
         opts[n_opts++] = own[i];
-    for (size_t i = 0; i < N_VALUE_FLAGS; i++)
-        opts[n_opts++] = (struct option){value_flags[i], required_argument, NULL, 1000 + (int)i};
-    for (size_t i = 0; i < N_BOOL_FLAGS; i++)
-        opts[n_opts++] = (struct option){bool_flags[i], no_argument, NULL, 2000 + (int)i};
+    for (size_t i = 0; i < n_rows && n_passed < 64; i++) {
+        if (!rows[i].submit_passes || !(rows[i].commands & TDM_CMD_FINETUNE)) continue;
+        opts[n_opts++] =
+            (struct option){rows[i].flag, rows[i].metavar ? required_argument : no_argument, NULL,
+                            1000 + (int)n_passed};
+        passed[n_passed++] = &rows[i];
+    }
     opts[n_opts] = (struct option){NULL, 0, NULL, 0};
     const char *cluster = NULL, *model = NULL, *adapters_path = NULL;
     bool dry_run = false, stage_only = false;
     pass_flags pf = {0};
-    static char flagbuf[N_VALUE_FLAGS + N_BOOL_FLAGS][32];
+    static char flagbuf[64][32];
+    tdm_run_opts ro; /* the passed flags as finetune will read them */
+    tdm_run_opts_default(&ro, TDM_CMD_FINETUNE);
+    tdm_error err = {0};
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c >= 1000 && c < 1000 + N_VALUE_FLAGS) {
-            const char *name = value_flags[c - 1000];
-            snprintf(flagbuf[c - 1000], sizeof flagbuf[0], "--%s", name);
+        if (c >= 1000 && c < 1000 + (int)n_passed) {
+            const tdm_run_option *row = passed[c - 1000];
+            snprintf(flagbuf[c - 1000], sizeof flagbuf[0], "--%s", row->flag);
             if (pf.n + 2 >= sizeof pf.v / sizeof *pf.v)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "too many flags");
             pf.v[pf.n++] = flagbuf[c - 1000];
-            pf.v[pf.n++] = optarg;
-            if (!strcmp(name, "method"))
-                pf.method = optarg;
-            else if (!strcmp(name, "rank"))
-                pf.rank = optarg;
-            else if (!strcmp(name, "batch-size"))
-                pf.batch_size = optarg;
-            else if (!strcmp(name, "max-seq-len"))
-                pf.max_seq_len = optarg;
-            else if (!strcmp(name, "vram"))
-                pf.vram = optarg;
-            continue;
-        }
-        if (c >= 2000 && c < 2000 + N_BOOL_FLAGS) {
-            char *slot = flagbuf[N_VALUE_FLAGS + c - 2000];
-            snprintf(slot, sizeof flagbuf[0], "--%s", bool_flags[c - 2000]);
-            if (pf.n + 1 >= sizeof pf.v / sizeof *pf.v)
-                return tdm_cli_fail(TDM_EXIT_USAGE, "too many flags");
-            pf.v[pf.n++] = slot;
+            if (row->metavar) pf.v[pf.n++] = optarg;
+            if (tdm_run_option_set(&ro, row, row->metavar ? optarg : "", &err) != TDM_OK)
+                return tdm_cli_fail(TDM_EXIT_USAGE, "%s", err.message);
             continue;
         }
         switch (c) {
-        case 'c': cluster = optarg; break;
-        case 'm': model = optarg; break;
-        case 'a': adapters_path = optarg; break;
-        case 'd': dry_run = true; break;
-        case 's': stage_only = true; break;
-        case 'h': fputs(usage, stdout); return TDM_EXIT_OK;
+        case 'c':
+            cluster = optarg;
+            break;
+        case 'm':
+            model = optarg;
+            break;
+        case 'a':
+            adapters_path = optarg;
+            break;
+        case 'd':
+            dry_run = true;
+            break;
+        case 's':
+            stage_only = true;
+            break;
+        case 'h':
+            print_usage(stdout);
+            return TDM_EXIT_OK;
         default:
-            fputs(usage, stderr);
+            print_usage(stderr);
             return tdm_cli_fail(TDM_EXIT_USAGE, "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
         return tdm_cli_fail(TDM_EXIT_USAGE, "unexpected argument '%s'", argv[optind]);
     if (!model || !adapters_path)
-        return fputs(usage, stderr), tdm_cli_fail(TDM_EXIT_USAGE,
-                                                  "--model and --adapters-config are required");
-    long rank = 16, batch = 4, seq = 512;
-    if ((pf.rank && !tdm_cli_parse_long(pf.rank, &rank)) || rank < 1 ||
-        (pf.batch_size && !tdm_cli_parse_long(pf.batch_size, &batch)) || batch < 1 ||
-        (pf.max_seq_len && !tdm_cli_parse_long(pf.max_seq_len, &seq)) || seq < 1)
-        return tdm_cli_fail(TDM_EXIT_USAGE, "--rank, --batch-size and --max-seq-len take positive "
-                                            "whole numbers");
-    if (pf.method && strcmp(pf.method, "qlora") && strcmp(pf.method, "lora"))
-        return tdm_cli_fail(TDM_EXIT_USAGE, "--method is qlora or lora");
+        return print_usage(stderr),
+               tdm_cli_fail(TDM_EXIT_USAGE, "--model and --adapters-config are required");
+    long rank = ro.adapter.rank, batch = ro.adapter.batch_size, seq = ro.adapter.max_seq_len;
 
-    tdm_error err = {0};
     tdm_cluster_config cfg;
     int rc = tdm_cli_load_cluster(cluster, &cfg);
-    if (rc)
-        return rc;
+    if (rc) return rc;
     tdm_adapters_config ac;
     tdm_model_config mc;
     if (tdm_adapters_config_load(adapters_path, &ac, &err) != TDM_OK) {
@@ -317,28 +307,19 @@ int tdm_cmd_submit(int argc, char **argv)
                           .rank = (int)rank,
                           .batch_size = (int)batch,
                           .max_seq_len = (int)seq,
-                          .quantized = !pf.method || !strcmp(pf.method, "qlora")};
+                          .quantized = ro.trainer.nf4};
     for (size_t a = 0; a < ac.n_adapters; a++) {
         const tdm_adapter_spec *s = &ac.adapters[a];
-        if (s->has_rank && s->rank > pm.rank)
-            pm.rank = s->rank;
-        if (s->has_batch_size && s->batch_size > pm.batch_size)
-            pm.batch_size = s->batch_size;
-        if (s->has_max_seq_len && s->max_seq_len > pm.max_seq_len)
-            pm.max_seq_len = s->max_seq_len;
+        if (s->has_rank && s->rank > pm.rank) pm.rank = s->rank;
+        if (s->has_batch_size && s->batch_size > pm.batch_size) pm.batch_size = s->batch_size;
+        if (s->has_max_seq_len && s->max_seq_len > pm.max_seq_len) pm.max_seq_len = s->max_seq_len;
     }
     tdm_place_budget budget;
     tdm_place_estimate(&pm, &budget);
-    if (pf.vram && strcmp(pf.vram, "auto") != 0) {
+    if (ro.device.vram_gib > 0) {
         /* An explicit --vram is what each node's finetune process reserves, whatever the number
          * of adapters it trains: place with that budget. */
-        double gb;
-        if (!tdm_cli_parse_double(pf.vram, &gb) || gb <= 0) {
-            rc = tdm_cli_fail(TDM_EXIT_USAGE, "--vram needs a positive number of GiB or auto, "
-                                              "not '%s'", pf.vram);
-            goto out_early;
-        }
-        budget.gpu_first_mb = (int64_t)ceil(gb * 1024.0);
+        budget.gpu_first_mb = (int64_t)ceil(ro.device.vram_gib * 1024.0);
         budget.gpu_next_mb = 0;
     }
 
@@ -382,11 +363,11 @@ int tdm_cmd_submit(int argc, char **argv)
                     if (!speed && node->gpus[k].type)
                         speed = tdm_gpu_speed_factor(node->gpus[k].type);
                 }
-            info[n].gpus[g] = (tdm_place_gpu){.uuid = s->gpus[g].uuid,
-                                              .name = s->gpus[g].name,
-                                              .speed = speed > 0 ? speed
-                                                                 : tdm_gpu_speed_factor(s->gpus[g].name),
-                                              .free_mb = s->gpus[g].free_mb};
+            info[n].gpus[g] =
+                (tdm_place_gpu){.uuid = s->gpus[g].uuid,
+                                .name = s->gpus[g].name,
+                                .speed = speed > 0 ? speed : tdm_gpu_speed_factor(s->gpus[g].name),
+                                .free_mb = s->gpus[g].free_mb};
         }
         pn[n].gpus = info[n].gpus;
         pn[n].n_gpus = s->n_gpus;
@@ -402,8 +383,7 @@ int tdm_cmd_submit(int argc, char **argv)
     }
     tdm_place_plan plan;
     tdm_status pst = tdm_place(pn, cfg.n_nodes, ac.n_adapters, &budget, pm.params, &plan, &err);
-    if (plan.node_of)
-        print_plan(&cfg, pn, info, &ac, labels, &plan, &budget, pm.params);
+    if (plan.node_of) print_plan(&cfg, pn, info, &ac, labels, &plan, &budget, pm.params);
     if (pst != TDM_OK) {
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s", err.message);
         goto out_plan;
@@ -420,15 +400,13 @@ int tdm_cmd_submit(int argc, char **argv)
         const char *slash = strrchr(adapters_path, '/');
         snprintf(adir, sizeof adir, "%.*s", slash ? (int)(slash - adapters_path) : 1,
                  slash ? adapters_path : ".");
-        if (slash == adapters_path)
-            snprintf(adir, sizeof adir, "/");
+        if (slash == adapters_path) snprintf(adir, sizeof adir, "/");
     }
     char submission[128], now[32];
     tdm_registry_new_id(NULL, submission, sizeof submission);
     tdm_format_rfc3339(time(NULL), now, sizeof now);
     for (size_t n = 0; n < cfg.n_nodes && !rc; n++) {
-        if (!plan.adapters_on_node[n])
-            continue;
+        if (!plan.adapters_on_node[n]) continue;
         const tdm_cluster_node *node = &cfg.nodes[n];
         tdm_stage_stats ms = {0}, ds = {0};
         char *rmodel = NULL;
@@ -451,14 +429,14 @@ int tdm_cmd_submit(int argc, char **argv)
         fprintf(f, "# written by tandem submit for node %s from %s\n", node->name, adapters_path);
         json_t *jadapters = json_array();
         for (size_t a = 0; a < ac.n_adapters && !rc; a++) {
-            if (plan.node_of[a] != (int)n)
-                continue;
+            if (plan.node_of[a] != (int)n) continue;
             const tdm_adapter_spec *s = &ac.adapters[a];
             char *local = resolve(adir, s->data), *rdata = NULL;
-            char *rout = s->output[0] == '/' ? strdup(s->output) : resolve(node->workdir, s->output);
+            char *rout =
+                s->output[0] == '/' ? strdup(s->output) : resolve(node->workdir, s->output);
             if (!local || !rout || tdm_stage_file(&tr[n], local, &rdata, &ds, &err) != TDM_OK) {
-                rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: copying %s: %s", node->name,
-                                  s->data, err.message);
+                rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: copying %s: %s", node->name, s->data,
+                                  err.message);
             } else {
                 write_adapter(f, s, rdata, rout, labels[a]);
                 json_array_append_new(jadapters,
@@ -480,8 +458,7 @@ int tdm_cmd_submit(int argc, char **argv)
             rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: %s", node->name, err.message);
         unlink(tmp);
         if (rc || stage_only) {
-            if (!rc)
-                printf("%s: staged %s (not started: --stage-only)\n", node->name, remote_toml);
+            if (!rc) printf("%s: staged %s (not started: --stage-only)\n", node->name, remote_toml);
             json_decref(jadapters);
             free(rmodel);
             continue;
@@ -522,8 +499,9 @@ int tdm_cmd_submit(int argc, char **argv)
             (json_int_t)pid, "argv", av, "state", "running", "exit_code", "adapters", jadapters,
             "model", rmodel, "device", g >= 0 ? info[n].gpus[g].uuid : NULL);
         if (!job || tdm_registry_save(regdir, job, &err) != TDM_OK)
-            rc = tdm_cli_fail(TDM_EXIT_FAILURE, "job %s started (pid %ld on %s) but not recorded: %s",
-                              id, pid, node->name, job ? err.message : "out of memory");
+            rc = tdm_cli_fail(TDM_EXIT_FAILURE,
+                              "job %s started (pid %ld on %s) but not recorded: %s", id, pid,
+                              node->name, job ? err.message : "out of memory");
         else
             printf("%s: started job %s (pid %ld, %d adapter(s), log %s/log)\n", node->name, id, pid,
                    plan.adapters_on_node[n], job_dir);

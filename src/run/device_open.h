@@ -1,0 +1,94 @@
+/* device_open.h — the one path from "a run wants a device" to a backend, shared by `tandem
+ * finetune` and `tandem eval` (and later generation and the co-training host):
+ *
+ *     inventory (NVML or TANDEM_FAKE_GPUS; no CUDA context yet)
+ *       -> memory plan (the caller's estimate, or --vram GB)
+ *       -> ledger reservation, waiting in the FIFO queue up to --timeout (or adopting the
+ *          reservation of an enclosing `tandem gpu run`)
+ *       -> CUDA_VISIBLE_DEVICES = the reserved GPU, the MPS client environment
+ *       -> backend creation (the first CUDA call of the process)
+ *       -> tdm_device_record_actual once the model is loaded, and at the end
+ *       -> tdm_device_close: backend freed, reservation released.
+ * --device auto falls back to the CPU when this build has no CUDA backend, no GPU is listed, or
+ * CUDA cannot open the listed GPU (a simulated inventory, an old driver); the reservation is then
+ * given back first. --device cuda never falls back.
+ *
+ * Library code: nothing is printed. What a person should see (the --vram auto breakdown, the
+ * reservation, why the CPU is used, who holds the memory a waiting run needs) goes to the
+ * request's note callback as one line without the "tandem: " prefix.
+ */
+#ifndef TANDEM_RUN_DEVICE_OPEN_H
+#define TANDEM_RUN_DEVICE_OPEN_H
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "gpu/inventory.h"
+#include "gpu/ledger.h"
+#include "gpu/mps.h"
+#include "gpu/reservation.h"
+#include "util/error.h"
+
+/* The CUDA context of a process (driver state, the module images of tandem and cuBLASLt) as NVML
+ * counts it, which --vram auto adds to the engine's own estimate. Measured with
+ * scripts/device/vram-estimate.sh (docs/verification.md): on the H200, driver 580, the process
+ * held 666-789 MiB more than the backend allocated (context + allocation granularity). */
+#define TDM_CUDA_CONTEXT_MIB 680
+
+/* A one-line message for a person (no "tandem: " prefix, no newline). */
+typedef void (*tdm_note_fn)(const char *line, void *user);
+
+/* What a run asks of its device: the --device/--vram/--no-wait-gpu/--timeout/MPS flags. */
+typedef struct tdm_device_request {
+    const char *device; /* "auto", "cpu" or "cuda" */
+    double vram_gib;    /* --vram GB; 0 = auto: the caller's estimate (tdm_device_open's est) */
+    bool no_wait;       /* --no-wait-gpu: fail at once when the memory is not free */
+    double timeout_sec; /* --timeout: waiting limit, then TDM_ERR_TIMEOUT (exit 75) */
+    tdm_mps_opts mps;   /* --experimental-mps --gpu-share */
+    bool gpu_share_given;
+    const char *task;       /* shown in `gpu status`: "finetune", "eval" */
+    double wait_report_sec; /* how often a waiting run says why (0: every 60 s) */
+    tdm_note_fn note;       /* may be NULL */
+    void *note_user;
+} tdm_device_request;
+
+/* An opened device. gpu is false on the CPU. */
+typedef struct tdm_device {
+    tdm_backend *be;
+    bool gpu;
+    int64_t budget_mb; /* what was reserved (for an adopted reservation: the plan, not known) */
+    tdm_lease lease;   /* held when this process reserved (not when it adopted gpu run's) */
+    tdm_run_context run_context; /* MPS constraints for the trainer (checkpoint interval) */
+} tdm_device;
+
+/* The reservation --vram auto takes for a model memory plan (MiB): every owner rounded up to
+ * MiB, plus the CUDA context. Pure arithmetic; the same figure `tandem submit` places with. */
+int64_t tdm_device_reservation_mb(const tdm_model_mem *est);
+
+/* Opens the device req asks for. est is the run's memory plan on the CUDA backend (NULL when the
+ * caller cannot make one: then --vram auto reserves TDM_CUDA_CONTEXT_MIB only... so pass one).
+ * On success *dev holds a backend (and maybe a lease, released at exit as well). Errors:
+ * --device cuda without a usable GPU (TDM_ERR_UNSUPPORTED / the backend's error), the
+ * reservation's (TDM_ERR_TIMEOUT: exit 75, TDM_ERR_NEVER_FITS, TDM_ERR_BUSY), the backend's. */
+tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const tdm_model_mem *est,
+                           tdm_error *err);
+
+/* Records the process's measured device memory in the ledger (NVML's figure for this process,
+ * else the backend's figure plus the CUDA context). use_peak: the backend's peak rather than its
+ * current use. Writes *process_mb (NVML, -1 unknown) and *backend_mb when not NULL. No-op on
+ * the CPU. */
+void tdm_device_record_actual(tdm_device *dev, bool use_peak, int64_t *process_mb,
+                              int64_t *backend_mb);
+
+/* Frees the backend and releases the reservation. A zeroed device is accepted. */
+void tdm_device_close(tdm_device *dev);
+
+/* The waiting message: what a run waits for, what is free on gpu, and who holds it (the ledger's
+ * reservations and the processes the inventory lists outside the ledger, with pid, name, MiB).
+ * Also says when the budget can only start after processes outside the ledger exit. Pure:
+ * writes at most cap bytes of buf. */
+void tdm_device_describe_wait(char *buf, size_t cap, int64_t budget_mb, double elapsed_sec,
+                              const tdm_gpu *gpu, const tdm_ledger_state *ledger);
+
+#endif

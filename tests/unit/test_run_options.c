@@ -1,0 +1,137 @@
+/* test_run_options.c — the option table of finetune/eval (src/run/run_options.c): every
+ * adapters.toml key has exactly one row, the defaults are the documented ones, values are
+ * checked against their row's range, and parsing fills the row's destination. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "run/run_options.h"
+
+static void test_every_toml_key_has_one_row(void **state)
+{
+    (void)state;
+    size_t n;
+    const tdm_run_option *t = tdm_run_option_table(&n);
+    for (int k = 0; k < TDM_ADAPTER_KEY_COUNT; k++) {
+        int rows = 0;
+        for (size_t i = 0; i < n; i++)
+            rows += t[i].toml_key == k;
+        if (rows != 1) fail_msg("adapters.toml key %s has %d rows", tdm_adapter_key_name(k), rows);
+    }
+    for (size_t i = 0; i < n; i++) {
+        assert_true(t[i].flag || t[i].toml_key >= 0);
+        /* a per-adapter setting lives in the adapter's options */
+        if (t[i].toml_key >= 0)
+            assert_true(t[i].offset >= offsetof(tdm_run_opts, adapter) &&
+                        t[i].offset <
+                            offsetof(tdm_run_opts, adapter) + sizeof(tdm_trainer_adapter));
+    }
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    tdm_run_opts o;
+    tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
+    assert_int_equal(o.adapter.rank, 16);
+    assert_true(o.adapter.alpha == 32);
+    assert_int_equal(o.adapter.targets, TDM_ADAPTER_TARGET_Q_PROJ | TDM_ADAPTER_TARGET_V_PROJ);
+    assert_true(o.adapter.lr == 2e-4);
+    assert_int_equal(o.adapter.epochs, 3);
+    assert_int_equal(o.adapter.batch_size, 4);
+    assert_int_equal(o.adapter.max_seq_len, 512);
+    assert_true(o.adapter.weight == 1.0);
+    assert_true(o.trainer.nf4 && o.trainer.double_quant && o.trainer.shuffle);
+    assert_false(o.trainer.resume || o.trainer.grad_checkpoint || o.adapter.use_rslora);
+    assert_true(o.trainer.val_split == 0.05);
+    assert_int_equal(o.trainer.seed, 42);
+    assert_int_equal(o.trainer.save_every, 500);
+    assert_int_equal(o.trainer.log_every, 10);
+    assert_true(o.trainer.max_grad_norm == 1.0);
+    assert_false(o.trainer.chat_template_given);
+    assert_string_equal(o.device.device, "auto");
+    assert_true(o.device.vram_gib == 0 && o.device.timeout_sec == 3600);
+    assert_false(o.device.gpu_share_given);
+    /* the trainer's own defaults agree with the table where both set a field */
+    tdm_trainer_opts t;
+    tdm_trainer_opts_default(&t);
+    assert_true(t.seed == o.trainer.seed && t.val_split == o.trainer.val_split &&
+                t.save_every == o.trainer.save_every && t.log_every == o.trainer.log_every &&
+                t.grad_accum == o.trainer.grad_accum && t.lr_kind == o.trainer.lr_kind);
+    tdm_run_opts_default(&o, TDM_CMD_EVAL);
+    assert_int_equal(o.eval_batch_size, 8);
+    assert_int_equal(o.adapter.max_seq_len, 512);
+}
+
+static void test_parse(void **state)
+{
+    (void)state;
+    char *argv[] = {"finetune",      "model",         "--rank",       "8",
+                    "--adapter",     "a.jsonl:out/a", "--no-shuffle", "--targets",
+                    "q_proj,k_proj", "--vram",        "2.5",          "--adapter",
+                    "b.jsonl:out/b", "--gpu-share",   "30",           NULL};
+    int argc = (int)(sizeof argv / sizeof *argv) - 1;
+    tdm_run_opts o;
+    tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
+    char **pos = NULL;
+    int npos = 0;
+    tdm_error err = {0};
+    assert_int_equal(tdm_run_opts_parse(&o, TDM_CMD_FINETUNE, argc, argv, &pos, &npos, &err),
+                     TDM_OK);
+    assert_int_equal(npos, 1);
+    assert_string_equal(pos[0], "model");
+    assert_int_equal(o.adapter.rank, 8);
+    assert_false(o.trainer.shuffle);
+    assert_int_equal(o.adapter.targets, TDM_ADAPTER_TARGET_Q_PROJ | TDM_ADAPTER_TARGET_K_PROJ);
+    assert_true(o.device.vram_gib == 2.5);
+    assert_int_equal(o.n_adapter_args, 2);
+    assert_string_equal(o.adapter_args[1], "b.jsonl:out/b");
+    assert_true(o.device.gpu_share_given && o.device.mps.gpu_share_pct == 30);
+    free(pos);
+    free(o.adapter_args);
+}
+
+/* Each bad value names the flag and what it needs; a misspelled flag gets a suggestion. */
+static void test_errors(void **state)
+{
+    (void)state;
+    static const char *const cases[][3] = {
+        {"--rank", "0", "--rank needs an integer 1..4096, not '0'"},
+        {"--lr", "0", "--lr needs a number in (0, 1], not '0'"},
+        {"--lora-dropout", "1", "--lora-dropout needs a probability in [0, 1), not '1'"},
+        {"--vram", "-1", "--vram needs a positive number of GiB or 'auto', not '-1'"},
+        {"--method", "full", "--method: 'full' is not qlora or lora"},
+        {"--seed", "-3", "--seed needs a non-negative integer, not '-3'"},
+        {"--gpu-share", "0", "--gpu-share needs a percentage 1..100"},
+        {"--rnak", "3", "unknown or incomplete option '--rnak'; did you mean '--rank'?"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *argv[] = {"finetune", (char *)cases[i][0], (char *)cases[i][1], NULL};
+        tdm_run_opts o;
+        tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
+        char **pos = NULL;
+        int npos = 0;
+        tdm_error err = {0};
+        assert_int_equal(tdm_run_opts_parse(&o, TDM_CMD_FINETUNE, 3, argv, &pos, &npos, &err),
+                         TDM_ERR_INVALID);
+        assert_string_equal(err.message, cases[i][2]);
+        free(o.adapter_args);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_toml_key_has_one_row),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
