@@ -1,7 +1,6 @@
 /* eval.c — `tandem eval`: the token-weighted mean cross-entropy and perplexity of a model, with
  * or without a PEFT adapter, over every usable sample of a JSONL file (docs/finetune.md).
  */
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,93 +13,54 @@
 #include "engine/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/peft_io.h"
+#include "run/device_open.h"
+#include "run/run_options.h"
+#include "train/lora.h"
 #include "train/trainer.h"
+
+static void print_note(const char *line, void *user)
+{
+    (void)user;
+    fprintf(stderr, "tandem: %s\n", line);
+}
 
 static void usage(FILE *out)
 {
+    fprintf(out, "usage: tandem eval MODEL_DIR --data FILE\n");
+    tdm_run_options_usage(out, TDM_CMD_EVAL);
     fprintf(out,
-            "usage: tandem eval MODEL_DIR --data FILE [--adapter DIR] [--method qlora|lora]\n"
-            "                   [--no-double-quant] [--max-seq-len N] [--batch-size N]\n"
-            "                   [--chat-template chatml|llama3|none] [--json]\n\n"
-            "Prints the token-weighted mean loss (cross-entropy over the tokens the data format\n"
-            "labels, as in training) and the perplexity exp(loss) over every sample of FILE.\n"
-            "  --adapter DIR   a PEFT LoRA adapter directory (default: the bare base model)\n"
-            "  --method        qlora (NF4 base, the default) or lora (the base's precision)\n"
-            "  --json          {\"loss\": ..., \"tokens\": ..., \"perplexity\": ...}\n");
+            "\nPrints the token-weighted mean loss (cross-entropy over the tokens the data format\n"
+            "labels, as in training) and the perplexity exp(loss) over every sample of FILE.\n");
 }
-
-enum { E_DATA = 1000, E_ADAPTER, E_METHOD, E_NODQ, E_SEQ, E_BATCH, E_TMPL, E_JSON, E_HELP };
 
 int tdm_cmd_eval(int argc, char **argv)
 {
-    static const struct option longopts[] = {{"data", required_argument, NULL, E_DATA},
-                                             {"adapter", required_argument, NULL, E_ADAPTER},
-                                             {"method", required_argument, NULL, E_METHOD},
-                                             {"no-double-quant", no_argument, NULL, E_NODQ},
-                                             {"max-seq-len", required_argument, NULL, E_SEQ},
-                                             {"batch-size", required_argument, NULL, E_BATCH},
-                                             {"chat-template", required_argument, NULL, E_TMPL},
-                                             {"json", no_argument, NULL, E_JSON},
-                                             {"help", no_argument, NULL, E_HELP},
-                                             {NULL, 0, NULL, 0}};
-    const char *data = NULL, *adapter = NULL;
-    bool nf4 = true, dq = true, json = false, tmpl_given = false;
-    long seqlen = 512, batch = 8;
-    tdm_chat_template tmpl = TDM_CHAT_NONE;
+    tdm_run_opts ro;
+    tdm_run_opts_default(&ro, TDM_CMD_EVAL);
     tdm_error err = {0};
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (ch) {
-        case E_DATA:
-            data = optarg;
-            break;
-        case E_ADAPTER:
-            adapter = optarg;
-            break;
-        case E_METHOD:
-            if (!strcmp(optarg, "qlora"))
-                nf4 = true;
-            else if (!strcmp(optarg, "lora"))
-                nf4 = false;
-            else
-                return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --method: '%s' is not qlora or lora",
-                                    optarg);
-            break;
-        case E_NODQ:
-            dq = false;
-            break;
-        case E_SEQ:
-            if (!tdm_cli_parse_long(optarg, &seqlen) || seqlen < 2 || seqlen > (1L << 20))
-                return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --max-seq-len needs an integer >= 2");
-            break;
-        case E_BATCH:
-            if (!tdm_cli_parse_long(optarg, &batch) || batch < 1 || batch > 65536)
-                return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --batch-size needs an integer >= 1");
-            break;
-        case E_TMPL:
-            if (tdm_chat_template_parse(optarg, &tmpl, &err) != TDM_OK)
-                return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --chat-template: %s", err.message);
-            tmpl_given = true;
-            break;
-        case E_JSON:
-            json = true;
-            break;
-        case E_HELP:
-        case 'h':
-            usage(stdout);
-            return TDM_EXIT_OK;
-        default:
-            usage(stderr);
-            return tdm_cli_fail(TDM_EXIT_USAGE, "eval: unknown or incomplete option '%s'",
-                                argv[optind - 1]);
-        }
+    char **pos = NULL;
+    int n_pos = 0;
+    if (tdm_run_opts_parse(&ro, TDM_CMD_EVAL, argc, argv, &pos, &n_pos, &err) != TDM_OK) {
+        if (strstr(err.message, "unknown or incomplete option")) usage(stderr);
+        return tdm_cli_fail(TDM_EXIT_USAGE, "eval: %s", err.message);
     }
-    if (optind != argc - 1)
-        return tdm_cli_fail(TDM_EXIT_USAGE, "eval: expected exactly one MODEL_DIR");
+    if (ro.help || ro.list_options) {
+        free(pos);
+        if (ro.list_options)
+            tdm_run_options_list(stdout, TDM_CMD_EVAL);
+        else
+            usage(stdout);
+        return TDM_EXIT_OK;
+    }
+    const char *model_dir = n_pos == 1 ? pos[0] : NULL;
+    free(pos);
+    if (!model_dir) return tdm_cli_fail(TDM_EXIT_USAGE, "eval: expected exactly one MODEL_DIR");
+    const char *data = ro.eval_data, *adapter = ro.eval_adapter;
     if (!data) return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --data FILE is required");
-    const char *model_dir = argv[optind];
+    bool nf4 = ro.trainer.nf4, dq = ro.trainer.double_quant, json = ro.json;
+    bool tmpl_given = ro.trainer.chat_template_given;
+    tdm_chat_template tmpl = ro.trainer.chat_template;
+    long seqlen = ro.adapter.max_seq_len, batch = ro.eval_batch_size;
 
     tdm_model_config cfg;
     char path[4096];
@@ -129,6 +89,7 @@ int tdm_cmd_eval(int argc, char **argv)
     int code = TDM_EXIT_OK;
     tdm_lora_params lp = {0};
     tdm_backend *be = NULL;
+    tdm_device dev = {0};
     tdm_model *m = NULL;
     if (ds.n_samples == 0) {
         code = tdm_cli_fail(TDM_EXIT_FAILURE, "eval: %s has no sample with a counted token", data);
@@ -138,11 +99,32 @@ int tdm_cmd_eval(int argc, char **argv)
         code = tdm_cli_fail_err(&err);
         goto out;
     }
-    if (tdm_backend_create(&be, "cpu", NULL, &err) != TDM_OK) {
+    tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq};
+    /* The device as finetune opens it (src/run/device_open.c): the reservation covers the
+     * weights, the adapter and the forward pass of the largest batch. */
+    tdm_model_mem est;
+    tdm_model_mem_plan plan = {.rows = (int64_t)batch * seqlen, .n_seqs = batch};
+    if (adapter) {
+        plan.max_rank = lp.rank;
+        plan.targets = lp.targets;
+        plan.lora_params = lp.n_params;
+        for (unsigned tg = 0; tg < TDM_LORA_N_TARGETS; tg++) {
+            int64_t d_in, d_out;
+            tdm_lora_params_projection_dims(&cfg, tg, &d_in, &d_out);
+            if ((lp.targets & TDM_LORA_BIT(tg)) &&
+                lp.rank * (d_in + d_out) > plan.lora_module_params)
+                plan.lora_module_params = lp.rank * (d_in + d_out);
+        }
+    }
+    ro.device.task = "eval";
+    ro.device.note = print_note;
+    bool cpu = !strcmp(ro.device.device, "cpu");
+    if ((!cpu && tdm_model_memory_estimate(&cfg, &mo, TDM_BE_BF16, &plan, &est, &err) != TDM_OK) ||
+        tdm_device_open(&dev, &ro.device, cpu ? NULL : &est, &err) != TDM_OK) {
         code = tdm_cli_fail_err(&err);
         goto out;
     }
-    tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq};
+    be = dev.be;
     if (tdm_model_load(&m, be, model_dir, &mo, &err) != TDM_OK) {
         code = tdm_cli_fail_err(&err);
         goto out;
@@ -156,6 +138,7 @@ int tdm_cmd_eval(int argc, char **argv)
         idx[i] = i;
     double sum = 0;
     int64_t tokens = 0;
+    tdm_device_record_actual(&dev, false, NULL, NULL);
     st = tdm_trainer_evaluate(m, adapter ? &lp : NULL, &ds, idx, ds.n_samples, (int)batch, &sum,
                               &tokens, &err);
     free(idx);
@@ -177,7 +160,7 @@ int tdm_cmd_eval(int argc, char **argv)
     }
 out:
     tdm_model_free(m);
-    tdm_backend_free(be);
+    tdm_device_close(&dev);
     tdm_lora_params_free(&lp);
     tdm_dataset_free(&ds);
     return code;

@@ -1,0 +1,292 @@
+/* device_open.c — inventory, reservation, environment, backend: the device of a run
+ * (device_open.h). The sequence moved here from `tandem finetune` unchanged; eval uses it too. */
+#include "run/device_open.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu/guard.h"
+
+static int64_t mib_up(uint64_t bytes)
+{
+    return (int64_t)((bytes + (1u << 20) - 1) >> 20);
+}
+
+int64_t tdm_device_reservation_mb(const tdm_model_mem *e)
+{
+    return mib_up(e->weights + e->activations + e->adapters + e->backend_scratch) +
+           TDM_CUDA_CONTEXT_MIB;
+}
+
+static void note(const tdm_device_request *req, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void note(const tdm_device_request *req, const char *fmt, ...)
+{
+    if (!req->note) return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    req->note(line, req->note_user);
+}
+
+/* ---- who holds the memory a waiting run needs ---------------------------------------------- */
+
+/* The command name of pid (/proc/PID/comm), "?" when it is gone or not on this machine (a
+ * simulated process of TANDEM_FAKE_GPUS). */
+static void process_name(uint32_t pid, char *buf, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/comm", pid);
+    FILE *f = fopen(path, "r");
+    snprintf(buf, cap, "?");
+    if (!f) return;
+    if (fgets(buf, (int)cap, f)) buf[strcspn(buf, "\n")] = 0;
+    fclose(f);
+}
+
+static bool pid_in_ledger(const tdm_ledger_state *s, const char *gpu_uuid, uint32_t pid)
+{
+    for (size_t r = 0; s && r < s->n_reservations; r++) {
+        if (strcmp(s->reservations[r].gpu_uuid, gpu_uuid)) continue;
+        for (int h = 0; h < s->reservations[r].n_holders; h++)
+            if ((uint32_t)s->reservations[r].holders[h].pid == pid) return true;
+    }
+    return false;
+}
+
+#define APPEND(...)                                                                                \
+    do {                                                                                           \
+        if (used < cap) used += (size_t)snprintf(buf + used, cap - used, __VA_ARGS__);             \
+    } while (0)
+
+void tdm_device_describe_wait(char *buf, size_t cap, int64_t budget_mb, double elapsed_sec,
+                              const tdm_gpu *gpu, const tdm_ledger_state *ledger)
+{
+    size_t used = 0;
+    if (!cap) return;
+    buf[0] = 0;
+    tdm_guard_view v;
+    tdm_guard_view_of(gpu, ledger, &v);
+    APPEND("%s %lld MiB of GPU memory on %s (%s)",
+           elapsed_sec < 0.5 ? "waiting for" : "still waiting for", (long long)budget_mb, gpu->uuid,
+           gpu->name);
+    if (elapsed_sec >= 0.5) APPEND(" after %.0f s", elapsed_sec);
+    APPEND(": %lld MiB free, %lld MiB admissible now (reservable %lld MiB, %lld MiB reserved)",
+           (long long)gpu->free_mb, (long long)v.available_mb, (long long)v.capacity_mb,
+           (long long)v.committed_mb);
+    int n_held = 0;
+    for (size_t r = 0; ledger && r < ledger->n_reservations; r++) {
+        const tdm_reservation *res = &ledger->reservations[r];
+        if (strcmp(res->gpu_uuid, gpu->uuid)) continue;
+        APPEND("%s %s (pid %d, %s@%s) %lld MiB", n_held++ ? "," : "; held in the ledger by",
+               res->task[0] ? res->task : res->id, res->n_holders ? res->holders[0].pid : 0,
+               res->user, res->host,
+               (long long)(res->actual_mb > res->budget_mb ? res->actual_mb : res->budget_mb));
+    }
+    int64_t outside_mb = 0;
+    int n_out = 0;
+    for (size_t p = 0; p < gpu->n_processes; p++) {
+        const tdm_gpu_process *gp = &gpu->processes[p];
+        if (gp->pid == (uint32_t)getpid() || pid_in_ledger(ledger, gpu->uuid, gp->pid)) continue;
+        char name[64];
+        process_name(gp->pid, name, sizeof name);
+        if (gp->used_mb > 0) outside_mb += gp->used_mb;
+        APPEND("%s pid %u %s %lld MiB", n_out++ ? "," : "; outside the ledger:", gp->pid, name,
+               (long long)gp->used_mb);
+    }
+    if (!n_held && !n_out) APPEND("; no process holds it that tandem can see");
+    if (n_out && budget_mb > v.capacity_mb - outside_mb)
+        APPEND(". %lld MiB can only start when those processes outside the ledger exit "
+               "(reservable %lld MiB - %lld MiB they hold = %lld MiB)",
+               (long long)budget_mb, (long long)v.capacity_mb, (long long)outside_mb,
+               (long long)(v.capacity_mb - outside_mb));
+}
+
+#undef APPEND
+
+/* The wait report callback of the reservation: asks the inventory and the ledger afresh. */
+static void report_wait(const tdm_wait_report *r, void *user)
+{
+    const tdm_device_request *req = user;
+    tdm_inventory inv;
+    tdm_error e = {0};
+    if (tdm_inventory_query(&inv, &e) != TDM_OK) return;
+    const tdm_gpu *g = tdm_inventory_find(&inv, r->gpu_uuid);
+    if (!g && inv.n_gpus) g = &inv.gpus[0];
+    tdm_ledger ledger;
+    tdm_ledger_state st;
+    tdm_ledger_state_init(&st);
+    char dir[4096];
+    const char *env = getenv("TANDEM_LEDGER_DIR");
+    bool have = false;
+    if (env && *env)
+        snprintf(dir, sizeof dir, "%s", env);
+    else if (tdm_ledger_default_dir(dir, sizeof dir, &e) != TDM_OK)
+        dir[0] = 0;
+    if (dir[0] && tdm_ledger_open(&ledger, dir, &e) == TDM_OK)
+        have = tdm_ledger_snapshot(&ledger, &st, &e) == TDM_OK;
+    if (g) {
+        char line[1536];
+        tdm_device_describe_wait(line, sizeof line, r->needed_mb, r->elapsed_sec, g,
+                                 have ? &st : NULL);
+        note(req, "%s; position %d in the queue", line, r->position);
+    }
+    tdm_ledger_state_free(&st);
+    tdm_inventory_free(&inv);
+}
+
+/* ---- open / close ---------------------------------------------------------------------------- */
+
+/* Whether a GPU is there is asked of the inventory (NVML, no CUDA context), never by creating the
+ * backend, whose context alone takes hundreds of MiB the ledger would not know about yet. */
+static bool can_use_cuda(tdm_error *why)
+{
+#ifdef TANDEM_HAVE_CUDA
+    tdm_inventory inv;
+    bool ok = false;
+    if (tdm_inventory_query(&inv, why) == TDM_OK) {
+        ok = inv.n_gpus > 0;
+        if (!ok)
+            snprintf(why->message, sizeof why->message, "no GPU found%s%s", inv.note[0] ? ": " : "",
+                     inv.note);
+        tdm_inventory_free(&inv);
+    }
+    return ok;
+#else
+    snprintf(why->message, sizeof why->message, "this tandem was built without CUDA");
+    return false;
+#endif
+}
+
+/* Reserves the plan's memory (or adopts gpu run's reservation) and points CUDA at that GPU. */
+static tdm_status reserve(tdm_device *dev, const tdm_device_request *req, const tdm_model_mem *est,
+                          tdm_error *err)
+{
+    int64_t need_mb = est ? tdm_device_reservation_mb(est) : TDM_CUDA_CONTEXT_MIB;
+    if (req->vram_gib > 0) {
+        need_mb = (int64_t)ceil(req->vram_gib * 1024.0);
+    } else if (est) {
+        note(req,
+             "--vram auto: %lld MiB = weights %lld + activations %lld + adapters %lld + backend "
+             "scratch %lld + CUDA context %d (MiB)",
+             (long long)need_mb, (long long)mib_up(est->weights),
+             (long long)mib_up(est->activations), (long long)mib_up(est->adapters),
+             (long long)mib_up(est->backend_scratch), TDM_CUDA_CONTEXT_MIB);
+    }
+    dev->budget_mb = need_mb;
+    const char *adopted = getenv("TANDEM_RESERVATION_ID");
+    if (adopted && *adopted) {
+        note(req, "using the reservation %s of tandem gpu run", adopted);
+        return TDM_OK;
+    }
+    tdm_acquire_opts ao = tdm_acquire_defaults();
+    ao.budget_mb = need_mb;
+    ao.task = req->task ? req->task : "finetune";
+    ao.wait = !req->no_wait;
+    ao.timeout_sec = req->timeout_sec;
+    ao.report = report_wait;
+    ao.report_user = (void *)req;
+    ao.report_interval_sec = req->wait_report_sec > 0 ? req->wait_report_sec : 60;
+    tdm_status st = tdm_reservation_acquire(&dev->lease, &ao, err);
+    if (st != TDM_OK) return st;
+    tdm_reservation_release_at_exit(&dev->lease);
+    /* CUDA is not initialised yet in this process: this makes the reserved GPU the one the
+     * backend opens. */
+    setenv("CUDA_VISIBLE_DEVICES", dev->lease.gpu_uuid, 1);
+    note(req, "reserved %lld MiB on %s", (long long)dev->lease.budget_mb, dev->lease.gpu_uuid);
+    if (req->mps.enabled) {
+        char env[512];
+        int len = tdm_mps_child_env(&req->mps, dev->lease.gpu_uuid, dev->lease.budget_mb, env,
+                                    sizeof env);
+        for (int i = 0; len > 0 && i < len; i += (int)strlen(env + i) + 1)
+            putenv(strdup(env + i));
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const tdm_model_mem *est,
+                           tdm_error *err)
+{
+    memset(dev, 0, sizeof *dev);
+    const char *device = req->device ? req->device : "auto";
+    const char *doing = req->task && !strcmp(req->task, "eval") ? "evaluating" : "training";
+    if (strcmp(device, "cpu")) {
+        dev->run_context = tdm_run_context_for(&req->mps);
+        tdm_error why = {0};
+        if (!can_use_cuda(&why)) {
+            if (!strcmp(device, "cuda"))
+                return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                                "--device cuda: %s (this tandem has no usable CUDA backend; use "
+                                "--device cpu)",
+                                why.message);
+            note(req, "note: no CUDA backend (%s); %s on the CPU", why.message, doing);
+        } else {
+            dev->gpu = true;
+            tdm_status st = reserve(dev, req, est, err);
+            if (st != TDM_OK) return st;
+        }
+    }
+    tdm_backend_opts bo = {0};
+    tdm_status st = tdm_backend_create(&dev->be, dev->gpu ? "cuda" : "cpu", &bo, err);
+    if (st == TDM_OK) return TDM_OK;
+    if (!dev->gpu || strcmp(device, "auto") != 0) {
+        tdm_device_close(dev);
+        return st;
+    }
+    /* --device auto: a GPU is listed but CUDA cannot use it (an old driver, a simulated
+     * inventory): give the reservation back and run on the CPU. */
+    note(req, "note: %s; %s on the CPU", err->message, doing);
+    tdm_error rerr = {0};
+    if (dev->lease.held) tdm_reservation_release(&dev->lease, &rerr);
+    dev->gpu = false;
+    st = tdm_backend_create(&dev->be, "cpu", &bo, err);
+    if (st != TDM_OK) tdm_device_close(dev);
+    return st;
+}
+
+/* This process's memory on the GPU it uses, as NVML reports it (MiB), or -1 when no GPU lists
+ * it (no NVML, a simulated inventory). The CUDA backend never shrinks during training, so at the
+ * end of a run this is the run's peak. */
+static int64_t process_gpu_mb(void)
+{
+    tdm_inventory inv;
+    tdm_error e = {0};
+    int64_t mb = -1;
+    if (tdm_inventory_query(&inv, &e) != TDM_OK) return -1;
+    for (size_t g = 0; g < inv.n_gpus && mb < 0; g++)
+        mb = tdm_gpu_process_used_mb(&inv.gpus[g], (uint32_t)getpid());
+    tdm_inventory_free(&inv);
+    return mb;
+}
+
+void tdm_device_record_actual(tdm_device *dev, bool use_peak, int64_t *process_mb,
+                              int64_t *backend_mb)
+{
+    if (process_mb) *process_mb = -1;
+    if (backend_mb) *backend_mb = -1;
+    if (!dev->gpu || !dev->be) return;
+    tdm_be_mem_info mi;
+    tdm_error e = {0};
+    if (tdm_be_memory(dev->be, &mi, &e) != TDM_OK) return;
+    int64_t be_mb = (int64_t)((use_peak ? mi.peak_bytes : mi.used_bytes) >> 20);
+    int64_t proc_mb = process_gpu_mb();
+    if (process_mb) *process_mb = proc_mb;
+    if (backend_mb) *backend_mb = be_mb;
+    if (dev->lease.held)
+        tdm_reservation_update_actual(&dev->lease,
+                                      proc_mb > 0 ? proc_mb : be_mb + TDM_CUDA_CONTEXT_MIB, &e);
+}
+
+void tdm_device_close(tdm_device *dev)
+{
+    tdm_backend_free(dev->be);
+    dev->be = NULL;
+    tdm_error e = {0};
+    if (dev->lease.held) tdm_reservation_release(&dev->lease, &e);
+}

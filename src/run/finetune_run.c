@@ -1,0 +1,193 @@
+/* finetune_run.c — the flow of one finetune run (finetune_run.h). */
+#include "run/finetune_run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/op_profile.h"
+#include "train/adapters_config.h"
+
+/* Strings this run allocates for the trainer's adapter list, freed together at the end. */
+typedef struct owned_strings {
+    char **v;
+    size_t n, cap;
+} owned_strings;
+
+/* path as written when absolute, else base_dir/path; the copy is kept in o. NULL when out of
+ * memory. */
+static const char *owned_path(owned_strings *o, const char *base_dir, const char *path)
+{
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        char **v = realloc(o->v, cap * sizeof *v);
+        if (!v) return NULL;
+        o->v = v;
+        o->cap = cap;
+    }
+    char *out;
+    if (path[0] == '/' || !base_dir[0] || !strcmp(base_dir, "."))
+        out = strdup(path);
+    else if (asprintf(&out, "%s/%s", base_dir, path) < 0)
+        out = NULL;
+    if (out) o->v[o->n++] = out;
+    return out;
+}
+
+/* Every adapter of an adapters.toml: the table's keys over the run's defaults. Relative paths
+ * are relative to the file's own directory (as `tandem submit` resolves them). */
+static tdm_status adapters_from_config(const tdm_adapters_config *acfg, const char *config_file,
+                                       const tdm_trainer_adapter *defaults,
+                                       tdm_trainer_adapter *ads, owned_strings *owned,
+                                       tdm_error *err)
+{
+    char config_dir[4096];
+    snprintf(config_dir, sizeof config_dir, "%s", config_file);
+    char *slash = strrchr(config_dir, '/');
+    if (slash)
+        *(slash == config_dir ? slash + 1 : slash) = '\0';
+    else
+        config_dir[0] = '\0';
+    for (size_t a = 0; a < acfg->n_adapters; a++) {
+        const tdm_adapter_spec *s = &acfg->adapters[a];
+        tdm_trainer_adapter *t = &ads[a];
+        *t = *defaults;
+        t->data = owned_path(owned, config_dir, s->data);
+        t->output = owned_path(owned, config_dir, s->output);
+        t->label = s->label;
+        if (s->init_adapter) t->init_adapter = owned_path(owned, config_dir, s->init_adapter);
+        if (!t->data || !t->output || (s->init_adapter && !t->init_adapter))
+            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        if (s->has_rank) t->rank = s->rank;
+        if (s->has_alpha) t->alpha = s->alpha;
+        if (s->has_targets) t->targets = s->targets;
+        if (s->has_learning_rate) t->lr = s->learning_rate;
+        if (s->has_epochs) t->epochs = s->epochs;
+        if (s->has_batch_size) t->batch_size = s->batch_size;
+        if (s->has_max_seq_len) t->max_seq_len = s->max_seq_len;
+        if (s->has_weight) t->weight = s->weight;
+        if (s->has_lora_dropout) t->lora_dropout = s->lora_dropout;
+        if (t->max_seq_len < 2)
+            return tdm_fail(err, TDM_ERR_INVALID, "%s:%u: max_seq_len must be >= 2", acfg->file,
+                            s->key_line[TDM_ADAPTER_KEY_MAX_SEQ_LEN]);
+    }
+    return TDM_OK;
+}
+
+/* --adapter DATA.jsonl:OUT_DIR, split at the first ':' in place. */
+static tdm_status adapters_from_flags(tdm_run_opts *o, tdm_trainer_adapter *ads, tdm_error *err)
+{
+    for (size_t a = 0; a < o->n_adapter_args; a++) {
+        char *arg = (char *)o->adapter_args[a];
+        char *colon = strchr(arg, ':');
+        if (!colon || colon == arg || !colon[1])
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "finetune: --adapter '%s': expected DATA.jsonl:OUT_DIR", arg);
+        *colon = 0;
+        ads[a] = o->adapter;
+        ads[a].data = arg;
+        ads[a].output = colon + 1;
+        for (size_t b = 0; b < a; b++)
+            if (!strcmp(ads[b].output, ads[a].output))
+                return tdm_fail(err, TDM_ERR_INVALID,
+                                "finetune: two adapters write the same OUT_DIR %s", ads[a].output);
+    }
+    return TDM_OK;
+}
+
+/* Device open, attach, train, record the memory. Frees tr (before the backend it lives on). */
+static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, tdm_run_opts *o,
+                        const tdm_finetune_hooks *hooks, tdm_error *err)
+{
+    tdm_device dev;
+    tdm_model_mem est;
+    tdm_status st = TDM_OK;
+    bool cpu = o->device.device && !strcmp(o->device.device, "cpu");
+    if ((!cpu && (st = tdm_trainer_memory_estimate(tr, &est, err)) != TDM_OK) ||
+        (st = tdm_device_open(&dev, &o->device, cpu ? NULL : &est, err)) != TDM_OK) {
+        tdm_trainer_free(tr);
+        return st;
+    }
+    if (o->profile_ops && (st = tdm_be_profile_enable(dev.be, true, err)) != TDM_OK) goto out;
+    if ((st = tdm_trainer_attach(tr, dev.be, err)) != TDM_OK) goto out;
+    tdm_device_record_actual(&dev, false, NULL, NULL);
+    tdm_run_adapter_info *info = calloc((size_t)n, sizeof *info);
+    if (!info) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int a = 0; a < n; a++) {
+        info[a].data = ads[a].data;
+        info[a].output = ads[a].output;
+        tdm_trainer_adapter_info(tr, a, &info[a].n_train, &info[a].n_val, &info[a].total_steps);
+    }
+    if (hooks && hooks->started) hooks->started(info, n, hooks->user);
+    free(info);
+    st = tdm_trainer_run(tr, err);
+    if (dev.gpu) {
+        /* The figures that calibrate --vram auto: what was reserved against the peak. */
+        int64_t proc_mb, peak_mb;
+        tdm_device_record_actual(&dev, true, &proc_mb, &peak_mb);
+        if (peak_mb >= 0 && o->device.note) {
+            char line[256];
+            snprintf(line, sizeof line,
+                     "device memory: reserved %lld MiB, peak %lld MiB (backend), process %lld MiB "
+                     "(NVML)",
+                     (long long)dev.budget_mb, (long long)peak_mb, (long long)proc_mb);
+            o->device.note(line, o->device.note_user);
+        }
+    }
+    /* The table covers loading too (uploads), then every training and evaluation step. */
+    if (o->profile_ops && hooks && hooks->profile_out)
+        tdm_be_profile_report(dev.be, hooks->profile_out);
+out:
+    tdm_trainer_free(tr);
+    tdm_device_close(&dev);
+    return st;
+}
+
+tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, char **bad_lines,
+                            tdm_error *err)
+{
+    *bad_lines = NULL;
+    if (!o->n_adapter_args == !o->adapters_config)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: give --adapter DATA.jsonl:OUT_DIR (one or more) or "
+                        "--adapters-config FILE, not both");
+    if (o->device.gpu_share_given && !o->device.mps.enabled)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: --gpu-share only applies with --experimental-mps");
+    tdm_adapters_config acfg = {0};
+    owned_strings owned = {0};
+    tdm_status st;
+    int n = (int)o->n_adapter_args;
+    if (o->adapters_config) {
+        if ((st = tdm_adapters_config_load(o->adapters_config, &acfg, err)) != TDM_OK) {
+            err->status = TDM_ERR_INVALID; /* a usage error, whatever went wrong (exit 2) */
+            return err->status;
+        }
+        n = (int)acfg.n_adapters;
+    }
+    tdm_trainer_adapter *ads = calloc((size_t)n, sizeof *ads);
+    if (!ads) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    st = o->adapters_config
+             ? adapters_from_config(&acfg, o->adapters_config, &o->adapter, ads, &owned, err)
+             : adapters_from_flags(o, ads, err);
+    if (st != TDM_OK) goto out;
+    tdm_run_context rc = tdm_run_context_for(&o->device.mps);
+    if (strcmp(o->device.device, "cpu") && rc.max_checkpoint_interval_steps > 0)
+        o->trainer.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
+    /* data and shapes: nothing written yet, no device touched */
+    tdm_trainer *tr = NULL;
+    if ((st = tdm_trainer_create(&tr, &o->trainer, ads, n, bad_lines, err)) != TDM_OK) goto out;
+    st = train(tr, ads, n, o, hooks, err);
+out:
+    free(ads);
+    for (size_t i = 0; i < owned.n; i++)
+        free(owned.v[i]);
+    free(owned.v);
+    tdm_adapters_config_free(&acfg);
+    return st;
+}
