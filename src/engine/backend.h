@@ -1,4 +1,4 @@
-/* backend.h — the compute interface the training engine runs on (CPU today, CUDA next).
+/* backend.h — the compute interface the training engine runs on (CPU and CUDA backends).
  *
  * A backend owns device memory and executes ops in issue order on one stream. The engine (model
  * forward/backward, trainer) orchestrates: it allocates device buffers, uploads weights and the
