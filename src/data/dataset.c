@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "data/split.h"
+#include "util/regular_file.h"
 
 void tdm_dataset_opts_default(tdm_dataset_opts *o)
 {
@@ -251,10 +252,8 @@ tdm_status tdm_dataset_load(tdm_dataset *ds, const char *path, tdm_tokenizer *to
     if (report) memset(report, 0, sizeof *report);
     tdm_status st = check_opts(opts, err);
     if (st != TDM_OK) return st;
-    FILE *in = fopen(path, "rb");
-    if (!in)
-        return tdm_fail_errno(err, errno == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_IO, errno,
-                              "%s: cannot open", path);
+    FILE *in;
+    if ((st = tdm_fopen_regular(path, &in, err)) != TDM_OK) return st;
     builder b = {.ds = ds};
     st = read_all(&b, in, path, tok, opts, err);
     fclose(in);

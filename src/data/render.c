@@ -3,8 +3,11 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "util/atomic_file.h"
 
 /* Appends n copies of the label rule for ids[from..): labelled (label = id) or ignored. */
 static tdm_status label_range(tdm_token_ids *ids, size_t from, bool labelled, tdm_token_ids *labels,
@@ -130,6 +133,18 @@ static const char *token_content(const json_t *v)
     return NULL;
 }
 
+/* An optional JSON file of the model directory, or NULL when it is absent, unreadable, not a
+ * regular file (a FIFO must not block the run: tdm_read_file refuses it) or not JSON. */
+static json_t *load_optional_json(const char *path)
+{
+    char *text;
+    size_t len;
+    if (tdm_read_file(path, &text, &len, NULL) != TDM_OK) return NULL;
+    json_t *j = json_loadb(text, len, 0, NULL);
+    free(text);
+    return j;
+}
+
 int32_t tdm_data_find_eos(const tdm_tokenizer *tok, const char *model_dir)
 {
     int32_t id;
@@ -137,13 +152,13 @@ int32_t tdm_data_find_eos(const tdm_tokenizer *tok, const char *model_dir)
     if (model_dir && stat(model_dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
-        json_t *cfg = json_load_file(path, 0, NULL);
+        json_t *cfg = load_optional_json(path);
         const char *eos = token_content(json_object_get(cfg, "eos_token"));
         bool found = eos && tdm_tokenizer_token_id(tok, eos, &id);
         json_decref(cfg);
         if (found) return id;
         snprintf(path, sizeof path, "%s/config.json", model_dir);
-        cfg = json_load_file(path, 0, NULL);
+        cfg = load_optional_json(path);
         const json_t *e = json_object_get(cfg, "eos_token_id");
         if (json_is_array(e)) e = json_array_get(e, 0);
         json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;

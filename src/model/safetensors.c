@@ -15,6 +15,7 @@
 #include "util/atomic_file.h"
 #include "util/fault.h"
 #include "util/half.h"
+#include "util/regular_file.h"
 
 bool tdm_st_shape_size(const int64_t *shape, int rank, tdm_dtype dtype, int64_t *numel,
                        uint64_t *nbytes)
@@ -281,20 +282,10 @@ tdm_status tdm_st_parse(tdm_st_file *f, const void *buf, size_t len, const char 
 tdm_status tdm_st_open(tdm_st_file *f, const char *path, tdm_error *err)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tdm_fail_errno(err, errno == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_IO, errno,
-                              "cannot open %s", path);
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return tdm_fail_errno(err, TDM_ERR_IO, e, "cannot stat %s", path);
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return tdm_fail(err, TDM_ERR_INVALID, "%s: not a regular file", path);
-    }
+    tdm_status ost = tdm_open_regular(path, &fd, &sb, err); /* a FIFO would block open() */
+    if (ost != TDM_OK) return ost;
     size_t len = (size_t)sb.st_size;
     if (len < 8) {
         close(fd);

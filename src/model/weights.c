@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "util/atomic_file.h"
+
 void tdm_weights_close(tdm_weights *w)
 {
     if (!w)
@@ -96,8 +98,13 @@ static tdm_status open_index(tdm_weights *w, const char *dir, const char *index_
     w->index_path = strdup(index_path);
     if (!w->index_path)
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    char *text;
+    size_t len;
+    tdm_status rst = tdm_read_file(index_path, &text, &len, err); /* refuses a FIFO */
+    if (rst != TDM_OK) return rst;
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root)
         return tdm_fail(err, TDM_ERR_PARSE, "%s:%d:%d: %s", index_path, jerr.line, jerr.column,
                         jerr.text);

@@ -162,7 +162,9 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     int n = (int)o->n_adapter_args;
     if (o->adapters_config) {
         if ((st = tdm_adapters_config_load(o->adapters_config, &acfg, err)) != TDM_OK) {
-            err->status = TDM_ERR_INVALID; /* a usage error, whatever went wrong (exit 2) */
+            /* a mistake in the file is a usage error (exit 2); a file that cannot be read (a
+             * FIFO, a directory, no permission) is a runtime one (exit 1) */
+            if (err->status != TDM_ERR_IO) err->status = TDM_ERR_INVALID;
             return err->status;
         }
         n = (int)acfg.n_adapters;

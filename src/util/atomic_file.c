@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/fault.h"
+#include "util/regular_file.h"
 
 tdm_status tdm_fsync_dir(const char *dir, tdm_error *err)
 {
@@ -79,10 +80,9 @@ tdm_status tdm_read_file(const char *path, char **out, size_t *len, tdm_error *e
     *out = NULL;
     if (len)
         *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tdm_fail_errno(err, errno == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_IO, errno,
-                              "cannot open %s", path);
+    int fd;
+    tdm_status st = tdm_open_regular(path, &fd, NULL, err);
+    if (st != TDM_OK) return st;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     if (!buf) {

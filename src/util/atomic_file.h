@@ -17,7 +17,8 @@
 tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode_t mode,
                             tdm_error *err);
 
-/* Reads a whole file into a NUL-terminated malloc'd buffer (len excludes the NUL). */
+/* Reads a whole file into a NUL-terminated malloc'd buffer (len excludes the NUL). Only a regular
+ * file is read: a FIFO, device or directory is refused at once (util/regular_file.h). */
 tdm_status tdm_read_file(const char *path, char **out, size_t *len, tdm_error *err);
 
 /* fsync of the directory holding path (or of path itself when it is a directory). */

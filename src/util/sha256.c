@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "util/regular_file.h"
+
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
@@ -129,10 +131,9 @@ void tdm_sha256_tagged(const uint8_t digest[TDM_SHA256_DIGEST_LEN], char out[TDM
 
 tdm_status tdm_sha256_file(const char *path, char out[TDM_SHA256_TAGGED_LEN], tdm_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tdm_fail_errno(err, errno == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_IO, errno,
-                              "%s: cannot open", path);
+    FILE *f;
+    tdm_status ost = tdm_fopen_regular(path, &f, err);
+    if (ost != TDM_OK) return ost;
     tdm_sha256 s;
     tdm_sha256_init(&s);
     uint8_t buf[1 << 16];

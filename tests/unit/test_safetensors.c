@@ -308,8 +308,15 @@ static void test_open_errors(void **state)
     tdm_error err = {0};
     assert_int_equal(tdm_st_open(&f, "/nonexistent/m.safetensors", &err), TDM_ERR_NOT_FOUND);
     assert_non_null(strstr(err.message, "/nonexistent/m.safetensors"));
-    assert_int_equal(tdm_st_open(&f, tmpdir, &err), TDM_ERR_INVALID);
+    /* not regular files: refused at once (a FIFO without a writer would block open and read) */
+    assert_int_equal(tdm_st_open(&f, tmpdir, &err), TDM_ERR_IO);
+    assert_non_null(strstr(err.message, "not a regular file (a directory)"));
     char path[512];
+    snprintf(path, sizeof path, "%s/fifo.safetensors", tmpdir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(tdm_st_open(&f, path, &err), TDM_ERR_IO);
+    assert_non_null(strstr(err.message, "fifo.safetensors: not a regular file (a FIFO)"));
+    unlink(path);
     snprintf(path, sizeof path, "%s/empty.safetensors", tmpdir);
     assert_int_equal(tdm_atomic_write(path, "", 0, 0644, &err), TDM_OK);
     assert_int_equal(tdm_st_open(&f, path, &err), TDM_ERR_CORRUPT);
