@@ -457,6 +457,101 @@ static tdm_status index_added_tokens(tdm_tokenizer *tok, tdm_error *err)
     return TDM_OK;
 }
 
+/* Quotes a token text for a message: at most 60 bytes. */
+#define TOKEN_FMT "\"%.*s\""
+#define TOKEN_ARG(s, n) (int)((n) > 60 ? 60 : (n)), (s)
+
+/* The byte-level vocabulary must hold every one of the 256 byte symbols: a byte with no symbol is
+ * dropped from the text without a word (HF does the same without an unk_token), so a vocabulary
+ * lacking one would silently lose data. */
+static tdm_status check_byte_symbols(const tdm_tokenizer *tok, tdm_error *err)
+{
+    if (tok->bpe.vocab.count == 0)
+        return tdm_fail(err, TDM_ERR_PARSE,
+                        "model.vocab: empty (a byte-level BPE vocabulary holds at least the 256 "
+                        "byte symbols)");
+    for (int b = 0; b < 256; b++) {
+        char sym[4];
+        uint8_t byte = (uint8_t)b;
+        size_t n = tdm_byte_level_encode(&byte, 1, sym);
+        int32_t id;
+        if (!tdm_bpe_token_id(&tok->bpe, sym, n, &id))
+            return tdm_fail(err, TDM_ERR_PARSE,
+                            "model.vocab: no token for byte 0x%02x (byte-level symbol \"%.*s\", "
+                            "U+%04X); a byte-level BPE vocabulary must hold all 256 byte "
+                            "symbols, or text with that byte would be dropped",
+                            b, (int)n, sym, (unsigned)tdm_byte_level_char(byte));
+    }
+    return TDM_OK;
+}
+
+/* Ids must number the tokens without duplicates or holes: model.vocab's V entries take 0..V-1,
+ * and the added tokens that are not vocabulary entries take V..V+A-1 (as in every Qwen2/2.5/3
+ * and Llama 3 tokenizer.json). An added token may repeat a vocabulary entry with the same text and
+ * id (GPT-2's "<|endoftext|>" is in both). This also bounds n_ids by the size of the file, so a
+ * hostile id such as 2^30 - 1 cannot make the id table allocate gigabytes. On success n_ids is
+ * V + A. Template ids of the post_processor must be tokens. */
+static tdm_status check_ids(tdm_tokenizer *tok, tdm_error *err)
+{
+    const tdm_strmap *v = &tok->bpe.vocab;
+    size_t nv = v->count, na = 0;
+    for (size_t i = 0; i < tok->n_added; i++)
+        na += tok->added[i].id >= (int32_t)nv;
+    uint8_t *seen = calloc(nv + na + 1, 1); /* (nv + na) 1 when an id is taken */
+    if (!seen) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory checking %zu ids", nv + na);
+    tdm_status st = TDM_OK;
+    for (size_t e = 0; st == TDM_OK && e < nv; e++) {
+        int32_t id = v->value[e];
+        const char *text = v->arena + v->key_off[e];
+        if ((size_t)id >= nv)
+            st = tdm_fail(err, TDM_ERR_PARSE,
+                          "model.vocab." TOKEN_FMT ": id %d is beyond the vocabulary's %zu "
+                          "entries (ids must run 0..%zu without holes)",
+                          TOKEN_ARG(text, v->key_len[e]), id, nv, nv - 1);
+        else if (seen[id])
+            st = tdm_fail(err, TDM_ERR_PARSE,
+                          "model.vocab." TOKEN_FMT ": id %d is already another token's",
+                          TOKEN_ARG(text, v->key_len[e]), id);
+        else
+            seen[id] = 1;
+    }
+    /* nv entries, none >= nv, no duplicate: 0..nv-1 are all taken */
+    for (size_t i = 0; st == TDM_OK && i < tok->n_added; i++) {
+        const tdm_added_token *a = &tok->added[i];
+        int32_t vid;
+        if ((size_t)a->id < nv) {
+            if (!tdm_bpe_token_id(&tok->bpe, a->content, a->content_len, &vid) || vid != a->id)
+                st = tdm_fail(err, TDM_ERR_PARSE,
+                              "added_tokens " TOKEN_FMT ": id %d is already a model.vocab token "
+                              "with another text",
+                              TOKEN_ARG(a->content, a->content_len), a->id);
+        } else if ((size_t)a->id >= nv + na)
+            st = tdm_fail(err, TDM_ERR_PARSE,
+                          "added_tokens " TOKEN_FMT ": id %d leaves a hole (the vocabulary's %zu "
+                          "ids and the %zu added tokens must number 0..%zu)",
+                          TOKEN_ARG(a->content, a->content_len), a->id, nv, na, nv + na - 1);
+        else if (seen[a->id])
+            st = tdm_fail(err, TDM_ERR_PARSE,
+                          "added_tokens " TOKEN_FMT ": id %d is already another added token's",
+                          TOKEN_ARG(a->content, a->content_len), a->id);
+        else
+            seen[a->id] = 1;
+    }
+    free(seen);
+    if (st != TDM_OK) return st;
+    tok->n_ids = (int32_t)(nv + na);
+    for (int side = 0; side < 2; side++) {
+        const int32_t *ids = side ? tok->post_suffix : tok->post_prefix;
+        int n = side ? tok->n_post_suffix : tok->n_post_prefix;
+        for (int k = 0; k < n; k++)
+            if (ids[k] >= tok->n_ids)
+                return tdm_fail(err, TDM_ERR_PARSE,
+                                "post_processor: template id %d is not a token (ids end at %d)",
+                                ids[k], tok->n_ids - 1);
+    }
+    return TDM_OK;
+}
+
 static tdm_status build_id_table(tdm_tokenizer *tok, tdm_error *err)
 {
     size_t n = (size_t)tok->n_ids;
@@ -514,6 +609,8 @@ tdm_status tdm_tokenizer_load_json(tdm_tokenizer *tok, const char *text, size_t 
         st = load_post_processor(tok, json_object_get(root, "post_processor"), "post_processor",
                                  err);
     if (st == TDM_OK) st = load_decoder(json_object_get(root, "decoder"), "decoder", err);
+    if (st == TDM_OK) st = check_byte_symbols(tok, err);
+    if (st == TDM_OK) st = check_ids(tok, err);
     if (st == TDM_OK) st = index_added_tokens(tok, err);
     if (st == TDM_OK) st = build_id_table(tok, err);
     json_decref(root);

@@ -55,11 +55,11 @@ static void fuzz_build(tdm_tokenizer *tok, bool fancy)
         const char *names[] = {"<|im_end|>", "<L>", "<R>", "the", "caf\xc3\xa9"};
         for (int i = 0; i < 5; i++)
             json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id",
-                                                   1000 + i, "content", names[i], "single_word",
+                                                   id + i, "content", names[i], "single_word",
                                                    i == 3, "lstrip", i == 1, "rstrip", i == 2,
                                                    "normalized", i == 4, "special", i < 3));
     } else {
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 1000,
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id,
                                                "content", "<|im_end|>", "single_word", 0, "lstrip",
                                                0, "rstrip", 0, "normalized", 0, "special", 1));
     }

@@ -262,37 +262,37 @@ static void test_added_tokens_split_first(void **state)
 {
     json_t *root = tiny_json((const char *[]){"he", NULL}, (const char *[]){"h", "e", NULL});
     json_t *at = json_object_get(root, "added_tokens");
-    json_array_append_new(at, added("<|im_end|>", 300, true));
-    json_array_append_new(at, added("<|im", 301, false)); /* a shorter prefix: longest wins */
-    json_t *lstrip = added("<L>", 302, true);
+    json_array_append_new(at, added("<|im_end|>", 257, true));
+    json_array_append_new(at, added("<|im", 258, false)); /* a shorter prefix: longest wins */
+    json_t *lstrip = added("<L>", 259, true);
     json_object_set_new(lstrip, "lstrip", json_true());
     json_array_append_new(at, lstrip);
-    json_t *rstrip = added("<R>", 303, true);
+    json_t *rstrip = added("<R>", 260, true);
     json_object_set_new(rstrip, "rstrip", json_true());
     json_array_append_new(at, rstrip);
-    json_t *sw = added("he", 304, false);
+    json_t *sw = added("he", 261, false);
     json_object_set_new(sw, "single_word", json_true());
     json_array_append_new(at, sw);
     tdm_tokenizer tok;
     load_ok(root, &tok);
-    expect_ids(&tok, "x<|im_end|>y", 12, false, (int32_t[]){'x', 300, 'y', -1});
-    expect_ids(&tok, "<|im<|im_end|>", 14, false, (int32_t[]){301, 300, -1});
-    expect_ids(&tok, "a  <L>", 6, false, (int32_t[]){'a', 302, -1});   /* spaces go into <L> */
-    expect_ids(&tok, "<R> \n b", 7, false, (int32_t[]){303, 'b', -1}); /* and into <R> */
-    expect_ids(&tok, "he", 2, false, (int32_t[]){304, -1});            /* a word on its own */
+    expect_ids(&tok, "x<|im_end|>y", 12, false, (int32_t[]){'x', 257, 'y', -1});
+    expect_ids(&tok, "<|im<|im_end|>", 14, false, (int32_t[]){258, 257, -1});
+    expect_ids(&tok, "a  <L>", 6, false, (int32_t[]){'a', 259, -1});   /* spaces go into <L> */
+    expect_ids(&tok, "<R> \n b", 7, false, (int32_t[]){260, 'b', -1}); /* and into <R> */
+    expect_ids(&tok, "he", 2, false, (int32_t[]){261, -1});            /* a word on its own */
     expect_ids(&tok, "the", 3, false, (int32_t[]){'t', 256, -1});      /* inside a word: BPE */
-    expect_ids(&tok, "he!", 3, false, (int32_t[]){304, '!', -1});
+    expect_ids(&tok, "he!", 3, false, (int32_t[]){261, '!', -1});
     /* the id table knows added tokens, and decode gives their content */
     int32_t id;
     assert_true(tdm_tokenizer_token_id(&tok, "<|im_end|>", &id));
-    assert_int_equal(id, 300);
+    assert_int_equal(id, 257);
     size_t len;
-    assert_string_equal(tdm_tokenizer_token_text(&tok, 300, &len), "<|im_end|>");
+    assert_string_equal(tdm_tokenizer_token_text(&tok, 257, &len), "<|im_end|>");
     char *out = NULL;
     size_t olen = 0, ocap = 0;
     tdm_error err = {0};
     assert_int_equal(
-        tdm_tokenizer_decode(&tok, (int32_t[]){'x', 300, 301}, 3, true, &out, &olen, &ocap, &err),
+        tdm_tokenizer_decode(&tok, (int32_t[]){'x', 257, 258}, 3, true, &out, &olen, &ocap, &err),
         TDM_OK);
     assert_int_equal(olen, 5); /* special <|im_end|> skipped, non-special <|im kept */
     assert_memory_equal(out, "x<|im", 5);
@@ -308,18 +308,18 @@ static void test_nfc_and_post_processor(void **state)
     /* NFC: e + U+0301 becomes U+00E9 = C3 A9 before byte-level BPE */
     json_t *root = tiny_json(NULL, NULL);
     json_object_set_new(root, "normalizer", json_pack("{s:s}", "type", "NFC"));
-    json_array_append_new(json_object_get(root, "added_tokens"), added("<s>", 400, true));
+    json_array_append_new(json_object_get(root, "added_tokens"), added("<s>", 256, true));
     json_object_set_new(
         root, "post_processor",
         json_pack("{s:s, s:[{s:{s:s,s:i}}, {s:{s:s,s:i}}], s:{s:{s:s, s:[i], s:[s]}}}", "type",
                   "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0,
                   "Sequence", "id", "A", "type_id", 0, "special_tokens", "<s>", "id", "<s>", "ids",
-                  400, "tokens", "<s>"));
+                  256, "tokens", "<s>"));
     tdm_tokenizer tok;
     load_ok(root, &tok);
     expect_ids(&tok, "e\xcc\x81", 3, false, (int32_t[]){0xc3, 0xa9, -1});
-    expect_ids(&tok, "e\xcc\x81", 3, true, (int32_t[]){400, 0xc3, 0xa9, -1});
-    expect_ids(&tok, "", 0, true, (int32_t[]){400, -1});
+    expect_ids(&tok, "e\xcc\x81", 3, true, (int32_t[]){256, 0xc3, 0xa9, -1});
+    expect_ids(&tok, "", 0, true, (int32_t[]){256, -1});
     tdm_tokenizer_free(&tok);
 }
 
@@ -362,6 +362,85 @@ static void test_refusals(void **state)
                      TDM_ERR_PARSE);
     assert_non_null(strstr(err.message, "bad.json:1:"));
     assert_int_equal(tdm_tokenizer_load(&tok, "/nonexistent/dir", &err), TDM_ERR_NOT_FOUND);
+}
+
+/* Removes the vocabulary entry of plain text s (in the byte alphabet). */
+static void vocab_del(json_t *root, const char *s)
+{
+    assert_int_equal(
+        json_object_del(json_object_get(json_object_get(root, "model"), "vocab"), bl(s)), 0);
+}
+
+static void vocab_set(json_t *root, const char *s, int id)
+{
+    json_object_set_new(json_object_get(json_object_get(root, "model"), "vocab"), bl(s),
+                        json_integer(id));
+}
+
+/* Issue 13 item 10: a vocabulary without all 256 byte symbols would silently drop text; ids must
+ * number the tokens without duplicates or holes (added tokens after the vocabulary). */
+static void test_vocabulary_and_id_refusals(void **state)
+{
+    /* a missing byte symbol: "\n" is 'Ċ' (U+010A) */
+    json_t *r = tiny_json(NULL, NULL);
+    vocab_del(r, "\n");
+    vocab_set(r, "ab", 10); /* keep the ids dense: the byte check must be what refuses */
+    expect_refused(r,
+                   "model.vocab: no token for byte 0x0a (byte-level symbol \"\xc4\x8a\", U+010A)");
+    /* the first missing one is named */
+    r = tiny_json(NULL, NULL);
+    vocab_del(r, "z");
+    vocab_del(r, "A");
+    expect_refused(r, "no token for byte 0x41");
+    /* an empty vocabulary */
+    r = tiny_json(NULL, NULL);
+    json_object_set_new(json_object_get(r, "model"), "vocab", json_object());
+    expect_refused(r, "model.vocab: empty");
+    /* two tokens with one id (and so a hole) */
+    r = tiny_json((const char *[]){"ab", "cd", NULL}, NULL);
+    vocab_set(r, "cd", 256);
+    expect_refused(r, "id 256 is already another token's");
+    /* an id beyond the vocabulary: a hole */
+    r = tiny_json((const char *[]){"ab", NULL}, NULL);
+    vocab_set(r, "ab", 300);
+    expect_refused(r, "id 300 is beyond the vocabulary's 257 entries (ids must run 0..256");
+    /* added tokens: a hole after the vocabulary, and a far id that would have sized the id table */
+    r = tiny_json(NULL, NULL);
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|a|>", 257, true));
+    expect_refused(r, "added_tokens \"<|a|>\": id 257 leaves a hole");
+    r = tiny_json(NULL, NULL);
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|a|>", 1 << 29, true));
+    expect_refused(r, "id 536870912 leaves a hole");
+    /* two added tokens with one id */
+    r = tiny_json(NULL, NULL);
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|a|>", 256, true));
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|b|>", 256, true));
+    expect_refused(r, "added_tokens \"<|b|>\": id 256 is already another added token's");
+    /* an added token taking a vocabulary id with another text */
+    r = tiny_json(NULL, NULL);
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|a|>", 65, true));
+    expect_refused(r, "added_tokens \"<|a|>\": id 65 is already a model.vocab token");
+    /* a template id that is no token */
+    r = tiny_json(NULL, NULL);
+    json_object_set_new(
+        r, "post_processor",
+        json_pack("{s:s, s:[{s:{s:s,s:i}}, {s:{s:s,s:i}}], s:{s:{s:s, s:[i], s:[s]}}}", "type",
+                  "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0,
+                  "Sequence", "id", "A", "type_id", 0, "special_tokens", "<s>", "id", "<s>", "ids",
+                  256, "tokens", "<s>"));
+    expect_refused(r, "post_processor: template id 256 is not a token");
+
+    /* accepted: an added token repeating a vocabulary entry with its id (GPT-2's <|endoftext|>),
+     * then added tokens right after the vocabulary */
+    r = tiny_json((const char *[]){"<|endoftext|>", NULL}, NULL);
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|endoftext|>", 256, true));
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|im_end|>", 258, true));
+    json_array_append_new(json_object_get(r, "added_tokens"), added("<|im_start|>", 257, true));
+    tdm_tokenizer tok;
+    load_ok(r, &tok);
+    assert_int_equal(tok.n_ids, 259);
+    expect_ids(&tok, "a<|endoftext|><|im_start|>", 26, false, (int32_t[]){'a', 256, 257, -1});
+    tdm_tokenizer_free(&tok);
 }
 
 static void test_invalid_utf8_and_roundtrip(void **state)
@@ -553,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_merges_leftmost_on_ties_and_pairs_form),
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_added_tokens_split_first),
+        cmocka_unit_test(test_vocabulary_and_id_refusals),
         cmocka_unit_test(test_nfc_and_post_processor),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_invalid_utf8_and_roundtrip),
