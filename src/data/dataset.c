@@ -123,9 +123,9 @@ static tdm_status do_line(builder *b, tdm_tokenizer *tok, const tdm_dataset_opts
     json_decref(obj);
     if (st != TDM_OK) {
         free(canon);
-        if (st == TDM_ERR_NOMEM) {
+        if (st == TDM_ERR_NOMEM) { /* not the line's fault: stop, naming where it happened */
             *err = lerr;
-            return st;
+            return tdm_error_prefix(err, "line %lld", (long long)lineno);
         }
         add_bad(r, lineno, 0, lerr.message);
         return TDM_OK;
@@ -233,7 +233,7 @@ static tdm_status read_all(builder *b, FILE *in, const char *path, tdm_tokenizer
             n--; /* so that jansson's columns stay within the line */
         st = do_line(b, tok, o, s, n, lineno, &ids, &labels, err);
     }
-    if (st == TDM_ERR_INVALID) tdm_error_prefix(err, "%s", path);
+    if (st == TDM_ERR_INVALID || st == TDM_ERR_NOMEM) tdm_error_prefix(err, "%s", path);
     if (st == TDM_OK && ferror(in))
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "%s: read error", path);
     free(line);

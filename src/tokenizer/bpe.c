@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/fault.h"
+
 void tdm_token_ids_free(tdm_token_ids *v)
 {
     free(v->ids);
@@ -16,7 +18,7 @@ tdm_status tdm_token_ids_append(tdm_token_ids *v, const int32_t *ids, size_t n, 
         size_t cap = v->cap ? v->cap : 64;
         while (cap < v->len + n)
             cap *= 2;
-        int32_t *p = realloc(v->ids, cap * sizeof *p);
+        int32_t *p = tdm_fault("token_ids.grow") ? NULL : realloc(v->ids, cap * sizeof *p);
         if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory for %zu token ids", cap);
         v->ids = p;
         v->cap = cap;

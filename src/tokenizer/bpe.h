@@ -8,7 +8,8 @@
  * replaced by its merged token until no adjacent pair is a merge. A min-heap of candidate pairs
  * over a linked list of symbols makes this O(n log n) in the word length. Results for words of at
  * most TDM_BPE_CACHE_MAX_WORD bytes are cached, so a tdm_bpe must not be used by two threads at
- * once.
+ * once. Working memory grows with the word (about 48 bytes per symbol): tokenizer.c bounds the
+ * words it passes by TDM_TOKENIZER_MAX_WORD.
  */
 #ifndef TANDEM_TOKENIZER_BPE_H
 #define TANDEM_TOKENIZER_BPE_H

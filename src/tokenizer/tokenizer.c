@@ -109,14 +109,32 @@ static tdm_status ensure_scratch(tdm_tokenizer *tok, size_t need, tdm_error *err
     return TDM_OK;
 }
 
-/* A pre-token: byte-level alphabet, then BPE. */
-static tdm_status encode_word(tdm_tokenizer *tok, const char *s, size_t len, tdm_token_ids *out,
-                              tdm_error *err)
+/* At most TDM_TOKENIZER_MAX_WORD bytes of a pre-token: byte-level alphabet, then BPE. */
+static tdm_status encode_chunk(tdm_tokenizer *tok, const char *s, size_t len, tdm_token_ids *out,
+                               tdm_error *err)
 {
     tdm_status st = ensure_scratch(tok, 2 * len + 1, err);
     if (st != TDM_OK) return st;
     size_t n = tdm_byte_level_encode((const uint8_t *)s, len, tok->scratch);
     return tdm_bpe_encode_word(&tok->bpe, tok->scratch, n, out, err);
+}
+
+/* A pre-token. One longer than TDM_TOKENIZER_MAX_WORD bytes is encoded in chunks of at most that
+ * many bytes, each cut before a UTF-8 lead byte, so that working memory stays bounded (see
+ * tokenizer.h for the bound and how it departs from Hugging Face). */
+static tdm_status encode_word(tdm_tokenizer *tok, const char *s, size_t len, tdm_token_ids *out,
+                              tdm_error *err)
+{
+    while (len > TDM_TOKENIZER_MAX_WORD) {
+        size_t cut = TDM_TOKENIZER_MAX_WORD;
+        while (((unsigned char)s[cut] & 0xc0) == 0x80) /* valid UTF-8: a lead byte within 3 */
+            cut--;
+        tdm_status st = encode_chunk(tok, s, cut, out, err);
+        if (st != TDM_OK) return st;
+        s += cut;
+        len -= cut;
+    }
+    return encode_chunk(tok, s, len, out, err);
 }
 
 /* Pre-tokenizer step `step` over s: the Split regexes in order ("Isolated": every match and every

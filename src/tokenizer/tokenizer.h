@@ -11,6 +11,8 @@
  *      PCRE2 with UTF+UCP, JIT-compiled when the platform allows, `\s` meaning Unicode White_Space
  *      as in Oniguruma) and/or the ByteLevel GPT-2 regex;
  *   4. each pre-token is written in the byte-level alphabet (byte_level.h) and BPE-encoded (bpe.h);
+ *      a pre-token longer than TDM_TOKENIZER_MAX_WORD bytes is encoded as consecutive chunks of at
+ *      most that many bytes, cut at character boundaries (see below);
  *   5. with add_special, the ids the post_processor's TemplateProcessing adds go around the result.
  * Anything in the file that this pipeline does not implement is refused at load time, naming the
  * setting (see docs/tokenizer.md).
@@ -46,6 +48,17 @@ typedef enum tdm_unicode_norm {
 } tdm_unicode_norm;
 
 enum { TDM_TOKENIZER_MAX_SPLITS = 4, TDM_TOKENIZER_MAX_NORMS = 4, TDM_TOKENIZER_MAX_POST = 16 };
+
+/* The longest pre-token (bytes of UTF-8 text) that is BPE-encoded in one piece. A pre-tokenizer
+ * regex such as \p{L}+ or \s+ does not bound a word, and BPE over a word holds its byte-level copy
+ * (1-2 bytes per byte), 12 bytes per symbol for the linked list and 12 per queued pair in the
+ * merge heap (capacity 36 per symbol): one unbroken 50 MB ASCII word took 1.25 GB. Longer words are
+ * cut into consecutive chunks of at most this many bytes, at character boundaries, and each chunk
+ * is encoded alone, so a word needs at most about 8 MB whatever its length. Words of up to 64 KiB
+ * (words of real text and code are far shorter; the golden HF fixtures pass unchanged) encode
+ * exactly as before and as Hugging Face. For a longer word Hugging Face merges across the cut
+ * points, so its ids may differ from ours next to each cut (both decode to the same text). */
+enum { TDM_TOKENIZER_MAX_WORD = 1 << 16 };
 
 typedef struct tdm_split_regex {
     void *code;       // pcre2_code_8 *

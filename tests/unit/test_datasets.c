@@ -444,6 +444,26 @@ static void test_blank_bom_crlf_and_hash(void **state)
 
 /* A tokenizer id beyond the model's embedding rows is a fatal mismatch, not a bad line; reasons
  * quoting user text stay valid UTF-8 when cut. */
+/* Running out of memory while tokenizing a line names the file and the line (issue 13 item 11;
+ * the fault point token_ids.grow makes the token list's allocation fail). */
+static void test_out_of_memory_names_file_and_line(void **state)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/nomem.jsonl", tmpdir);
+    write_file(path, "\n{\"text\": \"hello\"}\n");
+    tdm_dataset_opts o;
+    opts_tiny(&o);
+    tdm_dataset ds;
+    tdm_error err = {0};
+    setenv("TANDEM_FAULT_INJECT", "token_ids.grow", 1);
+    tdm_status st = tdm_dataset_load(&ds, path, &tiny, &o, NULL, &err);
+    unsetenv("TANDEM_FAULT_INJECT");
+    assert_int_equal(st, TDM_ERR_NOMEM);
+    char want[480];
+    snprintf(want, sizeof want, "%s: line 2: out of memory", path);
+    if (strncmp(err.message, want, strlen(want))) fail_msg("got: %s", err.message);
+}
+
 static void test_vocab_mismatch_and_utf8_reasons(void **state)
 {
     tdm_dataset_opts o;
@@ -732,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_bad_line_reasons),
         cmocka_unit_test(test_twenty_then_count_and_skip),
         cmocka_unit_test(test_blank_bom_crlf_and_hash),
+        cmocka_unit_test(test_out_of_memory_names_file_and_line),
         cmocka_unit_test(test_vocab_mismatch_and_utf8_reasons),
         cmocka_unit_test(test_truncation_and_dropping),
         cmocka_unit_test(test_split_golden_keys),
