@@ -249,6 +249,8 @@ static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, 
 
     tdm_error err = {0};
     int64_t monitor_ms = env_interval_ms("TANDEM_MONITOR_MS", 2000);
+    /* Readable when the ledger was moved aside: the reservation is written back at once. */
+    int watch_fd = tdm_reservation_watch_open(lease);
     bool warned = false;
     int status = 0;
     for (;;) {
@@ -260,10 +262,24 @@ static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, 
             break;
         }
         if (r == 0) {
-            struct pollfd pfd = {.fd = wake_pipe[0], .events = POLLIN};
-            if (poll(&pfd, 1, (int)monitor_ms) > 0) {
-                char buf[64];
-                while (read(wake_pipe[0], buf, sizeof buf) > 0) {
+            struct pollfd pfd[2] = {{.fd = wake_pipe[0], .events = POLLIN},
+                                    {.fd = watch_fd, .events = POLLIN}};
+            if (poll(pfd, watch_fd >= 0 ? 2 : 1, (int)monitor_ms) > 0) {
+                if (pfd[1].revents & POLLIN) {
+                    bool back;
+                    if (tdm_reservation_watch_handle(lease, watch_fd, &back, &err) != TDM_OK)
+                        fprintf(stderr, "tandem: warning: cannot re-register the reservation: %s\n",
+                                err.message);
+                    else if (back)
+                        fprintf(stderr,
+                                "tandem: the GPU ledger was moved aside; reservation %s "
+                                "re-registered\n",
+                                lease->id);
+                }
+                if (pfd[0].revents & POLLIN) {
+                    char buf[64];
+                    while (read(wake_pipe[0], buf, sizeof buf) > 0) {
+                    }
                 }
                 continue; /* a SIGCHLD: reap first */
             }
@@ -285,6 +301,8 @@ static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, 
             fprintf(stderr, "tandem: warning: cannot renew the lease: %s\n", err.message);
     }
     child_pid = 0;
+    if (watch_fd >= 0)
+        close(watch_fd);
     return exec_errno ? (exec_errno == ENOENT ? 127 : 126) : exit_code_of(status);
 }
 

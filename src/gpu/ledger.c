@@ -1,6 +1,7 @@
 /* ledger.c — the VRAM ledger's file protocol and JSON format (contract in ledger.h). */
 #include "gpu/ledger.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -29,6 +30,18 @@ int64_t tdm_ledger_lease_sec(void)
             return v;
     }
     return 24 * 3600;
+}
+
+int64_t tdm_ledger_recovery_sec(void)
+{
+    const char *s = getenv("TANDEM_RENEW_SEC");
+    if (s && *s) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (!*end && v > 0)
+            return v;
+    }
+    return 300;
 }
 
 tdm_status tdm_ledger_default_dir(char *buf, size_t size, tdm_error *err)
@@ -124,15 +137,43 @@ static mode_t ledger_file_mode(const tdm_ledger *ledger)
     return 0600;
 }
 
-static tdm_status ledger_lock(tdm_ledger *ledger, tdm_error *err)
+/* Opens the lock file, creating it with the data file's mode. open()'s mode is narrowed by the
+ * umask (0660 became 0640 under umask 022), which locked every other member of a shared group
+ * directory out of the ledger, so the mode is set with fchmod as well: on creation, and on a lock
+ * file of ours that an older tandem created too narrow. */
+static int open_lock_file(const tdm_ledger *ledger, tdm_error *err)
 {
-    int fd = open(ledger->lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
-                  ledger_file_mode(ledger));
-    if (fd < 0)
-        return tdm_fail_errno(err, TDM_ERR_IO, errno,
+    mode_t mode = ledger_file_mode(ledger);
+    int fd = open(ledger->lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) {
+        int saved = errno;
+        struct stat st;
+        if (saved == EACCES && lstat(ledger->lock_path, &st) == 0)
+            return tdm_fail_errno(err, TDM_ERR_IO, saved,
+                                  "cannot open the GPU ledger's lock file %s: it has mode %04o "
+                                  "and owner uid %ld, so you may not write it. In a directory "
+                                  "shared by a group, its owner (or root) must run `chmod 0660 "
+                                  "%s`; TANDEM_LEDGER_DIR chooses another ledger",
+                                  ledger->lock_path, (unsigned)(st.st_mode & 07777),
+                                  (long)st.st_uid, ledger->lock_path),
+                   -1;
+        return tdm_fail_errno(err, TDM_ERR_IO, saved,
                               "cannot open the GPU ledger's lock file %s (the ledger directory "
                               "must be writable by you; TANDEM_LEDGER_DIR chooses another)",
-                              ledger->lock_path);
+                              ledger->lock_path),
+               -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & mode) != mode)
+        (void)fchmod(fd, (st.st_mode & 0777) | mode); /* widen only; best effort */
+    return fd;
+}
+
+static tdm_status ledger_lock(tdm_ledger *ledger, tdm_error *err)
+{
+    int fd = open_lock_file(ledger, err);
+    if (fd < 0)
+        return err->status;
     /* Bounded wait: non-blocking attempts with a backoff from 0.1 ms to 5 ms. */
     tdm_obs_span phase = tdm_obs_begin(TDM_PHASE_LOCK_ACQ);
     int64_t deadline = tdm_now_mono_ns() + ledger->lock_timeout_ms * 1000000LL;
@@ -229,9 +270,10 @@ static tdm_status ledger_read_file(tdm_ledger *ledger, tdm_ledger_state *state,
                               "the GPU ledger %s is unusable (%s) and could not be moved aside",
                               ledger->data_path, rerr.message);
     tdm_warn("the GPU ledger was unusable (%s); it was moved aside to %s and a fresh ledger was "
-             "started. Reservations it held are forgotten; admission continues on the GPUs' real "
-             "free memory",
+             "started. Running jobs re-register their reservations; until they have, admission "
+             "also counts the memory the GPUs report in use",
              rerr.message, aside);
+    state->recovering_until = time(NULL) + (time_t)tdm_ledger_recovery_sec();
     *moved_aside = true;
     return TDM_OK;
 }
@@ -253,11 +295,45 @@ static tdm_status ledger_write(tdm_ledger *ledger, const tdm_ledger_state *state
     return st;
 }
 
+/* Removes ".gpu-ledger.json.tmp-PID" files left by writers killed between creating and renaming
+ * them (kill -9, power loss): those whose PID is dead, or names a process started after the file
+ * was last written (a recycled PID). Runs under the lock, where no live writer has a temp file
+ * open, so a live PID's file is only kept out of caution. Returns how many were removed. */
+static size_t remove_stale_temps(const tdm_ledger *ledger)
+{
+    static const char prefix[] = ".gpu-ledger.json.tmp-";
+    DIR *d = opendir(ledger->dir);
+    if (!d)
+        return 0;
+    size_t removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0)
+            continue;
+        const char *digits = e->d_name + sizeof prefix - 1;
+        char *end;
+        errno = 0;
+        long pid = strtol(digits, &end, 10);
+        if (end == digits || *end || errno || pid <= 0 || pid > INT32_MAX)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode))
+            continue;
+        if (tdm_proc_running_since((pid_t)pid, st.st_mtime))
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0)
+            removed++;
+    }
+    closedir(d);
+    return removed;
+}
+
 tdm_status tdm_ledger_transact(tdm_ledger *ledger, tdm_ledger_decide_fn decide, void *user,
                                tdm_error *err)
 {
     if (ledger_lock(ledger, err) != TDM_OK)
         return err->status;
+    size_t stale_temps = remove_stale_temps(ledger);
     tdm_ledger_state state;
     bool moved_aside;
     tdm_status st = ledger_read(ledger, &state, &moved_aside, err);
@@ -265,7 +341,9 @@ tdm_status tdm_ledger_transact(tdm_ledger *ledger, tdm_ledger_decide_fn decide, 
         bool changed = moved_aside;
         tdm_trace_span cleanup = tdm_trace_span_begin("LedgerCleanup", "gpu");
         size_t pruned = tdm_ledger_state_prune(&state, time(NULL), tdm_host_name());
-        tdm_trace_span_end(&cleanup, TDM_TRACE_ARGS(TDM_TRACE_INT("pruned", (int64_t)pruned)));
+        tdm_trace_span_end(&cleanup,
+                           TDM_TRACE_ARGS(TDM_TRACE_INT("pruned", (int64_t)pruned),
+                                          TDM_TRACE_INT("stale_temps", (int64_t)stale_temps)));
         if (pruned > 0)
             changed = true;
         if (decide)
@@ -286,6 +364,10 @@ tdm_status tdm_ledger_snapshot(tdm_ledger *ledger, tdm_ledger_state *out, tdm_er
     tdm_status st = ledger_read(ledger, out, &moved_aside, err);
     if (st == TDM_OK)
         tdm_ledger_state_prune(out, time(NULL), tdm_host_name());
+    /* The fresh ledger carries the recovery mark to the next admission, and its appearance is
+     * what wakes waiters; the holders were woken by the move itself. */
+    if (st == TDM_OK && moved_aside)
+        st = ledger_write(ledger, out, err);
     ledger_unlock(ledger);
     return st;
 }
@@ -345,6 +427,29 @@ tdm_status tdm_ledger_state_add_ticket(tdm_ledger_state *s, const tdm_ticket *t,
     return TDM_OK;
 }
 
+bool tdm_ledger_state_settling(const tdm_ledger_state *s, time_t now)
+{
+    if (s->recovering_until <= now)
+        return false;
+    time_t moved_aside_at = s->recovering_until - (time_t)tdm_ledger_recovery_sec();
+    return now < moved_aside_at + TDM_LEDGER_REREGISTER_GRACE_SEC;
+}
+
+tdm_status tdm_ledger_state_take_ticket(tdm_ledger_state *s, int64_t *ticket, tdm_error *err)
+{
+    if (s->next_ticket >= TDM_LEDGER_TICKET_LIMIT) {
+        if (s->n_queue > 0)
+            return tdm_fail(err, TDM_ERR_CORRUPT,
+                            "the GPU ledger's ticket numbers are exhausted (next_ticket %lld, "
+                            "limit 2^53) while %zu job(s) wait; they restart at 1 once the queue "
+                            "is empty",
+                            (long long)s->next_ticket, s->n_queue);
+        s->next_ticket = 1;
+    }
+    *ticket = s->next_ticket++;
+    return TDM_OK;
+}
+
 tdm_reservation *tdm_ledger_state_find_reservation(tdm_ledger_state *s, const char *id)
 {
     for (size_t i = 0; i < s->n_reservations; i++)
@@ -400,11 +505,32 @@ static bool entry_stale(const char *host, const tdm_holder *h, int n, time_t lea
     return !strcmp(host, this_host) && !any_holder_alive(h, n);
 }
 
+/* Bounds a lease read from the file (ledger.h): this host's is cut to max_lease; another host's
+ * beyond max_lease + the clock skew becomes expired (now), since nothing of ours can renew or
+ * release it. */
+static void bound_lease(const char *host, time_t *lease_expires, time_t now, time_t max_lease,
+                        const char *this_host)
+{
+    if (*lease_expires <= max_lease)
+        return;
+    if (!strcmp(host, this_host))
+        *lease_expires = max_lease;
+    else if (*lease_expires > max_lease + TDM_LEDGER_CLOCK_SKEW_SEC)
+        *lease_expires = now;
+}
+
 size_t tdm_ledger_state_prune(tdm_ledger_state *s, time_t now, const char *this_host)
 {
     size_t removed = 0, w = 0;
+    time_t max_lease = now + (time_t)tdm_ledger_lease_sec();
+    time_t max_recovery = now + (time_t)tdm_ledger_recovery_sec();
+    if (s->recovering_until <= now)
+        s->recovering_until = 0;
+    else if (s->recovering_until > max_recovery)
+        s->recovering_until = max_recovery;
     for (size_t i = 0; i < s->n_reservations; i++) {
         tdm_reservation *r = &s->reservations[i];
+        bound_lease(r->host, &r->lease_expires, now, max_lease, this_host);
         if (entry_stale(r->host, r->holders, r->n_holders, r->lease_expires, now, this_host))
             removed++;
         else
@@ -414,6 +540,7 @@ size_t tdm_ledger_state_prune(tdm_ledger_state *s, time_t now, const char *this_
     w = 0;
     for (size_t i = 0; i < s->n_queue; i++) {
         tdm_ticket *t = &s->queue[i];
+        bound_lease(t->host, &t->lease_expires, now, max_lease, this_host);
         if (entry_stale(t->host, t->holders, t->n_holders, t->lease_expires, now, this_host))
             removed++;
         else
@@ -447,6 +574,8 @@ char *tdm_ledger_state_to_json(const tdm_ledger_state *s)
     json_t *res = json_array(), *queue = json_array();
     json_object_set_new(root, "version", json_integer(LEDGER_VERSION));
     json_object_set_new(root, "next_ticket", json_integer(s->next_ticket));
+    if (s->recovering_until > 0)
+        json_object_set_new(root, "recovering_until", time_json(s->recovering_until));
     for (size_t i = 0; i < s->n_reservations; i++) {
         const tdm_reservation *r = &s->reservations[i];
         json_t *o = json_object();
@@ -527,6 +656,30 @@ static tdm_status get_int(json_t *o, const char *key, int64_t *dst, bool nullabl
     return TDM_OK;
 }
 
+/* An integer in [min, max]: beyond max the ledger is corrupt (a ticket number past 2^53). */
+static tdm_status get_int_below(json_t *o, const char *key, int64_t *dst, int64_t min, int64_t max,
+                                const char *what, size_t idx, tdm_error *err)
+{
+    if (get_int(o, key, dst, false, min, what, idx, err) != TDM_OK)
+        return err->status;
+    if (*dst > max)
+        return tdm_fail(err, TDM_ERR_CORRUPT, "%s %zu: \"%s\" %lld is above the limit %lld", what,
+                        idx, key, (long long)*dst, (long long)max);
+    return TDM_OK;
+}
+
+/* A MiB value, clamped to TDM_LEDGER_MAX_MB: a huge budget still blocks its whole GPU (the guard
+ * counts it as the GPU's total) but can no longer overflow a sum. -1 (null) stays. */
+static tdm_status get_mb(json_t *o, const char *key, int64_t *dst, bool nullable, int64_t min,
+                         const char *what, size_t idx, tdm_error *err)
+{
+    if (get_int(o, key, dst, nullable, min, what, idx, err) != TDM_OK)
+        return err->status;
+    if (*dst > TDM_LEDGER_MAX_MB)
+        *dst = TDM_LEDGER_MAX_MB;
+    return TDM_OK;
+}
+
 static tdm_status get_time(json_t *o, const char *key, time_t *dst, const char *what, size_t idx,
                            tdm_error *err)
 {
@@ -574,7 +727,11 @@ static tdm_status parse_root(json_t *root, tdm_ledger_state *s, tdm_error *err)
         return tdm_fail(err, TDM_ERR_CORRUPT,
                         "ledger version %lld is not %d (written by another tandem version?)",
                         (long long)version, LEDGER_VERSION);
-    if (get_int(root, "next_ticket", &s->next_ticket, false, 1, "ledger", 0, err) != TDM_OK)
+    if (get_int_below(root, "next_ticket", &s->next_ticket, 1, TDM_LEDGER_TICKET_LIMIT, "ledger", 0,
+                      err) != TDM_OK)
+        return err->status;
+    if (json_object_get(root, "recovering_until") &&
+        get_time(root, "recovering_until", &s->recovering_until, "ledger", 0, err) != TDM_OK)
         return err->status;
     json_t *res = json_object_get(root, "reservations");
     json_t *queue = json_object_get(root, "queue");
@@ -593,8 +750,8 @@ static tdm_status parse_root(json_t *root, tdm_ledger_state *s, tdm_error *err)
             get_string(o, "user", r.user, sizeof r.user, false, w, i, err) ||
             get_string(o, "host", r.host, sizeof r.host, false, w, i, err) ||
             get_string(o, "gpu_uuid", r.gpu_uuid, sizeof r.gpu_uuid, false, w, i, err) ||
-            get_int(o, "budget_mb", &r.budget_mb, false, 1, w, i, err) ||
-            get_int(o, "actual_mb", &r.actual_mb, true, 0, w, i, err) ||
+            get_mb(o, "budget_mb", &r.budget_mb, false, 1, w, i, err) ||
+            get_mb(o, "actual_mb", &r.actual_mb, true, 0, w, i, err) ||
             get_string(o, "task", r.task, sizeof r.task, false, w, i, err) ||
             get_time(o, "started", &r.started, w, i, err) ||
             get_time(o, "lease_expires", &r.lease_expires, w, i, err))
@@ -608,12 +765,12 @@ static tdm_status parse_root(json_t *root, tdm_ledger_state *s, tdm_error *err)
         const char *w = "queue entry";
         if (!json_is_object(o))
             return tdm_fail(err, TDM_ERR_CORRUPT, "queue entry %zu is not an object", i);
-        if (get_int(o, "ticket", &t.ticket, false, 1, w, i, err) ||
+        if (get_int_below(o, "ticket", &t.ticket, 1, TDM_LEDGER_TICKET_LIMIT - 1, w, i, err) ||
             get_holders(o, t.holders, &t.n_holders, w, i, err) ||
             get_string(o, "user", t.user, sizeof t.user, false, w, i, err) ||
             get_string(o, "host", t.host, sizeof t.host, false, w, i, err) ||
             get_string(o, "gpu_uuid", t.gpu_uuid, sizeof t.gpu_uuid, true, w, i, err) ||
-            get_int(o, "budget_mb", &t.budget_mb, false, 1, w, i, err) ||
+            get_mb(o, "budget_mb", &t.budget_mb, false, 1, w, i, err) ||
             get_string(o, "task", t.task, sizeof t.task, false, w, i, err) ||
             get_time(o, "enqueued", &t.enqueued, w, i, err) ||
             get_time(o, "lease_expires", &t.lease_expires, w, i, err))

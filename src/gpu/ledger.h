@@ -9,7 +9,8 @@
  *
  * gpu-ledger.json (version 1), all sizes in MiB, times RFC 3339 UTC:
  *   { "version": 1,
- *     "next_ticket": 42,                       next queue ticket number (arrival order)
+ *     "next_ticket": 42,                       next queue ticket number (arrival order), < 2^53
+ *     "recovering_until": "…",                 only after a moved-aside ledger (see below)
  *     "reservations": [ { "id": "r-host-1234-5f3a", "holders": [ {"pid": 1234, "start_time": 98765} ],
  *                         "user": "ana", "host": "ws1", "gpu_uuid": "GPU-…", "budget_mb": 8192,
  *                         "actual_mb": null | 7800, "task": "qlora-7b",
@@ -27,8 +28,15 @@
  * lease has expired (the only rule for entries of other hosts sharing the directory), is removed.
  *
  * A ledger that does not parse is never silently dropped: it is renamed to
- * gpu-ledger.json.corrupt-<UTC timestamp>, a warning names it, and the transaction continues from an
- * empty ledger (admission then rests on the real free-memory check).
+ * gpu-ledger.json.corrupt-<UTC timestamp>-<pid>, a warning names it, and the transaction continues
+ * from an empty ledger marked "recovering_until": now + tdm_ledger_recovery_sec() (written at once,
+ * by gpu status too). Live holders watch the directory (inotify) and re-register as soon as the
+ * data file leaves its name (reservation.h). Nothing is admitted during the first
+ * TDM_LEDGER_REREGISTER_GRACE_SEC, and until the mark expires the guard also counts the memory
+ * the GPU reports in use by processes (guard.h).
+ *
+ * Temp files ".gpu-ledger.json.tmp-PID" (util/atomic_file.h) left by a killed writer are removed by
+ * the next transaction when PID is dead or recycled.
  */
 #ifndef TANDEM_GPU_LEDGER_H
 #define TANDEM_GPU_LEDGER_H
@@ -41,6 +49,17 @@
 #include "util/error.h"
 
 #define TDM_MAX_HOLDERS 4 /* gpu run: the wrapper and its child; the trainer: itself */
+
+/* Bounds applied to every number read from the ledger file, which any user of a shared directory
+ * (or a crash, or a disk error) may have changed. MiB values are clamped to TDM_LEDGER_MAX_MB
+ * (2^40 MiB, an exabyte: sums of millions stay far from int64 overflow); the guard further counts
+ * a budget as at most its GPU's total. Ticket numbers stay below 2^53 (exact in a double, so any
+ * JSON reader handles them); next_ticket may equal it only when no ticket can be issued. */
+#define TDM_LEDGER_MAX_MB ((int64_t)1 << 40)
+#define TDM_LEDGER_TICKET_LIMIT ((int64_t)1 << 53)
+/* Clock difference tolerated between hosts sharing a ledger directory (s): a foreign-host lease
+ * ending later than now + lease length + this is treated as expired. */
+#define TDM_LEDGER_CLOCK_SKEW_SEC 300
 
 typedef struct tdm_reservation {
     char id[96];
@@ -71,6 +90,10 @@ typedef struct tdm_ticket {
 
 typedef struct tdm_ledger_state {
     int64_t next_ticket;
+    /* 0, or until when (Unix time) the ledger is recovering from being moved aside: live holders
+     * are re-registering, so the ledger alone under-counts and the guard also counts the memory
+     * the GPU reports in use by processes (guard.h). */
+    time_t recovering_until;
     tdm_reservation *reservations;
     size_t n_reservations, cap_reservations;
     tdm_ticket *queue; /* kept sorted by ticket */
@@ -117,7 +140,22 @@ tdm_ticket *tdm_ledger_state_find_ticket(tdm_ledger_state *s, int64_t ticket);
 bool tdm_ledger_state_remove_reservation(tdm_ledger_state *s, const char *id);
 bool tdm_ledger_state_remove_ticket(tdm_ledger_state *s, int64_t ticket);
 
-/* Removes dead/recycled holders' entries and expired leases as of `now`. Returns how many. */
+/* Issues the next ticket number into *ticket (advancing next_ticket). When the numbers are
+ * exhausted (a hostile next_ticket) and the queue is empty they restart at 1; with a queue,
+ * TDM_ERR_CORRUPT naming the limit. */
+tdm_status tdm_ledger_state_take_ticket(tdm_ledger_state *s, int64_t *ticket, tdm_error *err);
+
+/* True during the first TDM_LEDGER_REREGISTER_GRACE_SEC seconds after the ledger was moved aside:
+ * live holders, woken by the move, are writing their reservations back, so nothing is admitted
+ * yet (a holder that has not allocated its memory shows in no GPU figure). */
+#define TDM_LEDGER_REREGISTER_GRACE_SEC 2
+bool tdm_ledger_state_settling(const tdm_ledger_state *s, time_t now);
+
+/* Removes dead/recycled holders' entries and expired leases as of `now`, and bounds the times:
+ * a lease of this host ending after now + lease length is cut to that; a lease of another host
+ * ending after now + lease length + TDM_LEDGER_CLOCK_SKEW_SEC counts as expired (a crafted lease in
+ * year 9999 would otherwise hold the memory forever); recovering_until is cut to now + recovery
+ * length and cleared once past. Returns how many entries were removed. */
 size_t tdm_ledger_state_prune(tdm_ledger_state *s, time_t now, const char *this_host);
 
 /* JSON (de)serialisation. Parse errors carry "line L, column C" from jansson. */
@@ -127,5 +165,10 @@ char *tdm_ledger_state_to_json(const tdm_ledger_state *s); /* malloc'd; NULL whe
 
 /* Lease length in seconds: TANDEM_LEASE_SEC when set (tests), else 24 h. */
 int64_t tdm_ledger_lease_sec(void);
+
+/* How long a ledger stays "recovering" after it was moved aside (s): the renewal period
+ * (TANDEM_RENEW_SEC, default 300), the longest a live holder that missed the wake-up takes to
+ * re-register. */
+int64_t tdm_ledger_recovery_sec(void);
 
 #endif

@@ -55,6 +55,34 @@ bool tdm_holder_alive(const tdm_holder *h)
     return now != 0 && now == h->start_time;
 }
 
+/* Boot time (Unix seconds) from /proc/stat's btime line; 0 when unknown. */
+static time_t boot_time(void)
+{
+    FILE *f = fopen("/proc/stat", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    long long btime = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "btime %lld", &btime) == 1)
+            break;
+    fclose(f);
+    return (time_t)btime;
+}
+
+bool tdm_proc_running_since(pid_t pid, time_t t)
+{
+    uint64_t ticks = tdm_proc_start_time(pid);
+    if (ticks == 0)
+        return false;
+    time_t boot = boot_time();
+    long hz = sysconf(_SC_CLK_TCK);
+    if (boot == 0 || hz <= 0)
+        return true; /* cannot tell: assume the same process (keeps the file) */
+    time_t started = boot + (time_t)(ticks / (uint64_t)hz);
+    return started <= t + 2;
+}
+
 tdm_holder tdm_holder_of(pid_t pid)
 {
     tdm_holder h = {.pid = pid, .start_time = tdm_proc_start_time(pid)};

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 typedef struct tdm_holder {
     int32_t pid;
@@ -21,6 +22,11 @@ uint64_t tdm_proc_start_time(pid_t pid);
 
 /* A holder is alive when its pid exists, is not a zombie, and has the recorded start time. */
 bool tdm_holder_alive(const tdm_holder *h);
+
+/* True when pid exists, is not a zombie, and started no later than t (Unix time; 2 s of slack for
+ * the tick and boot-time roundings). A file written at t by "pid" whose pid now names a process
+ * started after t was written by an earlier, dead owner of that recycled pid. */
+bool tdm_proc_running_since(pid_t pid, time_t t);
 
 /* The identity of pid right now ({pid, 0} when it does not exist). */
 tdm_holder tdm_holder_of(pid_t pid);

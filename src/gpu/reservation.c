@@ -37,6 +37,18 @@ static int64_t env_ms(const char *name, int64_t dflt)
     return dflt;
 }
 
+/* start + sec seconds in nanoseconds, saturated at INT64_MAX: `--timeout 1e10` is 1e19 ns, beyond
+ * int64, and an unchecked conversion would wrap to a deadline in the past (an instant timeout). */
+static int64_t deadline_after(int64_t start_ns, double sec)
+{
+    if (!(sec > 0))
+        return start_ns;
+    double ns = sec * 1e9;
+    if (ns >= (double)(INT64_MAX - start_ns))
+        return INT64_MAX;
+    return start_ns + (int64_t)ns;
+}
+
 /* Context of one acquire transaction. */
 typedef struct acquire_ctx {
     const tdm_acquire_opts *opts;
@@ -89,8 +101,12 @@ static tdm_status acquire_decide(tdm_ledger_state *s, bool *changed, void *user,
     int64_t lease_sec = tdm_ledger_lease_sec();
     if (c->ticket && !tdm_ledger_state_find_ticket(s, c->ticket))
         c->ticket = 0; /* our ticket vanished (ledger moved aside): take a new one below */
-    int idx = tdm_queue_choose_gpu(c->inv, s, c->ticket ? c->ticket : INT64_MAX, c->pinned_uuid,
-                                   c->opts->budget_mb);
+    /* Just after the ledger was moved aside, live holders are still writing their reservations
+     * back: admit nobody until they have had the time to. */
+    int idx = tdm_ledger_state_settling(s, now)
+                  ? -1
+                  : tdm_queue_choose_gpu(c->inv, s, c->ticket ? c->ticket : INT64_MAX,
+                                         c->pinned_uuid, c->opts->budget_mb);
     if (idx >= 0) {
         const tdm_gpu *g = &c->inv->gpus[idx];
         tdm_lease *l = c->lease;
@@ -134,7 +150,8 @@ static tdm_status acquire_decide(tdm_ledger_state *s, bool *changed, void *user,
     }
     if (!c->ticket) {
         tdm_ticket t = {0};
-        t.ticket = s->next_ticket;
+        if (tdm_ledger_state_take_ticket(s, &t.ticket, err) != TDM_OK)
+            return err->status;
         fill_holder_info(c->opts, t.holders, &t.n_holders);
         snprintf(t.user, sizeof t.user, "%s", tdm_user_name());
         snprintf(t.host, sizeof t.host, "%s", tdm_host_name());
@@ -296,7 +313,7 @@ static tdm_status acquire(tdm_lease *lease, const tdm_acquire_opts *opts, tdm_er
     }
     int64_t poll_ms = env_ms("TANDEM_POLL_MS", 500);
     int64_t start = tdm_now_mono_ns();
-    int64_t deadline = start + (int64_t)(opts->timeout_sec * 1e9);
+    int64_t deadline = deadline_after(start, opts->timeout_sec);
     int64_t next_report = start;
     acquire_ctx c = {.opts = opts, .inv = &inv, .pinned_uuid = pin, .lease = lease};
     tdm_status st;
@@ -319,17 +336,18 @@ static tdm_status acquire(tdm_lease *lease, const tdm_acquire_opts *opts, tdm_er
             break;
         }
         if (now >= deadline) {
-            st = tdm_fail(err, TDM_ERR_TIMEOUT,
-                          "timed out after %.0f s waiting for %lld MiB of GPU memory: the best GPU "
-                          "(%s) has %lld MiB available to tandem and %d job(s) ahead in its queue. "
-                          "See `tandem gpu status`, or raise --timeout",
-                          opts->timeout_sec, (long long)opts->budget_mb, c.report.gpu_uuid,
-                          (long long)c.report.available_mb, c.report.position - 1);
+            st =
+                tdm_fail(err, TDM_ERR_TIMEOUT,
+                         "timed out after %.15g s waiting for %lld MiB of GPU memory: the best GPU "
+                         "(%s) has %lld MiB available to tandem and %d job(s) ahead in its queue. "
+                         "See `tandem gpu status`, or raise --timeout",
+                         opts->timeout_sec, (long long)opts->budget_mb, c.report.gpu_uuid,
+                         (long long)c.report.available_mb, c.report.position - 1);
             break;
         }
         if (opts->report && now >= next_report) {
             opts->report(&c.report, opts->report_user);
-            next_report = now + (int64_t)(opts->report_interval_sec * 1e9);
+            next_report = deadline_after(now, opts->report_interval_sec);
         }
         int64_t wait_ms = poll_ms;
         if ((deadline - now) / 1000000 + 1 < wait_ms)
@@ -459,6 +477,45 @@ bool tdm_reservation_renew_due(const tdm_lease *lease)
 {
     int64_t every_ms = env_ms("TANDEM_RENEW_SEC", 300) * 1000;
     return lease->held && tdm_now_mono_ns() - lease->renewed_mono_ns >= every_ms * 1000000LL;
+}
+
+int tdm_reservation_watch_open(const tdm_lease *lease)
+{
+    int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    if (inotify_add_watch(fd, lease->ledger.dir, IN_MOVED_FROM | IN_DELETE) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+tdm_status tdm_reservation_watch_handle(tdm_lease *lease, int fd, bool *reregistered,
+                                        tdm_error *err)
+{
+    *reregistered = false;
+    /* The data file leaves its name only when it is moved aside or deleted: every normal write
+     * renames a temp file over it, which reports the temp file's name. */
+    const char *data_name = strrchr(lease->ledger.data_path, '/');
+    data_name = data_name ? data_name + 1 : lease->ledger.data_path;
+    bool gone = false;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) {
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *e = (const struct inotify_event *)p;
+            if (e->len > 0 && !strcmp(e->name, data_name))
+                gone = true;
+            p += sizeof *e + e->len;
+        }
+    }
+    if (!gone || !lease->held)
+        return TDM_OK;
+    tdm_status st = tdm_reservation_renew(lease, err);
+    if (st == TDM_OK)
+        *reregistered = true;
+    return st;
 }
 
 static void forget_at_exit(tdm_lease *lease);

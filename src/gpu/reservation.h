@@ -10,7 +10,8 @@
  *     ... cudaSetDevice(the GPU whose UUID is lease.gpu_uuid); allocate ...
  *     tdm_reservation_update_actual(&lease, measured_mb, &err);
  *     every few minutes: tdm_reservation_renew(&lease, &err);   (tdm_reservation_renew_due tells)
- *     tdm_reservation_release(&lease, &err);
+ *     and whenever tdm_reservation_watch_open's descriptor is readable:
+ * tdm_reservation_watch_handle tdm_reservation_release(&lease, &err);
  *
  * A process killed with SIGKILL releases nothing itself: the next ledger transaction of any tandem
  * process prunes its reservation, because its holders are dead (ledger.h).
@@ -86,6 +87,15 @@ tdm_status tdm_reservation_update_actual(tdm_lease *lease, int64_t actual_mb, td
 tdm_status tdm_reservation_renew(tdm_lease *lease, tdm_error *err);
 /* True when the lease is due for renewal (every TANDEM_RENEW_SEC, default 300 s). */
 bool tdm_reservation_renew_due(const tdm_lease *lease);
+
+/* Re-registration after the ledger was moved aside (ledger.h). A holder polls the descriptor from
+ * tdm_reservation_watch_open (an inotify watch of the ledger directory; -1 when inotify is
+ * unavailable, leaving only the periodic renewal) and calls tdm_reservation_watch_handle when it is
+ * readable: when the data file was moved away or deleted, the reservation is written back at once
+ * (as tdm_reservation_renew does), instead of up to TANDEM_RENEW_SEC later; *reregistered tells. */
+int tdm_reservation_watch_open(const tdm_lease *lease);
+tdm_status tdm_reservation_watch_handle(tdm_lease *lease, int fd, bool *reregistered,
+                                        tdm_error *err);
 
 tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err);
 

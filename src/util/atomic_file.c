@@ -42,6 +42,29 @@ static tdm_status write_all(int fd, const char *tmp, const void *data, size_t le
     return TDM_OK;
 }
 
+/* Creates the temp file exclusively: O_EXCL|O_NOFOLLOW never opens what is already at the path, so
+ * a hard link or symbolic link planted there (to make us truncate and rewrite another file) is
+ * never written through. A file already there is removed first only when it is plainly a leftover
+ * of ours (our pid is in its name): a regular file owned by us with one link. Anything else stays
+ * and the write fails with EEXIST. */
+static int create_temp(const char *tmp, mode_t mode)
+{
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+    int fd = open(tmp, flags, mode);
+    if (fd >= 0 || errno != EEXIST)
+        return fd;
+    struct stat st;
+    if (lstat(tmp, &st) != 0)
+        return -1;
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1) {
+        errno = EEXIST;
+        return -1;
+    }
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        return -1;
+    return open(tmp, flags, mode);
+}
+
 tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode_t mode,
                             tdm_error *err)
 {
@@ -53,11 +76,15 @@ tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode
     const char *base = basename(base_buf);
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", dir, base, (long)getpid());
 
-    int fd = tdm_fault("atomic_write.open")
-                 ? (errno = EIO, -1)
-                 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
-    if (fd < 0)
+    int fd = tdm_fault("atomic_write.open") ? (errno = EIO, -1) : create_temp(tmp, mode);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return tdm_fail(err, TDM_ERR_IO,
+                            "cannot create %s: a file that is not a stale temp file of ours is "
+                            "there (another user's, a link, or not a regular file); remove it",
+                            tmp);
         return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot create %s", tmp);
+    }
     tdm_status st = write_all(fd, tmp, data, len, err);
     if (st == TDM_OK && fchmod(fd, mode) != 0) /* umask may have narrowed or widened it */
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot chmod %s", tmp);

@@ -4,6 +4,12 @@
  * over the target, fsync the directory. On any failure the temp file is unlinked and the target is
  * untouched.
  *
+ * The temp file is created with O_CREAT|O_EXCL|O_NOFOLLOW, so nothing planted at its name (a hard
+ * or symbolic link to another file) is ever truncated or written through. A file already at the
+ * name is removed first only when it is a leftover of this process id: a regular file we own with
+ * a single link; anything else makes the write fail (TDM_ERR_IO naming the temp path). Two threads
+ * of one process must not write the same path at once (they would share the temp name).
+ *
  * Fault points (util/fault.h): atomic_write.open, atomic_write.write, atomic_write.fsync,
  * atomic_write.rename, atomic_write.dirsync.
  */

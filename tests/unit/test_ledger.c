@@ -425,6 +425,215 @@ static void test_symlinks_refused_and_dir_mode(void **state)
     assert_int_equal(tdm_ledger_open(&l, d, &err), TDM_ERR_INVALID);
 }
 
+/* Item 5 of issue 13: a crafted ledger's numbers are bounded on read and summed with saturation.
+ * Two budgets of 2^62, fully allocated, used to wrap the committed total negative and admit. */
+static void test_hostile_budgets_cannot_wrap(void **state)
+{
+    unsetenv("TANDEM_RESERVE_FACTOR");
+    char json[2048];
+    const char *lease = "2999-01-01T00:00:00Z";
+    snprintf(json, sizeof json,
+             "{\"version\": 1, \"next_ticket\": 1, \"queue\": [], \"reservations\": ["
+             "{\"id\": \"a\", \"holders\": [{\"pid\": %d, \"start_time\": 1}], \"user\": \"u\", "
+             "\"host\": \"h\", \"gpu_uuid\": \"GPU-a\", \"budget_mb\": 4611686018427387904, "
+             "\"actual_mb\": 4611686018427387904, \"task\": \"t\", \"started\": \"%s\", "
+             "\"lease_expires\": \"%s\"}]}",
+             (int)getpid(), lease, lease);
+    tdm_ledger_state s;
+    tdm_error err = {0};
+    assert_int_equal(tdm_ledger_state_from_json(json, strlen(json), &s, &err), TDM_OK);
+    assert_int_equal(s.reservations[0].budget_mb, TDM_LEDGER_MAX_MB);
+    assert_int_equal(s.reservations[0].actual_mb, TDM_LEDGER_MAX_MB);
+    tdm_ledger_state_free(&s);
+
+    /* The guard on its own (a state built in memory, not read): each value counts as at most the
+     * GPU's total, the sums saturate, nothing fits. */
+    tdm_ledger_state_init(&s);
+    for (int i = 0; i < 3; i++) {
+        tdm_reservation r =
+            make_res(i ? "b" : "a", "GPU-a", INT64_MAX / 2 + 1, INT64_MAX / 2 + 1, getpid());
+        assert_int_equal(tdm_ledger_state_add_reservation(&s, &r, &err), TDM_OK);
+    }
+    tdm_gpu g = make_gpu("GPU-a", 10000, 0, TDM_MEMORY_DISCRETE);
+    tdm_guard_view v;
+    tdm_guard_view_of(&g, &s, &v);
+    assert_int_equal(v.committed_mb, 30000);
+    assert_int_equal(v.available_mb, 0);
+    assert_false(tdm_guard_fits(&v, 1));
+    assert_false(tdm_guard_fits(&v, INT64_MAX));
+    tdm_ledger_state_free(&s);
+}
+
+/* Ticket numbers stay below 2^53: next_ticket 2^63-1 is refused on read (it used to be accepted,
+ * and the next waiter wrote a ledger its own parser rejected); at the limit the numbers restart
+ * when the queue is empty; whatever a writer produces parses again. */
+static void test_ticket_bounds(void **state)
+{
+    tdm_ledger_state s, back;
+    tdm_error err = {0};
+    const char *huge = "{\"version\": 1, \"next_ticket\": 9223372036854775807, \"queue\": [], "
+                       "\"reservations\": []}";
+    assert_int_equal(tdm_ledger_state_from_json(huge, strlen(huge), &s, &err), TDM_ERR_CORRUPT);
+    assert_non_null(strstr(err.message, "next_ticket"));
+    tdm_ledger_state_free(&s);
+
+    tdm_ledger_state_init(&s);
+    s.next_ticket = TDM_LEDGER_TICKET_LIMIT - 1;
+    tdm_ticket t = make_ticket(0, "", 1);
+    assert_int_equal(tdm_ledger_state_take_ticket(&s, &t.ticket, &err), TDM_OK);
+    assert_int_equal(t.ticket, TDM_LEDGER_TICKET_LIMIT - 1);
+    assert_int_equal(tdm_ledger_state_add_ticket(&s, &t, &err), TDM_OK);
+    char *json = tdm_ledger_state_to_json(&s);
+    assert_non_null(json);
+    assert_int_equal(tdm_ledger_state_from_json(json, strlen(json), &back, &err), TDM_OK);
+    assert_int_equal(back.next_ticket, TDM_LEDGER_TICKET_LIMIT);
+    free(json);
+    /* Exhausted with a waiter queued: an error, never a wrapped number. */
+    int64_t n = 0;
+    assert_int_equal(tdm_ledger_state_take_ticket(&back, &n, &err), TDM_ERR_CORRUPT);
+    assert_non_null(strstr(err.message, "exhausted"));
+    /* Exhausted with an empty queue: numbers restart at 1. */
+    assert_true(tdm_ledger_state_remove_ticket(&back, TDM_LEDGER_TICKET_LIMIT - 1));
+    assert_int_equal(tdm_ledger_state_take_ticket(&back, &n, &err), TDM_OK);
+    assert_int_equal(n, 1);
+    tdm_ledger_state_free(&back);
+    tdm_ledger_state_free(&s);
+
+    const char *big_ticket =
+        "{\"version\": 1, \"next_ticket\": 9007199254740992, \"reservations\": [], \"queue\": ["
+        "{\"ticket\": 9007199254740992, \"holders\": [{\"pid\": 1, \"start_time\": 1}], "
+        "\"user\": \"u\", \"host\": \"h\", \"gpu_uuid\": null, \"budget_mb\": 1, \"task\": \"t\", "
+        "\"enqueued\": \"2026-01-01T00:00:00Z\", \"lease_expires\": \"2026-01-01T00:00:00Z\"}]}";
+    assert_int_equal(tdm_ledger_state_from_json(big_ticket, strlen(big_ticket), &s, &err),
+                     TDM_ERR_CORRUPT);
+    tdm_ledger_state_free(&s);
+}
+
+/* A lease of another host ending after now + lease length (+ clock skew) counts as expired; one of
+ * this host is cut to now + lease length (its holders' liveness still decides). */
+static void test_lease_bounds(void **state)
+{
+    unsetenv("TANDEM_LEASE_SEC");
+    time_t now = time(NULL);
+    int64_t lease = tdm_ledger_lease_sec();
+    const time_t year9999 = (time_t)253402300799LL; /* 9999-12-31T23:59:59Z */
+    tdm_ledger_state s;
+    tdm_error err = {0};
+    tdm_ledger_state_init(&s);
+    tdm_reservation far = make_res("foreign-far", "GPU-a", 1, -1, getpid());
+    snprintf(far.host, sizeof far.host, "another-host");
+    far.lease_expires = year9999;
+    tdm_reservation near = make_res("foreign-near", "GPU-a", 1, -1, getpid());
+    snprintf(near.host, sizeof near.host, "another-host");
+    near.lease_expires = now + lease + 60; /* a clock a minute ahead */
+    tdm_reservation local = make_res("local-far", "GPU-a", 1, -1, getpid());
+    local.lease_expires = year9999;
+    tdm_reservation all[] = {far, near, local};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tdm_ledger_state_add_reservation(&s, &all[i], &err), TDM_OK);
+    tdm_ticket t = make_ticket(1, "", 1);
+    snprintf(t.host, sizeof t.host, "another-host");
+    t.lease_expires = year9999;
+    assert_int_equal(tdm_ledger_state_add_ticket(&s, &t, &err), TDM_OK);
+
+    assert_int_equal(tdm_ledger_state_prune(&s, now, tdm_host_name()), 2);
+    assert_int_equal(s.n_reservations, 2);
+    assert_string_equal(s.reservations[0].id, "foreign-near");
+    assert_string_equal(s.reservations[1].id, "local-far");
+    assert_int_equal(s.reservations[1].lease_expires, now + lease);
+    assert_int_equal(s.n_queue, 0);
+    tdm_ledger_state_free(&s);
+}
+
+/* After a ledger is moved aside: the fresh ledger is marked recovering (also when gpu status moved
+ * it), nothing is admitted during the re-registration grace, and the guard counts the memory the
+ * GPU reports in use by processes as committed until the mark expires. */
+static void test_recovery_after_corruption(void **state)
+{
+    unsetenv("TANDEM_RESERVE_FACTOR");
+    unsetenv("TANDEM_RENEW_SEC");
+    char d[300], path[400];
+    snprintf(d, sizeof d, "%s/recovery", dir);
+    tdm_ledger l;
+    tdm_error err = {0};
+    assert_int_equal(tdm_ledger_open(&l, d, &err), TDM_OK);
+    snprintf(path, sizeof path, "%s/gpu-ledger.json", d);
+    assert_int_equal(tdm_atomic_write(path, "garbage", 7, 0600, &err), TDM_OK);
+    tdm_set_warn_sink(capture_warning, (char[1024]){0});
+    tdm_ledger_state s;
+    time_t before = time(NULL);
+    assert_int_equal(tdm_ledger_snapshot(&l, &s, &err), TDM_OK);
+    tdm_set_warn_sink(NULL, NULL);
+    time_t after = time(NULL);
+    assert_true(s.recovering_until >= before + tdm_ledger_recovery_sec());
+    assert_true(s.recovering_until <= after + tdm_ledger_recovery_sec());
+    assert_true(tdm_ledger_state_settling(&s, after));
+    assert_false(tdm_ledger_state_settling(&s, after + TDM_LEDGER_REREGISTER_GRACE_SEC + 1));
+    tdm_ledger_state_free(&s);
+    /* The snapshot wrote the fresh, marked ledger: the next reader sees the mark. */
+    char *text;
+    assert_int_equal(tdm_read_file(path, &text, NULL, &err), TDM_OK);
+    assert_non_null(strstr(text, "\"recovering_until\""));
+    free(text);
+    assert_int_equal(tdm_ledger_snapshot(&l, &s, &err), TDM_OK);
+    assert_true(s.recovering_until > 0);
+
+    /* 6000 MiB in use by a process that is in no reservation, 4000 MiB free, capacity 8500. */
+    tdm_gpu g = make_gpu("GPU-a", 10000, 6000, TDM_MEMORY_DISCRETE);
+    tdm_gpu_process p = {.pid = 4242, .used_mb = 6000};
+    g.processes = &p;
+    g.n_processes = 1;
+    tdm_guard_view v;
+    tdm_guard_view_of(&g, &s, &v);
+    assert_true(v.recovering);
+    assert_int_equal(v.committed_mb, 6000);
+    assert_true(tdm_guard_fits(&v, 2500));
+    assert_false(tdm_guard_fits(&v, 2501)); /* reality alone would allow 4000 */
+    p.used_mb = -1;                         /* NVML cannot tell: the GPU's used memory counts */
+    g.used_mb = 7000;
+    tdm_guard_view_of(&g, &s, &v);
+    assert_int_equal(v.committed_mb, 7000);
+    /* Once the mark has expired (prune clears it), only the ledger counts again. */
+    tdm_ledger_state_prune(&s, s.recovering_until, tdm_host_name());
+    assert_int_equal(s.recovering_until, 0);
+    tdm_guard_view_of(&g, &s, &v);
+    assert_false(v.recovering);
+    assert_int_equal(v.committed_mb, 0);
+    tdm_ledger_state_free(&s);
+}
+
+/* Temp files of writers killed between create and rename: removed by the next transaction when
+ * their pid is dead or recycled (the process started after the file was written); kept otherwise.
+ */
+static void test_stale_temp_files_removed(void **state)
+{
+    char d[300], p_dead[400], p_recycled[400], p_live[400];
+    snprintf(d, sizeof d, "%s/temps", dir);
+    tdm_ledger l;
+    tdm_error err = {0};
+    assert_int_equal(tdm_ledger_open(&l, d, &err), TDM_OK);
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    waitpid(child, NULL, 0);
+    snprintf(p_dead, sizeof p_dead, "%s/.gpu-ledger.json.tmp-%ld", d, (long)child);
+    snprintf(p_recycled, sizeof p_recycled, "%s/.gpu-ledger.json.tmp-1", d);
+    snprintf(p_live, sizeof p_live, "%s/.gpu-ledger.json.tmp-%ld", d, (long)getppid());
+    const char *paths[] = {p_dead, p_recycled, p_live};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(paths[i], "w");
+        assert_non_null(f);
+        fputs("{\"version\": 1, \"ne", f);
+        fclose(f);
+    }
+    struct timespec old[2] = {{.tv_sec = 978307200}, {.tv_sec = 978307200}}; /* 2001 */
+    assert_int_equal(utimensat(AT_FDCWD, p_recycled, old, 0), 0); /* pid 1 started after that */
+    assert_int_equal(tdm_ledger_transact(&l, NULL, NULL, &err), TDM_OK);
+    assert_int_equal(access(p_dead, F_OK), -1);
+    assert_int_equal(access(p_recycled, F_OK), -1);
+    assert_int_equal(access(p_live, F_OK), 0); /* our parent is alive and older than the file */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +646,11 @@ int main(void)
         cmocka_unit_test(test_corrupt_ledger_moved_aside),
         cmocka_unit_test(test_failing_write_keeps_ledger),
         cmocka_unit_test(test_symlinks_refused_and_dir_mode),
+        cmocka_unit_test(test_hostile_budgets_cannot_wrap),
+        cmocka_unit_test(test_ticket_bounds),
+        cmocka_unit_test(test_lease_bounds),
+        cmocka_unit_test(test_recovery_after_corruption),
+        cmocka_unit_test(test_stale_temp_files_removed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

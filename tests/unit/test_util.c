@@ -70,6 +70,48 @@ static void test_atomic_write_roundtrip_and_mode(void **state)
     assert_int_equal(st.st_mode & 0777, 0600);
 }
 
+/* A hard link planted at the temp name (".<name>.tmp-<pid>") is never truncated or written through
+ * (it used to be: O_TRUNC without O_EXCL), and the write fails naming the temp file; a leftover of
+ * ours (a regular file we own, one link) is replaced and the write succeeds. */
+static void test_atomic_write_refuses_planted_temp(void **state)
+{
+    char path[512], tmp[600], victim[512];
+    snprintf(path, sizeof path, "%s/planted.json", tmpdir);
+    snprintf(tmp, sizeof tmp, "%s/.planted.json.tmp-%ld", tmpdir, (long)getpid());
+    snprintf(victim, sizeof victim, "%s/victim", tmpdir);
+    tdm_error err = {0};
+    assert_int_equal(tdm_atomic_write(victim, "precious", 8, 0644, &err), TDM_OK);
+    assert_int_equal(link(victim, tmp), 0);
+    assert_int_equal(tdm_atomic_write(path, "new", 3, 0600, &err), TDM_ERR_IO);
+    assert_non_null(strstr(err.message, tmp));
+    char *buf;
+    assert_int_equal(tdm_read_file(victim, &buf, NULL, &err), TDM_OK);
+    assert_string_equal(buf, "precious");
+    free(buf);
+    struct stat st;
+    assert_int_equal(stat(victim, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644);
+    assert_int_equal(access(path, F_OK), -1);
+    /* A symbolic link there is refused too. */
+    assert_int_equal(unlink(tmp), 0);
+    assert_int_equal(symlink(victim, tmp), 0);
+    assert_int_equal(tdm_atomic_write(path, "new", 3, 0600, &err), TDM_ERR_IO);
+    assert_int_equal(tdm_read_file(victim, &buf, NULL, &err), TDM_OK);
+    assert_string_equal(buf, "precious");
+    free(buf);
+    /* Our own leftover (say, from a previous process with our pid that was killed) is replaced. */
+    assert_int_equal(unlink(tmp), 0);
+    FILE *f = fopen(tmp, "w");
+    assert_non_null(f);
+    fputs("half a wri", f);
+    fclose(f);
+    assert_int_equal(tdm_atomic_write(path, "new", 3, 0600, &err), TDM_OK);
+    assert_int_equal(tdm_read_file(path, &buf, NULL, &err), TDM_OK);
+    assert_string_equal(buf, "new");
+    free(buf);
+    assert_int_equal(access(tmp, F_OK), -1);
+}
+
 /* Each injected failure leaves the old content intact and no temp file behind. */
 static void test_atomic_write_failures_keep_old_content(void **state)
 {
@@ -122,6 +164,7 @@ int main(void)
         cmocka_unit_test(test_error_prefix),
         cmocka_unit_test(test_fault_points),
         cmocka_unit_test(test_atomic_write_roundtrip_and_mode),
+        cmocka_unit_test(test_atomic_write_refuses_planted_temp),
         cmocka_unit_test(test_atomic_write_failures_keep_old_content),
         cmocka_unit_test(test_read_missing_file),
         cmocka_unit_test(test_rfc3339),
