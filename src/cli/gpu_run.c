@@ -249,8 +249,11 @@ static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, 
 
     tdm_error err = {0};
     int64_t monitor_ms = env_interval_ms("TANDEM_MONITOR_MS", 2000);
-    /* Readable when the ledger was moved aside: the reservation is written back at once. */
+    /* Readable when the ledger directory changes; the reservation is written back at once when
+     * the ledger was moved aside. Every ledger write wakes it too, so the measuring period runs on
+     * its own deadline: a busy ledger must not postpone measuring and renewing forever. */
     int watch_fd = tdm_reservation_watch_open(lease);
+    int64_t next_measure = tdm_now_mono_ns() + monitor_ms * 1000000LL;
     bool warned = false;
     int status = 0;
     for (;;) {
@@ -261,10 +264,11 @@ static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, 
             status = 1 << 8;
             break;
         }
-        if (r == 0) {
+        int64_t left_ms = (next_measure - tdm_now_mono_ns()) / 1000000 + 1;
+        if (r == 0 && next_measure > tdm_now_mono_ns()) {
             struct pollfd pfd[2] = {{.fd = wake_pipe[0], .events = POLLIN},
                                     {.fd = watch_fd, .events = POLLIN}};
-            if (poll(pfd, watch_fd >= 0 ? 2 : 1, (int)monitor_ms) > 0) {
+            if (poll(pfd, watch_fd >= 0 ? 2 : 1, (int)left_ms) > 0) {
                 if (pfd[1].revents & POLLIN) {
                     bool back;
                     if (tdm_reservation_watch_handle(lease, watch_fd, &back, &err) != TDM_OK)
@@ -281,9 +285,10 @@ static int supervise(tdm_lease *lease, held_child *hc, const tdm_mps_opts *mps, 
                     while (read(wake_pipe[0], buf, sizeof buf) > 0) {
                     }
                 }
-                continue; /* a SIGCHLD: reap first */
             }
+            continue; /* reap first (a SIGCHLD), then wait out the rest of the period */
         }
+        next_measure = tdm_now_mono_ns() + monitor_ms * 1000000LL;
         int64_t actual = measure_actual(pid, lease->gpu_uuid);
         if (actual >= 0 && actual != lease->actual_mb) {
             if (tdm_reservation_update_actual(lease, actual, &err) != TDM_OK)

@@ -2,7 +2,8 @@
 # A corrupt ledger must not let jobs over-commit. When it is moved aside, live holders (separate
 # gpu run processes) re-register at once, woken through inotify, not at their next renewal (300 s
 # here); a job arriving meanwhile is not admitted beyond capacity; and while the ledger recovers,
-# admission also counts the memory the GPU reports in use by processes.
+# admission also counts the memory the GPU reports in use by processes. A busy ledger does not
+# starve the holders' measuring.
 set -u
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 mkdir -p "$TANDEM_LEDGER_DIR"
@@ -62,4 +63,21 @@ expect_exit 1 "$TANDEM" gpu run --vram 3 --no-wait-gpu -- true
 grep -q "not available now" "$WORK/last.err" || fail "recovering ledger: $(cat "$WORK/last.err")"
 expect_exit 0 "$TANDEM" gpu run --vram 2 --no-wait-gpu -- true # 6000 + 2048 <= 8500
 kill $user_prog; wait $user_prog 2>/dev/null
+
+# Holders watch the directory, so every ledger write wakes them: a busy ledger (two streams of short
+# jobs) must not postpone their measuring (and renewing) forever. The holder measures every second.
+rm -f "$ledger" "$WORK/h.pid"
+echo "$gpu_line" > "$gpus"
+TANDEM_MONITOR_MS=1000 "$TANDEM" gpu run --vram 4 --task busy -- sh -c "echo \$\$ > $WORK/h.pid; exec sleep 60" \
+    >"$WORK/h.out" 2>&1 &
+holder=$!
+wait_until 10 test -s "$WORK/h.pid"
+stream() { while [ ! -e "$WORK/stop" ]; do "$TANDEM" gpu run --vram 0.1 -- true >/dev/null 2>&1; done; }
+stream & s1=$!
+stream & s2=$!
+sleep 1
+printf '%s\npid=%s,gpu=GPU-sim-0,used_mb=3500\n' "$gpu_line" "$(cat "$WORK/h.pid")" > "$gpus"
+wait_until 8 sh -c "jq -e '.reservations[] | select(.task == \"busy\") | .actual_mb == 3500' '$ledger'"
+touch "$WORK/stop"; wait $s1 $s2
+kill $holder; wait $holder 2>/dev/null
 finish
