@@ -48,6 +48,7 @@ static const char *node_kind(const yaml_node_t *n)
 /* The scalar's text, NUL-terminated by libyaml; refuses non-scalars and embedded NULs. */
 static tdm_status scalar(walk *w, const yaml_node_t *n, const char *what, const char **out)
 {
+    *out = NULL; /* set on every path: -O3 cannot tell that at() never returns TDM_OK */
     if (n->type != YAML_SCALAR_NODE)
         return at(w, n, TDM_ERR_PARSE, "%s must be a single value, not %s", what, node_kind(n));
     const char *s = (const char *)n->data.scalar.value;

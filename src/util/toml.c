@@ -1435,6 +1435,7 @@ static void table_label(const tdm_toml_value *t, char *buf, size_t size)
 static tdm_status lookup(const tdm_toml_value *table, const char *key, const tdm_toml_value **v,
                          tdm_error *err)
 {
+    *v = NULL; /* set on every path: -O3 cannot tell that the failure returns are never TDM_OK */
     if (table->type != TDM_TOML_TABLE)
         return tdm_toml_fail_at(err, TDM_ERR_INVALID, table, "expected a table");
     *v = tdm_toml_get(table, key);
