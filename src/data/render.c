@@ -124,6 +124,27 @@ tdm_status tdm_data_render(tdm_tokenizer *tok, const tdm_data_fields *f,
     }
 }
 
+tdm_status tdm_data_render_prompt(tdm_tokenizer *tok, tdm_chat_template chat_template,
+                                  const char *text, size_t len, tdm_token_ids *ids, tdm_error *err)
+{
+    tdm_token_ids labels = {0}; /* the renderers write both; the prompt needs none */
+    tdm_status st;
+    if (chat_template == TDM_CHAT_NONE) {
+        if ((st = put_prefix(tok, false, ids, &labels, err)) == TDM_OK &&
+            (st = put_text(tok, text, len, false, ids, &labels, err)) == TDM_OK)
+            st = put_text(tok, "\n\n", 2, false, ids, &labels, err);
+        tdm_token_ids_free(&labels);
+        return st;
+    }
+    tdm_chat_message user = {.role = "user", .content = text, .content_len = len};
+    tdm_chat_rendered r;
+    if ((st = tdm_chat_render(chat_template, &user, 1, true, &r, err)) != TDM_OK) return st;
+    st = tdm_chat_encode(tok, &r, ids, &labels, err);
+    tdm_chat_rendered_free(&r);
+    tdm_token_ids_free(&labels);
+    return st;
+}
+
 /* The content of a special-token entry: "text" or {"content": "text"}. */
 static const char *token_content(const json_t *v)
 {

@@ -42,6 +42,13 @@ tdm_status tdm_data_render(tdm_tokenizer *tok, const tdm_data_fields *f,
                            const tdm_render_opts *opts, tdm_token_ids *ids, tdm_token_ids *labels,
                            tdm_error *err);
 
+/* Appends the ids of a prompt for generation: one user turn of text[0..len), rendered as the
+ * instruct and chat formats render it in training, followed by what comes before an answer
+ * (chatml/llama3: the assistant header, as add_generation_prompt; none: PREFIX TEXT "\n\n").
+ * So a model trained on {"instruction": TEXT, ...} is asked exactly what it learned from. */
+tdm_status tdm_data_render_prompt(tdm_tokenizer *tok, tdm_chat_template chat_template,
+                                  const char *text, size_t len, tdm_token_ids *ids, tdm_error *err);
+
 /* The EOS id for a tokenizer: the "eos_token" of tokenizer_config.json in model_dir (a string or
  * {"content": ...}), else config.json's "eos_token_id" (an integer, or the first of a list), else
  * the first of <|endoftext|>, <|end_of_text|>, <|eot_id|>, <|im_end|> the tokenizer has, else -1.

@@ -875,6 +875,66 @@ done:
     return st;
 }
 
+tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                                 const tdm_batch *b, float *logits, tdm_error *err)
+{
+    if (n_adapters < 1 || !adapters)
+        return tdm_fail(err, TDM_ERR_INVALID, "logits: no adapter slots");
+    tdm_batch checked = *b;
+    if (!checked.labels) checked.labels = b->tokens; /* check_batch wants the array; unused here */
+    TRY(check_batch(m, n_adapters, &checked, err));
+    const tdm_model_config *c = &m->cfg;
+    tdm_backend *be = m->be;
+    int64_t M = b->m, L = c->num_layers, H = c->hidden_size, V = c->vocab_size;
+    int64_t u_ld = 1;
+    unsigned tmask = 0;
+    for (int i = 0; i < n_adapters; i++) {
+        if (!adapters[i]) continue;
+        if (adapters[i]->model != m)
+            return tdm_fail(err, TDM_ERR_INVALID, "logits: adapter %d belongs to another model", i);
+        tmask |= adapters[i]->targets;
+        if (adapters[i]->rank > u_ld) u_ld = adapters[i]->rank;
+    }
+    workspace want = {.m = M, .cu_cap = b->n_seqs + 1, .u_ld = u_ld, .tmask = tmask, .n_sets = 1};
+    TRY(ws_ensure(m, &want, err));
+    workspace *w = &m->ws;
+    int32_t *pos = malloc((size_t)M * sizeof(int32_t));
+    tdm_lora_seg *segs = malloc((size_t)b->n_segs * sizeof *segs);
+    void *row_logits = NULL; /* (V) act: one row of h W^T at a time */
+    tdm_status st = TDM_OK;
+    if (!pos || !segs) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int64_t sq = 0; sq < b->n_seqs; sq++)
+        for (int64_t i = b->cu_seqlens[sq]; i < b->cu_seqlens[sq + 1]; i++)
+            pos[i] = (int32_t)(i - b->cu_seqlens[sq]);
+    st = tdm_be_upload(be, w->tokens, b->tokens, (size_t)M * sizeof(int32_t), err);
+    if (st == TDM_OK) st = tdm_be_upload(be, w->pos, pos, (size_t)M * sizeof(int32_t), err);
+    if (st == TDM_OK)
+        st =
+            tdm_be_upload(be, w->cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof(int32_t), err);
+    if (st == TDM_OK) st = tdm_be_alloc(be, m->act, V, &row_logits, err);
+    if (st != TDM_OK) goto done;
+    step s = {m, adapters, &checked, M, w->u_ld, segs, false};
+    st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
+    for (int64_t l = 0; st == TDM_OK && l < L; l++)
+        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[0], w->x[l + 1], true, err);
+    if (st == TDM_OK)
+        st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
+                                NULL, err);
+    size_t row_bytes = (size_t)H * tdm_be_dtype_size(m->act);
+    for (int64_t sq = 0; st == TDM_OK && sq < b->n_seqs; sq++) {
+        const char *h_last = (const char *)w->hf + (size_t)(b->cu_seqlens[sq + 1] - 1) * row_bytes;
+        st = tdm_be_linear_fwd(be, &m->lm_head, h_last, 1, row_logits, 0.0f, err);
+        if (st == TDM_OK) st = tdm_be_download_f32(be, logits + sq * V, row_logits, m->act, V, err);
+    }
+done:
+    tdm_be_free(be, row_logits);
+    free(pos), free(segs);
+    return st;
+}
+
 /* ------------------------------------------------------- memory estimate ---- */
 
 /* Device bytes of one frozen weight as put_weight stores it. */

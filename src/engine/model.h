@@ -151,6 +151,14 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
                           const tdm_batch *b, bool backward, const double *loss_weight,
                           double *loss_sum_out, int64_t *tokens_out, tdm_error *err);
 
+/* Forward only, no labels and no loss: for each sequence s of the batch, the logits of its LAST
+ * row (the distribution of the token that would follow it) into logits[s * vocab_size ..]
+ * (host, f32, (n_seqs, vocab_size)). b->labels may be NULL. No dropout. What greedy decoding
+ * (train/generate.h) runs over the whole sequence at every new token; a KV cache would keep the
+ * keys and values instead and feed only the new rows. */
+tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                                 const tdm_batch *b, float *logits, tdm_error *err);
+
 /* ------------------------------------------------------ memory estimate ---- */
 
 /* The largest step a run will take: what its device memory is sized by. */

@@ -9,6 +9,9 @@
  *   - LoRA dropout: finite differences of the training loss with dropout on every module,
  *     checkpointing bit-equal with dropout (the recompute regenerates the masks), fused = alone
  *     with dropout, dropout 0 = the plain path whatever the mask seed, evaluation never drops.
+ *   - tdm_model_last_logits agrees with the step's cross-entropy (fused, adapter and bare base),
+ *     and greedy decoding (train/generate.h) follows the argmax, stops at a stop token, after
+ *     max_new_tokens and at a full context.
  * The models are written by the test (config.json + model.safetensors with random weights,
  * random norm weights and biases), so nothing depends on fixtures. */
 #include <setjmp.h>
@@ -30,6 +33,7 @@
 #include "model/layout.h"
 #include "model/presets.h"
 #include "model/safetensors.h"
+#include "train/generate.h"
 #include "util/rng.h"
 
 static tdm_backend *be;
@@ -507,6 +511,124 @@ static void test_batch_checks(void **state)
     tdm_model_free(m);
 }
 
+/* The last row's logits of a sequence are those the step scores at that row when the sequence
+ * goes on: for sequences S_s (length n_s) fused with adapters {a, bare}, the step's loss of batch
+ * S_s + [t_s] with only t_s labelled equals logsumexp(z_s) - z_s[t_s], z_s the last logits of S_s.
+ */
+static void test_last_logits(void **state)
+{
+    const char *dir = write_model("tiny-qwen3", "tiny-qwen3", 5);
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, NULL, err));
+    tdm_lora *a;
+    OK(tdm_lora_create(&a, m, 4, 0.5f, (1u << TDM_LORA_N_TARGETS) - 1, err));
+    randomize(a, 33);
+    tdm_lora *slots[2] = {a, NULL};
+    test_batch tb;
+    const int lens[2] = {7, 5}, ad[2] = {0, 1};
+    make_batch(&tb, lens, 2, ad, 17);
+    const int32_t next[2] = {11, 29}; /* t_s */
+    /* S_s: the batch as it is; S_s + [t_s]: each sequence one longer, only t_s labelled */
+    int32_t tok2[64], lab2[64], cu2[3] = {0, 8, 14};
+    tdm_batch_seg seg2[2] = {{0, 0, 8}, {1, 8, 14}};
+    for (int s = 0, r = 0; s < 2; s++) {
+        for (int i = tb.cu[s]; i < tb.cu[s + 1]; i++, r++)
+            tok2[r] = tb.tokens[i], lab2[r] = -100;
+        tok2[r] = next[s], lab2[r] = next[s], r++;
+    }
+    tdm_batch b2 = {14, tok2, lab2, cu2, 2, seg2, 2};
+    float z[2 * 40];
+    tdm_batch b1 = tb.b;
+    b1.labels = NULL; /* not needed */
+    OK(tdm_model_last_logits(m, slots, 2, &b1, z, err));
+    double ls[2];
+    int64_t nt[2];
+    OK(tdm_model_step(m, slots, 2, &b2, false, NULL, ls, nt, err));
+    for (int s = 0; s < 2; s++) {
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < 40; v++)
+            mx = fmax(mx, z[s * 40 + v]);
+        for (int v = 0; v < 40; v++)
+            sum += exp(z[s * 40 + v] - mx);
+        double ce = mx + log(sum) - z[s * 40 + next[s]];
+        assert_int_equal(nt[s], 1);
+        printf("  sequence %d (%s): cross-entropy from last logits %.6f, from the step %.6f\n", s,
+               s ? "bare base" : "adapter", ce, ls[s]);
+        assert_true(fabs(ce - ls[s]) < 1e-4 * fmax(1.0, fabs(ce)));
+    }
+    tdm_lora_free(a);
+    tdm_model_free(m);
+}
+
+static int32_t argmax_of(const float *z, int n)
+{
+    int best = 0;
+    for (int v = 1; v < n; v++)
+        if (z[v] > z[best]) best = v;
+    return best;
+}
+
+/* Greedy decoding: each token is the argmax of the last logits of the sequence so far (computed
+ * here independently); a stop token ends it unemitted; max_new_tokens and the context bound it. */
+static void test_generate_greedy(void **state)
+{
+    const char *dir = write_model("tiny", "tiny", 7);
+    tdm_model *m;
+    OK(tdm_model_load(&m, be, dir, NULL, err));
+    tdm_lora *a;
+    OK(tdm_lora_create(&a, m, 4, 0.5f, TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_UP), err));
+    randomize(a, 8);
+    int32_t seq[64] = {3, 14, 15, 9, 26};
+    int n = 5;
+    int32_t out[64];
+    int64_t n_out;
+    tdm_generate_stop why;
+    tdm_generate_opts o = {.max_new_tokens = 6};
+    OK(tdm_generate_greedy(m, a, seq, n, &o, out, &n_out, &why, err));
+    assert_int_equal(n_out, 6);
+    assert_int_equal(why, TDM_GENERATE_MAX_TOKENS);
+    for (int k = 0; k < 6; k++) {
+        int32_t cu[2] = {0, n};
+        tdm_batch_seg sg = {0, 0, n};
+        tdm_batch b = {n, seq, NULL, cu, 1, &sg, 1};
+        float z[40];
+        OK(tdm_model_last_logits(m, &a, 1, &b, z, err));
+        assert_int_equal(out[k], argmax_of(z, 40));
+        seq[n++] = out[k];
+    }
+    int32_t again[64];
+    int64_t n_again;
+    OK(tdm_generate_greedy(m, a, seq, 5, &o, again, &n_again, &why, err));
+    assert_memory_equal(out, again, sizeof(int32_t) * 6); /* deterministic */
+    /* the base continues differently from the adapter (random B: a large LoRA term) */
+    int32_t base[64];
+    int64_t n_base;
+    OK(tdm_generate_greedy(m, NULL, seq, 5, &o, base, &n_base, &why, err));
+    assert_int_equal(n_base, 6);
+    assert_true(memcmp(base, out, sizeof(int32_t) * 6) != 0);
+    /* a stop token: the third token of the answer ends it, unemitted */
+    int32_t stop = out[2];
+    bool earlier = out[0] == stop || out[1] == stop;
+    tdm_generate_opts os = {.max_new_tokens = 6, .stop_ids = &stop, .n_stop = 1};
+    OK(tdm_generate_greedy(m, a, seq, 5, &os, again, &n_again, &why, err));
+    assert_int_equal(why, TDM_GENERATE_STOP_TOKEN);
+    if (!earlier) assert_int_equal(n_again, 2);
+    /* the context (max_position_embeddings 64): a 60-token prompt leaves 4 new tokens */
+    int32_t longp[64];
+    for (int i = 0; i < 60; i++)
+        longp[i] = (i * 7) % 40;
+    tdm_generate_opts ol = {.max_new_tokens = 10};
+    OK(tdm_generate_greedy(m, a, longp, 60, &ol, out, &n_out, &why, err));
+    assert_int_equal(n_out, 4);
+    assert_int_equal(why, TDM_GENERATE_CONTEXT_FULL);
+    tdm_error e = {0};
+    assert_int_equal(tdm_generate_greedy(m, a, longp, 64, &ol, out, &n_out, &why, &e),
+                     TDM_ERR_INVALID);
+    assert_non_null(strstr(e.message, "context"));
+    tdm_lora_free(a);
+    tdm_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,6 +643,8 @@ int main(void)
         cmocka_unit_test(test_fd_dropout),
         cmocka_unit_test(test_fused_equals_alone_dropout),
         cmocka_unit_test(test_dropout_zero_and_eval),
+        cmocka_unit_test(test_last_logits),
+        cmocka_unit_test(test_generate_greedy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
