@@ -24,9 +24,10 @@ typedef struct sink {
 
 static bool sink_add(sink *s, const char *data, size_t n)
 {
-    if (s->len + n > TDM_SPAWN_OUTPUT_MAX) {
+    size_t room = TDM_SPAWN_OUTPUT_MAX - s->len; /* s->len never exceeds the maximum */
+    if (n > room) {
         s->truncated = true;
-        n = TDM_SPAWN_OUTPUT_MAX - s->len;
+        n = room;
     }
     if (s->len + n + 1 > s->cap) {
         size_t cap = s->cap ? s->cap : 4096;

@@ -405,6 +405,7 @@ void tdm_lora_free(tdm_lora *a)
 static tdm_status lora_module(tdm_lora *a, int layer, tdm_lora_target t, int64_t *na, int64_t *nb,
                               int64_t *ao, int64_t *bo, tdm_error *err)
 {
+    *na = *nb = 0, *ao = *bo = -1; /* set on every path (-O3 -Wmaybe-uninitialized) */
     if (layer < 0 || layer >= a->model->cfg.num_layers || t >= NT)
         return tdm_fail(err, TDM_ERR_INVALID, "LoRA module layer %d target %d out of range", layer,
                         (int)t);

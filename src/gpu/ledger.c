@@ -628,6 +628,7 @@ char *tdm_ledger_state_to_json(const tdm_ledger_state *s)
 static tdm_status get_string(json_t *o, const char *key, char *dst, size_t size, bool nullable,
                              const char *what, size_t idx, tdm_error *err)
 {
+    *dst = 0; /* set on every path: -O3 cannot tell that tdm_fail never returns TDM_OK */
     json_t *v = json_object_get(o, key);
     if (nullable && (v == NULL || json_is_null(v))) {
         dst[0] = '\0';
@@ -644,6 +645,7 @@ static tdm_status get_string(json_t *o, const char *key, char *dst, size_t size,
 static tdm_status get_int(json_t *o, const char *key, int64_t *dst, bool nullable, int64_t min,
                           const char *what, size_t idx, tdm_error *err)
 {
+    *dst = 0; /* set on every path: -O3 cannot tell that tdm_fail never returns TDM_OK */
     json_t *v = json_object_get(o, key);
     if (nullable && v != NULL && json_is_null(v)) {
         *dst = -1;
