@@ -3,9 +3,11 @@
 JOBS        ?= $(shell nproc)
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
+RELEASE_BUILD ?= build-release
 CMAKE_FLAGS ?=
+PREFIX      ?= /usr/local
 
-.PHONY: all deps build run test test-fast test-asan bench fuzz format clean
+.PHONY: all deps build build-quiet run install test test-fast test-asan test-release bench fuzz format clean
 
 all: build
 
@@ -18,16 +20,39 @@ $(BUILD)/CMakeCache.txt: | deps
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: three LoRA adapters trained fused on the CPU, then GPU sharing on a simulated GPU.
-run: build
+# The build without its ~100 lines of compiler and CMake output: one line, and the last lines of
+# the log (kept in $(BUILD)/build.log) only when it fails.
+build-quiet: deps
+	@echo "== building tandem in $(BUILD)/ (log: $(BUILD)/build.log)"
+	@mkdir -p $(BUILD)
+	@{ [ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DTANDEM_WERROR=ON $(CMAKE_FLAGS); } \
+		>$(BUILD)/build.log 2>&1 && cmake --build $(BUILD) -j $(JOBS) >>$(BUILD)/build.log 2>&1 \
+		|| { tail -n 40 $(BUILD)/build.log; echo "make: the build failed; full log: $(BUILD)/build.log"; exit 1; }
+
+# The main job: three LoRA adapters trained fused on the CPU, each shown answering a prompt it
+# never saw beside the bare base model, then GPU sharing on a simulated GPU.
+run: build-quiet
 	@scripts/demo.sh $(BUILD)/tandem
+
+# Installs the binary into $(PREFIX)/bin and the docs into $(PREFIX)/share/doc/tandem
+# (e.g. `make install PREFIX=$$HOME/.local`, then put $$HOME/.local/bin on PATH).
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Every test through ctest, then the whole suite again under ASan + UBSan.
 # contract_check then verifies that every test the contracts cite passed in that very run.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --output-junit junit.xml
 	$(BUILD)/contract_check --root . --junit $(BUILD)/junit.xml contracts/*.yaml
-	$(MAKE) test-asan
+	$(MAKE) --no-print-directory test-release
+	$(MAKE) --no-print-directory test-asan
+
+# A Release (-O3) build of the tandem binary with warnings as errors: -O3 inlines more and so finds
+# maybe-uninitialized paths the default RelWithDebInfo (-O2) build does not. Only the binary, CUDA
+# off, to keep the cost small.
+test-release: deps
+	cmake -S . -B $(RELEASE_BUILD) -DCMAKE_BUILD_TYPE=Release -DTANDEM_WERROR=ON -DTANDEM_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(RELEASE_BUILD) -j $(JOBS) --target tandem
 
 test-fast: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -52,4 +77,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz
+	rm -rf $(BUILD) $(ASAN_BUILD) $(RELEASE_BUILD) build-fuzz
