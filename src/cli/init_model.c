@@ -1,4 +1,5 @@
-/* tandem init-model OUT_DIR --preset NAME [--seed S] [--dtype bf16|f32] [--tokenizer PATH] */
+/* tandem init-model OUT_DIR --preset NAME [--seed S] [--dtype bf16|f32] [--tokenizer PATH]
+ * [--init-std X] */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +13,9 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: tandem init-model OUT_DIR --preset NAME [--seed S] [--dtype bf16|f32]\n"
-                 "                         [--tokenizer PATH]\n\n"
-                 "Writes config.json, model.safetensors (random weights, normal(0, 0.02), norms 1)\n"
+                 "                         [--tokenizer PATH] [--init-std X]\n\n"
+                 "Writes config.json, model.safetensors (random weights, normal(0, X), X = 0.02\n"
+                 "unless --init-std says otherwise, norms 1)\n"
                  "and a tokenizer (a built-in byte-level one unless --tokenizer names a\n"
                  "tokenizer.json or a directory holding one) in a real architecture's shapes.\n\n"
                  "presets:\n");
@@ -40,6 +42,7 @@ int tdm_cmd_init_model(int argc, char **argv)
     static const struct option opts[] = {
         {"preset", required_argument, NULL, 'p'}, {"seed", required_argument, NULL, 's'},
         {"dtype", required_argument, NULL, 'd'},  {"tokenizer", required_argument, NULL, 't'},
+        {"init-std", required_argument, NULL, 'i'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     tdm_init_model_opts o = {.dtype = TDM_DTYPE_BF16};
@@ -68,6 +71,12 @@ int tdm_cmd_init_model(int argc, char **argv)
                                     optarg);
             break;
         case 't': o.tokenizer = optarg; break;
+        case 'i':
+            if (!tdm_cli_parse_double(optarg, &o.init_std) || !(o.init_std > 0 && o.init_std <= 1))
+                return tdm_cli_fail(TDM_EXIT_USAGE,
+                                    "init-model: --init-std wants a number in (0, 1], not '%s'",
+                                    optarg);
+            break;
         case 'h': usage(stdout); return TDM_EXIT_OK;
         default:
             usage(stderr);

@@ -26,8 +26,8 @@ uint64_t tdm_init_model_chunk_seed(uint64_t seed, const char *name, uint64_t chu
 
 /* Fills out[0..n) with the values of elements [first, first + n) of a tensor; first and n are
  * multiples of CHUNK_ELEMS except for the tensor's tail. */
-static void fill_piece(const tdm_tensor_desc *d, uint64_t seed, int64_t first, int64_t n,
-                       float *out)
+static void fill_piece(const tdm_tensor_desc *d, uint64_t seed, double std, int64_t first,
+                       int64_t n, float *out)
 {
     if (d->role == TDM_ROLE_NORM || d->role == TDM_ROLE_BIAS) {
         float v = d->role == TDM_ROLE_NORM ? 1.0f : 0.0f;
@@ -43,7 +43,7 @@ static void fill_piece(const tdm_tensor_desc *d, uint64_t seed, int64_t first, i
                                                    (uint64_t)(first / CHUNK_ELEMS + c)));
         int64_t lo = c * CHUNK_ELEMS, hi = lo + CHUNK_ELEMS < n ? lo + CHUNK_ELEMS : n;
         for (int64_t i = lo; i < hi; i++)
-            out[i] = (float)(tdm_rng_normal(&r) * 0.02);
+            out[i] = (float)(tdm_rng_normal(&r) * std);
     }
 }
 
@@ -81,7 +81,7 @@ static tdm_status write_weights(const char *path, const tdm_model_config *cfg,
         for (int64_t at = 0; at < numel && st == TDM_OK; at += CHUNK_ELEMS * PIECE_CHUNKS) {
             int64_t m = numel - at < CHUNK_ELEMS * PIECE_CHUNKS ? numel - at
                                                                 : CHUNK_ELEMS * PIECE_CHUNKS;
-            fill_piece(&d[i], o->seed, at, m, buf);
+            fill_piece(&d[i], o->seed, o->init_std > 0 ? o->init_std : 0.02, at, m, buf);
             if (o->dtype == TDM_DTYPE_BF16) {
                 tdm_f32_to_bf16_n(buf, half, (size_t)m);
                 st = tdm_st_writer_write(w, half, (size_t)m * 2, err);
@@ -322,6 +322,9 @@ tdm_status tdm_init_model(const char *out_dir, const tdm_init_model_opts *o,
 {
     if (o->dtype != TDM_DTYPE_BF16 && o->dtype != TDM_DTYPE_F32)
         return tdm_fail(err, TDM_ERR_INVALID, "init-model writes bf16 or f32 weights only");
+    if (!(o->init_std >= 0 && o->init_std <= 1))
+        return tdm_fail(err, TDM_ERR_INVALID, "init-model: init std %g is not in (0, 1]",
+                        o->init_std);
     tdm_model_config cfg;
     tdm_status st = tdm_preset_config(o->preset, &cfg, err);
     if (st != TDM_OK)

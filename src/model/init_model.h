@@ -2,7 +2,10 @@
  * architecture's shapes (tandem init-model): config.json, model.safetensors and a tokenizer.
  *
  * Weights (as Hugging Face's _init_weights with initializer_range 0.02): every matrix
- * (embedding, projections, lm_head) ~ normal(0, 0.02), biases 0, RMSNorm weights 1.
+ * (embedding, projections, lm_head) ~ normal(0, 0.02), biases 0, RMSNorm weights 1. init_std
+ * replaces 0.02 (config.json keeps "initializer_range": 0.02): with tied embeddings of std 0.02 a
+ * 256-wide model's logits stay within about +-5, so a LoRA on it learns a toy task slowly; the
+ * make run demo uses 0.1 (docs/model-config.md).
  * Determinism: tensor t draws from xoshiro256** (util/rng.h) seeded with
  *   splitmix64-mix(seed ^ fnv1a64(t.name)) + chunk index
  * for each chunk of 65536 consecutive elements, so the bytes depend only on --seed, the preset
@@ -30,10 +33,11 @@
 #include "util/error.h"
 
 typedef struct tdm_init_model_opts {
-    const char *preset;    /* see presets.h */
+    const char *preset; /* see presets.h */
     uint64_t seed;
     tdm_dtype dtype;       /* TDM_DTYPE_BF16 or TDM_DTYPE_F32 */
     const char *tokenizer; /* NULL: the built-in byte-level tokenizer */
+    double init_std;       /* std of the matrices; 0 means 0.02 */
     /* Called after each written piece (may be NULL): bytes of tensor data done / total. */
     void (*progress)(uint64_t done, uint64_t total, void *user);
     void *user;

@@ -25,6 +25,22 @@ s16=$(stat -c %s "$WORK/tiny/model.safetensors"); s32=$(stat -c %s "$WORK/f32/mo
 [ $((s32 - 2 * s16)) -lt 10000 ] && [ $((2 * s16 - s32)) -lt 10000 ] || fail "f32 size $s32 vs bf16 $s16"
 grep -q '"float32"' "$WORK/f32/config.json" || fail "f32 config dtype"
 
+# --init-std: the matrices' spread (f32, so the bytes are the draws): 5x the default's, within 2%.
+std_of() { python3 - "$1" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+t = h["model.embed_tokens.weight"]; f.seek(8 + n + t["data_offsets"][0])
+k = (t["data_offsets"][1] - t["data_offsets"][0]) // 4; v = struct.unpack("<%df" % k, f.read(4 * k))
+print("%.5f" % (sum(x * x for x in v) / k) ** 0.5)
+PY
+}
+expect_exit 0 "$TANDEM" init-model "$WORK/std" --preset tiny --dtype f32 --init-std 0.1
+s_default=$(std_of "$WORK/f32/model.safetensors"); s_wide=$(std_of "$WORK/std/model.safetensors")
+awk -v a="$s_default" -v b="$s_wide" 'BEGIN { exit !(a > 0.0196 && a < 0.0204 && b > 0.098 && b < 0.102) }' ||
+    fail "--init-std 0.1: embedding std $s_wide (default $s_default)"
+expect_exit 2 "$TANDEM" init-model "$WORK/bad" --preset tiny --init-std 0
+expect_exit 2 "$TANDEM" init-model "$WORK/bad" --preset tiny --init-std 2
+
 # --tokenizer: a directory or a tokenizer.json.
 expect_exit 0 "$TANDEM" init-model "$WORK/tok" --preset tiny-llama --tokenizer "$WORK/tiny"
 cmp -s "$WORK/tiny/tokenizer.json" "$WORK/tok/tokenizer.json" || fail "tokenizer not copied"
