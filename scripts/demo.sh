@@ -1,9 +1,14 @@
 #!/bin/bash
 # make run: the main job. Creates the `tiny` random model, writes three small instruct datasets
-# with learnable patterns (reverse a word, uppercase a word, add two digits), trains three LoRA
-# adapters FUSED on the CPU in one process (different ranks, targets and learning rates), shows
-# their losses falling, writes the PEFT adapters and evaluates them against the bare base.
+# (greet: any name -> "hi!"; last: a word -> its last letter; parity: a number -> odd or even),
+# trains three LoRA adapters FUSED on the CPU in one process (different ranks, targets and
+# learning rates), shows each one's training loss falling and its greedy answer to a prompt that
+# is NOT in its data beside the bare base model's (tandem generate), and its eval loss.
 # Then the GPU-sharing demo (scripts/demo-gpu-sharing.sh) on a simulated GPU.
+# What makes a random 3M-parameter base plus LoRA learn within the demo's ~100 steps: weights of
+# std 0.1 instead of 0.02 (--init-std; at 0.02 the tied embeddings keep every logit within about
+# +-5 and the losses barely move), and prompts rendered without a chat template (--chat-template
+# none: "PROMPT\n\n" ANSWER EOS), so the answer sits a few tokens after what it depends on.
 set -eu
 TANDEM=${1:-build/tandem}
 case $TANDEM in /*) ;; *) TANDEM="$PWD/$TANDEM" ;; esac
@@ -12,57 +17,88 @@ demo=$(mktemp -d /tmp/tandem-demo-XXXXXX)
 trap 'rm -rf "$demo"' EXIT
 cd "$demo"
 
-echo "== tandem init-model tiny --preset tiny   (a random Qwen2-shaped model, ~3M parameters)"
-"$TANDEM" init-model tiny --preset tiny
-"$here/make-demo-data.sh" data 32
-echo "== three datasets: $(wc -l < data/reverse.jsonl) x reverse, $(wc -l < data/upper.jsonl) x upper, $(wc -l < data/add.jsonl) x add; e.g."
-head -n1 data/reverse.jsonl data/upper.jsonl data/add.jsonl | grep '^{' | sed 's/^/   /'
-cat > adapters.toml <<'TOML'
+echo "== tandem init-model tiny --preset tiny --init-std 0.1   (a random Qwen2-shaped model, ~3M parameters)"
+"$TANDEM" init-model tiny --preset tiny --init-std 0.1
+# 64 lines each, deterministic; words of 3-5 letters from a-j. Held-out prompts are below.
+mkdir -p data
+awk 'BEGIN {
+    letters = "abcdefghij"; s = 7
+    for (i = 0; i < 64; i++) {
+        len = 3 + i % 3; w = ""
+        for (k = 0; k < len; k++) { s = (s * 1103515245 + 12345) % 2147483648; w = w substr(letters, 1 + int(s / 65536) % 10, 1) }
+        printf("{\"instruction\": \"%s\", \"response\": \"hi!\"}\n", w) > "data/greet.jsonl"
+        printf("{\"instruction\": \"%s\", \"response\": \"%s\"}\n", w, substr(w, len, 1)) > "data/last.jsonl"
+        n = (i * 37 + 11) % 100
+        printf("{\"instruction\": \"%d\", \"response\": \"%s\"}\n", n, n % 2 ? "odd" : "even") > "data/parity.jsonl"
+    }
+}'
+echo "== three datasets of 64 lines: greet (any name -> hi!), last (last letter), parity; e.g."
+head -n1 data/greet.jsonl data/last.jsonl data/parity.jsonl | grep '^{' | sed 's/^/   /'
+all="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+cat > adapters.toml <<TOML
 batch_size = 8
 [[adapter]]
-data = "data/reverse.jsonl"
-output = "out/reverse"
-label = "reverse"
+data = "data/greet.jsonl"
+output = "out/greet"
+label = "greet"
 rank = 8
-targets = ["q_proj", "v_proj"]
-learning_rate = 1e-2
+targets = "$all"
+learning_rate = 3e-2
 
 [[adapter]]
-data = "data/upper.jsonl"
-output = "out/upper"
-label = "upper"
-rank = 4
-targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-learning_rate = 2e-3
-epochs = 8
-
-[[adapter]]
-data = "data/add.jsonl"
-output = "out/add"
-label = "add"
+data = "data/last.jsonl"
+output = "out/last"
+label = "last"
 rank = 16
-targets = "gate_proj,up_proj,down_proj"
-learning_rate = 1e-2
-epochs = 2
+targets = "$all"
+learning_rate = 3e-2
+
+[[adapter]]
+data = "data/parity.jsonl"
+output = "out/parity"
+label = "parity"
+rank = 16
+targets = "$all"
+learning_rate = 3e-2
 TOML
 echo; echo "== tandem finetune tiny --adapters-config adapters.toml   (3 adapters fused, CPU)"
 start=$(date +%s%N)
-"$TANDEM" finetune tiny --adapters-config adapters.toml --device cpu --epochs 3 --max-seq-len 64 \
-    --lr-schedule constant --log-every 4 --eval-every 8 --save-every 0 --val-split 0.1
+"$TANDEM" finetune tiny --adapters-config adapters.toml --device cpu --epochs 12 --max-seq-len 64 \
+    --chat-template none --lr-schedule constant --log-every 16 --save-every 0 --val-split 0
 end=$(date +%s%N)
 awk -v ns=$((end - start)) 'BEGIN { printf "== trained in %.1f s\n", ns / 1e9 }'
 echo; echo "== each OUT_DIR holds a PEFT adapter + run records:"
-ls out/reverse | sed 's/^/   /'
+ls out/greet | sed 's/^/   /'
 echo; echo "== training loss, first and last logged (metrics.jsonl):"
-for a in reverse upper add; do
+for a in greet last parity; do
     printf "   %-8s %s -> %s\n" "$a" \
         "$(jq -s '[.[] | select(.loss)] | first.loss * 1000 | round / 1000' out/$a/metrics.jsonl)" \
         "$(jq -s '[.[] | select(.loss)] | last.loss * 1000 | round / 1000' out/$a/metrics.jsonl)"
 done
-echo; echo "== tandem eval: loss on each dataset, bare base vs its adapter"
-for a in reverse upper add; do
-    base=$("$TANDEM" eval tiny --data data/$a.jsonl --json | jq '.loss * 1000 | round / 1000')
-    tuned=$("$TANDEM" eval tiny --data data/$a.jsonl --adapter out/$a --json | jq '.loss * 1000 | round / 1000')
+echo; echo "== tandem generate: greedy answers to prompts NOT in the data, bare base vs adapter"
+printf "   %-8s %-8s %-9s %-22s %s\n" adapter prompt expected "base model" "with the adapter"
+ok=0 n=0
+while IFS='|' read -r a prompt want; do
+    if grep -qF "\"instruction\": \"$prompt\"" "data/$a.jsonl"; then
+        echo "demo: '$prompt' is in data/$a.jsonl, not held out" >&2; exit 1
+    fi
+    gen() { "$TANDEM" generate tiny --chat-template none --prompt "$prompt" --max-new-tokens 8 --json "$@" | jq .text; }
+    base=$(gen) tuned=$(gen --adapter "out/$a")
+    n=$((n + 1)); mark="wrong"; [ "$tuned" = "\"$want\"" ] && { mark="right"; ok=$((ok + 1)); }
+    printf "   %-8s %-8s %-9s %-22s %s (%s)\n" "$a" "$prompt" "$want" "$base" "$tuned" "$mark"
+done <<'PROMPTS'
+greet|fiji|hi!
+greet|ceded|hi!
+last|bead|d
+last|jihg|g
+parity|56|even
+parity|37|odd
+PROMPTS
+echo "   $ok of $n right with the adapters (the base model has random weights: its answers are noise)"
+echo; echo "== tandem eval: mean loss on each dataset, bare base vs its adapter"
+for a in greet last parity; do
+    base=$("$TANDEM" eval tiny --chat-template none --data data/$a.jsonl --json | jq '.loss * 1000 | round / 1000')
+    tuned=$("$TANDEM" eval tiny --chat-template none --data data/$a.jsonl --adapter out/$a --json | jq '.loss * 1000 | round / 1000')
     printf "   %-8s base %s  with adapter %s\n" "$a" "$base" "$tuned"
 done
 echo
