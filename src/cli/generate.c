@@ -47,6 +47,25 @@ static tdm_status load_adapter(tdm_model *m, const char *dir, tdm_lora **out, td
     return st;
 }
 
+/* text[0..len) as valid UTF-8 (malloc'd, NUL-terminated): each byte that does not start a valid
+ * character becomes U+FFFD, as Hugging Face's decode does; JSON strings must be UTF-8. */
+static char *utf8_lossy(const char *text, size_t len)
+{
+    char *out = malloc(3 * len + 1), *o = out;
+    if (!out) return NULL;
+    while (len > 0) {
+        size_t ok = tdm_utf8_valid_prefix(text, len);
+        memcpy(o, text, ok);
+        o += ok, text += ok, len -= ok;
+        if (len > 0) {
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3, text++, len--;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
 /* The tokens that end an answer: EOS and the template's end-of-turn token. */
 static int stop_ids(const tdm_tokenizer *tok, const char *model_dir, tdm_chat_template t,
                     int32_t ids[2])
@@ -156,6 +175,7 @@ int tdm_cmd_generate(int argc, char **argv)
     int32_t stops[2];
     tdm_generate_opts go = {.max_new_tokens = max_new, .stop_ids = stops};
     go.n_stop = stop_ids(&tok, model_dir, tmpl, stops);
+    go.n_candidates = tok.n_ids; /* never an id the tokenizer cannot decode */
     out = malloc((size_t)max_new * sizeof *out);
     if (!out) {
         code = tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
@@ -174,15 +194,18 @@ int tdm_cmd_generate(int argc, char **argv)
         json_t *toks = json_array();
         for (int64_t i = 0; toks && i < n_out; i++)
             json_array_append_new(toks, json_integer(out[i]));
-        json_t *j =
-            json_pack("{s:s%, s:o, s:I, s:s}", "text", text ? text : "", text_len, "tokens", toks,
-                      "prompt_tokens", (json_int_t)ids.len, "stop", tdm_generate_stop_name(why));
+        char *valid = utf8_lossy(text ? text : "", text_len);
+        json_t *j = valid ? json_pack("{s:s, s:o, s:I, s:s}", "text", valid, "tokens", toks,
+                                      "prompt_tokens", (json_int_t)ids.len, "stop",
+                                      tdm_generate_stop_name(why))
+                          : NULL;
         char *s = j ? json_dumps(j, JSON_SORT_KEYS) : NULL;
         if (s)
             printf("%s\n", s);
         else
-            code = tdm_cli_fail(TDM_EXIT_FAILURE, "generate: the answer is not valid UTF-8");
+            code = tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
         free(s);
+        free(valid);
         json_decref(j);
     } else {
         if (text_len) fwrite(text, 1, text_len, stdout);

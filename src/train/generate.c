@@ -92,7 +92,9 @@ tdm_status tdm_generate_greedy(tdm_model *m, tdm_lora *adapter, const int32_t *p
     if (st == TDM_OK) st = decoder_feed(&d, prompt, n_prompt, err);
     while (st == TDM_OK) {
         int32_t next;
-        if ((st = argmax(d.logits, c->vocab_size, &next, err)) != TDM_OK) break;
+        int64_t V = o->n_candidates > 0 && o->n_candidates < c->vocab_size ? o->n_candidates
+                                                                           : c->vocab_size;
+        if ((st = argmax(d.logits, V, &next, err)) != TDM_OK) break;
         if (is_stop(o, next)) {
             *why = TDM_GENERATE_STOP_TOKEN;
             break;

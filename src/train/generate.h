@@ -25,6 +25,9 @@ typedef struct tdm_generate_opts {
     int64_t max_new_tokens;  /* >= 1: the most tokens appended after the prompt */
     const int32_t *stop_ids; /* (n_stop) tokens that end the answer (not emitted) */
     int n_stop;
+    /* only ids below it are candidates (0: the whole vocabulary): the tokenizer's size when the
+     * model's embedding is padded past it, as the tiny presets' 320 rows for 259 tokens are */
+    int64_t n_candidates;
 } tdm_generate_opts;
 
 typedef enum tdm_generate_stop {

@@ -613,6 +613,12 @@ static void test_generate_greedy(void **state)
     OK(tdm_generate_greedy(m, a, seq, 5, &os, again, &n_again, &why, err));
     assert_int_equal(why, TDM_GENERATE_STOP_TOKEN);
     if (!earlier) assert_int_equal(n_again, 2);
+    /* n_candidates: only ids below it come out (a padded vocabulary) */
+    int32_t low = out[0] > 0 ? out[0] : 1; /* the unrestricted first token is not a candidate */
+    tdm_generate_opts oc = {.max_new_tokens = 6, .n_candidates = low};
+    OK(tdm_generate_greedy(m, a, seq, 5, &oc, again, &n_again, &why, err));
+    for (int64_t k = 0; k < n_again; k++)
+        assert_true(again[k] < low);
     /* the context (max_position_embeddings 64): a 60-token prompt leaves 4 new tokens */
     int32_t longp[64];
     for (int i = 0; i < 60; i++)
