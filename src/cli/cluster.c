@@ -520,8 +520,32 @@ static const char pull_usage[] =
     "  --all    every adapter of every finished job\n"
     "  --submission ID   default: the latest submission; 'all' for every job\n";
 
+/* The adapter of job whose submission-wide "index" is index. A job holds only the adapters placed
+ * on its node, so its array position is not the submission index (adapter 3 of a submission can
+ * be the only one, position 0, of its node's job). NULL when the job has none with that index. */
+static json_t *job_adapter(json_t *job, json_t *index)
+{
+    if (!json_is_integer(index))
+        return NULL;
+    size_t k;
+    json_t *a;
+    json_array_foreach(json_object_get(job, "adapters"), k, a)
+    {
+        json_t *i = json_object_get(a, "index");
+        if (json_is_integer(i) && json_integer_value(i) == json_integer_value(index))
+            return a;
+    }
+    return NULL;
+}
+
 static int pull_one(json_t *job, json_t *adapter, const char *dest)
 {
+    const char *output = json_string_value(json_object_get(adapter, "output"));
+    if (!output)
+        return tdm_cli_fail(TDM_EXIT_FAILURE,
+                            "job %s: an adapter without an output path in the job registry "
+                            "(damaged record?); nothing copied",
+                            str(job, "id", "?"));
     tdm_cluster_node node;
     char *ssh_config;
     tdm_error err = {0};
@@ -540,10 +564,10 @@ static int pull_one(json_t *job, json_t *adapter, const char *dest)
     if (stat(local, &st) == 0) {
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s already exists; choose another DEST", local);
     } else if (tdm_transport_init(&t, &node, ssh_config, &err) != TDM_OK ||
-               tdm_transport_pull(&t, str(adapter, "output", ""), local, &err) != TDM_OK) {
+               tdm_transport_pull(&t, output, local, &err) != TDM_OK) {
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: %s", node.name, err.message);
     } else {
-        printf("%s  <-  %s:%s\n", local, node.name, str(adapter, "output", ""));
+        printf("%s  <-  %s:%s\n", local, node.name, output);
     }
     tdm_cluster_node_free(&node);
     free(ssh_config);
@@ -625,8 +649,16 @@ static int cmd_pull(int argc, char **argv)
             {
                 if (strcmp(str(j, "id", ""), str(row, "job", "")))
                     continue;
-                json_t *a = json_array_get(json_object_get(j, "adapters"),
-                                           (size_t)json_integer_value(json_object_get(row, "index")));
+                json_t *a = job_adapter(j, json_object_get(row, "index"));
+                if (!a) {
+                    rc = tdm_cli_fail(TDM_EXIT_FAILURE,
+                                      "job %s has no adapter #%lld (damaged registry record?); "
+                                      "nothing copied",
+                                      str(j, "id", "?"),
+                                      (long long)json_integer_value(json_object_get(row, "index")) +
+                                          1);
+                    break;
+                }
                 rc = pull_one(j, a, dest);
                 pulled += rc == 0;
                 printf("best: %s (validation loss %.6g, node %s)\n", str(row, "label", "?"),

@@ -388,6 +388,19 @@ int tdm_cmd_submit(int argc, char **argv)
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s", err.message);
         goto out_plan;
     }
+    /* `cluster pull` copies only from inside a node's workdir (tdm_transport_check_remote_path):
+     * say so now for an output that will train elsewhere. */
+    for (size_t a = 0; a < ac.n_adapters; a++) {
+        const tdm_cluster_node *node = &cfg.nodes[plan.node_of[a]];
+        const char *o = ac.adapters[a].output;
+        char *rout = o[0] == '/' ? strdup(o) : resolve(node->workdir, o);
+        tdm_error e = {0};
+        if (rout && tdm_transport_check_remote_path(node, rout, &e) != TDM_OK)
+            printf("\nnote: adapter %zu (%s) writes %s on %s, outside its workdir %s: `tandem "
+                   "cluster pull` will not copy it (copies stay inside the workdir)\n",
+                   a + 1, labels[a], rout, node->name, node->workdir);
+        free(rout);
+    }
     if (dry_run) {
         printf("\n(dry run: nothing copied, nothing started)\n");
         goto out_plan;

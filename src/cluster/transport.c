@@ -430,9 +430,71 @@ static tdm_status copy_remote(tdm_transport *t, const char *src, const char *dst
     return st;
 }
 
+/* The next component of an absolute path: skips slashes and "." components; sets *len to 0 at
+ * the end. */
+static const char *next_component(const char *p, size_t *len)
+{
+    for (;;) {
+        while (*p == '/')
+            p++;
+        *len = strcspn(p, "/");
+        if (*len == 1 && p[0] == '.') {
+            p++;
+            continue;
+        }
+        return p;
+    }
+}
+
+tdm_status tdm_transport_check_remote_path(const tdm_cluster_node *node, const char *remote_path,
+                                           tdm_error *err)
+{
+    const char *name = node && node->name ? node->name : "?";
+    const char *workdir = node ? node->workdir : NULL;
+    if (!remote_path || !remote_path[0])
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s: refusing to copy an empty remote path (it would mean the remote "
+                        "login's home directory)",
+                        name);
+    if (remote_path[0] != '/')
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s: refusing to copy the relative remote path '%s' (remote paths must "
+                        "be absolute and inside the node's workdir)",
+                        name, remote_path);
+    if (!workdir || workdir[0] != '/')
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s: refusing to copy '%s': the node has no absolute workdir", name,
+                        remote_path);
+    size_t len;
+    for (const char *p = next_component(remote_path, &len); len; p = next_component(p + len, &len))
+        if (len == 2 && p[0] == '.' && p[1] == '.')
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "%s: refusing to copy '%s': remote paths must not contain '..'", name,
+                            remote_path);
+    /* Every component of the workdir must match, and the path must go on below it. */
+    const char *w = next_component(workdir, &len);
+    size_t wlen = len;
+    const char *p = next_component(remote_path, &len);
+    size_t plen = len;
+    bool any = wlen > 0;
+    while (wlen && plen && wlen == plen && !memcmp(w, p, wlen)) {
+        w = next_component(w + wlen, &wlen);
+        p = next_component(p + plen, &plen);
+    }
+    if (!any || wlen || !plen)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s: refusing to copy '%s': it is not inside the node's workdir '%s' "
+                        "(cluster.yaml); tandem copies only below the workdir",
+                        name, remote_path, workdir);
+    return TDM_OK;
+}
+
 tdm_status tdm_transport_push(tdm_transport *t, const char *local_path, const char *remote_path,
                               tdm_error *err)
 {
+    tdm_status guard = tdm_transport_check_remote_path(t->node, remote_path, err);
+    if (guard != TDM_OK)
+        return guard;
     bool dir = is_dir(local_path);
     if (t->node->transport == TDM_TRANSPORT_LOCAL) {
         argv_buf a = {0};
@@ -476,6 +538,9 @@ tdm_status tdm_transport_push(tdm_transport *t, const char *local_path, const ch
 tdm_status tdm_transport_pull(tdm_transport *t, const char *remote_path, const char *local_path,
                               tdm_error *err)
 {
+    tdm_status guard = tdm_transport_check_remote_path(t->node, remote_path, err);
+    if (guard != TDM_OK)
+        return guard;
     /* Is the remote path a directory? */
     const char *argv[] = {"test", "-d", remote_path};
     tdm_spawn_result res;

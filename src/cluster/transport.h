@@ -49,13 +49,24 @@ tdm_status tdm_transport_run(tdm_transport *t, const char *const *argv, size_t a
 bool tdm_transport_unreachable(const tdm_transport *t, const tdm_spawn_result *res, char *why,
                                size_t why_size);
 
+/* The guard every copy passes before rsync, scp or cp sees a remote path: remote_path must be
+ * absolute, hold no ".." component, and lie strictly inside the node's workdir (compared
+ * component by component after dropping empty and "." components, so /w2 is not inside /w and
+ * the workdir itself is refused). A node whose workdir is "/" allows no copy. Otherwise
+ * TDM_ERR_INVALID naming the node, the path and the rule. An empty or relative path would mean
+ * the remote login's home directory to rsync and scp ("host:" is the whole home), which is why
+ * the transport refuses it itself instead of trusting its callers. */
+tdm_status tdm_transport_check_remote_path(const tdm_cluster_node *node, const char *remote_path,
+                                           tdm_error *err);
+
 /* Copies a local file or directory to remote_path on the node (a directory's content lands in
  * remote_path, created with its parents). Names travel byte-exact. */
 tdm_status tdm_transport_push(tdm_transport *t, const char *local_path, const char *remote_path,
                               tdm_error *err);
 
 /* Copies a file or directory remote_path from the node to local_path (which must not exist for
- * a directory; its parent must). */
+ * a directory; its parent must). Both push and pull refuse a remote_path that
+ * tdm_transport_check_remote_path refuses, before anything runs. */
 tdm_status tdm_transport_pull(tdm_transport *t, const char *remote_path, const char *local_path,
                               tdm_error *err);
 

@@ -43,6 +43,9 @@ grep -Eq 'n1 +score [0-9.]+ +\(NVIDIA GeForce RTX 4090, free [0-9]+ MiB, speed 1
 grep -q 'n1 .*one finetune process on GPU-n1-0 with 2 adapter(s): a b' "$out" || fail "one process for n1's adapters"
 grep -q 'n2 .*one finetune process on the CPU with 1 adapter(s): c' "$out" || fail "n2 plan"
 grep -q 'dry run' "$out" || fail "dry run note"
+grep -q 'note: adapter 3 (c) writes /tmp/absolute-out-c on n2, outside its workdir .*cluster pull` will not copy it' "$out" \
+    || fail "no note that c's absolute output cannot be pulled"
+grep -q 'note: adapter [12] ' "$out" && fail "note for an output inside the workdir"
 [ -e "$W1/models" ] && fail "dry run copied something"
 ls "$XDG_STATE_HOME/tandem/jobs" 2>/dev/null | grep -q . && fail "dry run recorded a job"
 
