@@ -3,12 +3,13 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "util/build_features.h"
 
 static int cmd_version(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    printf("tandem %s\n", TANDEM_VERSION);
+    printf("tandem %s\nfeatures: %s\n", TANDEM_VERSION, tdm_build_features());
     return TDM_EXIT_OK;
 }
 

@@ -156,6 +156,8 @@ static json_t *node_json(const tdm_cluster_node *n, const tdm_node_state *s, jso
     json_object_set_new(o, "reachable", json_boolean(s->reachable));
     json_object_set_new(o, "reason", s->reason[0] ? json_string(s->reason) : json_null());
     json_object_set_new(o, "tandem_version", s->version[0] ? json_string(s->version) : json_null());
+    json_object_set_new(o, "tandem_features",
+                        s->features[0] ? json_string(s->features) : json_null());
     json_object_set_new(o, "cpu_cores", s->cpu_cores ? json_integer(s->cpu_cores)
                                         : n->cpu_cores ? json_integer(n->cpu_cores)
                                                        : json_null());
@@ -190,6 +192,8 @@ static void print_node(const tdm_cluster_node *n, const tdm_node_state *s, json_
         return;
     }
     printf("%s  (%s)  reachable  tandem %s", n->name, where, s->version[0] ? s->version : "?");
+    if (s->features[0])
+        printf(" (%s)", s->features);
     json_t *cores = json_object_get(nj, "cpu_cores");
     if (json_is_integer(cores))
         printf("  %lld cores", (long long)json_integer_value(cores));
@@ -288,6 +292,7 @@ static int cmd_status(int argc, char **argv)
                 break;
             }
             memset(&s, 0, sizeof s);
+            s.cuda = -1;
             snprintf(s.reason, sizeof s.reason, "%.500s", err.message);
             s.ram_total_mb = s.ram_available_mb = -1;
         }

@@ -13,6 +13,7 @@
 #include "gpu/ledger.h"
 #include "gpu/proc_identity.h"
 #include "gpu/wait_queue.h"
+#include "util/build_features.h"
 #include "util/timeutil.h"
 
 static const char usage[] =
@@ -222,6 +223,7 @@ int tdm_cmd_gpu_status(int argc, char **argv)
                                                         ? json_string(inv.driver_version)
                                                         : json_null());
         json_object_set_new(root, "source", json_string(inv.source));
+        json_object_set_new(root, "features", json_string(tdm_build_features()));
         json_t *gpus = json_array();
         for (size_t i = 0; i < inv.n_gpus; i++)
             json_array_append_new(gpus, gpu_json(&inv.gpus[i], &state));

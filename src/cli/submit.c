@@ -132,6 +132,7 @@ typedef struct node_info {
     tdm_node_state state;
     tdm_place_gpu *gpus;
     bool probed;
+    char why_no_cuda[240]; /* set when the node has GPUs but its tandem has no CUDA backend */
 } node_info;
 
 static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, node_info *info,
@@ -345,9 +346,17 @@ int tdm_cmd_submit(int argc, char **argv)
         if (tdm_transport_init(&tr[n], node, cfg.ssh_config, &e) != TDM_OK ||
             tdm_node_probe(&tr[n], 30000, s, &e) != TDM_OK) {
             memset(s, 0, sizeof *s);
+            s->cuda = -1;
             snprintf(s->reason, sizeof s->reason, "%.500s", e.message);
         }
         info[n].probed = true;
+        if (s->cuda == 0) {
+            snprintf(info[n].why_no_cuda, sizeof info[n].why_no_cuda,
+                     "has GPUs, but its tandem (%.60s) was built without CUDA (features: %.40s); "
+                     "rebuild it with CUDA or set tandem: to one that has it",
+                     node->tandem, s->features);
+            pn[n].why_no_cuda = info[n].why_no_cuda;
+        }
         pn[n].name = node->name;
         pn[n].reachable = s->reachable && s->gpu_ok;
         pn[n].why_unreachable = s->reason[0] ? s->reason : "no GPU state";

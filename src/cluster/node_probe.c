@@ -60,6 +60,38 @@ tdm_status tdm_node_parse_gpu_status(const char *json_text, tdm_node_state *out,
     return TDM_OK;
 }
 
+void tdm_node_parse_version(const char *text, tdm_node_state *out)
+{
+    out->version[0] = out->features[0] = '\0';
+    out->cuda = -1;
+    size_t n = strcspn(text, "\r\n");
+    const char *v = strncmp(text, "tandem ", 7) == 0 ? text + 7 : text;
+    if (v > text + n) v = text + n;
+    snprintf(out->version, sizeof out->version, "%.*s", (int)(text + n - v), v);
+    for (const char *line = text; *line;) {
+        size_t len = strcspn(line, "\n");
+        if (len >= 9 && !strncmp(line, "features:", 9)) {
+            const char *f = line + 9;
+            size_t flen = len - 9;
+            while (flen && (*f == ' ' || *f == '\t'))
+                f++, flen--;
+            while (flen && (f[flen - 1] == '\r' || f[flen - 1] == ' '))
+                flen--;
+            snprintf(out->features, sizeof out->features, "%.*s", (int)flen, f);
+            out->cuda = 0;
+            /* Words separated by spaces or commas; one of them "cuda". */
+            for (const char *w = f; w < f + flen;) {
+                size_t wl = strcspn(w, " ,\t\r\n");
+                if (w + wl > f + flen) wl = (size_t)(f + flen - w);
+                if (wl == 4 && !strncmp(w, "cuda", 4)) out->cuda = 1;
+                w += wl ? wl : 1;
+            }
+            break;
+        }
+        line += len + (line[len] == '\n');
+    }
+}
+
 /* The text between the line after `after` (or the start) and the line starting with marker. */
 static char *section(const char *text, const char *start, const char *marker, const char **next,
                      int *code)
@@ -84,6 +116,7 @@ tdm_status tdm_node_probe(tdm_transport *t, int64_t timeout_ms, tdm_node_state *
 {
     memset(out, 0, sizeof *out);
     out->ram_total_mb = out->ram_available_mb = -1;
+    out->cuda = -1;
     const char *argv[] = {"sh", "-c", probe_script, "tandem-probe", t->node->tandem};
     tdm_spawn_result res;
     tdm_status st = tdm_transport_run(t, argv, 5, NULL, 0, timeout_ms, &res, err);
@@ -106,9 +139,7 @@ tdm_status tdm_node_probe(tdm_transport *t, int64_t timeout_ms, tdm_node_state *
     int code;
     char *ver = section(res.out, p, "@@version", &p, &code);
     if (ver && code == 0) {
-        const char *v = strncmp(ver, "tandem ", 7) == 0 ? ver + 7 : ver;
-        snprintf(out->version, sizeof out->version, "%s", v);
-        out->version[strcspn(out->version, "\r\n")] = '\0';
+        tdm_node_parse_version(ver, out);
     } else {
         snprintf(out->reason, sizeof out->reason, "'%s --version' failed on the node (exit %d): %s",
                  t->node->tandem, code, tdm_text_tail(res.err, res.err_len, 1));

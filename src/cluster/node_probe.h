@@ -2,7 +2,8 @@
  * GPU state from `tandem gpu status --json` run on it, CPU cores and memory.
  *
  * One remote command per probe (a fixed sh script; the tandem path and env are quoted
- * arguments): `TANDEM --version`, `TANDEM gpu status --json`, `getconf _NPROCESSORS_ONLN`,
+ * arguments): `TANDEM --version` (version and build features: a tandem without CUDA cannot
+ * train on the node's GPUs), `TANDEM gpu status --json`, `getconf _NPROCESSORS_ONLN`,
  * MemTotal/MemAvailable from /proc/meminfo, separated by "@@" marker lines.
  */
 #ifndef TANDEM_CLUSTER_NODE_PROBE_H
@@ -31,6 +32,9 @@ typedef struct tdm_node_state {
     bool reachable;
     char reason[512];  /* why not reachable, or why the GPU state is missing */
     char version[64];  /* "0.1.0"; "" when unknown */
+    char features[64]; /* the "features:" line of `tandem --version` ("cuda", "cpu-only"); ""
+                        * when the node's tandem prints none (a build older than that line) */
+    int cuda;          /* 1 its tandem has the CUDA backend, 0 it has not, -1 unknown */
     bool gpu_ok;       /* gpu status answered with valid JSON */
     tdm_node_gpu *gpus;
     size_t n_gpus;
@@ -43,6 +47,11 @@ typedef struct tdm_node_state {
  * an error: it is recorded in *out (reachable false / gpu_ok false, with the reason). */
 tdm_status tdm_node_probe(tdm_transport *t, int64_t timeout_ms, tdm_node_state *out,
                           tdm_error *err);
+
+/* Reads version, features and cuda out of the output of `tandem --version` (exposed for tests):
+ * "tandem VERSION" on the first line, "features: WORD[ WORD...]" on a later one; cuda is 1 when
+ * a word is "cuda", 0 when the line is there without it, -1 when there is no such line. */
+void tdm_node_parse_version(const char *text, tdm_node_state *out);
 
 /* Reads the GPUs out of a `gpu status --json` document (exposed for tests). */
 tdm_status tdm_node_parse_gpu_status(const char *json_text, tdm_node_state *out, tdm_error *err);

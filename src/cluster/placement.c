@@ -52,6 +52,10 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
                  node->why_unreachable ? node->why_unreachable : "?");
         return;
     }
+    if (node->n_gpus > 0 && node->why_no_cuda) {
+        snprintf(e->why, sizeof e->why, "%s", node->why_no_cuda);
+        return;
+    }
     if (node->active_adapters + planned >= node->max_adapters) {
         snprintf(e->why, sizeof e->why, "max_adapters %d reached (%d running, %d planned)",
                  node->max_adapters, node->active_adapters, planned);

@@ -15,8 +15,9 @@
  * Adapters are placed one at a time in file order. A node's first adapter picks its best GPU and
  * needs room for base + adapter; the next ones join the same process (one base in memory) on the
  * same device and need room for one adapter. Excluded, with the reason kept: unreachable nodes,
- * nodes at max_adapters, devices without room, CPU-only nodes when the model has more parameters
- * than cpu_max_params. A node with GPUs never trains on its CPU.
+ * nodes with GPUs whose tandem was built without CUDA (why_no_cuda), nodes at max_adapters,
+ * devices without room, CPU-only nodes when the model has more parameters than cpu_max_params.
+ * A node with GPUs never trains on its CPU.
  */
 #ifndef TANDEM_CLUSTER_PLACEMENT_H
 #define TANDEM_CLUSTER_PLACEMENT_H
@@ -43,6 +44,9 @@ typedef struct tdm_place_node {
     int max_adapters;
     int active_adapters;    /* running on the node already */
     int64_t cpu_max_params; /* CPU-only nodes: largest model they train */
+    const char *why_no_cuda; /* NULL when the node's tandem can use its GPUs (or that is not
+                              * known); else why it cannot (a build without CUDA): a node with
+                              * GPUs is then excluded with this reason */
 } tdm_place_node;
 
 /* Memory one adapter needs, MiB, for the first adapter of a process (base included) and for

@@ -1,7 +1,10 @@
 # Two real ssh nodes and an unreachable one for cluster tests (sourced after common.sh and
 # sshd.sh). write_cluster writes $CLUSTER: n1 (127.0.0.2, a simulated RTX 4090 through its env),
 # n2 (127.0.0.3, CPU-only, a workdir whose name has a space and a quote) and, with "dead",
-# a node on a closed port. Both real nodes run this build's tandem.
+# a node on a closed port. Both real nodes run this build's tandem; on n1, whose simulated GPU
+# stands for a CUDA machine, it runs behind $WORK/tandem-as-cuda, a wrapper whose --version says
+# "features: cuda" whatever this build has (submit refuses GPU work to a tandem built without
+# CUDA, and these tests must not depend on how this binary was built).
 export XDG_STATE_HOME="$WORK/state"
 CLUSTER="$WORK/cluster.yaml"
 W1="$WORK/w1"
@@ -16,6 +19,12 @@ cluster_nodes_up() {
 
 write_cluster() {
     local dead=${1:-}
+    cat >"$WORK/tandem-as-cuda" <<SH
+#!/bin/sh
+if [ "\$1" = --version ]; then "$TANDEM" --version | sed 's/^features: .*/features: cuda/'; exit; fi
+exec "$TANDEM" "\$@"
+SH
+    chmod +x "$WORK/tandem-as-cuda"
     cat >"$CLUSTER" <<Y
 ssh_config: $SSH_CONFIG
 nodes:
@@ -23,7 +32,7 @@ nodes:
     host: 127.0.0.2
     port: $SSHD_PORT_n1
     workdir: $W1
-    tandem: $TANDEM
+    tandem: $WORK/tandem-as-cuda
     max_adapters: 2
     gpus:
       - {uuid: GPU-n1-0, type: RTX 4090, vram_mb: 24564}
