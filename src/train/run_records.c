@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/atomic_file.h"
@@ -232,6 +233,28 @@ json_t *tdm_metrics_line_to_json(const tdm_metrics_line *m)
     return o;
 }
 
+/* Writes all n bytes of p to fd. A full disk first writes what fits (a short count) and fails
+ * the next call with ENOSPC: looping reports that real errno instead of a made-up EIO. Returns 0
+ * or the errno of the failing call. The fault point "metrics.enospc" writes the first half for
+ * real and then fails with ENOSPC, as a disk that fills up mid-line does. */
+static int write_all(int fd, const char *p, size_t n)
+{
+    if (tdm_fault("metrics.write")) return EIO;
+    if (tdm_fault("metrics.enospc")) {
+        if (write(fd, p, n / 2) < 0) return errno;
+        return ENOSPC;
+    }
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return errno;
+        if (w == 0) return EIO; /* no progress and no errno: do not spin */
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_error *err)
 {
     json_t *o = tdm_metrics_line_to_json(m);
@@ -251,12 +274,30 @@ tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_e
         free(line);
         return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot open %s", path);
     }
-    ssize_t w = tdm_fault("metrics.write") ? (errno = EIO, -1) : write(fd, line, n + 1);
     tdm_status st = TDM_OK;
-    if (w != (ssize_t)(n + 1))
-        st = tdm_fail_errno(err, TDM_ERR_IO, w < 0 ? errno : EIO, "cannot append to %s", path);
-    else if (fsync(fd) != 0)
-        st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot fsync %s", path);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot stat %s", path);
+        goto done;
+    }
+    int e = write_all(fd, line, n + 1);
+    const char *what = "append to";
+    if (e == 0 && fsync(fd) != 0) { /* a delayed allocation can fail here with ENOSPC too */
+        e = errno;
+        what = "fsync";
+    }
+    if (e != 0) {
+        /* Take back the part that was written, so that the file still ends with the last whole
+         * line (a reader, `tandem report` or a resume, never meets half a line). */
+        if (ftruncate(fd, sb.st_size) != 0)
+            st = tdm_fail_errno(err, TDM_ERR_IO, e,
+                                "cannot %s %s (and cutting the partial line off failed too: "
+                                "%s; its last line is torn)",
+                                what, path, strerror(errno));
+        else
+            st = tdm_fail_errno(err, TDM_ERR_IO, e, "cannot %s %s", what, path);
+    }
+done:
     close(fd);
     free(line);
     return st;

@@ -107,7 +107,10 @@ typedef struct tdm_metrics_line {
 } tdm_metrics_line;
 
 json_t *tdm_metrics_line_to_json(const tdm_metrics_line *m);
-/* Appends the line (compact JSON + '\n') to path in one write and fsyncs. */
+/* Appends the line (compact JSON + '\n') to path and fsyncs. When a write or the fsync fails
+ * (a full disk writes part of the line, then fails with ENOSPC), the file is cut back to its
+ * size before the call, so it still ends with a whole line, and the error names path and the
+ * real errno ("No space left on device"). */
 tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_error *err);
 /* Keeps the whole, parseable lines whose "step" <= step (atomic rewrite). A missing file is
  * fine. *kept (optional) receives the number of lines kept. */

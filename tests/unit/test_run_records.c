@@ -7,11 +7,16 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "train/run_records.h"
@@ -274,12 +279,123 @@ static void test_metrics_jsonl(void **state)
     assert_int_equal(count_lines(path), 3);
 }
 
+/* The file ends with a newline and has no byte after the last one. */
+static void assert_ends_with_whole_line(const char *path)
+{
+    char *text;
+    size_t len;
+    tdm_error err = {0};
+    assert_int_equal(tdm_read_file(path, &text, &len, &err), TDM_OK);
+    assert_true(len > 0);
+    assert_int_equal(text[len - 1], '\n');
+    free(text);
+}
+
+static tdm_metrics_line sample_line(int64_t step)
+{
+    return (tdm_metrics_line){.step = step,
+                              .epoch = 1,
+                              .loss = 2.5,
+                              .learning_rate = 2e-4,
+                              .grad_norm = 0.5,
+                              .tokens = 100,
+                              .tokens_per_sec = 1000,
+                              .elapsed_ms = 10,
+                              .val_loss = NAN,
+                              .adapter_index = 0,
+                              .label = "a long label that makes the line a few hundred bytes long, "
+                                       "so that a full disk cuts it in the middle"};
+}
+
+/* A disk that fills up in the middle of a line (the fault point writes half the line for real,
+ * then fails with ENOSPC): the error says ENOSPC and names the file, and the half line is taken
+ * back. Before the fix the file kept half a line and the error read "Input/output error". */
+static void test_metrics_enospc_fault(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    char path[300];
+    snprintf(path, sizeof path, "%s/enospc.jsonl", tmpdir);
+    tdm_metrics_line m = sample_line(1);
+    assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_OK);
+    setenv("TANDEM_FAULT_INJECT", "metrics.enospc", 1);
+    m.step = 2;
+    tdm_status st = tdm_metrics_append(path, &m, &err);
+    unsetenv("TANDEM_FAULT_INJECT");
+    assert_int_equal(st, TDM_ERR_IO);
+    assert_non_null(strstr(err.message, "No space left on device"));
+    assert_non_null(strstr(err.message, path));
+    assert_int_equal(count_lines(path), 1);
+    assert_ends_with_whole_line(path);
+    /* the next append (space freed) continues the file with whole lines */
+    m.step = 3;
+    assert_int_equal(tdm_metrics_append(path, &m, &err), TDM_OK);
+    assert_int_equal(count_lines(path), 2);
+    assert_ends_with_whole_line(path);
+}
+
+/* The same on a real full file system: a 64 KiB tmpfs in a private mount namespace (root only;
+ * skipped otherwise), filled up so that only part of the next line fits. */
+static void test_metrics_enospc_tmpfs(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("skipped: mounting a tmpfs needs root\n");
+        skip();
+    }
+    char mnt[300];
+    snprintf(mnt, sizeof mnt, "%s/small-fs", tmpdir);
+    assert_int_equal(mkdir(mnt, 0755), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* exit codes: 0 pass, 77 cannot mount here, else the failed check's number */
+        if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+            mount("tmpfs", mnt, "tmpfs", 0, "size=64k") != 0)
+            _exit(77);
+        char path[400], filler[400];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", mnt);
+        snprintf(filler, sizeof filler, "%s/filler", mnt);
+        tdm_error err = {0};
+        tdm_metrics_line m = sample_line(1);
+        if (tdm_metrics_append(path, &m, &err) != TDM_OK) _exit(1);
+        /* fill the file system; metrics.jsonl's first page keeps room for a part of a line */
+        int fd = open(filler, O_WRONLY | O_CREAT, 0644);
+        char block[512];
+        memset(block, 'x', sizeof block);
+        while (write(fd, block, sizeof block) > 0) {
+        }
+        close(fd);
+        tdm_status st = TDM_OK;
+        for (int64_t s = 2; s < 100 && st == TDM_OK; s++) {
+            m.step = s;
+            st = tdm_metrics_append(path, &m, &err);
+        }
+        if (st != TDM_ERR_IO) _exit(2);
+        if (!strstr(err.message, "No space left on device") || !strstr(err.message, path)) _exit(3);
+        char *text;
+        size_t len;
+        if (tdm_read_file(path, &text, &len, &err) != TDM_OK) _exit(4);
+        if (len == 0 || text[len - 1] != '\n') _exit(5);
+        free(text);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+        print_message("skipped: cannot mount a tmpfs in a private mount namespace here\n");
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_trainer_state),
-        cmocka_unit_test(test_metadata),
-        cmocka_unit_test(test_metrics_jsonl),
+        cmocka_unit_test(test_trainer_state),        cmocka_unit_test(test_metadata),
+        cmocka_unit_test(test_metrics_jsonl),        cmocka_unit_test(test_metrics_enospc_fault),
+        cmocka_unit_test(test_metrics_enospc_tmpfs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
