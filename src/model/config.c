@@ -141,7 +141,7 @@ static tdm_status parse_rope(tdm_model_config *cfg, json_t *root, const char *na
                           &r->original_max_position_embeddings, name, err)) != TDM_OK)
             return tdm_error_prefix(err, "rope scaling");
         if (r->high_freq_factor <= r->low_freq_factor)
-            return tdm_fail(err, TDM_ERR_INVALID,
+            return tdm_fail(err, TDM_ERR_PARSE,
                             "%s: llama3 rope scaling needs high_freq_factor (%g) > "
                             "low_freq_factor (%g)",
                             name, r->high_freq_factor, r->low_freq_factor);
@@ -232,7 +232,7 @@ static tdm_status parse_root(tdm_model_config *cfg, json_t *root, const char *na
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", archs[k].model_type);
     json_t *mt = json_object_get(root, "model_type");
     if (json_is_string(mt) && strcmp(json_string_value(mt), archs[k].model_type) != 0)
-        return tdm_fail(err, TDM_ERR_INVALID,
+        return tdm_fail(err, TDM_ERR_PARSE,
                         "%s: model_type \"%s\" does not match architecture %s (expects \"%s\")",
                         name, json_string_value(mt), arch, archs[k].model_type);
 
@@ -248,7 +248,7 @@ static tdm_status parse_root(tdm_model_config *cfg, json_t *root, const char *na
                       &cfg->max_position_embeddings, name, err)))
         return st;
     if (cfg->hidden_size % cfg->num_heads != 0 && !json_object_get(root, "head_dim"))
-        return tdm_fail(err, TDM_ERR_INVALID,
+        return tdm_fail(err, TDM_ERR_PARSE,
                         "%s: hidden_size %lld is not a multiple of num_attention_heads %lld and "
                         "no head_dim is given",
                         name, (long long)cfg->hidden_size, (long long)cfg->num_heads);
@@ -279,12 +279,12 @@ static tdm_status parse_root(tdm_model_config *cfg, json_t *root, const char *na
                         "%s: num_attention_heads * head_dim = %lld exceeds tandem's limit %lld",
                         name, (long long)(cfg->num_heads * cfg->head_dim), (long long)1 << 20);
     if (cfg->num_heads % cfg->num_kv_heads != 0)
-        return tdm_fail(err, TDM_ERR_INVALID,
+        return tdm_fail(err, TDM_ERR_PARSE,
                         "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
                         "%lld",
                         name, (long long)cfg->num_heads, (long long)cfg->num_kv_heads);
     if (cfg->head_dim % 2 != 0)
-        return tdm_fail(err, TDM_ERR_INVALID, "%s: head_dim %lld is odd (RoPE needs pairs)", name,
+        return tdm_fail(err, TDM_ERR_PARSE, "%s: head_dim %lld is odd (RoPE needs pairs)", name,
                         (long long)cfg->head_dim);
     if ((st = get_num(root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps, name, "", err)) ||
         (st = get_bool(root, "tie_word_embeddings", false, &cfg->tie_word_embeddings, name,

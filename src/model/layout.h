@@ -54,7 +54,10 @@ tdm_status tdm_model_layout(const tdm_model_config *cfg, tdm_tensor_desc **out, 
 bool tdm_model_tensor_is_quantized(const char *name, int rank);
 
 /* Checks that w holds every tensor of the layout with its exact shape and a float dtype (F32,
- * F16, BF16). On failure the message names the tensor, the expected and the found shape.
+ * F16, BF16). On failure the message names the file (the shard holding the tensor, or the
+ * index / single file a missing one was looked for in), the tensor, the expected and the found
+ * shape or dtype. Weights holding more layers than num_hidden_layers pass with a tdm_warn (the
+ * extra layers are not used).
  * n_unused (optional) receives how many tensors of w the layout does not use (a tied lm_head,
  * rotary inv_freq buffers and the like are tolerated). */
 tdm_status tdm_model_check_weights(const tdm_model_config *cfg, const tdm_weights *w,

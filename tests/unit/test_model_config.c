@@ -175,9 +175,9 @@ static void test_refusals(void **state)
                    "\"quantization_config\":{\"quant_method\":\"gptq\"},\"vocab_size\"",
                    TDM_ERR_UNSUPPORTED, "method gptq");
     expect_refused(qwen25_05b, "\"model_type\":\"qwen2\"", "\"model_type\":\"llama\"",
-                   TDM_ERR_INVALID, "does not match");
+                   TDM_ERR_PARSE, "does not match");
     expect_refused(qwen25_05b, "\"num_key_value_heads\":2", "\"num_key_value_heads\":3",
-                   TDM_ERR_INVALID, "not a multiple of num_key_value_heads");
+                   TDM_ERR_PARSE, "not a multiple of num_key_value_heads");
     expect_refused(qwen25_05b, "\"hidden_size\":896,", "", TDM_ERR_PARSE, "missing \"hidden_size\"");
     expect_refused(qwen25_05b, "\"hidden_size\":896", "\"hidden_size\":-896", TDM_ERR_PARSE,
                    "\"hidden_size\" must be a positive integer");
@@ -191,8 +191,8 @@ static void test_refusals(void **state)
                    "architectures");
     expect_refused(llama32_1b, "\"low_freq_factor\":1.0,", "", TDM_ERR_PARSE, "low_freq_factor");
     expect_refused(llama32_1b, "\"high_freq_factor\":4.0", "\"high_freq_factor\":0.5",
-                   TDM_ERR_INVALID, "high_freq_factor");
-    expect_refused(llama32_1b, "\"head_dim\":64", "\"head_dim\":63", TDM_ERR_INVALID, "odd");
+                   TDM_ERR_PARSE, "high_freq_factor");
+    expect_refused(llama32_1b, "\"head_dim\":64", "\"head_dim\":63", TDM_ERR_PARSE, "odd");
     /* Sizes whose products would overflow are refused before any arithmetic. */
     expect_refused(qwen25_05b, "\"hidden_size\":896", "\"hidden_size\":234881024",
                    TDM_ERR_UNSUPPORTED, "hidden_size 234881024 exceeds");
