@@ -8,30 +8,49 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "data/data_model.h"
 #include "data/dataset.h"
 #include "model/config.h"
+#include "run/run_options.h"
+
+/* The options that decide how data is read default to finetune's, taken from its option table
+ * (src/run/run_options.c), so that the summary is what finetune trains on. */
+static void data_defaults(tdm_dataset_opts *o)
+{
+    tdm_run_opts ro;
+    tdm_run_opts_default(&ro, TDM_CMD_FINETUNE);
+    tdm_dataset_opts_default(o);
+    o->max_seq_len = ro.adapter.max_seq_len;
+    o->val_split = ro.trainer.val_split;
+    o->seed = ro.trainer.seed;
+}
 
 static void check_usage(FILE *out)
 {
-    fputs("usage: tandem data check FILE --model DIR [--max-seq-len N] "
-          "[--chat-template chatml|llama3|none]\n"
-          "                       [--val-split F] [--seed S] [--train-on-prompt] "
-          "[--skip-bad-lines] [--json]\n"
-          "\n"
-          "Reads the JSONL dataset FILE as training would and prints a summary: samples per\n"
-          "format, tokens, truncated samples, tokens counted in the loss, train/validation sizes,\n"
-          "and the data hash. Bad lines are listed as FILE:LINE: reason (the first 20) and the\n"
-          "command exits 1, unless --skip-bad-lines.\n"
-          "  --model DIR          model directory (tokenizer.json; config.json for the vocabulary\n"
-          "                       size), or a tokenizer.json\n"
-          "  --max-seq-len N      longer samples keep their first N tokens (default 2048)\n"
-          "  --chat-template NAME chatml, llama3 or none (default: from the tokenizer)\n"
-          "  --val-split F        fraction for validation, in [0, 1) (default 0.05)\n"
-          "  --seed S             split seed (default 0)\n"
-          "  --train-on-prompt    count prompt tokens in the loss too\n"
-          "  --skip-bad-lines     leave bad lines out (listed on stderr) instead of failing\n"
-          "  --json               print the summary as one JSON object\n",
-          out);
+    tdm_dataset_opts d;
+    data_defaults(&d);
+    fprintf(
+        out,
+        "usage: tandem data check FILE --model DIR [--max-seq-len N] "
+        "[--chat-template chatml|llama3|none]\n"
+        "                       [--val-split F] [--seed S] [--train-on-prompt] "
+        "[--skip-bad-lines] [--json]\n"
+        "\n"
+        "Reads the JSONL dataset FILE as training would and prints a summary: samples per\n"
+        "format, tokens, truncated samples, tokens counted in the loss, train/validation sizes,\n"
+        "and the data hash. Bad lines are listed as FILE:LINE: reason (the first 20) and the\n"
+        "command exits 1, unless --skip-bad-lines.\n"
+        "  --model DIR          model directory (config.json for the vocabulary size;\n"
+        "                       tokenizer.json, needed unless the data is pre-tokenized), or\n"
+        "                       a tokenizer.json\n"
+        "  --max-seq-len N      longer samples keep their first N tokens (default %d)\n"
+        "  --chat-template NAME chatml, llama3 or none (default: from the tokenizer)\n"
+        "  --val-split F        fraction for validation, in [0, 1) (default %g)\n"
+        "  --seed S             split seed (default %llu)\n"
+        "  --train-on-prompt    count prompt tokens in the loss too\n"
+        "  --skip-bad-lines     leave bad lines out (listed on stderr) instead of failing\n"
+        "  --json               print the summary as one JSON object\n",
+        d.max_seq_len, d.val_split, (unsigned long long)d.seed);
 }
 
 static json_t *report_json(const tdm_data_report *r, const char *file, const char *tmpl,
@@ -113,7 +132,7 @@ static int cmd_check(int argc, char **argv)
     const char *file = NULL, *model = NULL, *tmpl_name = NULL;
     bool json = false;
     tdm_dataset_opts o;
-    tdm_dataset_opts_default(&o);
+    data_defaults(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -172,30 +191,28 @@ static int cmd_check(int argc, char **argv)
         return TDM_EXIT_USAGE;
     }
 
-    tdm_tokenizer tok;
+    /* the model side exactly as finetune reads it (data_model.h) */
     tdm_error err = {0};
-    if (tdm_tokenizer_load(&tok, model, &err) != TDM_OK) return tdm_cli_fail_err(&err);
-    o.vocab_size = tok.n_ids;
+    int64_t config_vocab = 0;
     struct stat sb;
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
     if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(cfg_path, &sb) == 0) {
         tdm_model_config cfg;
-        if (tdm_model_config_load(&cfg, model, &err) != TDM_OK) {
-            tdm_tokenizer_free(&tok);
-            return tdm_cli_fail_err(&err);
-        }
-        o.vocab_size = cfg.vocab_size;
+        if (tdm_model_config_load(&cfg, model, &err) != TDM_OK) return tdm_cli_fail_err(&err);
+        config_vocab = cfg.vocab_size;
     }
-    if (!tmpl_name) o.chat_template = tdm_chat_template_detect(&tok);
-    o.eos_id = tdm_data_find_eos(&tok, model);
-    const char *eos = o.eos_id >= 0 ? tdm_tokenizer_token_text(&tok, o.eos_id, NULL) : NULL;
+    tdm_data_model dm;
+    if (tdm_data_model_open(&dm, model, config_vocab, tmpl_name != NULL, &o, &err) != TDM_OK)
+        return tdm_cli_fail_err(&err);
+    tdm_tokenizer *tok = tdm_data_model_tokenizer(&dm);
+    const char *eos = o.eos_id >= 0 ? tdm_tokenizer_token_text(tok, o.eos_id, NULL) : NULL;
     char *eos_copy = eos ? strdup(eos) : NULL;
 
     tdm_dataset ds;
     tdm_data_report rep;
-    tdm_status st = tdm_dataset_load(&ds, file, &tok, &o, &rep, &err);
-    tdm_tokenizer_free(&tok);
+    tdm_status st = tdm_dataset_load(&ds, file, tok, &o, &rep, &err);
+    tdm_data_model_close(&dm);
     int rc = TDM_EXIT_OK;
     if (rep.bad_lines > 0) {
         char *text = tdm_data_report_bad_text(&rep, file);

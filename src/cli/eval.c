@@ -8,10 +8,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "data/data_model.h"
 #include "data/dataset.h"
-#include "data/render.h"
 #include "engine/model.h"
-#include "tokenizer/tokenizer.h"
 #include "train/peft_io.h"
 #include "run/device_open.h"
 #include "run/run_options.h"
@@ -66,19 +65,24 @@ int tdm_cmd_eval(int argc, char **argv)
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     if (tdm_model_config_load(&cfg, path, &err) != TDM_OK) return tdm_cli_fail_err(&err);
-    tdm_tokenizer tok;
-    if (tdm_tokenizer_load(&tok, model_dir, &err) != TDM_OK) return tdm_cli_fail_err(&err);
     tdm_dataset_opts o;
     tdm_dataset_opts_default(&o);
-    o.chat_template = tmpl_given ? tmpl : tdm_chat_template_detect(&tok);
-    o.eos_id = tdm_data_find_eos(&tok, model_dir);
-    o.vocab_size = cfg.vocab_size < tok.n_ids ? cfg.vocab_size : tok.n_ids;
+    if (tmpl_given) o.chat_template = tmpl;
+    /* as finetune reads it: ids below config.json's vocab_size, tokenizer only when needed */
+    tdm_data_model dm;
+    if (tdm_data_model_open(&dm, model_dir, cfg.vocab_size, tmpl_given, &o, &err) != TDM_OK)
+        return tdm_cli_fail_err(&err);
     o.max_seq_len = (int32_t)seqlen;
     o.val_split = 0;
+    if (seqlen > cfg.max_position_embeddings)
+        fprintf(stderr,
+                "tandem: warning: --max-seq-len %ld is above %s's max_position_embeddings %lld: "
+                "positions beyond it were never trained\n",
+                seqlen, path, (long long)cfg.max_position_embeddings);
     tdm_dataset ds;
     tdm_data_report rep;
-    tdm_status st = tdm_dataset_load(&ds, data, &tok, &o, &rep, &err);
-    tdm_tokenizer_free(&tok);
+    tdm_status st = tdm_dataset_load(&ds, data, tdm_data_model_tokenizer(&dm), &o, &rep, &err);
+    tdm_data_model_close(&dm);
     if (st == TDM_ERR_PARSE) {
         char *txt = tdm_data_report_bad_text(&rep, data);
         if (txt) fputs(txt, stderr);

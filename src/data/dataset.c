@@ -115,6 +115,16 @@ static tdm_status do_line(builder *b, tdm_tokenizer *tok, const tdm_dataset_opts
     char *canon = NULL;
     size_t canon_len = 0;
     ids->len = labels->len = 0;
+    if (!tok && f.format != TDM_DATA_TOKENS) {
+        st = tdm_fail(err, TDM_ERR_NOT_FOUND,
+                      "line %lld: a %s sample needs a tokenizer, and %s does not exist (only "
+                      "pre-tokenized `tokens` data is read without one)",
+                      (long long)lineno, tdm_data_format_name(f.format),
+                      o->tokenizer_path ? o->tokenizer_path : "tokenizer.json");
+        tdm_data_fields_free(&f);
+        json_decref(obj);
+        return st;
+    }
     tdm_render_opts ro = {o->chat_template, o->train_on_prompt, o->eos_id};
     if ((st = tdm_data_fields_canonical(&f, &canon, &canon_len, &lerr)) == TDM_OK)
         st = tdm_data_render(tok, &f, &ro, ids, labels, &lerr);
@@ -133,7 +143,7 @@ static tdm_status do_line(builder *b, tdm_tokenizer *tok, const tdm_dataset_opts
     for (size_t t = 0; t < ids->len; t++)
         if (ids->ids[t] < 0 || ids->ids[t] >= o->vocab_size) {
             free(canon);
-            return tdm_fail(err, TDM_ERR_INVALID,
+            return tdm_fail(err, TDM_ERR_CORRUPT,
                             "line %lld: token id %d is not below the model's vocab_size %lld (the "
                             "tokenizer does not match the model)",
                             (long long)lineno, ids->ids[t], (long long)o->vocab_size);
@@ -233,7 +243,9 @@ static tdm_status read_all(builder *b, FILE *in, const char *path, tdm_tokenizer
             n--; /* so that jansson's columns stay within the line */
         st = do_line(b, tok, o, s, n, lineno, &ids, &labels, err);
     }
-    if (st == TDM_ERR_INVALID || st == TDM_ERR_NOMEM) tdm_error_prefix(err, "%s", path);
+    if (st == TDM_ERR_INVALID || st == TDM_ERR_NOMEM || st == TDM_ERR_NOT_FOUND ||
+        st == TDM_ERR_CORRUPT)
+        tdm_error_prefix(err, "%s", path);
     if (st == TDM_OK && ferror(in))
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "%s: read error", path);
     free(line);

@@ -41,6 +41,7 @@ typedef struct tdm_dataset_opts {
     double val_split;    // [0, 1): fraction for validation (default 0.05)
     uint64_t seed;       // split seed
     bool skip_bad_lines;
+    const char *tokenizer_path; // with no tokenizer: the tokenizer.json not found (for messages)
 } tdm_dataset_opts;
 
 /* Defaults: chat_template none, eos_id -1, max_seq_len 2048, vocab_size INT32_MAX, val_split
@@ -94,10 +95,14 @@ typedef struct tdm_dataset {
 } tdm_dataset;
 
 /* Reads path (see the header comment). report (may be NULL) receives the report whether or not
- * loading succeeds, so the caller can print bad lines. Errors: TDM_ERR_NOT_FOUND/TDM_ERR_IO for the
+ * loading succeeds, so the caller can print bad lines. tok may be NULL (a model without
+ * tokenizer.json): pre-tokenized `tokens` samples load, and the first sample that needs
+ * tokenizing fails the load (TDM_ERR_NOT_FOUND, "PATH:LINE: a FORMAT sample needs a tokenizer
+ * and <opts->tokenizer_path> does not exist ..."). Errors: TDM_ERR_NOT_FOUND/TDM_ERR_IO for the
  * file, TDM_ERR_INVALID for bad options, TDM_ERR_PARSE when there are bad lines and
- * !skip_bad_lines (message: the first one and the count), TDM_ERR_NOMEM. On error nothing needs
- * freeing. A file with no usable sample loads (n_samples 0): the caller decides. */
+ * !skip_bad_lines (message: the first one and the count), TDM_ERR_CORRUPT when the tokenizer
+ * makes an id at or above vocab_size (tokenizer and model do not match), TDM_ERR_NOMEM. On error
+ * nothing needs freeing. A file with no usable sample loads (n_samples 0): the caller decides. */
 tdm_status tdm_dataset_load(tdm_dataset *ds, const char *path, tdm_tokenizer *tok,
                             const tdm_dataset_opts *opts, tdm_data_report *report, tdm_error *err);
 void tdm_dataset_free(tdm_dataset *ds);

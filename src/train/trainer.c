@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/render.h"
 #include "engine/model.h"
+#include "data/data_model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -248,15 +249,15 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     const tdm_model_config cfg = *t->mcfg_host;
 
     /* 1. every data file, completely, before anything else */
-    tdm_tokenizer tok;
-    if ((st = tdm_tokenizer_load(&tok, opts->model_dir, err)) != TDM_OK) goto fail;
     tdm_dataset_opts dopt;
     tdm_dataset_opts_default(&dopt);
-    dopt.chat_template =
-        opts->chat_template_given ? opts->chat_template : tdm_chat_template_detect(&tok);
+    if (opts->chat_template_given) dopt.chat_template = opts->chat_template;
     dopt.train_on_prompt = opts->train_on_prompt;
-    dopt.eos_id = tdm_data_find_eos(&tok, opts->model_dir);
-    dopt.vocab_size = cfg.vocab_size < tok.n_ids ? cfg.vocab_size : tok.n_ids;
+    /* ids below config.json's vocab_size; no tokenizer needed for pre-tokenized data */
+    tdm_data_model dm;
+    if ((st = tdm_data_model_open(&dm, opts->model_dir, cfg.vocab_size, opts->chat_template_given,
+                                  &dopt, err)) != TDM_OK)
+        goto fail;
     dopt.val_split = opts->val_split;
     dopt.seed = opts->seed;
     dopt.skip_bad_lines = opts->skip_bad_lines;
@@ -267,9 +268,16 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     for (int a = 0; a < n_adapters; a++) {
         adapter_state *s = &t->ad[a];
         dopt.max_seq_len = s->cfg.max_seq_len;
+        if (s->cfg.max_seq_len > cfg.max_position_embeddings)
+            tdm_warn("adapter %d (%s): max_seq_len %d is above %s/config.json's "
+                     "max_position_embeddings %lld: positions beyond it were never trained and "
+                     "may train poorly (lower --max-seq-len, or check the config)",
+                     a, s->cfg.data, s->cfg.max_seq_len, opts->model_dir,
+                     (long long)cfg.max_position_embeddings);
         tdm_data_report rep;
         tdm_error e = {0};
-        tdm_status ds = tdm_dataset_load(&s->ds, s->cfg.data, &tok, &dopt, &rep, &e);
+        tdm_status ds =
+            tdm_dataset_load(&s->ds, s->cfg.data, tdm_data_model_tokenizer(&dm), &dopt, &rep, &e);
         if (ds == TDM_ERR_PARSE) {
             char *txt = tdm_data_report_bad_text(&rep, s->cfg.data);
             if (txt) {
@@ -284,7 +292,8 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
             }
             memset(&s->ds, 0, sizeof s->ds);
         } else if (ds == TDM_OK && s->ds.n_train == 0) {
-            ds = tdm_fail(&e, TDM_ERR_INVALID,
+            /* a runtime failure of this data (exit 1), not a usage error */
+            ds = tdm_fail(&e, TDM_ERR_NOT_FOUND,
                           "%s: no training sample (%u samples, %u for validation): the file is "
                           "empty or every sample went to validation / had no counted token",
                           s->cfg.data, s->ds.n_samples, s->ds.n_val);
@@ -294,7 +303,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
             first_err = e;
         }
     }
-    tdm_tokenizer_free(&tok);
+    tdm_data_model_close(&dm);
     if (first_bad != TDM_OK) {
         if (report)
             *report = bad;

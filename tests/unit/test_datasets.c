@@ -475,7 +475,7 @@ static void test_vocab_mismatch_and_utf8_reasons(void **state)
     write_file(path, "{\"text\": \"ab\"}\n{\"text\": \"hi\"}\n");
     tdm_dataset ds;
     tdm_error err = {0};
-    assert_int_equal(tdm_dataset_load(&ds, path, &tiny, &o, NULL, &err), TDM_ERR_INVALID);
+    assert_int_equal(tdm_dataset_load(&ds, path, &tiny, &o, NULL, &err), TDM_ERR_CORRUPT);
     assert_non_null(
         strstr(err.message, "line 2: token id 104 is not below the model's vocab_size 100"));
     assert_non_null(strstr(err.message, path));
@@ -490,6 +490,34 @@ static void test_vocab_mismatch_and_utf8_reasons(void **state)
     size_t n = strlen(rep.bad[0].reason);
     assert_int_equal(tdm_utf8_valid_prefix(rep.bad[0].reason, n), n);
     assert_non_null(strstr(rep.bad[0].reason, "is not system, user or assistant"));
+}
+
+/* No tokenizer (a model directory without tokenizer.json): `tokens` samples load, bounded by
+ * vocab_size; the first sample that needs tokenizing fails the load naming the missing file. */
+static void test_no_tokenizer(void **state)
+{
+    (void)state;
+    tdm_dataset_opts o;
+    opts_tiny(&o);
+    o.vocab_size = 1000;
+    o.tokenizer_path = "/models/m/tokenizer.json";
+    char path[400];
+    snprintf(path, sizeof path, "%s/pretok.jsonl", tmpdir);
+    write_file(path, "{\"input_ids\": [1, 999, 3], \"labels\": [-100, 999, 3]}\n"
+                     "{\"input_ids\": [5, 6]}\n");
+    tdm_dataset ds;
+    tdm_data_report rep;
+    tdm_error err = {0};
+    assert_int_equal(tdm_dataset_load(&ds, path, NULL, &o, &rep, &err), TDM_OK);
+    assert_int_equal(ds.n_samples, 2);
+    assert_int_equal(rep.per_format[TDM_DATA_TOKENS], 2);
+    tdm_dataset_free(&ds);
+    write_file(path, "{\"input_ids\": [1, 2]}\n{\"text\": \"hi\"}\n");
+    assert_int_equal(tdm_dataset_load(&ds, path, NULL, &o, NULL, &err), TDM_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.message, path));
+    assert_non_null(strstr(err.message, "line 2: a text sample needs a tokenizer, and "
+                                        "/models/m/tokenizer.json does not exist"));
+    assert_null(ds.samples);
 }
 
 static void test_truncation_and_dropping(void **state)
@@ -754,6 +782,7 @@ int main(void)
         cmocka_unit_test(test_blank_bom_crlf_and_hash),
         cmocka_unit_test(test_out_of_memory_names_file_and_line),
         cmocka_unit_test(test_vocab_mismatch_and_utf8_reasons),
+        cmocka_unit_test(test_no_tokenizer),
         cmocka_unit_test(test_truncation_and_dropping),
         cmocka_unit_test(test_split_golden_keys),
         cmocka_unit_test(test_split_deterministic_and_order_free),
