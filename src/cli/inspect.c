@@ -220,7 +220,8 @@ int tdm_cmd_inspect(int argc, char **argv)
     size_t n_unused = 0;
     if (cfgp && tdm_model_check_weights(cfgp, &w, &n_unused, &err) != TDM_OK) {
         tdm_weights_close(&w);
-        return tdm_cli_fail(TDM_EXIT_FAILURE, "inspect: %s: %s", path, err.message);
+        /* the message starts with the weights file it is about */
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "inspect: %s", err.message);
     }
     sizes s = measure(&w);
     int rc = json ? print_json(path, cfgp, &w, &s, n_unused)
