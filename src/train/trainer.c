@@ -10,10 +10,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "data/data_model.h"
 #include "data/dataset.h"
 #include "data/render.h"
 #include "engine/model.h"
-#include "data/data_model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
