@@ -97,8 +97,8 @@ PROMPTS
 echo "   $ok of $n right with the adapters (the base model has random weights: its answers are noise)"
 echo; echo "== tandem eval: mean loss on each dataset, bare base vs its adapter"
 for a in greet last parity; do
-    base=$("$TANDEM" eval tiny --chat-template none --data data/$a.jsonl --json | jq '.loss * 1000 | round / 1000')
-    tuned=$("$TANDEM" eval tiny --chat-template none --data data/$a.jsonl --adapter out/$a --json | jq '.loss * 1000 | round / 1000')
+    base=$("$TANDEM" eval tiny --device cpu --chat-template none --data data/$a.jsonl --json | jq '.loss * 1000 | round / 1000')
+    tuned=$("$TANDEM" eval tiny --device cpu --chat-template none --data data/$a.jsonl --adapter out/$a --json | jq '.loss * 1000 | round / 1000')
     printf "   %-8s base %s  with adapter %s\n" "$a" "$base" "$tuned"
 done
 echo
