@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,99 @@ static void usage(FILE *out)
             "them.\n");
 }
 
+/* --- graceful stop ---------------------------------------------------------------------
+ * SIGINT (Ctrl-C), SIGTERM (a scheduler's notice before SIGKILL) and SIGUSR1 (Slurm's
+ * --signal=USR1@N: the time limit is near) only set stop_signal; the trainer asks stop_requested
+ * between two global steps, checkpoints every unfinished adapter and returns TDM_ERR_STOPPED.
+ * A second SIGINT or SIGTERM stops at once (default action), unless it comes within
+ * TDM_STOP_REPEAT_MS of the first: a terminal sends Ctrl-C to the whole process group, so under
+ * `tandem gpu run` (which forwards it too) one key press arrives twice. */
+#define TDM_STOP_REPEAT_MS 500
+static volatile sig_atomic_t stop_signal; /* the signal deciding the exit code, 0 = none */
+static volatile sig_atomic_t hard_armed;  /* an INT/TERM arrived: the next one is final */
+static volatile int64_t hard_armed_at_ms; /* CLOCK_MONOTONIC ms of that INT/TERM (written
+                                             before hard_armed, read only after it) */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts; /* clock_gettime is async-signal-safe */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void on_stop_signal(int sig)
+{
+    int saved = errno;
+    if (sig == SIGUSR1) {
+        if (!stop_signal) stop_signal = sig;
+    } else if (!hard_armed) {
+        hard_armed_at_ms = mono_ms();
+        hard_armed = 1;
+        stop_signal = sig; /* INT/TERM outrank an earlier USR1 for the exit code */
+    } else if (mono_ms() - hard_armed_at_ms >= TDM_STOP_REPEAT_MS) {
+        signal(sig, SIG_DFL); /* blocked while we run: delivered, fatally, on return */
+        raise(sig);
+    }
+    errno = saved;
+}
+
+static bool stop_requested(void *user)
+{
+    (void)user;
+    return stop_signal != 0;
+}
+
+/* Installs (on) or removes (off) the graceful-stop handlers. They are on only from the end of
+ * the wait for GPU memory to the end of training: while queued, a signal still ends the process
+ * at once (its queue ticket is cleaned up as a dead PID's), and there is nothing to save. */
+static void stop_handlers(bool on)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* The command line as typed, shell-quoted where needed, for the "resume with" hint (getopt
+ * permutes argv and --adapter parsing cuts its argument, so this is taken first). */
+static char *command_line(int argc, char **argv)
+{
+    size_t cap = 64;
+    for (int i = 1; i < argc; i++)
+        cap += 4 * strlen(argv[i]) + 3;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    size_t n = (size_t)snprintf(out, cap, "tandem finetune");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool plain = *a != 0;
+        for (const char *c = a; *c; c++)
+            if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@",
+                        *c))
+                plain = false;
+        out[n++] = ' ';
+        if (plain) {
+            memcpy(out + n, a, strlen(a));
+            n += strlen(a);
+            continue;
+        }
+        out[n++] = '\'';
+        for (const char *c = a; *c; c++) {
+            if (*c == '\'') {
+                memcpy(out + n, "'\\''", 4);
+                n += 4;
+            } else
+                out[n++] = *c;
+        }
+        out[n++] = '\'';
+    }
+    out[n] = 0;
+    return out;
+}
+
 /* --- progress --------------------------------------------------------------------------- */
 
 typedef struct progress_ctx {
@@ -35,6 +129,12 @@ typedef struct progress_ctx {
     bool drawn;
     char **lines;
     int64_t last_draw_ns;
+    /* for the stop report: each adapter's OUT_DIR (borrowed from the run options), steps
+     * taken and total, finished; --resume: adapters loaded from a checkpoint, finished ones */
+    const char **outputs;
+    int64_t *step, *total;
+    bool *done;
+    int resumed, resumed_done;
 } progress_ctx;
 
 static void fmt_eta(double s, char *buf, size_t cap)
@@ -52,6 +152,25 @@ static void fmt_eta(double s, char *buf, size_t cap)
 static void on_progress(const tdm_trainer_progress *p, void *user)
 {
     progress_ctx *c = user;
+    if (c->step && p->adapter < c->n) {
+        c->step[p->adapter] = p->step;
+        c->total[p->adapter] = p->total_steps;
+        c->done[p->adapter] = p->done || p->event == TDM_TRAINER_EVENT_DONE;
+    }
+    if (p->event == TDM_TRAINER_EVENT_RESUMED) { /* before any progress is drawn */
+        c->resumed++;
+        if (p->done) {
+            c->resumed_done++;
+            printf("[%s] already finished (%lld steps): %s\n", p->label, (long long)p->step,
+                   p->checkpoint);
+        } else {
+            printf("[%s] resuming from %s (step %lld/%lld, epoch %.2f/%d)\n", p->label,
+                   p->checkpoint, (long long)p->step, (long long)p->total_steps, p->epoch,
+                   p->epochs);
+        }
+        fflush(stdout);
+        return;
+    }
     char eta[32];
     fmt_eta(p->eta_sec, eta, sizeof eta);
     if (c->tty) {
@@ -80,6 +199,7 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
     }
     switch (p->event) {
     case TDM_TRAINER_EVENT_STEP:
+    case TDM_TRAINER_EVENT_RESUMED:
         return;
     case TDM_TRAINER_EVENT_LOG:
         printf("[%s] epoch %.2f/%d step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s "
@@ -98,6 +218,28 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
     fflush(stdout);
 }
 
+/* Tells what a graceful stop saved and how to go on; returns the exit code: 130 (SIGINT) and
+ * 143 (SIGTERM), as a shell reports a process those signals ended, so scripts and schedulers
+ * see an interrupted run; 0 for SIGUSR1, the checkpoint Slurm's --signal=USR1@N asks for before
+ * the time limit (the job step ends normally, and its script can requeue). */
+static int report_stop(const progress_ctx *pc, const char *cmdline, const tdm_error *err)
+{
+    int sig = stop_signal;
+    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
+    fprintf(stderr, "\ntandem: %s: %s\n", name, err->message);
+    for (int a = 0; pc->step && a < pc->n; a++) {
+        if (pc->done[a])
+            fprintf(stderr, "  %s: finished\n", pc->outputs[a]);
+        else
+            fprintf(stderr, "  %s: step %lld of %lld saved\n", pc->outputs[a],
+                    (long long)pc->step[a], (long long)pc->total[a]);
+    }
+    bool has_resume = strstr(cmdline, " --resume") != NULL;
+    fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
+            has_resume ? "" : " --resume");
+    return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : TDM_EXIT_OK;
+}
+
 /* --- main ----------------------------------------------------------------------------- */
 
 static void print_note(const char *line, void *user)
@@ -111,6 +253,18 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
 {
     progress_ctx *pc = user;
     pc->n = n;
+    pc->outputs = calloc((size_t)n, sizeof *pc->outputs);
+    pc->step = calloc((size_t)n, sizeof *pc->step);
+    pc->total = calloc((size_t)n, sizeof *pc->total);
+    pc->done = calloc((size_t)n, sizeof *pc->done);
+    if (!pc->outputs || !pc->step || !pc->total || !pc->done) { /* no per-adapter stop report */
+        free(pc->step);
+        pc->step = NULL;
+    }
+    for (int a = 0; pc->step && a < n; a++) {
+        pc->outputs[a] = ads[a].output;
+        pc->total[a] = ads[a].total_steps;
+    }
     pc->lines = calloc((size_t)n, sizeof *pc->lines);
     for (int a = 0; pc->lines && a < n; a++)
         if (!(pc->lines[a] = calloc(256, 1))) pc->tty = false;
@@ -120,6 +274,9 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
                ads[a].data, ads[a].output, (long long)ads[a].n_train, (long long)ads[a].n_val,
                (long long)ads[a].total_steps);
     fflush(stdout);
+    /* the device is open and the model loaded: from here a stop signal is honoured with a
+     * checkpoint (before, while waiting for GPU memory or loading, it ends the process) */
+    stop_handlers(true);
 }
 
 int tdm_cmd_finetune(int argc, char **argv)
@@ -129,8 +286,11 @@ int tdm_cmd_finetune(int argc, char **argv)
     tdm_error err = {0};
     char **pos = NULL;
     int n_pos = 0;
+    char *cmdline = command_line(argc, argv); /* before parsing cuts --adapter arguments */
+    if (!cmdline) return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
     if (tdm_run_opts_parse(&ro, TDM_CMD_FINETUNE, argc, argv, &pos, &n_pos, &err) != TDM_OK) {
         free(ro.adapter_args);
+        free(cmdline);
         if (strstr(err.message, "unknown or incomplete option")) usage(stderr);
         return tdm_cli_fail(TDM_EXIT_USAGE, "finetune: %s", err.message);
     }
@@ -149,11 +309,21 @@ int tdm_cmd_finetune(int argc, char **argv)
         ro.trainer.model_dir = pos[0];
         ro.trainer.progress = on_progress;
         ro.trainer.progress_user = &pc;
+        ro.trainer.stop_requested = stop_requested;
         ro.device.task = "finetune";
         ro.device.note = print_note;
         tdm_finetune_hooks hooks = {.started = on_started, .user = &pc, .profile_out = stderr};
         char *bad = NULL;
-        if (tdm_run_finetune(&ro, &hooks, &bad, &err) != TDM_OK) {
+        stop_signal = 0;
+        hard_armed = 0;
+        tdm_status st = tdm_run_finetune(&ro, &hooks, &bad, &err);
+        stop_handlers(false);
+        if (st == TDM_ERR_STOPPED) {
+            code = report_stop(&pc, cmdline, &err);
+        } else if (st == TDM_OK && ro.trainer.resume && pc.resumed > 0 && pc.resumed_done == pc.n) {
+            printf("nothing to do: every adapter had already finished; the final adapters are in "
+                   "their OUT_DIRs\n");
+        } else if (st != TDM_OK) {
             if (bad) {
                 fputs(bad, stderr);
                 code = tdm_cli_fail(TDM_EXIT_FAILURE,
@@ -167,7 +337,12 @@ int tdm_cmd_finetune(int argc, char **argv)
         for (int a = 0; pc.lines && a < pc.n; a++)
             free(pc.lines[a]);
         free(pc.lines);
+        free(pc.outputs);
+        free(pc.step);
+        free(pc.total);
+        free(pc.done);
     }
+    free(cmdline);
     free(pos);
     free(ro.adapter_args);
     return code;

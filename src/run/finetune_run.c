@@ -6,6 +6,7 @@
 
 #include "engine/op_profile.h"
 #include "train/adapters_config.h"
+#include "util/path_identity.h"
 
 /* Strings this run allocates for the trainer's adapter list, freed together at the end. */
 typedef struct owned_strings {
@@ -86,10 +87,23 @@ static tdm_status adapters_from_flags(tdm_run_opts *o, tdm_trainer_adapter *ads,
         ads[a] = o->adapter;
         ads[a].data = arg;
         ads[a].output = colon + 1;
+    }
+    /* Two OUT_DIRs that are one directory ("out/a", "./out/a/", "x/../out/a", a symbolic link)
+     * would train both adapters into it and lose one; adapters.toml is checked by its loader. */
+    char ka[TDM_PATH_IDENTITY_MAX], kb[TDM_PATH_IDENTITY_MAX];
+    for (size_t a = 0; a < o->n_adapter_args; a++) {
+        if (tdm_path_identity(NULL, ads[a].output, ka, sizeof ka, err) != TDM_OK) {
+            tdm_error_prefix(err, "finetune: --adapter #%zu", a + 1);
+            return TDM_ERR_INVALID;
+        }
         for (size_t b = 0; b < a; b++)
-            if (!strcmp(ads[b].output, ads[a].output))
+            if (tdm_path_identity(NULL, ads[b].output, kb, sizeof kb, err) == TDM_OK &&
+                !strcmp(ka, kb))
                 return tdm_fail(err, TDM_ERR_INVALID,
-                                "finetune: two adapters write the same OUT_DIR %s", ads[a].output);
+                                "finetune: --adapter #%zu (%s:%s) and --adapter #%zu (%s:%s) write "
+                                "the same OUT_DIR; give each adapter its own",
+                                b + 1, ads[b].data, ads[b].output, a + 1, ads[a].data,
+                                ads[a].output);
     }
     return TDM_OK;
 }

@@ -94,6 +94,8 @@ typedef struct adapter_state {
     float *d_grad_saved; /* (n_params) f32 device or NULL: the partial gradient at the start of
                             the global step, for the out-of-memory rollback */
     double last_val, last_train_loss, last_grad_norm, last_lr;
+    int64_t eval_step; /* the adapter's step at its latest validation, -1 before the first: a
+                          periodic evaluation skips an adapter whose weights did not change */
     int64_t tokens_seen, samples_seen;
     double epoch_loss_sum;
     int64_t epoch_tokens;
@@ -122,7 +124,8 @@ struct tdm_trainer {
     int64_t global_step;
     int rr_next;
     float *d_sumsq, *d_coef, *d_norm; /* (n) f32 device */
-    double t0_ms;
+    double t0_ms;         /* monotonic ms when this process's run began (elapsed_ms is since) */
+    bool warned_schedule; /* --resume under another --schedule: warned once */
 };
 
 /* An optimizer batch is in progress (drawn, not yet stepped). */
@@ -169,6 +172,17 @@ void tdm_trainer_free(tdm_trainer *t)
     tdm_model_free(t->model);
     free(t->mcfg_host);
     free(t);
+}
+
+void tdm_trainer_adapter_position(const tdm_trainer *t, int a, int64_t *step, bool *done)
+{
+    if (step) *step = t->ad[a].step;
+    if (done) *done = t->ad[a].done;
+}
+
+int64_t tdm_trainer_global_step(const tdm_trainer *t)
+{
+    return t->global_step;
 }
 
 void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int64_t *n_val,
@@ -838,7 +852,8 @@ static void report(tdm_trainer *t, int a, tdm_trainer_event ev, double loss)
                               .grad_norm = s->last_grad_norm,
                               .val_loss = s->last_val,
                               .tokens_per_sec = NAN,
-                              .eta_sec = NAN};
+                              .eta_sec = NAN,
+                              .done = s->done};
     double el = now_ms() - t->t0_ms;
     if (el > 0 && s->run_tokens > 0) p.tokens_per_sec = (double)s->run_tokens / (el / 1000.0);
     if (s->run_steps > 0 && t->global_step > 0) {
@@ -910,6 +925,7 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
     TRY(eval_adapter(t, s, &v, err));
     double secs = (now_ms() - t0) / 1000.0;
     s->last_val = v;
+    s->eval_step = s->step;
     char best[4096];
     snprintf(best, sizeof best, "%s/%s", s->cfg.output, TDM_BEST_DIR);
     s->ts.global_step = s->step;
@@ -998,6 +1014,9 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
     if (extra) {
         json_object_set_new(extra, "log_due", json_boolean(s->log_due));
         json_object_set_new(extra, "metrics_lines", json_integer(s->metrics_lines));
+        json_object_set_new(extra, "eval_step", json_integer(s->eval_step));
+        json_object_set_new(extra, "train_schedule",
+                            json_string(tdm_train_schedule_name(t->o.schedule)));
         json_object_set_new(
             extra, "piece",
             piece ? json_pack("{s:i, s:f}", "seqs_done", s->seqs_done, "loss_sum", s->step_loss_sum)
@@ -1060,6 +1079,20 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
                       "%s: trained with LoRA dropout %g, this run has %g (resume with the same "
                       "--lora-dropout)",
                       dir, meta.lora_dropout, s->cfg.lora_dropout);
+    else if (info.schedule.kind != s->sched.kind || info.schedule.peak_lr != s->sched.peak_lr ||
+             info.schedule.warmup_steps != s->sched.warmup_steps ||
+             info.schedule.total_steps != s->sched.total_steps)
+        /* Another schedule would silently train a different adapter than the one the
+         * checkpoint's run was heading for (as another rank would). */
+        st = tdm_fail(err, TDM_ERR_INVALID,
+                      "trained with --lr %g, --lr-schedule %s, --warmup-steps %lld over %lld "
+                      "steps; this run has --lr %g, %s, %lld over %lld steps (resume with the same "
+                      "--lr, --lr-schedule, --warmup-steps, --epochs, --batch-size and data, or "
+                      "train into a new OUT_DIR)",
+                      info.schedule.peak_lr, tdm_lr_kind_name(info.schedule.kind),
+                      (long long)info.schedule.warmup_steps, (long long)info.schedule.total_steps,
+                      s->sched.peak_lr, tdm_lr_kind_name(s->sched.kind),
+                      (long long)s->sched.warmup_steps, (long long)s->sched.total_steps);
     char *cj = NULL;
     if (st == TDM_OK) st = tdm_lora_params_copy(&s->host, &l, err);
     if (st == TDM_OK) {
@@ -1093,6 +1126,18 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
         s->log_loss_sum = jget(ex, "log_loss_sum");
         s->log_tokens = jint(ex, "log_tokens");
         s->log_due = json_is_true(json_object_get(ex, "log_due"));
+        /* older checkpoints lack it: evaluate at the next evaluation point, as they did */
+        const json_t *es = json_object_get(ex, "eval_step");
+        s->eval_step = json_is_integer(es) ? json_integer_value(es) : -1;
+        const char *sn = json_string_value(json_object_get(ex, "train_schedule"));
+        tdm_train_schedule was;
+        if (sn && tdm_train_schedule_parse(sn, &was) && was != t->o.schedule &&
+            !t->warned_schedule) {
+            t->warned_schedule = true;
+            tdm_warn("%s was trained under --schedule %s and resumes under %s: the adapters "
+                     "will not be those of an uninterrupted run",
+                     dir, sn, tdm_train_schedule_name(t->o.schedule));
+        }
         st = upload_state(t, s, true, err);
     }
     const json_t *piece = st == TDM_OK ? json_object_get(info.extra, "piece") : NULL;
@@ -1351,6 +1396,19 @@ static tdm_status make_dirs(const char *path, tdm_error *err)
     return TDM_OK;
 }
 
+/* Adapter a's trainer_state.json and checkpoint at its current position (the periodic save,
+ * the out-of-memory save and the stop save write the same thing). */
+static tdm_status save_adapter(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
+    s->ts.global_step = s->step;
+    s->ts.epoch = adapter_epoch(s);
+    TRY(tdm_trainer_state_save(&s->ts, path, err));
+    return save_checkpoint(t, a, err);
+}
+
 /* Where the loop stood before a step: an out-of-memory inside the step rolls back to it, so the
  * checkpoints written for the failure resume exactly at that step. */
 /* One adapter as it stood before the step. */
@@ -1440,12 +1498,7 @@ static tdm_status checkpoint_after_oom(tdm_trainer *t, const step_snapshot *ss, 
                                  (size_t)s->host.n_params * sizeof(float), &serr);
             if (st != TDM_OK) break;
         }
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
-        s->ts.global_step = s->step;
-        s->ts.epoch = adapter_epoch(s);
-        st = tdm_trainer_state_save(&s->ts, path, &serr);
-        if (st == TDM_OK) st = save_checkpoint(t, a, &serr);
+        st = save_adapter(t, a, &serr);
     }
     if (st != TDM_OK)
         return tdm_fail(err, TDM_ERR_NOMEM,
@@ -1460,6 +1513,40 @@ static tdm_status checkpoint_after_oom(tdm_trainer *t, const step_snapshot *ss, 
                     (long long)(t->global_step + 1), cause);
 }
 
+/* The caller asked to stop (a signal) between two global steps: checkpoint every unfinished
+ * adapter where it stands, exactly what a periodic save at this global step writes, so that
+ * --resume continues as if nothing had happened. Nothing is written when no step was taken
+ * since start_global (the run's start or its resume point: the checkpoints there already hold
+ * this position, or there is nothing to save). */
+static tdm_status checkpoint_on_stop(tdm_trainer *t, int64_t start_global, tdm_error *err)
+{
+    int saved = 0;
+    for (int a = 0; a < t->n && t->global_step > start_global; a++) {
+        if (t->ad[a].done) continue;
+        tdm_status st = save_adapter(t, a, err);
+        if (st != TDM_OK) {
+            tdm_error_prefix(err, "stopping at global step %lld: the checkpoint failed",
+                             (long long)t->global_step);
+            return st;
+        }
+        saved++;
+    }
+    if (t->global_step == start_global)
+        return tdm_fail(err, TDM_ERR_STOPPED,
+                        "stopped before the first step of this run (nothing new to save)");
+    return tdm_fail(err, TDM_ERR_STOPPED,
+                    "stopped after global step %lld; checkpoints of %d unfinished adapter(s) "
+                    "written",
+                    (long long)t->global_step, saved);
+}
+
+static bool any_unfinished(const tdm_trainer *t)
+{
+    for (int a = 0; a < t->n; a++)
+        if (!t->ad[a].done) return true;
+    return false;
+}
+
 tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 {
     int n = t->n;
@@ -1471,6 +1558,7 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         s->last_val = s->last_train_loss = s->last_grad_norm = NAN;
         s->last_epoch_loss = NAN;
         s->last_lr = tdm_lr_at(&s->sched, 0);
+        s->eval_step = -1;
     }
     bool resumed = false;
     if (t->o.resume) {
@@ -1481,6 +1569,26 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         for (int a = 0; st == TDM_OK && resumed && a < n; a++) {
             st = load_checkpoint(t, a, dirs[a], err);
             if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
+        }
+        for (int a = 0; st == TDM_OK && resumed && a < n && t->o.progress; a++) {
+            adapter_state *s = &t->ad[a];
+            tdm_trainer_progress p = {.event = TDM_TRAINER_EVENT_RESUMED,
+                                      .adapter = a,
+                                      .label = s->task,
+                                      .global_step = t->global_step,
+                                      .step = s->step,
+                                      .total_steps = s->total_steps,
+                                      .epoch = adapter_epoch(s),
+                                      .epochs = s->cfg.epochs,
+                                      .loss = s->last_train_loss,
+                                      .learning_rate = s->last_lr,
+                                      .grad_norm = s->last_grad_norm,
+                                      .val_loss = s->last_val,
+                                      .tokens_per_sec = NAN,
+                                      .eta_sec = NAN,
+                                      .checkpoint = dirs[a],
+                                      .done = s->done};
+            t->o.progress(&p, t->o.progress_user);
         }
         free(dirs);
         TRY(st);
@@ -1519,6 +1627,9 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         (save_every == 0 || save_every > t->o.max_checkpoint_interval))
         save_every = t->o.max_checkpoint_interval;
 
+    /* elapsed_ms counts from here: the first measurement below is part of the run */
+    t->t0_ms = now_ms();
+    int64_t start_global = t->global_step;
     /* priority-val-loss needs a first measurement of everyone */
     if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
         for (int a = 0; a < n; a++)
@@ -1539,11 +1650,16 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         return st != TDM_OK ? st : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
     fused f = {0};
-    t->t0_ms = now_ms();
     for (int a = 0; a < n; a++)
         t->ad[a].epoch_start_ms = t->t0_ms;
     for (;;) {
         int np = 0;
+        /* between two global steps, the only place a stop request is honoured */
+        if (t->o.stop_requested && any_unfinished(t) &&
+            t->o.stop_requested(t->o.stop_requested_user)) {
+            st = checkpoint_on_stop(t, start_global, err);
+            break;
+        }
         if ((st = snapshot_take(t, &snap, err)) != TDM_OK) break;
         if (t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED) {
             /* every active adapter, each with its share of the pass: weight / the largest
@@ -1617,18 +1733,15 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         bool save_now = save_every > 0 && t->global_step % save_every == 0;
         for (int a = 0; a < n && st == TDM_OK; a++) {
             adapter_state *s = &t->ad[a];
-            if (s->done) continue;
+            /* an adapter that has not stepped since its latest validation (another adapter
+             * trained, or its batch spans global steps) would only measure the same loss */
+            if (s->done || s->step == s->eval_step) continue;
             if (eval_now) st = eval_point(t, a, err);
         }
         for (int a = 0; a < n && st == TDM_OK; a++) {
             adapter_state *s = &t->ad[a];
             if (s->done || !save_now) continue;
-            char path[4096];
-            snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
-            s->ts.global_step = s->step;
-            s->ts.epoch = adapter_epoch(s);
-            st = tdm_trainer_state_save(&s->ts, path, err);
-            if (st == TDM_OK) st = save_checkpoint(t, a, err);
+            st = save_adapter(t, a, err);
         }
         if (st != TDM_OK) break;
     }

@@ -74,10 +74,12 @@ typedef struct tdm_trainer_adapter {
 
 /* What the trainer reports to its caller (the CLI draws progress from it). */
 typedef enum tdm_trainer_event {
-    TDM_TRAINER_EVENT_STEP, /* the adapter took an optimizer step */
-    TDM_TRAINER_EVENT_LOG,  /* a --log-every point: loss is the mean since the previous log */
-    TDM_TRAINER_EVENT_EVAL, /* val_loss was measured */
-    TDM_TRAINER_EVENT_DONE, /* the adapter finished; its final adapter is written */
+    TDM_TRAINER_EVENT_STEP,    /* the adapter took an optimizer step */
+    TDM_TRAINER_EVENT_LOG,     /* a --log-every point: loss is the mean since the previous log */
+    TDM_TRAINER_EVENT_EVAL,    /* val_loss was measured */
+    TDM_TRAINER_EVENT_DONE,    /* the adapter finished; its final adapter is written */
+    TDM_TRAINER_EVENT_RESUMED, /* --resume: the adapter starts from checkpoint (already done
+                                  when its checkpoint is its final one) */
 } tdm_trainer_event;
 
 typedef struct tdm_trainer_progress {
@@ -88,12 +90,14 @@ typedef struct tdm_trainer_progress {
     int64_t step, total_steps; /* the adapter's optimizer steps */
     double epoch;              /* fractional epochs done */
     int epochs;
-    double loss;           /* latest step's (STEP) or mean since the last log (LOG) */
-    double learning_rate;  /* used by the latest step */
-    double grad_norm;      /* latest, before clipping */
-    double val_loss;       /* latest, NaN before the first evaluation */
-    double tokens_per_sec; /* the adapter's counted tokens per second of training so far */
-    double eta_sec;        /* estimated seconds until this adapter finishes */
+    double loss;            /* latest step's (STEP) or mean since the last log (LOG) */
+    double learning_rate;   /* used by the latest step */
+    double grad_norm;       /* latest, before clipping */
+    double val_loss;        /* latest, NaN before the first evaluation */
+    double tokens_per_sec;  /* the adapter's counted tokens per second of training so far */
+    double eta_sec;         /* estimated seconds until this adapter finishes */
+    const char *checkpoint; /* RESUMED: the checkpoint directory loaded, else NULL */
+    bool done;              /* the adapter has finished (RESUMED: finished before this run) */
 } tdm_trainer_progress;
 
 typedef void (*tdm_trainer_progress_fn)(const tdm_trainer_progress *p, void *user);
@@ -138,6 +142,11 @@ typedef struct tdm_trainer_opts {
     void *progress_user;
     tdm_trainer_pass_fn on_pass; /* may be NULL: called after each fused training pass */
     void *on_pass_user;
+    /* May be NULL. Asked before each global step (never inside one): true stops the run there
+     * with a checkpoint of every unfinished adapter (tdm_trainer_run returns TDM_ERR_STOPPED).
+     * The CLI answers from a flag its SIGINT/SIGTERM/SIGUSR1 handlers set. */
+    bool (*stop_requested)(void *user);
+    void *stop_requested_user;
 } tdm_trainer_opts;
 
 /* The defaults of `tandem finetune` (docs/finetune.md). */
@@ -172,9 +181,21 @@ void tdm_trainer_free(tdm_trainer *t);
 void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int64_t *n_val,
                               int64_t *total_steps);
 
+/* Adapter a's optimizer steps taken so far and whether it has finished. */
+void tdm_trainer_adapter_position(const tdm_trainer *t, int a, int64_t *step, bool *done);
+
+/* The global steps taken (the run's position, for messages). */
+int64_t tdm_trainer_global_step(const tdm_trainer *t);
+
 /* Trains to the end (or, with opts.resume, from the latest checkpoint that every adapter has,
- * or from scratch when there is none). OUT_DIRs are created; a fresh run refuses an OUT_DIR
- * that already holds checkpoints (TDM_ERR_INVALID: resume or remove them). */
+ * or from scratch when there is none; each adapter's checkpoint is reported as a RESUMED event
+ * first). OUT_DIRs are created; a fresh run refuses an OUT_DIR that already holds checkpoints
+ * (TDM_ERR_INVALID: resume or remove them), and --resume refuses a checkpoint trained with
+ * another rank, targets, LoRA dropout or learning-rate schedule (peak lr, kind, warmup, total
+ * steps). When opts.stop_requested answers true before a global step, every unfinished
+ * adapter's checkpoint is written at its current position (unless no step was taken since the
+ * start or the resume point, whose checkpoints already hold it) and TDM_ERR_STOPPED returned:
+ * --resume continues exactly as if the run had not stopped. */
 tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err);
 
 /* Token-weighted mean cross-entropy of samples idx[0..n) of a dataset loaded for the model, with
