@@ -40,7 +40,8 @@ static const key_desc keys[TDM_ADAPTER_KEY_COUNT] = {
     [TDM_ADAPTER_KEY_ALPHA] = {"alpha", K_NUMBER, true, 0, "alpha = 32"},
     [TDM_ADAPTER_KEY_TARGETS] = {"targets", K_TARGETS, true, 0,
                                  "targets = [\"q_proj\", \"v_proj\"]"},
-    [TDM_ADAPTER_KEY_LEARNING_RATE] = {"learning_rate", K_NUMBER, true, 0, "learning_rate = 2e-4"},
+    [TDM_ADAPTER_KEY_LEARNING_RATE] = {"learning_rate", K_NUMBER, true, 0,
+                                       "learning_rate = 2e-4"},
     [TDM_ADAPTER_KEY_EPOCHS] = {"epochs", K_INT, true, TDM_ADAPTER_EPOCHS_MAX, "epochs = 3"},
     [TDM_ADAPTER_KEY_BATCH_SIZE] = {"batch_size", K_INT, true, TDM_ADAPTER_BATCH_SIZE_MAX,
                                     "batch_size = 8"},
@@ -60,7 +61,8 @@ const char *tdm_adapter_key_name(tdm_adapter_key key)
 static int find_key(const char *name)
 {
     for (int k = 0; k < TDM_ADAPTER_KEY_COUNT; k++)
-        if (!strcmp(keys[k].name, name)) return k;
+        if (!strcmp(keys[k].name, name))
+            return k;
     return -1;
 }
 
@@ -70,7 +72,8 @@ static int find_key(const char *name)
 static int find_target(const char *name, size_t len)
 {
     for (int t = 0; t < TDM_ADAPTER_TARGET_COUNT; t++)
-        if (strlen(target_names[t]) == len && !memcmp(target_names[t], name, len)) return t;
+        if (strlen(target_names[t]) == len && !memcmp(target_names[t], name, len))
+            return t;
     return -1;
 }
 
@@ -80,7 +83,8 @@ static tdm_status add_target(const char *name, size_t len, uint32_t *mask, tdm_e
     int t = find_target(name, len);
     if (t < 0) {
         char *copy = strndup(name, len);
-        if (!copy) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        if (!copy)
+            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         const char *hint = tdm_suggest(copy, target_names, TDM_ADAPTER_TARGET_COUNT);
         tdm_fail(err, TDM_ERR_INVALID,
                  "unknown target '%.64s'%s%s%s (known: q_proj, k_proj, v_proj, o_proj, "
@@ -108,15 +112,18 @@ tdm_status tdm_adapter_targets_parse(const char *list, uint32_t *mask, tdm_error
         while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
             b--;
         if (a == b) {
-            if (!comma && m == 0 && p == list) break; /* the whole list is empty: reported below */
+            if (!comma && m == 0 && p == list)
+                break; /* the whole list is empty: reported below */
             return tdm_fail(err, TDM_ERR_INVALID,
                             "empty name in the target list '%.64s' (write names separated by "
                             "single commas, e.g. q_proj,v_proj)",
                             list);
         }
         tdm_status st = add_target(a, (size_t)(b - a), &m, err);
-        if (st != TDM_OK) return st;
-        if (!comma) break;
+        if (st != TDM_OK)
+            return st;
+        if (!comma)
+            break;
         p = comma + 1;
     }
     if (m == 0)
@@ -133,7 +140,8 @@ tdm_status tdm_adapter_targets_parse(const char *list, uint32_t *mask, tdm_error
 /* Re-raises a location-free message at v: "FILE:LINE:COL: what: message". */
 static tdm_status locate(tdm_error *err, const tdm_toml_value *v, const char *what)
 {
-    if (!err) return TDM_ERR_INVALID;
+    if (!err)
+        return TDM_ERR_INVALID;
     char msg[sizeof err->message];
     memcpy(msg, err->message, sizeof msg);
     msg[sizeof msg - 1] = '\0';
@@ -144,20 +152,23 @@ static tdm_status check_path(const tdm_toml_value *v, const char *what, const ch
                              tdm_error *err)
 {
     tdm_status st = tdm_toml_as_string(v, what, out, err);
-    if (st != TDM_OK) return st;
-    if (!**out) return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must not be empty", what);
+    if (st != TDM_OK)
+        return st;
+    if (!**out)
+        return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must not be empty", what);
     for (const unsigned char *c = (const unsigned char *)*out; *c; c++)
         if (*c < 0x20 || *c == 0x7F)
             return tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
-                                    "%s contains a control character (U+%04X); paths may not", what,
-                                    *c);
+                                    "%s contains a control character (U+%04X); paths may not",
+                                    what, *c);
     return TDM_OK;
 }
 
 static tdm_status check_label(const tdm_toml_value *v, const char **out, tdm_error *err)
 {
     tdm_status st = tdm_toml_as_string(v, "label", out, err);
-    if (st != TDM_OK) return st;
+    if (st != TDM_OK)
+        return st;
     size_t n = strlen(*out);
     bool ok = n >= 1 && n <= TDM_ADAPTER_LABEL_MAX;
     for (size_t i = 0; ok && i < n; i++) {
@@ -185,7 +196,8 @@ static tdm_status check_targets(const tdm_toml_value *v, uint32_t *mask, tdm_err
                                 "targets must be an array of names or a comma-separated string, "
                                 "e.g. targets = [\"q_proj\", \"v_proj\"]");
     tdm_status st = tdm_toml_as_array_of(v, TDM_TOML_STRING, "targets", err);
-    if (st != TDM_OK) return st;
+    if (st != TDM_OK)
+        return st;
     if (tdm_toml_len(v) == 0)
         return tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
                                 "targets is empty (name at least one of q_proj, k_proj, v_proj, "
@@ -195,7 +207,8 @@ static tdm_status check_targets(const tdm_toml_value *v, uint32_t *mask, tdm_err
         const tdm_toml_value *e = tdm_toml_at(v, i);
         size_t len;
         const char *name = tdm_toml_string(e, &len);
-        if (add_target(name, len, &m, err) != TDM_OK) return locate(err, e, "targets");
+        if (add_target(name, len, &m, err) != TDM_OK)
+            return locate(err, e, "targets");
     }
     *mask = m;
     return TDM_OK;
@@ -204,7 +217,8 @@ static tdm_status check_targets(const tdm_toml_value *v, uint32_t *mask, tdm_err
 static tdm_status set_string(char **field, const char *value, tdm_error *err)
 {
     char *copy = strdup(value);
-    if (!copy) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!copy)
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     free(*field);
     *field = copy;
     return TDM_OK;
@@ -220,12 +234,8 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     double x = 0;
     tdm_status st = TDM_OK;
     switch (d->kind) {
-    case K_PATH:
-        st = check_path(v, d->name, &str, err);
-        break;
-    case K_LABEL:
-        st = check_label(v, &str, err);
-        break;
+    case K_PATH: st = check_path(v, d->name, &str, err); break;
+    case K_LABEL: st = check_label(v, &str, err); break;
     case K_INT:
         st = tdm_toml_as_int(v, d->name, &i, err);
         if (st == TDM_OK && (i < 1 || i > d->max))
@@ -250,55 +260,28 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
             st = tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
                                   "%s must be a probability in [0, 1) (got %g)", d->name, x);
         break;
-    case K_TARGETS:
-        st = check_targets(v, &s->targets, err);
-        break;
+    case K_TARGETS: st = check_targets(v, &s->targets, err); break;
     }
-    if (st != TDM_OK) return st;
+    if (st != TDM_OK)
+        return st;
     switch (k) {
-    case TDM_ADAPTER_KEY_DATA:
-        st = set_string(&s->data, str, err);
-        break;
-    case TDM_ADAPTER_KEY_OUTPUT:
-        st = set_string(&s->output, str, err);
-        break;
-    case TDM_ADAPTER_KEY_LABEL:
-        st = set_string(&s->label, str, err);
-        break;
-    case TDM_ADAPTER_KEY_INIT_ADAPTER:
-        st = set_string(&s->init_adapter, str, err);
-        break;
-    case TDM_ADAPTER_KEY_RANK:
-        s->has_rank = true, s->rank = (int)i;
-        break;
-    case TDM_ADAPTER_KEY_ALPHA:
-        s->has_alpha = true, s->alpha = x;
-        break;
-    case TDM_ADAPTER_KEY_TARGETS:
-        s->has_targets = true;
-        break;
-    case TDM_ADAPTER_KEY_LEARNING_RATE:
-        s->has_learning_rate = true, s->learning_rate = x;
-        break;
-    case TDM_ADAPTER_KEY_EPOCHS:
-        s->has_epochs = true, s->epochs = (int)i;
-        break;
-    case TDM_ADAPTER_KEY_BATCH_SIZE:
-        s->has_batch_size = true, s->batch_size = (int)i;
-        break;
-    case TDM_ADAPTER_KEY_MAX_SEQ_LEN:
-        s->has_max_seq_len = true, s->max_seq_len = (int)i;
-        break;
-    case TDM_ADAPTER_KEY_WEIGHT:
-        s->has_weight = true, s->weight = x;
-        break;
-    case TDM_ADAPTER_KEY_LORA_DROPOUT:
-        s->has_lora_dropout = true, s->lora_dropout = x;
-        break;
-    case TDM_ADAPTER_KEY_COUNT:
-        break;
+    case TDM_ADAPTER_KEY_DATA: st = set_string(&s->data, str, err); break;
+    case TDM_ADAPTER_KEY_OUTPUT: st = set_string(&s->output, str, err); break;
+    case TDM_ADAPTER_KEY_LABEL: st = set_string(&s->label, str, err); break;
+    case TDM_ADAPTER_KEY_INIT_ADAPTER: st = set_string(&s->init_adapter, str, err); break;
+    case TDM_ADAPTER_KEY_RANK: s->has_rank = true, s->rank = (int)i; break;
+    case TDM_ADAPTER_KEY_ALPHA: s->has_alpha = true, s->alpha = x; break;
+    case TDM_ADAPTER_KEY_TARGETS: s->has_targets = true; break;
+    case TDM_ADAPTER_KEY_LEARNING_RATE: s->has_learning_rate = true, s->learning_rate = x; break;
+    case TDM_ADAPTER_KEY_EPOCHS: s->has_epochs = true, s->epochs = (int)i; break;
+    case TDM_ADAPTER_KEY_BATCH_SIZE: s->has_batch_size = true, s->batch_size = (int)i; break;
+    case TDM_ADAPTER_KEY_MAX_SEQ_LEN: s->has_max_seq_len = true, s->max_seq_len = (int)i; break;
+    case TDM_ADAPTER_KEY_WEIGHT: s->has_weight = true, s->weight = x; break;
+    case TDM_ADAPTER_KEY_LORA_DROPOUT: s->has_lora_dropout = true, s->lora_dropout = x; break;
+    case TDM_ADAPTER_KEY_COUNT: break;
     }
-    if (st == TDM_OK) s->key_line[k] = tdm_toml_line(v);
+    if (st == TDM_OK)
+        s->key_line[k] = tdm_toml_line(v);
     return st;
 }
 
@@ -399,7 +382,8 @@ static tdm_status adapter_table(tdm_adapter_spec *s, const tdm_toml_value *t, si
                                         e->key, number, hint);
         }
         tdm_status st = set_key(s, (tdm_adapter_key)k, e->value, err);
-        if (st != TDM_OK) return st;
+        if (st != TDM_OK)
+            return st;
     }
     static const tdm_adapter_key required[] = {TDM_ADAPTER_KEY_DATA, TDM_ADAPTER_KEY_OUTPUT};
     for (size_t r = 0; r < sizeof required / sizeof required[0]; r++)
@@ -420,10 +404,12 @@ static char *normalize_path(const char *path)
 {
     size_t n = strlen(path);
     char *out = malloc(n + 2);
-    if (!out) return NULL;
+    if (!out)
+        return NULL;
     size_t o = 0;
     bool absolute = path[0] == '/';
-    if (absolute) out[o++] = '/';
+    if (absolute)
+        out[o++] = '/';
     for (const char *p = path; *p;) {
         while (*p == '/')
             p++;
@@ -432,13 +418,15 @@ static char *normalize_path(const char *path)
             end++;
         size_t len = (size_t)(end - p);
         if (len && !(len == 1 && p[0] == '.')) {
-            if (o && out[o - 1] != '/') out[o++] = '/';
+            if (o && out[o - 1] != '/')
+                out[o++] = '/';
             memcpy(out + o, p, len);
             o += len;
         }
         p = end;
     }
-    if (o == 0) out[o++] = '.';
+    if (o == 0)
+        out[o++] = '.';
     out[o] = '\0';
     return out;
 }
@@ -452,7 +440,8 @@ static int keyed_cmp(const void *a, const void *b)
 {
     const keyed *x = a, *y = b;
     int c = strcmp(x->key, y->key);
-    if (c) return c;
+    if (c)
+        return c;
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
@@ -464,10 +453,12 @@ static bool first_duplicate(const char *const *keys_of, size_t n, size_t *dup_fi
 {
     *dup_later = SIZE_MAX;
     keyed *v = malloc((n ? n : 1) * sizeof *v);
-    if (!v) return false;
+    if (!v)
+        return false;
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (keys_of[i]) v[m++] = (keyed){keys_of[i], i};
+        if (keys_of[i])
+            v[m++] = (keyed){keys_of[i], i};
     qsort(v, m, sizeof *v, keyed_cmp);
     for (size_t i = 0; i + 1 < m;) {
         size_t j = i + 1; /* v[i] is the first of its group; v[j] the second */
@@ -549,7 +540,8 @@ static tdm_status from_doc(const tdm_toml_doc *doc, tdm_adapters_config *cfg, td
         const tdm_toml_entry *e = tdm_toml_entry_at(root, i);
         const tdm_toml_value *v = e->value;
         if (!strcmp(e->key, "adapter")) {
-            if ((st = tdm_toml_get_table_array(root, "adapter", &list, err)) != TDM_OK) return st;
+            if ((st = tdm_toml_get_table_array(root, "adapter", &list, err)) != TDM_OK)
+                return st;
         } else if (!strcmp(e->key, "defaults") && tdm_toml_type_of(v) == TDM_TOML_TABLE) {
             for (size_t j = 0; j < tdm_toml_len(v); j++)
                 if ((st = default_key(&defaults, v, tdm_toml_entry_at(v, j), err)) != TDM_OK)
@@ -568,7 +560,8 @@ static tdm_status from_doc(const tdm_toml_doc *doc, tdm_adapters_config *cfg, td
                                         "tables and an optional [defaults] table)",
                                         e->key, hint);
         } else {
-            if ((st = default_key(&defaults, root, e, err)) != TDM_OK) return st;
+            if ((st = default_key(&defaults, root, e, err)) != TDM_OK)
+                return st;
         }
     }
     if (!list)
@@ -579,7 +572,8 @@ static tdm_status from_doc(const tdm_toml_doc *doc, tdm_adapters_config *cfg, td
                         file);
     size_t n = tdm_toml_len(list);
     cfg->adapters = calloc(n, sizeof *cfg->adapters);
-    if (!cfg->adapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (!cfg->adapters)
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     cfg->n_adapters = n;
     for (size_t i = 0; i < n; i++) {
         if ((st = adapter_table(&cfg->adapters[i], tdm_toml_at(list, i), i + 1, err)) != TDM_OK)
@@ -595,14 +589,16 @@ tdm_status tdm_adapters_config_parse(const char *text, size_t len, const char *f
     memset(out, 0, sizeof *out);
     tdm_toml_doc *doc = NULL;
     tdm_status st = tdm_toml_parse(text, len, filename, &doc, err);
-    if (st != TDM_OK) return st;
+    if (st != TDM_OK)
+        return st;
     out->file = strdup(tdm_toml_filename(doc));
     if (!out->file)
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     else
         st = from_doc(doc, out, err);
     tdm_toml_free(doc);
-    if (st != TDM_OK) tdm_adapters_config_free(out);
+    if (st != TDM_OK)
+        tdm_adapters_config_free(out);
     return st;
 }
 
@@ -653,7 +649,8 @@ tdm_status tdm_adapters_config_load(const char *path, tdm_adapters_config *out, 
     char *text;
     size_t len;
     tdm_status st = tdm_read_file(path, &text, &len, err);
-    if (st != TDM_OK) return st;
+    if (st != TDM_OK)
+        return st;
     st = tdm_adapters_config_parse(text, len, path, out, err);
     free(text);
     if (st == TDM_OK && (st = same_output_checks(out, path, err)) != TDM_OK)
@@ -663,7 +660,8 @@ tdm_status tdm_adapters_config_load(const char *path, tdm_adapters_config *out, 
 
 void tdm_adapters_config_free(tdm_adapters_config *cfg)
 {
-    if (!cfg) return;
+    if (!cfg)
+        return;
     for (size_t i = 0; i < cfg->n_adapters; i++)
         spec_free(&cfg->adapters[i]);
     free(cfg->adapters);

@@ -35,8 +35,8 @@ tdm_status tdm_fail(tdm_error *err, tdm_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Like tdm_fail, and appends ": strerror(errno_value)". */
-tdm_status tdm_fail_errno(tdm_error *err, tdm_status status, int errno_value, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+tdm_status tdm_fail_errno(tdm_error *err, tdm_status status, int errno_value, const char *fmt,
+                          ...) __attribute__((format(printf, 4, 5)));
 
 /* Prefixes err->message with "context: " (for example a file name). Returns err->status. */
 tdm_status tdm_error_prefix(tdm_error *err, const char *fmt, ...)
