@@ -201,6 +201,9 @@ json_t *tdm_run_metadata_to_json(const tdm_run_metadata *m)
     json_object_set_new(o, "lora_rank", json_integer(m->lora_rank));
     json_object_set_new(o, "lora_alpha", num_or_null(m->lora_alpha));
     json_object_set_new(o, "data_hash", m->data_hash ? json_string(m->data_hash) : json_null());
+    json_object_set_new(o, "base_model_identity",
+                        m->base_model_identity ? json_string(m->base_model_identity)
+                                               : json_null());
     json_object_set_new(o, "adapter_index", json_integer(m->adapter_index));
     json_object_set_new(o, "label", m->label ? json_string(m->label) : json_null());
     return o;

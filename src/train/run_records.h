@@ -84,6 +84,9 @@ typedef struct tdm_run_metadata {
     int lora_rank;
     double lora_alpha;
     const char *data_hash; /* "sha256:<64 hex>" of the training data file */
+    /* "sha256:<64 hex>" of the base model (model/base_identity.h), or NULL: written as
+     * base_model_identity; eval --adapter refuses another base */
+    const char *base_model_identity;
 } tdm_run_metadata;
 
 /* metadata.json: the fields above plus train_perplexity = exp(train_loss) and val_perplexity =

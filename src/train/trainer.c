@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "data/render.h"
 #include "engine/model.h"
+#include "model/base_identity.h"
 #include "tokenizer/tokenizer.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -126,6 +127,7 @@ struct tdm_trainer {
     float *d_sumsq, *d_coef, *d_norm; /* (n) f32 device */
     double t0_ms;         /* monotonic ms when this process's run began (elapsed_ms is since) */
     bool warned_schedule; /* --resume under another --schedule: warned once */
+    char base_id[TDM_BASE_IDENTITY_LEN]; /* the base model's identity, for metadata.json */
 };
 
 /* An optimizer batch is in progress (drawn, not yet stepped). */
@@ -261,6 +263,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     snprintf(path, sizeof path, "%s/config.json", opts->model_dir);
     if ((st = tdm_model_config_load(t->mcfg_host, path, err)) != TDM_OK) goto fail;
     const tdm_model_config cfg = *t->mcfg_host;
+    if ((st = tdm_base_identity(opts->model_dir, t->base_id, err)) != TDM_OK) goto fail;
 
     /* 1. every data file, completely, before anything else */
     tdm_dataset_opts dopt;
@@ -882,7 +885,8 @@ static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
                            .samples_per_sec = secs > 0 ? (double)s->samples_seen / secs : 0,
                            .lora_rank = s->host.rank,
                            .lora_alpha = s->host.alpha,
-                           .data_hash = s->ds.report.data_hash};
+                           .data_hash = s->ds.report.data_hash,
+                           .base_model_identity = t->base_id};
     return tdm_run_metadata_save(&md, path, err);
 }
 
