@@ -27,8 +27,8 @@ static const char usage[] =
     "\n"
     "Reserves GB GiB of GPU memory in the ledger (waiting in arrival order until it fits), runs\n"
     "COMMAND with CUDA_VISIBLE_DEVICES set to the chosen GPU and TANDEM_RESERVATION_ID set,\n"
-    "forwards SIGINT/SIGTERM/SIGHUP to it, records its measured memory, releases the reservation\n"
-    "when it exits, and exits with its exit code.\n"
+    "forwards SIGINT/SIGTERM/SIGHUP/SIGUSR1 to it, records its measured memory, releases the\n"
+    "reservation when it exits, and exits with its exit code.\n"
     "\n"
     "  --vram GB        memory budget in GiB (fractions allowed: 0.5 = 512 MiB)\n"
     "  --gpu ID         a GPU UUID, unique UUID prefix or index; default: the GPU with most room\n"
@@ -79,6 +79,9 @@ static void install_handlers(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    /* Slurm's --signal=USR1@N (time nearly up) is meant for the program: tandem finetune
+     * checkpoints on it; the wrapper, killed by its default action, would orphan the child. */
+    sigaction(SIGUSR1, &sa, NULL);
     /* A held child that died before admission closes its end of the go pipe: writing to it must
      * fail with EPIPE, not kill the wrapper before it releases the reservation. */
     signal(SIGPIPE, SIG_IGN);
@@ -164,6 +167,7 @@ static int spawn_held_child(held_child *hc, char **command)
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGTERM);
     sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGUSR1);
     sigprocmask(SIG_BLOCK, &block, &old);
     pid_t pid = fork();
     if (pid < 0) {
@@ -176,6 +180,7 @@ static int spawn_held_child(held_child *hc, char **command)
         sigaction(SIGINT, &dfl, NULL);
         sigaction(SIGTERM, &dfl, NULL);
         sigaction(SIGHUP, &dfl, NULL);
+        sigaction(SIGUSR1, &dfl, NULL);
         sigaction(SIGCHLD, &dfl, NULL);
         signal(SIGPIPE, SIG_DFL);
         /* A terminal's Ctrl-C reaches the whole process group: while held back the child ignores

@@ -122,7 +122,9 @@ typedef struct tdm_adapters_config {
 tdm_status tdm_adapters_config_parse(const char *text, size_t len, const char *filename,
                                      tdm_adapters_config *out, tdm_error *err);
 
-/* Reads path and parses it (messages name path). */
+/* Reads path and parses it (messages name path), then also refuses two outputs that lead to one
+ * directory on the file system (util/path_identity.h: "..", symbolic links, an existing
+ * directory's device and inode), relative outputs taken from path's directory. */
 tdm_status tdm_adapters_config_load(const char *path, tdm_adapters_config *out, tdm_error *err);
 
 /* Frees what parse/load filled in and zeroes *cfg. A zeroed config is allowed. */
