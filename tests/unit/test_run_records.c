@@ -158,7 +158,9 @@ static void test_metadata(void **state)
         .samples_per_sec = 56.7,
         .lora_rank = 16,
         .lora_alpha = 32,
-        .data_hash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+        .data_hash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        .base_model_identity =
+            "sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"};
     char path[300];
     snprintf(path, sizeof path, "%s/metadata.json", tmpdir);
     assert_int_equal(tdm_run_metadata_save(&m, path, &err), TDM_OK);
@@ -177,6 +179,7 @@ static void test_metadata(void **state)
                                        "lora_rank",
                                        "lora_alpha",
                                        "data_hash",
+                                       "base_model_identity",
                                        "adapter_index",
                                        "label"};
     assert_int_equal(json_object_size(o), sizeof keys / sizeof *keys);
@@ -188,6 +191,8 @@ static void test_metadata(void **state)
     assert_int_equal(json_integer_value(json_object_get(o, "adapter_index")), 2);
     assert_int_equal(json_integer_value(json_object_get(o, "lora_rank")), 16);
     assert_string_equal(json_string_value(json_object_get(o, "data_hash")), m.data_hash);
+    assert_string_equal(json_string_value(json_object_get(o, "base_model_identity")),
+                        m.base_model_identity);
     assert_string_equal(json_string_value(json_object_get(o, "label")), "support");
     json_decref(o);
 }
