@@ -1,0 +1,91 @@
+# Graceful stop of `tandem finetune` (issue 13 item 15), on the tiny random model (CPU):
+#  - SIGINT / SIGTERM / SIGUSR1 at random moments of a run stop it gracefully: exit 130 / 143 /
+#    0, a message saying what was saved and the command to resume; --resume then gives the
+#    uninterrupted run's adapter bytes and logged losses (four runs);
+#  - a second SIGINT (later than the repeat window) ends the process at once, by the signal;
+#  - under `tandem gpu run`: SIGUSR1 is forwarded, a process-group Ctrl-C is one graceful stop.
+. "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
+M="$WORK/tiny"
+"$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
+"$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 16
+cd "$WORK" || exit 1
+COMMON=(--batch-size 4 --epochs 2 --val-split 0.1 --log-every 1 --eval-every 3 --save-every 5
+        --lr-schedule constant --max-seq-len 64 --seed 7 --device cpu)
+ads() { # ads PREFIX: the --adapter flags of a run into PREFIX/
+    echo --adapter data/reverse.jsonl:$1/reverse --adapter data/add.jsonl:$1/add
+}
+
+# the uninterrupted reference
+expect_exit 0 "$TANDEM" finetune "$M" $(ads ref) "${COMMON[@]}"
+
+# stop_and_resume SIGNAL WANT_EXIT RUN: starts a run, sends SIGNAL at a random moment after
+# training began, checks the graceful stop, resumes and compares with the reference
+stop_and_resume() {
+    local sig=$1 want=$2 run=$3
+    "$TANDEM" finetune "$M" $(ads $run) "${COMMON[@]}" >$run.out 2>$run.err &
+    local pid=$!
+    wait_until 60 grep -q "^adapter 1:" $run.out
+    sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+    sleep $((RANDOM % 3))
+    kill -s "$sig" $pid 2>/dev/null
+    wait $pid
+    local got=$?
+    if grep -q "to continue exactly where it stopped" $run.err; then
+        [ "$got" -eq "$want" ] || fail "$run: SIG$sig: exit $got, want $want"
+        grep -q -- "--resume\$" $run.err || fail "$run: no resume command: $(cat $run.err)"
+        grep -q "^tandem: SIG$sig: stopped" $run.err || fail "$run: no stop message: $(cat $run.err)"
+    else
+        [ "$got" -eq 0 ] || fail "$run: SIG$sig: exit $got without a stop message: $(cat $run.err)"
+        echo "note: $run finished before SIG$sig"
+    fi
+    expect_exit 0 "$TANDEM" finetune "$M" $(ads $run) "${COMMON[@]}" --resume
+    same_run ref $run "SIG$sig then --resume differs from the uninterrupted run" reverse add
+}
+stop_and_resume INT 130 int1
+stop_and_resume INT 130 int2
+stop_and_resume TERM 143 term1
+stop_and_resume USR1 0 usr1
+# at least one of the stops found the run with steps taken and saved them
+grep -l "step [0-9]* of [0-9]* saved" int1.err int2.err term1.err usr1.err \
+    >/dev/null || fail "no stop saved a checkpoint"
+
+# a second Ctrl-C stops at once: one step of 4 sequences of ~510 tokens (about 5 s of CPU), two
+# SIGINTs 0.8 s apart, the process ends by the signal without the graceful stop's message
+awk 'BEGIN { for (i = 0; i < 4; i++) { s = ""; for (k = 0; k < 250; k++) s = s substr("abcdefghij", 1 + (i * 7 + k * 3) % 10, 1); printf("{\"instruction\": \"copy: %s\", \"response\": \"%s\"}\n", s, s) } }' >long.jsonl
+# perl runs it so that the raw wait status tells a death by signal from exit(130)
+status=$(perl -e '
+    my $pid = fork();
+    if ($pid == 0) { open(STDOUT, ">", "hard2.out"); open(STDERR, ">", "hard2.err"); exec(@ARGV); exit 127 }
+    for (1 .. 1200) { last if `grep -c "^adapter 0:" hard2.out 2>/dev/null` > 0; select(undef, undef, undef, 0.05) }
+    select(undef, undef, undef, 0.2); kill("INT", $pid);
+    select(undef, undef, undef, 0.8); kill("INT", $pid);
+    waitpid($pid, 0); my $s = $?;
+    print(($s & 127) ? "signal " . ($s & 127) : "exit " . ($s >> 8))' \
+    "$TANDEM" finetune "$M" --adapter long.jsonl:hard2/long --batch-size 4 --max-seq-len 1024 \
+        --val-split 0 --device cpu)
+[ "$status" = "signal 2" ] || fail "second SIGINT: ended with $status, want signal 2: $(cat hard2.err)"
+grep -q "to continue exactly" hard2.err && fail "second SIGINT: graceful stop message printed"
+
+# under `tandem gpu run`: SIGUSR1 to the wrapper is forwarded (Slurm signals the job's
+# processes), and a Ctrl-C to the whole process group (the terminal's way, which the wrapper
+# also forwards: two SIGINTs at once) is one graceful stop, not an immediate one
+gpu_stop() { # gpu_stop SIGNAL RUN: the graceful stop's exit code, or "none"
+    local sig=$1 run=$2
+    set -m
+    "$TANDEM" gpu run --vram 1 -- "$TANDEM" finetune "$M" $(ads $run) "${COMMON[@]}" >$run.out 2>$run.err &
+    local pid=$!
+    set +m
+    wait_until 60 grep -q "^adapter 1:" $run.out
+    sleep 0.5
+    if [ "$sig" = USR1 ]; then kill -USR1 $pid; else kill -INT -- -$pid; fi
+    wait $pid
+    echo $?
+}
+got=$(gpu_stop USR1 gusr)
+grep -q "to continue exactly" gusr.err && [ "$got" = 0 ] || fail "gpu run + USR1: exit $got: $(cat gusr.err)"
+got=$(gpu_stop INT gint)
+grep -q "to continue exactly" gint.err && [ "$got" = 130 ] || fail "gpu run + group SIGINT: exit $got: $(cat gint.err)"
+expect_exit 0 "$TANDEM" finetune "$M" $(ads gint) "${COMMON[@]}" --resume
+same_run ref gint "Ctrl-C under gpu run then --resume differs" reverse add
+
+finish
