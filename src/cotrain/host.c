@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/timeutil.h"
@@ -16,6 +18,7 @@
 #define MS 1000000LL
 #define STOP_FLUSH_MS 1000
 #define CLOSE_FLUSH_MS 1000
+#define ELECT_LOCK_MS 10000
 
 typedef struct conn {
     int fd;
@@ -550,4 +553,37 @@ void tdm_cotrain_host_stop(tdm_cotrain_host *h)
     }
     pthread_mutex_destroy(&h->mu);
     free(h);
+}
+
+tdm_status tdm_cotrain_elect(const char *dir, const tdm_base_identity *base, const char *model_dir,
+                             tdm_cotrain_host **out, tdm_cotrain_advert *found, const char **why,
+                             tdm_error *err)
+{
+    *out = NULL;
+    if (why) *why = "";
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/cotrain.lock", dir) >= (int)sizeof path)
+        return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+                  tdm_cotrain_dir_shared(dir) ? 0660 : 0600);
+    if (fd < 0) return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot open %s", path);
+    int64_t deadline = tdm_now_mono_ns() + ELECT_LOCK_MS * MS;
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || tdm_now_mono_ns() >= deadline) {
+            int e = errno;
+            close(fd);
+            return tdm_fail_errno(err, TDM_ERR_TIMEOUT, e,
+                                  "cannot lock %s within %d s (a process holds it: see fuser)",
+                                  path, ELECT_LOCK_MS / 1000);
+        }
+        tdm_sleep_ms(2);
+    }
+    const char *mismatch = "";
+    tdm_status st = tdm_cotrain_find_host(dir, base, found, &mismatch, err);
+    if (st == TDM_ERR_NOT_FOUND) {
+        if (why) *why = mismatch;
+        st = tdm_cotrain_host_start(out, dir, base, model_dir, err);
+    }
+    close(fd); /* releases the lock: the advertisement is already in place */
+    return st;
 }

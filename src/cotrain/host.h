@@ -66,6 +66,16 @@ tdm_status tdm_cotrain_host_start(tdm_cotrain_host **out, const char *dir,
                                   const tdm_base_identity *base, const char *model_dir,
                                   tdm_error *err);
 
+/* Host election, for a job that wants to share a device (a new finetune, or a joiner whose host
+ * died). Under an exclusive flock(2) of dir/cotrain.lock (waiting at most 10 s for it): when a
+ * live host with base's identity is advertised, *found receives the oldest one and *out is NULL;
+ * otherwise this process becomes a host (tdm_cotrain_host_start) before the lock is released, and
+ * *out is it. Two processes electing at once therefore never both become hosts. *why (may be
+ * NULL) is tdm_cotrain_find_host's "nearest mismatch" when this process became the host. */
+tdm_status tdm_cotrain_elect(const char *dir, const tdm_base_identity *base, const char *model_dir,
+                             tdm_cotrain_host **out, tdm_cotrain_advert *found, const char **why,
+                             tdm_error *err);
+
 /* Takes the oldest queued request into *rq (the caller frees it with
  * tdm_cotrain_request_free); false when there is none. Never blocks on the network. */
 bool tdm_cotrain_host_take(tdm_cotrain_host *h, tdm_cotrain_request *rq);

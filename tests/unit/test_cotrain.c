@@ -811,6 +811,66 @@ static void test_stale_cleanup(void **state)
     free(tmp);
 }
 
+/* Four processes elect at once: exactly one becomes the host and the three others find it. */
+static void test_election(void **state)
+{
+    char *tmp = make_tmpdir();
+    char model[600];
+    snprintf(model, sizeof model, "%s/model", tmp);
+    make_model(model, CONFIG, 1.0f);
+    tdm_base_identity base = identity_of(model, true, "cpu");
+    enum { N = 4 };
+    int gate[2], report[2];
+    assert_int_equal(pipe(gate), 0);
+    assert_int_equal(pipe(report), 0);
+    pid_t kids[N];
+    for (int i = 0; i < N; i++) {
+        kids[i] = fork();
+        assert_true(kids[i] >= 0);
+        if (kids[i] == 0) {
+            close(gate[1]);
+            char c;
+            if (read(gate[0], &c, 1) != 0) /* EOF: the parent opened the gate */
+                _exit(2);
+            tdm_cotrain_host *h;
+            tdm_cotrain_advert found;
+            tdm_error err = {0};
+            if (tdm_cotrain_elect(tmp, &base, model, &h, &found, NULL, &err) != TDM_OK) {
+                fprintf(stderr, "elect: %s\n", err.message);
+                _exit(3);
+            }
+            int32_t rec[2] = {h ? 1 : 0, h ? (int32_t)getpid() : found.pid};
+            if (write(report[1], rec, sizeof rec) != sizeof rec) _exit(4);
+            if (h) pause(); /* stay a host until killed */
+            _exit(0);
+        }
+    }
+    close(gate[0]);
+    close(report[1]);
+    close(gate[1]); /* all children read EOF at once */
+    int hosts = 0;
+    int32_t host_pid = 0, joined[N];
+    int n_joined = 0;
+    for (int i = 0; i < N; i++) {
+        int32_t rec[2];
+        assert_int_equal(read(report[0], rec, sizeof rec), (ssize_t)sizeof rec);
+        if (rec[0]) {
+            hosts++;
+            host_pid = rec[1];
+        } else {
+            joined[n_joined++] = rec[1];
+        }
+    }
+    assert_int_equal(hosts, 1);
+    for (int i = 0; i < n_joined; i++)
+        assert_int_equal(joined[i], host_pid);
+    for (int i = 0; i < N; i++)
+        kill_wait(kids[i]);
+    close(report[0]);
+    rm_rf(tmp);
+    free(tmp);
+}
+
 /* ---------------------------------------------------------------- other users (root only) */
 
 /* In a child: become uid/gid with the given supplementary groups, connect to sock and send a
@@ -923,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_hostile_peers),
         cmocka_unit_test(test_host_death_noticed),
         cmocka_unit_test(test_stale_cleanup),
+        cmocka_unit_test(test_election),
         cmocka_unit_test(test_other_users),
         cmocka_unit_test(test_socket_path_too_long),
     };
