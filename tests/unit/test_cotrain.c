@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -445,6 +446,8 @@ static pid_t spawn_host(const char *dir, const tdm_base_identity *base, bool hol
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        /* A failed assertion in the parent must not leave this host running. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(ready[0]);
         close(report[0]);
         tdm_cotrain_host *h;
@@ -828,6 +831,7 @@ static void test_election(void **state)
         kids[i] = fork();
         assert_true(kids[i] >= 0);
         if (kids[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             close(gate[1]);
             char c;
             if (read(gate[0], &c, 1) != 0) /* EOF: the parent opened the gate */
