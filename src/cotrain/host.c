@@ -19,6 +19,7 @@
 #define STOP_FLUSH_MS 1000
 #define CLOSE_FLUSH_MS 1000
 #define ELECT_LOCK_MS 10000
+#define READS_PER_WAKE 16
 
 typedef struct conn {
     int fd;
@@ -29,6 +30,7 @@ typedef struct conn {
     char *out; /* bytes to send: out[out_off..out_len) */
     size_t out_len, out_cap, out_off;
     bool joined;            /* a join was queued: the trainer may hold adapters of it */
+    bool detached;          /* a detach was queued (repeats are dropped: the queue stays bounded) */
     bool closing;           /* send what is queued, then close; ignore input */
     bool dead;              /* close now */
     bool closed_by_trainer; /* tdm_cotrain_host_close: no GONE request */
@@ -193,8 +195,10 @@ static void handle_line(tdm_cotrain_host *h, conn *c, const char *line, size_t l
     case TDM_COTRAIN_DETACH:
         if (!c->joined)
             reject(h, c, TDM_ERR_INVALID, "detach before join");
-        else
+        else if (!c->detached) {
+            c->detached = true;
             queue_simple(h, TDM_COTRAIN_REQ_DETACH, c, &c->peer, NULL);
+        }
         break;
     default:
         snprintf(msg, sizeof msg, "a joiner may not send a \"%s\" message",
@@ -208,7 +212,9 @@ static void handle_line(tdm_cotrain_host *h, conn *c, const char *line, size_t l
 /* Reads what is available and handles every complete line. */
 static void conn_read(tdm_cotrain_host *h, conn *c)
 {
-    for (;;) {
+    /* At most READS_PER_WAKE receives per wake-up: a peer writing as fast as we read cannot keep
+     * the thread from the other connections and the heartbeats (poll reports the rest). */
+    for (int reads = 0; reads < READS_PER_WAKE; reads++) {
         if (c->in_cap - c->in_len < 4096) {
             size_t cap = c->in_cap ? c->in_cap * 2 : 8192;
             char *p = realloc(c->in, cap);

@@ -44,7 +44,8 @@
 
 typedef enum tdm_cotrain_request_kind {
     TDM_COTRAIN_REQ_JOIN,    /* msg.u.join is a join with our base identity from an allowed peer */
-    TDM_COTRAIN_REQ_DETACH,  /* the joiner asks for its adapters back (Ctrl-C) */
+    TDM_COTRAIN_REQ_DETACH,  /* the joiner asks for its adapters back (Ctrl-C); once per
+                                connection, repeats are dropped */
     TDM_COTRAIN_REQ_GONE,    /* the joiner's connection ended (exit, kill): its adapters have
                                 nobody watching; checkpoint and remove them */
     TDM_COTRAIN_REQ_REFUSED, /* a connection was refused by the service thread; reason says why

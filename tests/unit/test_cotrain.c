@@ -814,6 +814,67 @@ static void test_stale_cleanup(void **state)
     free(tmp);
 }
 
+/* A joined peer that floods the host with detach lines (and then with garbage) queues exactly one
+ * detach, and the host keeps serving: heartbeats still reach another joiner. */
+static void test_flood(void **state)
+{
+    char *tmp = make_tmpdir();
+    char model[600];
+    snprintf(model, sizeof model, "%s/model", tmp);
+    make_model(model, CONFIG, 1.0f);
+    tdm_base_identity base = identity_of(model, true, "cpu");
+    int go[2];
+    assert_int_equal(pipe(go), 0);
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) {
+        /* The flooding joiner, as a process of its own. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char c;
+        if (read(go[0], &c, 1) != 1) _exit(2);
+        tdm_cotrain_client cl;
+        tdm_error e = {0};
+        char sock[600];
+        snprintf(sock, sizeof sock, "%s/cotrain-%d.sock", tmp, (int)getppid());
+        if (tdm_cotrain_client_connect(&cl, sock, &e) != TDM_OK) _exit(3);
+        tdm_cotrain_msg j = sample_join(base.id);
+        if (tdm_cotrain_client_send(&cl, &j, &e) != TDM_OK) _exit(4);
+        int flags = fcntl(cl.fd, F_GETFL);
+        fcntl(cl.fd, F_SETFL, flags & ~O_NONBLOCK);
+        const char *line = "{\"v\":1,\"type\":\"detach\"}\n";
+        for (int i = 0; i < 20000; i++)
+            if (send(cl.fd, line, strlen(line), MSG_NOSIGNAL) <= 0) _exit(5);
+        _exit(0);
+    }
+    tdm_cotrain_host *h;
+    tdm_error err = {0};
+    assert_int_equal(tdm_cotrain_host_start(&h, tmp, &base, model, &err), TDM_OK);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    int status;
+    assert_int_equal(waitpid(kid, &status, 0), kid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* Let the thread read everything, then count. */
+    tdm_sleep_ms(300);
+    int joins = 0, detaches = 0, gone = 0, other = 0;
+    tdm_cotrain_request rq;
+    while (tdm_cotrain_host_take(h, &rq)) {
+        joins += rq.kind == TDM_COTRAIN_REQ_JOIN;
+        detaches += rq.kind == TDM_COTRAIN_REQ_DETACH;
+        gone += rq.kind == TDM_COTRAIN_REQ_GONE;
+        other += rq.kind == TDM_COTRAIN_REQ_REFUSED;
+        if (rq.kind == TDM_COTRAIN_REQ_JOIN) assert_int_equal(rq.peer.pid, kid);
+        tdm_cotrain_request_free(&rq);
+    }
+    assert_int_equal(joins, 1);
+    assert_int_equal(detaches, 1);
+    assert_int_equal(gone, 1); /* the flooder exited */
+    assert_int_equal(other, 0);
+    tdm_cotrain_host_stop(h);
+    rm_rf(tmp);
+    free(tmp);
+}
+
 /* Four processes elect at once: exactly one becomes the host and the three others find it. */
 static void test_election(void **state)
 {
@@ -988,6 +1049,7 @@ int main(void)
         cmocka_unit_test(test_host_death_noticed),
         cmocka_unit_test(test_stale_cleanup),
         cmocka_unit_test(test_election),
+        cmocka_unit_test(test_flood),
         cmocka_unit_test(test_other_users),
         cmocka_unit_test(test_socket_path_too_long),
     };
