@@ -26,6 +26,7 @@
 #include "cotrain/endpoint.h"
 #include "cotrain/host.h"
 #include "cotrain/protocol.h"
+#include "cotrain/trainer_bridge.h"
 #include "gpu/proc_identity.h"
 #include "train/adapters_config.h"
 #include "util/atomic_file.h"
@@ -350,6 +351,139 @@ static void test_run_opts_diff(void **state)
     y.resume = true; /* the joiner's own: not a difference */
     assert_int_equal(tdm_cotrain_run_opts_diff(&x, &y, buf, sizeof buf), 2);
     assert_string_equal(buf, "grad-accum, seed");
+}
+
+/* ---------------------------------------------------------------- trainer bridge */
+
+static void test_trainer_bridge(void **state)
+{
+    char *tmp = make_tmpdir();
+    char old[1024];
+    assert_non_null(getcwd(old, sizeof old));
+    assert_int_equal(chdir(tmp), 0);
+    char buf[4096], want[2048];
+    tdm_error err = {0};
+    assert_int_equal(tdm_cotrain_absolute_path("a/./b/../c", buf, sizeof buf, &err), TDM_OK);
+    snprintf(want, sizeof want, "%s/a/c", tmp);
+    assert_string_equal(buf, want);
+    assert_int_equal(tdm_cotrain_absolute_path("/x//y/", buf, sizeof buf, &err), TDM_OK);
+    assert_string_equal(buf, "/x/y");
+    assert_int_equal(tdm_cotrain_absolute_path("/../..", buf, sizeof buf, &err), TDM_OK);
+    assert_string_equal(buf, "/");
+    assert_int_equal(tdm_cotrain_absolute_path("", buf, sizeof buf, &err), TDM_ERR_INVALID);
+
+    tdm_trainer_opts o;
+    tdm_trainer_opts_default(&o);
+    o.seed = 7;
+    o.grad_accum = 3;
+    tdm_trainer_adapter ads[2] = {
+        {.data = "data/a.jsonl",
+         .output = "out/a",
+         .label = "a",
+         .rank = 8,
+         .alpha = 16,
+         .targets = TDM_ADAPTER_TARGET_ALL,
+         .lr = 1e-4,
+         .epochs = 2,
+         .batch_size = 4,
+         .max_seq_len = 128,
+         .weight = 2},
+        {.data = "/abs/b.jsonl",
+         .output = "../out/b",
+         .init_adapter = "init",
+         .rank = 4,
+         .alpha = 4,
+         .use_rslora = true,
+         .targets = TDM_ADAPTER_TARGET_Q_PROJ,
+         .lora_dropout = 0.1,
+         .lr = 3e-4,
+         .epochs = 1,
+         .batch_size = 2,
+         .max_seq_len = 64,
+         .weight = 1},
+    };
+    tdm_cotrain_msg j;
+    assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err), TDM_OK);
+    /* Through the wire and back. */
+    char *line;
+    size_t len;
+    assert_int_equal(tdm_cotrain_msg_encode(&j, &line, &len, &err), TDM_OK);
+    tdm_cotrain_msg p;
+    assert_int_equal(tdm_cotrain_msg_parse(line, len - 1, &p, &err), TDM_OK);
+    free(line);
+    assert_int_equal(p.u.join.pid, getpid());
+    tdm_trainer_adapter back[2];
+    tdm_cotrain_adapters_to_trainer(&p.u.join, back);
+    snprintf(want, sizeof want, "%s/data/a.jsonl", tmp);
+    assert_string_equal(back[0].data, want);
+    snprintf(want, sizeof want, "%s/out/a", tmp);
+    assert_string_equal(back[0].output, want);
+    assert_string_equal(back[1].data, "/abs/b.jsonl");
+    assert_string_equal(back[1].output, "/tmp/out/b"); /* tmp is /tmp/tdm-cotrain-XXXXXX */
+    snprintf(want, sizeof want, "%s/init", tmp);
+    assert_string_equal(back[1].init_adapter, want);
+    assert_null(back[0].init_adapter);
+    assert_null(back[1].label);
+    for (int i = 0; i < 2; i++) { /* field by field: the structs have padding */
+        assert_int_equal(back[i].rank, ads[i].rank);
+        assert_true(back[i].alpha == ads[i].alpha);
+        assert_int_equal(back[i].use_rslora, ads[i].use_rslora);
+        assert_int_equal(back[i].targets, ads[i].targets);
+        assert_true(back[i].lora_dropout == ads[i].lora_dropout && back[i].lr == ads[i].lr);
+        assert_int_equal(back[i].epochs, ads[i].epochs);
+        assert_int_equal(back[i].batch_size, ads[i].batch_size);
+        assert_int_equal(back[i].max_seq_len, ads[i].max_seq_len);
+        assert_true(back[i].weight == ads[i].weight);
+    }
+    tdm_cotrain_run_opts mine;
+    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &mine, &err), TDM_OK);
+    char diff[256];
+    assert_int_equal(tdm_cotrain_run_opts_diff(&mine, &p.u.join.opts, diff, sizeof diff), 0);
+    o.seed = 8;
+    tdm_cotrain_run_opts_free(&mine);
+    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &mine, &err), TDM_OK);
+    assert_int_equal(tdm_cotrain_run_opts_diff(&mine, &p.u.join.opts, diff, sizeof diff), 1);
+    assert_string_equal(diff, "seed");
+    tdm_cotrain_run_opts_free(&mine);
+
+    /* Progress both ways. */
+    tdm_trainer_progress tp = {.event = TDM_TRAINER_EVENT_EVAL,
+                               .adapter = 5,
+                               .label = "x",
+                               .global_step = 40,
+                               .step = 20,
+                               .total_steps = 30,
+                               .epoch = 1.25,
+                               .epochs = 2,
+                               .loss = 1.5,
+                               .learning_rate = 1e-4,
+                               .grad_norm = 0.3,
+                               .val_loss = 1.75,
+                               .tokens_per_sec = 99,
+                               .eta_sec = 12};
+    tdm_cotrain_msg pm;
+    tdm_cotrain_progress_from_trainer(&tp, 1, &pm);
+    assert_int_equal(tdm_cotrain_msg_encode(&pm, &line, &len, &err), TDM_OK);
+    tdm_cotrain_msg pp;
+    assert_int_equal(tdm_cotrain_msg_parse(line, len - 1, &pp, &err), TDM_OK);
+    free(line);
+    tdm_trainer_progress tq;
+    tdm_cotrain_progress_to_trainer(&pp.u.progress, "x", &tq);
+    assert_int_equal(tq.adapter, 1); /* the joiner's own numbering */
+    assert_int_equal(tq.event, tp.event);
+    assert_string_equal(tq.label, "x");
+    assert_true(tq.global_step == tp.global_step && tq.step == tp.step &&
+                tq.total_steps == tp.total_steps && tq.epochs == tp.epochs);
+    assert_true(tq.epoch == tp.epoch && tq.loss == tp.loss &&
+                tq.learning_rate == tp.learning_rate && tq.grad_norm == tp.grad_norm &&
+                tq.val_loss == tp.val_loss && tq.tokens_per_sec == tp.tokens_per_sec &&
+                tq.eta_sec == tp.eta_sec);
+
+    tdm_cotrain_msg_free(&p);
+    tdm_cotrain_msg_free(&j);
+    assert_int_equal(chdir(old), 0);
+    rm_rf(tmp);
+    free(tmp);
 }
 
 /* ---------------------------------------------------------------- base identity */
@@ -1043,6 +1177,7 @@ int main(void)
         cmocka_unit_test(test_every_host_message_round_trips),
         cmocka_unit_test(test_hostile_messages),
         cmocka_unit_test(test_run_opts_diff),
+        cmocka_unit_test(test_trainer_bridge),
         cmocka_unit_test(test_base_identity),
         cmocka_unit_test(test_discover_and_join),
         cmocka_unit_test(test_hostile_peers),
