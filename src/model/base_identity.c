@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/regular_file.h"
+
 static void hash_u64(tdm_sha256 *h, uint64_t v)
 {
     uint8_t b[8];
@@ -36,21 +38,11 @@ static bool read_at(int fd, void *buf, size_t len, uint64_t off)
 /* Feeds one file (the whole of it when small is true, else size + header + sampled blocks). */
 static tdm_status hash_file(tdm_sha256 *h, const char *path, bool whole, tdm_error *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return tdm_fail_errno(err, errno == ENOENT ? TDM_ERR_NOT_FOUND : TDM_ERR_IO, errno, "%s",
-                              path);
+    int fd = -1;
     struct stat st;
-    tdm_status s = TDM_OK;
+    tdm_status s = tdm_open_regular(path, &fd, &st, err); /* a FIFO must not block us */
+    if (s != TDM_OK) return s;
     uint8_t *buf = NULL;
-    if (fstat(fd, &st) != 0) {
-        s = tdm_fail_errno(err, TDM_ERR_IO, errno, "%s", path);
-        goto done;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        s = tdm_fail(err, TDM_ERR_INVALID, "%s: not a regular file", path);
-        goto done;
-    }
     uint64_t size = (uint64_t)st.st_size;
     hash_u64(h, size);
     if (whole) {
