@@ -196,6 +196,10 @@ static tdm_status reserve(tdm_device *dev, const tdm_device_request *req, const 
     tdm_status st = tdm_reservation_acquire(&dev->lease, &ao, err);
     if (st != TDM_OK) return st;
     tdm_reservation_release_at_exit(&dev->lease);
+    /* a run lasts longer than one lease, and a quarantined ledger must see it again at once */
+    tdm_error kerr = {0};
+    if (tdm_lease_keeper_start(&dev->keeper, &dev->lease, &kerr) != TDM_OK)
+        note(req, "warning: %s; the reservation is not renewed while this run lasts", kerr.message);
     /* CUDA is not initialised yet in this process: this makes the reserved GPU the one the
      * backend opens. */
     setenv("CUDA_VISIBLE_DEVICES", dev->lease.gpu_uuid, 1);
@@ -243,6 +247,8 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
      * inventory): give the reservation back and run on the CPU. */
     note(req, "note: %s; %s on the CPU", err->message, doing);
     tdm_error rerr = {0};
+    tdm_lease_keeper_stop(dev->keeper);
+    dev->keeper = NULL;
     if (dev->lease.held) tdm_reservation_release(&dev->lease, &rerr);
     dev->gpu = false;
     st = tdm_backend_create(&dev->be, "cpu", &bo, err);
@@ -278,9 +284,11 @@ void tdm_device_record_actual(tdm_device *dev, bool use_peak, int64_t *process_m
     int64_t proc_mb = process_gpu_mb();
     if (process_mb) *process_mb = proc_mb;
     if (backend_mb) *backend_mb = be_mb;
-    if (dev->lease.held)
-        tdm_reservation_update_actual(&dev->lease,
-                                      proc_mb > 0 ? proc_mb : be_mb + TDM_CUDA_CONTEXT_MIB, &e);
+    int64_t actual_mb = proc_mb > 0 ? proc_mb : be_mb + TDM_CUDA_CONTEXT_MIB;
+    if (dev->keeper)
+        tdm_lease_keeper_update_actual(dev->keeper, actual_mb, &e);
+    else if (dev->lease.held)
+        tdm_reservation_update_actual(&dev->lease, actual_mb, &e);
 }
 
 void tdm_device_close(tdm_device *dev)
@@ -288,5 +296,7 @@ void tdm_device_close(tdm_device *dev)
     tdm_backend_free(dev->be);
     dev->be = NULL;
     tdm_error e = {0};
+    tdm_lease_keeper_stop(dev->keeper);
+    dev->keeper = NULL;
     if (dev->lease.held) tdm_reservation_release(&dev->lease, &e);
 }

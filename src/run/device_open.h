@@ -25,6 +25,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "gpu/inventory.h"
+#include "gpu/lease_keeper.h"
 #include "gpu/ledger.h"
 #include "gpu/mps.h"
 #include "gpu/reservation.h"
@@ -59,6 +60,7 @@ typedef struct tdm_device {
     bool gpu;
     int64_t budget_mb; /* what was reserved (for an adopted reservation: the plan, not known) */
     tdm_lease lease;   /* held when this process reserved (not when it adopted gpu run's) */
+    tdm_lease_keeper *keeper;    /* renews lease and re-registers it after a quarantine, or NULL */
     tdm_run_context run_context; /* MPS constraints for the trainer (checkpoint interval) */
 } tdm_device;
 
