@@ -1,7 +1,6 @@
 /* tandem submit — place the adapters of an adapters.toml on cluster nodes, copy what each node
  * lacks, and start one `tandem finetune` per node there (docs/cluster.md). */
 #include <getopt.h>
-#include <math.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include "cluster/stage.h"
 #include "cluster/transport.h"
 #include "model/config.h"
+#include "run/placement_budget.h"
 #include "run/run_options.h"
 #include "train/adapters_config.h"
 #include "util/atomic_file.h"
@@ -137,12 +137,14 @@ typedef struct node_info {
 
 static void print_plan(const tdm_cluster_config *cfg, const tdm_place_node *pn, node_info *info,
                        const tdm_adapters_config *ac, char **labels, const tdm_place_plan *plan,
-                       const tdm_place_budget *b, int64_t params)
+                       const tdm_run_budget *b, int64_t params)
 {
-    printf("Model: %lld parameters; one adapter needs %lld MiB on a GPU (%lld MiB more for each\n"
-           "further adapter in the same process), %lld MiB on a CPU (%lld more).\n",
-           (long long)params, (long long)b->gpu_first_mb, (long long)b->gpu_next_mb,
-           (long long)b->cpu_first_mb, (long long)b->cpu_next_mb);
+    int64_t second_gpu = b->n_adapters > 1 ? b->gpu_mb[2] - b->gpu_mb[1] : 0;
+    int64_t second_cpu = b->n_adapters > 1 ? b->cpu_mb[2] - b->cpu_mb[1] : 0;
+    printf("Model: %lld parameters; one adapter needs %lld MiB on a GPU (%lld MiB more for a\n"
+           "second adapter in the same process), %lld MiB on a CPU (%lld more).\n",
+           (long long)params, (long long)b->gpu_mb[1], (long long)second_gpu,
+           (long long)b->cpu_mb[1], (long long)second_cpu);
     printf("score = (free / budget) x speed x 1/(1 + active adapters)\n");
     for (size_t a = 0; a < ac->n_adapters; a++) {
         int chosen = plan->node_of[a];
@@ -252,7 +254,6 @@ int tdm_cmd_submit(int argc, char **argv)
     if (!model || !adapters_path)
         return print_usage(stderr),
                tdm_cli_fail(TDM_EXIT_USAGE, "--model and --adapters-config are required");
-    long rank = ro.adapter.rank, batch = ro.adapter.batch_size, seq = ro.adapter.max_seq_len;
 
     tdm_cluster_config cfg;
     int rc = tdm_cli_load_cluster(cluster, &cfg);
@@ -299,29 +300,12 @@ int tdm_cmd_submit(int argc, char **argv)
         }
     }
 
-    /* Estimate from the largest settings any adapter uses. */
-    tdm_place_model pm = {.params = tdm_model_config_param_count(&mc),
-                          .hidden = mc.hidden_size,
-                          .intermediate = mc.intermediate_size,
-                          .layers = mc.num_layers,
-                          .vocab = mc.vocab_size,
-                          .rank = (int)rank,
-                          .batch_size = (int)batch,
-                          .max_seq_len = (int)seq,
-                          .quantized = ro.trainer.nf4};
-    for (size_t a = 0; a < ac.n_adapters; a++) {
-        const tdm_adapter_spec *s = &ac.adapters[a];
-        if (s->has_rank && s->rank > pm.rank) pm.rank = s->rank;
-        if (s->has_batch_size && s->batch_size > pm.batch_size) pm.batch_size = s->batch_size;
-        if (s->has_max_seq_len && s->max_seq_len > pm.max_seq_len) pm.max_seq_len = s->max_seq_len;
-    }
-    tdm_place_budget budget;
-    tdm_place_estimate(&pm, &budget);
-    if (ro.device.vram_gib > 0) {
-        /* An explicit --vram is what each node's finetune process reserves, whatever the number
-         * of adapters it trains: place with that budget. */
-        budget.gpu_first_mb = (int64_t)ceil(ro.device.vram_gib * 1024.0);
-        budget.gpu_next_mb = 0;
+    /* The memory each node's finetune process will reserve (the --vram auto estimate). */
+    int64_t params = tdm_model_config_param_count(&mc);
+    tdm_run_budget budget;
+    if (tdm_run_placement_budget(&mc, &ro, &ac, &budget, &err) != TDM_OK) {
+        rc = tdm_cli_fail_err(&err);
+        goto out_early;
     }
 
     /* Live state of every node, and what already runs there. */
@@ -391,8 +375,8 @@ int tdm_cmd_submit(int argc, char **argv)
         }
     }
     tdm_place_plan plan;
-    tdm_status pst = tdm_place(pn, cfg.n_nodes, ac.n_adapters, &budget, pm.params, &plan, &err);
-    if (plan.node_of) print_plan(&cfg, pn, info, &ac, labels, &plan, &budget, pm.params);
+    tdm_status pst = tdm_place(pn, cfg.n_nodes, ac.n_adapters, &budget.place, params, &plan, &err);
+    if (plan.node_of) print_plan(&cfg, pn, info, &ac, labels, &plan, &budget, params);
     if (pst != TDM_OK) {
         rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s", err.message);
         goto out_plan;
@@ -543,6 +527,7 @@ out:
     free(pn);
     free(tr);
 out_early:
+    tdm_run_budget_free(&budget);
     for (size_t a = 0; labels && a < ac.n_adapters; a++)
         free(labels[a]);
     free(labels);

@@ -7,21 +7,6 @@
 
 #include "cluster/speed.h"
 
-#define MIB (1024.0 * 1024.0)
-
-void tdm_place_estimate(const tdm_place_model *m, tdm_place_budget *out)
-{
-    double bpp = m->quantized ? 0.5625 : 2.0;
-    double base = (double)m->params * bpp / MIB;
-    double lora = (double)m->layers * m->rank * (10.0 * m->hidden + 3.0 * m->intermediate) * 16.0;
-    double tokens = (double)m->batch_size * m->max_seq_len;
-    double act = tokens * (double)m->layers * m->hidden * 34.0 + tokens * (double)m->vocab * 8.0;
-    double adapter = (lora + act) / MIB + 64.0;
-    out->gpu_next_mb = out->cpu_next_mb = (int64_t)(adapter + 0.999);
-    out->gpu_first_mb = (int64_t)(base + 600.0 + adapter + 0.999);
-    out->cpu_first_mb = (int64_t)(base + 200.0 + adapter + 0.999);
-}
-
 void tdm_place_plan_free(tdm_place_plan *plan)
 {
     free(plan->node_of);
@@ -35,10 +20,7 @@ void tdm_place_plan_free(tdm_place_plan *plan)
 static int64_t planned_mb(const tdm_place_plan *p, size_t n, bool cpu, const tdm_place_budget *b)
 {
     int k = p->adapters_on_node[n];
-    if (k == 0)
-        return 0;
-    return cpu ? b->cpu_first_mb + (k - 1) * b->cpu_next_mb
-               : b->gpu_first_mb + (k - 1) * b->gpu_next_mb;
+    return cpu ? b->cpu_mb[k] : b->gpu_mb[k];
 }
 
 static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan *p,
@@ -70,7 +52,7 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
             return;
         }
         int64_t free_mb = node->ram_free_mb - planned_mb(p, n, true, b);
-        int64_t need = planned ? b->cpu_next_mb : b->cpu_first_mb;
+        int64_t need = b->cpu_mb[planned + 1] - b->cpu_mb[planned];
         e->free_mb = free_mb;
         e->need_mb = need;
         if (free_mb < need) {
@@ -79,10 +61,10 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
             return;
         }
         e->eligible = true;
-        e->score = (double)free_mb / (double)b->cpu_first_mb * TDM_SPEED_CPU * share;
+        e->score = (double)free_mb / (double)b->cpu_mb[1] * TDM_SPEED_CPU * share;
         return;
     }
-    int64_t need = planned ? b->gpu_next_mb : b->gpu_first_mb;
+    int64_t need = b->gpu_mb[planned + 1] - b->gpu_mb[planned];
     int best = -1;
     double best_score = -1;
     int64_t best_free = -1, most_free = -1;
@@ -90,11 +72,9 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
         if (planned && (int)g != p->device_of_node[n])
             continue; /* one process per node: later adapters join its GPU */
         int64_t free_mb = node->gpus[g].free_mb - (planned ? planned_mb(p, n, false, b) : 0);
-        if (free_mb > most_free)
-            most_free = free_mb;
-        if (free_mb < need)
-            continue;
-        double s = (double)free_mb / (double)b->gpu_first_mb * node->gpus[g].speed * share;
+        if (free_mb > most_free) most_free = free_mb;
+        if (free_mb < need) continue;
+        double s = (double)free_mb / (double)b->gpu_mb[1] * node->gpus[g].speed * share;
         if (s > best_score) {
             best_score = s;
             best = (int)g;
@@ -125,7 +105,8 @@ tdm_status tdm_place(const tdm_place_node *nodes, size_t n_nodes, size_t n_adapt
     plan->node_of = calloc(n_adapters ? n_adapters : 1, sizeof *plan->node_of);
     plan->device_of_node = calloc(n_nodes ? n_nodes : 1, sizeof *plan->device_of_node);
     plan->adapters_on_node = calloc(n_nodes ? n_nodes : 1, sizeof *plan->adapters_on_node);
-    plan->evals = calloc((n_adapters * n_nodes) > 0 ? n_adapters * n_nodes : 1, sizeof *plan->evals);
+    plan->evals =
+        calloc((n_adapters * n_nodes) > 0 ? n_adapters * n_nodes : 1, sizeof *plan->evals);
     if (!plan->node_of || !plan->device_of_node || !plan->adapters_on_node || !plan->evals) {
         tdm_place_plan_free(plan);
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");

@@ -8,7 +8,7 @@
  *          ledger lowers by its reservations; a CPU-only node's available RAM) minus what this
  *          plan already put on it;
  * budget:  the memory one adapter trained alone needs on that kind of device, base model
- *          included (tdm_place_estimate); the same for every node, so scores compare;
+ *          included (tdm_place_budget); the same for every node, so scores compare;
  * speed:   the GPU's factor (speed.h), 0.01 for a CPU;
  * active_adapters: adapters already running on the node (from the job registry) plus those this
  *          plan already placed there.
@@ -49,46 +49,32 @@ typedef struct tdm_place_node {
                               * GPUs is then excluded with this reason */
 } tdm_place_node;
 
-/* Memory one adapter needs, MiB, for the first adapter of a process (base included) and for
- * each further adapter in the same process. */
+/* Memory a process needs, MiB, by the number of adapters it trains (all alike): [k] for k
+ * adapters, [0] = 0, up to the number of adapters placed. The placed adapter needs [1] on a
+ * device the plan has not used yet and [k+1] - [k] where the plan already put k. Made by
+ * tdm_run_placement_budget (run/placement_budget.h) from the same estimate `tandem finetune
+ * --vram auto` reserves with. */
 typedef struct tdm_place_budget {
-    int64_t gpu_first_mb, gpu_next_mb;
-    int64_t cpu_first_mb, cpu_next_mb;
+    const int64_t *gpu_mb; /* (n_adapters + 1) on a GPU, the CUDA context included */
+    const int64_t *cpu_mb; /* (n_adapters + 1) on a CPU-only node */
 } tdm_place_budget;
-
-/* Model and training sizes behind an estimate. */
-typedef struct tdm_place_model {
-    int64_t params;                   /* parameters of the base model */
-    int64_t hidden, intermediate, layers, vocab;
-    int rank;                         /* LoRA rank */
-    int batch_size, max_seq_len;
-    bool quantized;                   /* qlora (NF4 base) rather than lora (bf16 base) */
-} tdm_place_model;
-
-/* The estimate documented in docs/cluster.md:
- *   base (GPU)  = params x (0.5625 bytes NF4 with scales | 2 bytes bf16) + 600 MiB CUDA context
- *   base (CPU)  = params x (0.5625 | 2) bytes + 200 MiB
- *   adapter     = layers x rank x (10 hidden + 3 intermediate) x 16 bytes (weights, gradients,
- *                 two AdamW moments in f32) + batch x seq x layers x hidden x 34 bytes of
- *                 activations + batch x seq x vocab x 8 bytes of logits + 64 MiB. */
-void tdm_place_estimate(const tdm_place_model *m, tdm_place_budget *out);
 
 /* One node's standing when one adapter was placed. */
 typedef struct tdm_place_eval {
     bool eligible;
-    double score;     /* when eligible */
-    int gpu;          /* chosen GPU index, -1 for the CPU */
-    int64_t free_mb;  /* free memory the score used */
-    int64_t need_mb;  /* what this adapter needs there */
-    char why[256];    /* when !eligible: why the node was excluded */
+    double score;    /* when eligible */
+    int gpu;         /* chosen GPU index, -1 for the CPU */
+    int64_t free_mb; /* free memory the score used */
+    int64_t need_mb; /* what this adapter needs there */
+    char why[256];   /* when !eligible: why the node was excluded */
 } tdm_place_eval;
 
 typedef struct tdm_place_plan {
     size_t n_adapters, n_nodes;
-    int *node_of;           /* (n_adapters) chosen node, -1 when none could take it */
-    int *device_of_node;    /* (n_nodes) GPU index the node's process uses, -1 CPU, -2 unused */
-    int *adapters_on_node;  /* (n_nodes) how many adapters the plan puts there */
-    tdm_place_eval *evals;  /* (n_adapters x n_nodes) row-major: evals[a * n_nodes + n] */
+    int *node_of;          /* (n_adapters) chosen node, -1 when none could take it */
+    int *device_of_node;   /* (n_nodes) GPU index the node's process uses, -1 CPU, -2 unused */
+    int *adapters_on_node; /* (n_nodes) how many adapters the plan puts there */
+    tdm_place_eval *evals; /* (n_adapters x n_nodes) row-major: evals[a * n_nodes + n] */
 } tdm_place_plan;
 
 /* Places n_adapters adapters (all alike: budget b) on nodes[0..n_nodes) and fills *plan. When an

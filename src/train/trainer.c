@@ -18,6 +18,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/memory_plan.h"
 #include "train/peft_io.h"
 #include "train/run_records.h"
 #include "train/train_cursor.h"
@@ -396,7 +397,7 @@ static bool spreads_batches(const tdm_trainer *t, int a)
     return false;
 }
 
-static void memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out);
+static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm_error *err);
 
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 {
@@ -443,7 +444,7 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
     /* 4. the activations and backend scratch of the largest step, now: the run holds from its
      * start what the ledger reserved for it, and a plan that does not fit fails before step 1 */
     tdm_model_mem_plan plan;
-    memory_plan(t, &plan);
+    if ((st = memory_plan(t, &plan, err)) != TDM_OK) return st;
     if ((st = tdm_model_reserve(t->model, &plan, err)) != TDM_OK) {
         tdm_error_prefix(err,
                          "the largest step (%lld rows) does not fit (lower --batch-size or "
@@ -1334,52 +1335,43 @@ static int64_t largest_batch_rows(const adapter_state *s)
     return rows < cap ? rows : cap;
 }
 
-/* The largest step of this run (what tdm_model_reserve holds and --vram auto reserves). */
-static void memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out)
+/* Each adapter as the memory plan sees it, its largest batch measured on its data (ads: n). */
+static void plan_adapters(const tdm_trainer *t, tdm_plan_adapter *ads)
 {
-    tdm_model_mem_plan p = {.backward = true};
-    int64_t max_rows = 0, max_seqs = 0;
     for (int a = 0; a < t->n; a++) {
         const adapter_state *s = &t->ad[a];
-        int64_t rows = largest_batch_rows(s);
-        /* synchronized: every adapter's batch in one pass; otherwise one adapter per step */
-        p.rows += rows;
-        p.n_seqs += s->cfg.batch_size;
-        if (rows > max_rows) max_rows = rows;
-        if (s->cfg.batch_size > max_seqs) max_seqs = s->cfg.batch_size;
-        if (s->host.rank > p.max_rank) p.max_rank = s->host.rank;
-        p.targets |= s->host.targets;
-        p.lora_params += s->host.n_params;
+        ads[a] = (tdm_plan_adapter){.rank = s->host.rank,
+                                    .targets = s->host.targets,
+                                    .batch_size = s->cfg.batch_size,
+                                    .max_seq_len = s->cfg.max_seq_len,
+                                    .weight = s->cfg.weight,
+                                    .largest_batch_rows = largest_batch_rows(s)};
     }
-    if (t->o.schedule != TDM_SCHEDULE_SYNCHRONIZED) {
-        p.rows = max_rows;
-        p.n_seqs = max_seqs;
-    }
-    for (unsigned tg = 0; tg < TDM_LORA_N_TARGETS; tg++) {
-        int64_t d_in, d_out, sum = 0;
-        tdm_lora_params_projection_dims(t->mcfg_host, tg, &d_in, &d_out);
-        for (int a = 0; a < t->n; a++)
-            if (t->ad[a].host.targets & TDM_LORA_BIT(tg))
-                sum += t->ad[a].host.rank * (d_in + d_out);
-        if (sum > p.lora_module_params) p.lora_module_params = sum;
-    }
-    *out = p;
+}
+
+/* The largest step of this run (what tdm_model_reserve holds and --vram auto reserves). */
+static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm_error *err)
+{
+    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    plan_adapters(t, ads);
+    tdm_memory_plan_build(t->mcfg_host, ads, t->n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
+    free(ads);
+    return TDM_OK;
 }
 
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
 {
-    tdm_model_mem_plan p;
-    memory_plan(t, &p);
+    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    plan_adapters(t, ads);
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint};
-    TRY(tdm_model_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, &p, out, err));
-    /* the copy of the partial gradient of each adapter that spreads its batches
-     * (tdm_trainer_attach) */
-    for (int a = 0; a < t->n; a++)
-        if (spreads_batches(t, a))
-            out->adapters += (uint64_t)t->ad[a].host.n_params * sizeof(float);
-    return TDM_OK;
+    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, t->n,
+                                            t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
+    free(ads);
+    return st;
 }
 
 /* mkdir -p */

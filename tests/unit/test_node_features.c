@@ -60,8 +60,10 @@ static void test_build_features(void **state)
 static void test_place_excludes_gpu_node_without_cuda(void **state)
 {
     (void)state;
-    const tdm_place_budget b = {
-        .gpu_first_mb = 1000, .gpu_next_mb = 100, .cpu_first_mb = 800, .cpu_next_mb = 100};
+    /* a process with k adapters: 1000 + 100 (k - 1) MiB on a GPU, 800 + 100 (k - 1) on a CPU */
+    static const int64_t gpu_mb[] = {0, 1000, 1100, 1200, 1300};
+    static const int64_t cpu_mb[] = {0, 800, 900, 1000, 1100};
+    const tdm_place_budget b = {.gpu_mb = gpu_mb, .cpu_mb = cpu_mb};
     tdm_place_gpu fast = {"GPU-a", "RTX 4090", 1.0, 20000};
     tdm_place_gpu slow = {"GPU-b", "RTX 3060", 0.3, 8000};
     tdm_place_node nodes[] = {
