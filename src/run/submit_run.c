@@ -1,0 +1,452 @@
+/* submit_run.c — place, stage and start the adapters of an adapters.toml on cluster nodes
+ * (submit_run.h). Moved from `tandem submit` (src/cli/submit.c), which now parses and prints. */
+#include "run/submit_run.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cluster/job.h"
+#include "cluster/node_probe.h"
+#include "cluster/registry.h"
+#include "cluster/speed.h"
+#include "cluster/stage.h"
+#include "cluster/transport.h"
+#include "model/config.h"
+#include "util/timeutil.h"
+
+static void note(const tdm_submit_hooks *h, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void note(const tdm_submit_hooks *h, const char *fmt, ...)
+{
+    if (!h || !h->note) return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    h->note(line, h->user);
+}
+
+/* A node's staging or launch failed: the user's input was fine, so never a usage error. */
+static tdm_status node_fail(tdm_error *err, const char *node, const char *what)
+{
+    char msg[sizeof err->message];
+    snprintf(msg, sizeof msg, "%s", err->message);
+    tdm_status st =
+        err->status == TDM_ERR_INVALID || err->status == TDM_OK ? TDM_ERR_IO : err->status;
+    return tdm_fail(err, st, "%s: %s%s%s", node, what ? what : "", what ? ": " : "", msg);
+}
+
+/* TOML basic string. */
+static void toml_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7F)
+            fprintf(f, "\\u%04X", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* key = v as a TOML float: 17 significant digits, and ".0" when %g printed an integer */
+static void toml_float(FILE *f, const char *key, double v)
+{
+    char w[64];
+    snprintf(w, sizeof w, "%.17g", v);
+    fprintf(f, "%s = %s%s\n", key, w, strpbrk(w, ".e") ? "" : ".0");
+}
+
+static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, const char *output,
+                          const char *label)
+{
+    fprintf(f, "\n[[adapter]]\ndata = ");
+    toml_str(f, data);
+    fprintf(f, "\noutput = ");
+    toml_str(f, output);
+    fprintf(f, "\nlabel = ");
+    toml_str(f, label);
+    fprintf(f, "\n");
+    if (s->has_rank) fprintf(f, "rank = %d\n", s->rank);
+    if (s->has_alpha) fprintf(f, "alpha = %.17g\n", s->alpha);
+    if (s->has_targets) {
+        fprintf(f, "targets = [");
+        int k = 0;
+        for (unsigned b = 0; b < TDM_ADAPTER_TARGET_COUNT; b++)
+            if (s->targets & (1u << b))
+                fprintf(f, "%s\"%s\"", k++ ? ", " : "", tdm_adapter_target_name(b));
+        fprintf(f, "]\n");
+    }
+    if (s->has_learning_rate) fprintf(f, "learning_rate = %.17g\n", s->learning_rate);
+    if (s->has_epochs) fprintf(f, "epochs = %d\n", s->epochs);
+    if (s->has_batch_size) fprintf(f, "batch_size = %d\n", s->batch_size);
+    if (s->has_max_seq_len) fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
+    if (s->has_weight) toml_float(f, "weight", s->weight);
+    if (s->has_lora_dropout) toml_float(f, "lora_dropout", s->lora_dropout);
+}
+
+static char *resolve(const char *base_dir, const char *path)
+{
+    size_t n = strlen(base_dir) + strlen(path) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s/%s", base_dir, path);
+    if (s && path[0] == '/') snprintf(s, n, "%s", path);
+    return s;
+}
+
+/* Labels: the file's, else adapter-N (skipping names the file already uses). NULL when out of
+ * memory. */
+static char **make_labels(const tdm_adapters_config *ac)
+{
+    char **labels = calloc(ac->n_adapters ? ac->n_adapters : 1, sizeof *labels);
+    for (size_t a = 0; labels && a < ac->n_adapters; a++) {
+        if (ac->adapters[a].label) {
+            labels[a] = strdup(ac->adapters[a].label);
+            continue;
+        }
+        for (int k = (int)a + 1;; k++) {
+            char l[32];
+            snprintf(l, sizeof l, "adapter-%d", k);
+            bool used = false;
+            for (size_t b = 0; b < ac->n_adapters; b++)
+                used |= ac->adapters[b].label && !strcmp(ac->adapters[b].label, l);
+            if (!used) {
+                labels[a] = strdup(l);
+                break;
+            }
+        }
+    }
+    return labels;
+}
+
+/* Everything one submission holds; freed by submission_free. */
+typedef struct submission {
+    const tdm_submit_request *req;
+    const tdm_cluster_config *cfg;
+    tdm_adapters_config ac;
+    tdm_model_config mc;
+    bool have_ac;
+    char **labels;
+    tdm_run_budget budget;
+    char regdir[4096];
+    json_t *jobs;             /* the registry */
+    tdm_node_state *state;    /* (n_nodes) probed */
+    tdm_place_gpu **gpus;     /* (n_nodes) each (state[n].n_gpus) */
+    tdm_place_node *pn;       /* (n_nodes) */
+    char (*why_no_cuda)[240]; /* (n_nodes) set when a node has GPUs but its tandem has no CUDA */
+    tdm_transport *tr;        /* (n_nodes) */
+    tdm_place_plan plan;
+} submission;
+
+static void submission_free(submission *s)
+{
+    tdm_place_plan_free(&s->plan);
+    for (size_t n = 0; s->state && n < s->cfg->n_nodes; n++)
+        tdm_node_state_free(&s->state[n]);
+    for (size_t n = 0; s->gpus && n < s->cfg->n_nodes; n++)
+        free(s->gpus[n]);
+    free(s->state);
+    free(s->gpus);
+    free(s->pn);
+    free(s->why_no_cuda);
+    free(s->tr);
+    tdm_run_budget_free(&s->budget);
+    for (size_t a = 0; s->labels && a < s->ac.n_adapters; a++)
+        free(s->labels[a]);
+    free(s->labels);
+    json_decref(s->jobs);
+    if (s->have_ac) tdm_adapters_config_free(&s->ac);
+}
+
+/* The adapters.toml and the model's config; init_adapter is refused (not staged yet). */
+static tdm_status load_inputs(submission *s, tdm_error *err)
+{
+    const char *path = s->req->adapters_config;
+    tdm_status st = tdm_adapters_config_load(path, &s->ac, err);
+    if (st != TDM_OK) return st;
+    s->have_ac = true;
+    if ((st = tdm_model_config_load(&s->mc, s->req->model_dir, err)) != TDM_OK) return st;
+    for (size_t a = 0; a < s->ac.n_adapters; a++)
+        if (s->ac.adapters[a].init_adapter)
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "%s:%u: init_adapter is not supported by submit yet (copy the "
+                            "adapter to the nodes and train there with `tandem finetune`)",
+                            path, s->ac.adapters[a].key_line[TDM_ADAPTER_KEY_INIT_ADAPTER]);
+    s->labels = make_labels(&s->ac);
+    return s->labels ? TDM_OK : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+}
+
+/* Live state of node n, and what already runs there (the registry's running jobs). */
+static void probe_node(submission *s, size_t n)
+{
+    const tdm_cluster_node *node = &s->cfg->nodes[n];
+    tdm_node_state *st = &s->state[n];
+    tdm_place_node *pn = &s->pn[n];
+    tdm_error e = {0};
+    if (tdm_transport_init(&s->tr[n], node, s->cfg->ssh_config, &e) != TDM_OK ||
+        tdm_node_probe(&s->tr[n], 30000, st, &e) != TDM_OK) {
+        memset(st, 0, sizeof *st);
+        st->cuda = -1;
+        snprintf(st->reason, sizeof st->reason, "%.500s", e.message);
+    }
+    if (st->cuda == 0) {
+        snprintf(s->why_no_cuda[n], sizeof s->why_no_cuda[n],
+                 "has GPUs, but its tandem (%.60s) was built without CUDA (features: %.40s); "
+                 "rebuild it with CUDA or set tandem: to one that has it",
+                 node->tandem, st->features);
+        pn->why_no_cuda = s->why_no_cuda[n];
+    }
+    pn->name = node->name;
+    pn->reachable = st->reachable && st->gpu_ok;
+    pn->why_unreachable = st->reason[0] ? st->reason : "no GPU state";
+    pn->max_adapters = node->max_adapters;
+    pn->cpu_max_params = node->cpu_max_params;
+    pn->ram_free_mb = st->ram_available_mb >= 0 ? st->ram_available_mb : node->ram_mb;
+    tdm_place_gpu *gpus = s->gpus[n] = calloc(st->n_gpus ? st->n_gpus : 1, sizeof *gpus);
+    for (size_t g = 0; gpus && g < st->n_gpus; g++) {
+        double speed = 0;
+        for (size_t k = 0; k < node->n_gpus; k++)
+            if (!strcmp(node->gpus[k].uuid, st->gpus[g].uuid)) {
+                speed = node->gpus[k].speed;
+                if (!speed && node->gpus[k].type) speed = tdm_gpu_speed_factor(node->gpus[k].type);
+            }
+        gpus[g] =
+            (tdm_place_gpu){.uuid = st->gpus[g].uuid,
+                            .name = st->gpus[g].name,
+                            .speed = speed > 0 ? speed : tdm_gpu_speed_factor(st->gpus[g].name),
+                            .free_mb = st->gpus[g].free_mb};
+    }
+    pn->gpus = gpus;
+    pn->n_gpus = gpus ? st->n_gpus : 0;
+    size_t i;
+    json_t *j;
+    json_array_foreach(s->jobs, i, j)
+    {
+        const char *jn = json_string_value(json_object_get(json_object_get(j, "node"), "name"));
+        const char *js = json_string_value(json_object_get(j, "state"));
+        if (jn && js && !strcmp(jn, node->name) && !strcmp(js, "running"))
+            pn->active_adapters += (int)json_array_size(json_object_get(j, "adapters"));
+    }
+}
+
+/* Copies the model and node n's data, writes its adapters.toml to job_dir/adapters.toml on the
+ * node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
+static tdm_status stage_node(submission *s, size_t n, const char *adir, const char *job_dir,
+                             char **rmodel, json_t *jadapters, char *remote_toml, size_t cap,
+                             tdm_submit_hooks *hooks, tdm_error *err)
+{
+    const tdm_cluster_node *node = &s->cfg->nodes[n];
+    tdm_stage_stats ms = {0}, ds = {0};
+    if (tdm_stage_model(&s->tr[n], s->req->model_dir, rmodel, &ms, err) != TDM_OK)
+        return node_fail(err, node->name, "copying the model");
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "/tmp/tandem-adapters-XXXXXX");
+    int fd = mkstemp(tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd), unlink(tmp);
+        return tdm_fail(err, TDM_ERR_IO, "cannot write a temporary file");
+    }
+    fprintf(f, "# written by tandem submit for node %s from %s\n", node->name,
+            s->req->adapters_config);
+    tdm_status st = TDM_OK;
+    for (size_t a = 0; a < s->ac.n_adapters && st == TDM_OK; a++) {
+        if (s->plan.node_of[a] != (int)n) continue;
+        const tdm_adapter_spec *sp = &s->ac.adapters[a];
+        char *local = resolve(adir, sp->data), *rdata = NULL;
+        char *rout = sp->output[0] == '/' ? strdup(sp->output) : resolve(node->workdir, sp->output);
+        if (!local || !rout) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        } else if (tdm_stage_file(&s->tr[n], local, &rdata, &ds, err) != TDM_OK) {
+            char what[4200];
+            snprintf(what, sizeof what, "copying %s", sp->data);
+            st = node_fail(err, node->name, what);
+        } else {
+            write_adapter(f, sp, rdata, rout, s->labels[a]);
+            json_array_append_new(jadapters,
+                                  json_pack("{s:I,s:s,s:s,s:s,s:n,s:n}", "index", (json_int_t)a,
+                                            "label", s->labels[a], "data", rdata, "output", rout,
+                                            "metrics", "val_loss"));
+        }
+        free(local);
+        free(rdata);
+        free(rout);
+    }
+    fclose(f);
+    note(hooks,
+         "%s: model %zu file(s) copied, %zu already there; data %zu copied, %zu already there "
+         "(compared by SHA-256)",
+         node->name, ms.copied, ms.present, ds.copied, ds.present);
+    snprintf(remote_toml, cap, "%s/adapters.toml", job_dir);
+    if (st == TDM_OK && tdm_transport_push(&s->tr[n], tmp, remote_toml, err) != TDM_OK)
+        st = node_fail(err, node->name, NULL);
+    unlink(tmp);
+    return st;
+}
+
+/* Starts node n's finetune detached: env CUDA_VISIBLE_DEVICES=UUID TANDEM finetune MODEL
+ * --adapters-config TOML --device D [passed flags]; records the job. Takes jadapters. */
+static tdm_status launch_node(submission *s, size_t n, const char *id, const char *job_dir,
+                              const char *rmodel, const char *remote_toml, json_t *jadapters,
+                              const char *submission_id, const char *now, tdm_submit_hooks *hooks,
+                              tdm_error *err)
+{
+    const tdm_cluster_node *node = &s->cfg->nodes[n];
+    const char *fa[96];
+    size_t k = 0;
+    char cvd[160];
+    int g = s->plan.device_of_node[n];
+    if (s->req->n_pass > 80) {
+        json_decref(jadapters);
+        return tdm_fail(err, TDM_ERR_INVALID, "too many finetune flags");
+    }
+    if (g >= 0) {
+        snprintf(cvd, sizeof cvd, "CUDA_VISIBLE_DEVICES=%s", s->gpus[n][g].uuid);
+        fa[k++] = "env";
+        fa[k++] = cvd;
+    }
+    fa[k++] = node->tandem;
+    fa[k++] = "finetune";
+    fa[k++] = rmodel;
+    fa[k++] = "--adapters-config";
+    fa[k++] = remote_toml;
+    fa[k++] = "--device";
+    fa[k++] = g >= 0 ? "cuda" : "cpu";
+    for (size_t i = 0; i < s->req->n_pass; i++)
+        fa[k++] = s->req->pass_argv[i];
+    long pid = 0;
+    if (tdm_job_launch(&s->tr[n], job_dir, fa, k, &pid, err) != TDM_OK) {
+        json_decref(jadapters);
+        return node_fail(err, node->name, NULL);
+    }
+    json_t *av = json_array();
+    for (size_t i = 0; i < k; i++)
+        json_array_append_new(av, json_string(fa[i]));
+    json_t *job = json_pack(
+        "{s:i,s:s,s:s,s:s,s:s,s:s,s:o,s:s,s:I,s:o,s:s,s:n,s:o,s:s,s:s*}", "version", 1, "id", id,
+        "submission", submission_id, "kind", "finetune", "submitted", now, "cluster_file",
+        s->cfg->file, "node", tdm_node_to_json(node, s->cfg->ssh_config), "job_dir", job_dir, "pid",
+        (json_int_t)pid, "argv", av, "state", "running", "exit_code", "adapters", jadapters,
+        "model", rmodel, "device", g >= 0 ? s->gpus[n][g].uuid : NULL);
+    tdm_status st = TDM_OK;
+    if (!job)
+        st = tdm_fail(err, TDM_ERR_NOMEM,
+                      "job %s started (pid %ld on %s) but not recorded: out "
+                      "of memory",
+                      id, pid, node->name);
+    else if (tdm_registry_save(s->regdir, job, err) != TDM_OK)
+        st = tdm_fail(err, err->status, "job %s started (pid %ld on %s) but not recorded: %s", id,
+                      pid, node->name, err->message);
+    else
+        note(hooks, "%s: started job %s (pid %ld, %d adapter(s), log %s/log)", node->name, id, pid,
+             s->plan.adapters_on_node[n], job_dir);
+    json_decref(job);
+    return st;
+}
+
+/* Stage (and unless --stage-only, start) every node the plan uses. */
+static tdm_status start_nodes(submission *s, tdm_submit_hooks *hooks, tdm_error *err)
+{
+    const char *path = s->req->adapters_config;
+    char adir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(adir, sizeof adir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (slash == path) snprintf(adir, sizeof adir, "/");
+    char submission_id[128], now[32];
+    tdm_registry_new_id(NULL, submission_id, sizeof submission_id);
+    tdm_format_rfc3339(time(NULL), now, sizeof now);
+    tdm_status st = TDM_OK;
+    for (size_t n = 0; n < s->cfg->n_nodes && st == TDM_OK; n++) {
+        if (!s->plan.adapters_on_node[n]) continue;
+        const tdm_cluster_node *node = &s->cfg->nodes[n];
+        char id[128], job_dir[4096], remote_toml[4200];
+        tdm_registry_new_id(node->name, id, sizeof id);
+        snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", node->workdir, id);
+        char *rmodel = NULL;
+        json_t *jadapters = json_array();
+        if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        st = stage_node(s, n, adir, job_dir, &rmodel, jadapters, remote_toml, sizeof remote_toml,
+                        hooks, err);
+        if (st != TDM_OK || s->req->stage_only) {
+            if (st == TDM_OK)
+                note(hooks, "%s: staged %s (not started: --stage-only)", node->name, remote_toml);
+            json_decref(jadapters);
+        } else {
+            st = launch_node(s, n, id, job_dir, rmodel, remote_toml, jadapters, submission_id, now,
+                             hooks, err);
+        }
+        free(rmodel);
+    }
+    if (st == TDM_OK && !s->req->stage_only)
+        snprintf(hooks->submission, sizeof hooks->submission, "%s", submission_id);
+    return st;
+}
+
+/* `cluster pull` copies only from inside a node's workdir (tdm_transport_check_remote_path): say
+ * so now for an output that will train elsewhere. */
+static void note_unpullable(const submission *s, tdm_submit_hooks *hooks)
+{
+    for (size_t a = 0; a < s->ac.n_adapters; a++) {
+        const tdm_cluster_node *node = &s->cfg->nodes[s->plan.node_of[a]];
+        const char *o = s->ac.adapters[a].output;
+        char *rout = o[0] == '/' ? strdup(o) : resolve(node->workdir, o);
+        tdm_error e = {0};
+        if (rout && tdm_transport_check_remote_path(node, rout, &e) != TDM_OK)
+            note(hooks,
+                 "note: adapter %zu (%s) writes %s on %s, outside its workdir %s: `tandem "
+                 "cluster pull` will not copy it (copies stay inside the workdir)",
+                 a + 1, s->labels[a], rout, node->name, node->workdir);
+        free(rout);
+    }
+}
+
+tdm_status tdm_run_submit(const tdm_submit_request *req, tdm_submit_hooks *hooks, tdm_error *err)
+{
+    submission s = {.req = req, .cfg = req->cluster};
+    hooks->submission[0] = 0;
+    size_t nn = s.cfg->n_nodes;
+    tdm_status st = load_inputs(&s, err);
+    /* The memory each node's finetune process will reserve (the --vram auto estimate). */
+    if (st == TDM_OK) st = tdm_run_placement_budget(&s.mc, req->opts, &s.ac, &s.budget, err);
+    if (st == TDM_OK && ((st = tdm_registry_dir(s.regdir, sizeof s.regdir, err)) != TDM_OK ||
+                         (st = tdm_registry_load(s.regdir, &s.jobs, err)) != TDM_OK))
+        goto out;
+    if (st != TDM_OK) goto out;
+    s.state = calloc(nn ? nn : 1, sizeof *s.state);
+    s.gpus = calloc(nn ? nn : 1, sizeof *s.gpus);
+    s.pn = calloc(nn ? nn : 1, sizeof *s.pn);
+    s.tr = calloc(nn ? nn : 1, sizeof *s.tr);
+    s.why_no_cuda = calloc(nn ? nn : 1, sizeof *s.why_no_cuda);
+    if (!s.state || !s.gpus || !s.pn || !s.tr || !s.why_no_cuda) {
+        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t n = 0; n < nn; n++)
+        probe_node(&s, n);
+    st = tdm_place(s.pn, nn, s.ac.n_adapters, &s.budget.place, tdm_model_config_param_count(&s.mc),
+                   &s.plan, err);
+    if (s.plan.node_of && hooks->plan) {
+        tdm_submit_plan view = {.cluster = s.cfg,
+                                .nodes = s.pn,
+                                .adapters = &s.ac,
+                                .labels = s.labels,
+                                .plan = &s.plan,
+                                .budget = &s.budget,
+                                .model_params = tdm_model_config_param_count(&s.mc)};
+        hooks->plan(&view, hooks->user);
+    }
+    if (st == TDM_OK) note_unpullable(&s, hooks);
+    if (st == TDM_OK && !req->dry_run) st = start_nodes(&s, hooks, err);
+out:
+    submission_free(&s);
+    return st;
+}
