@@ -170,7 +170,7 @@ tdm_status tdm_be_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
     return be->vt->memory(be, info, err);
 }
 
-tdm_status tdm_be_reserve_scratch(tdm_backend *be, const struct tdm_cuda_scratch_shape *shape,
+tdm_status tdm_be_reserve_scratch(tdm_backend *be, const tdm_be_step_shape *shape,
                                   tdm_error *err)
 {
     CHECK(shape, "reserve_scratch: NULL shape");

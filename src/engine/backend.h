@@ -110,12 +110,33 @@ typedef struct tdm_be_mem_info {
 } tdm_be_mem_info;
 tdm_status tdm_be_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err);
 
+/* The largest step a run will take, as the engine will ask a backend for it (sizes in
+ * elements): what a backend with scratch of its own sizes it by (CUDA:
+ * engine/cuda/cuda_memory_plan.h). */
+typedef struct tdm_be_step_shape {
+    int64_t m;        /* rows of the largest fused batch */
+    int64_t hidden;   /* H */
+    int64_t inter;    /* I */
+    int64_t q_dim;    /* heads * head_dim */
+    int64_t kv_dim;   /* kv_heads * head_dim */
+    int64_t heads;    /* query heads */
+    int64_t kv_heads; /* key/value heads */
+    int64_t head_dim;
+    int64_t vocab;       /* V */
+    int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
+    int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
+    bool nf4;            /* decoder projections quantized (dequantized tile by tile) */
+    bool backward;       /* training (false: evaluation only) */
+    int64_t lora_params; /* all adapters' parameters together (table sizes) */
+    /* the largest, over the targeted modules, of sum over adapters of rank * (in + out): one
+     * module's LoRA parameters of every adapter (the LoRA backward's partial sums) */
+    int64_t lora_module_params;
+} tdm_be_step_shape;
+
 /* Grows the backend's own scratch (CUDA: the slots of engine/cuda/cuda_memory_plan.h) now to
  * what steps of that shape will ask for, so that a run holds its device memory from its start
  * rather than from the first step that needs it. A backend without scratch does nothing. */
-struct tdm_cuda_scratch_shape;
-tdm_status tdm_be_reserve_scratch(tdm_backend *be, const struct tdm_cuda_scratch_shape *shape,
-                                  tdm_error *err);
+tdm_status tdm_be_reserve_scratch(tdm_backend *be, const tdm_be_step_shape *shape, tdm_error *err);
 void tdm_be_reset_peak(tdm_backend *be);
 
 /* Waits until every issued op has completed; reports a pending asynchronous failure. */

@@ -91,7 +91,7 @@ typedef struct tdm_backend_vtable {
 
     /* Optional (NULL: the backend keeps no scratch of its own): grows the backend's scratch now
      * to what steps of that shape will ask for (tdm_be_reserve_scratch). */
-    tdm_status (*reserve_scratch)(tdm_backend *be, const struct tdm_cuda_scratch_shape *shape,
+    tdm_status (*reserve_scratch)(tdm_backend *be, const tdm_be_step_shape *shape,
                                   tdm_error *err);
 } tdm_backend_vtable;
 

@@ -952,10 +952,10 @@ static uint64_t weight_bytes(int64_t numel, bool quantize, bool double_quant, td
 }
 
 /* What the plan's largest step asks of the CUDA backend's scratch. */
-static tdm_cuda_scratch_shape scratch_shape(const tdm_model_config *c, const tdm_model_opts *o,
+static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_model_opts *o,
                                             tdm_be_dtype act, const tdm_model_mem_plan *p)
 {
-    return (tdm_cuda_scratch_shape){.m = p->rows,
+    return (tdm_be_step_shape){.m = p->rows,
                                     .hidden = c->hidden_size,
                                     .inter = c->intermediate_size,
                                     .q_dim = c->num_heads * c->head_dim,
@@ -991,7 +991,7 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
     workspace want = {0};
     plan_workspace(&m->cfg, &m->opts, p, &want);
     TRY(ws_ensure(m, &want, err));
-    tdm_cuda_scratch_shape sh = scratch_shape(&m->cfg, &m->opts, m->act, p);
+    tdm_be_step_shape sh = scratch_shape(&m->cfg, &m->opts, m->act, p);
     return tdm_be_reserve_scratch(m->be, &sh, err);
 }
 
@@ -1024,7 +1024,7 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
     ws_layout(c, act, &w, &cv);
     out->activations = cv.off;
     out->adapters = (uint64_t)p->lora_params * 4 * 4; /* params, grads, AdamW m and v: f32 */
-    tdm_cuda_scratch_shape sh = scratch_shape(c, o, act, p);
+    tdm_be_step_shape sh = scratch_shape(c, o, act, p);
     out->backend_scratch = tdm_cuda_scratch_bytes(&sh);
     return TDM_OK;
 }

@@ -213,7 +213,7 @@ static void test_qwen2_nf4_dq(void **state)
 static void test_scratch_shape(void **state)
 {
     (void)state;
-    tdm_cuda_scratch_shape s = {.m = 2048,
+    tdm_be_step_shape s = {.m = 2048,
                                 .hidden = 896,
                                 .inter = 4864,
                                 .q_dim = 896,

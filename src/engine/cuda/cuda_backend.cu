@@ -110,7 +110,7 @@ tdm_status cuda_scratch_get(cuda_backend *cb, int slot, size_t bytes, void **out
 /* The largest request of every slot for that shape, now (cuda_memory_plan.c computes them with
  * the rules the ops allocate by, so later requests of a run within that shape find the slot big
  * enough and allocate nothing). */
-static tdm_status cuda_reserve_scratch(tdm_backend *be, const tdm_cuda_scratch_shape *shape,
+static tdm_status cuda_reserve_scratch(tdm_backend *be, const tdm_be_step_shape *shape,
                                        tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);

@@ -39,7 +39,7 @@ static uint64_t grown(uint64_t request)
 /* Largest NF4 tile or slab (slot 0) and f32 tile accumulator of linear_bwd (slot 1, only for
  * weights that cannot be cut in column slabs) over the decoder projections (rows = out
  * features, cols = in features). */
-static void tiles(const tdm_cuda_scratch_shape *s, uint64_t *tile, uint64_t *acc)
+static void tiles(const tdm_be_step_shape *s, uint64_t *tile, uint64_t *acc)
 {
     const int64_t shapes[][2] = {{s->q_dim, s->hidden},
                                  {s->kv_dim, s->hidden},
@@ -62,7 +62,7 @@ static void tiles(const tdm_cuda_scratch_shape *s, uint64_t *tile, uint64_t *acc
 
 /* Largest f32 dk/dv partials of the tensor-core attention backward: the split is chosen on the
  * device from its SM count, so take the largest divisor of the GQA group the rule can pick. */
-static uint64_t attention_split_bytes(const tdm_cuda_scratch_shape *s)
+static uint64_t attention_split_bytes(const tdm_be_step_shape *s)
 {
     if (!s->backward || (s->head_dim != 64 && s->head_dim != 128) || s->kv_heads < 1) return 0;
     int64_t group = s->heads / s->kv_heads;
@@ -76,7 +76,7 @@ static uint64_t attention_split_bytes(const tdm_cuda_scratch_shape *s)
     return best;
 }
 
-void tdm_cuda_scratch_requests(const tdm_cuda_scratch_shape *s,
+void tdm_cuda_scratch_requests(const tdm_be_step_shape *s,
                                uint64_t slot[TDM_CUDA_SCRATCH_SLOTS])
 {
     for (int i = 0; i < TDM_CUDA_SCRATCH_SLOTS; i++)
@@ -115,7 +115,7 @@ void tdm_cuda_scratch_requests(const tdm_cuda_scratch_shape *s,
     }
 }
 
-uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s)
+uint64_t tdm_cuda_scratch_bytes(const tdm_be_step_shape *s)
 {
     uint64_t slot[TDM_CUDA_SCRATCH_SLOTS];
     tdm_cuda_scratch_requests(s, slot);

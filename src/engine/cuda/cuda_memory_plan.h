@@ -16,6 +16,8 @@
 extern "C" {
 #endif
 
+#include "engine/backend.h" /* tdm_be_step_shape: the shape these sizes are a function of */
+
 /* cuBLASLt workspace (bytes), allocated once at backend creation. */
 #define TDM_CUDA_LT_WORKSPACE_BYTES ((uint64_t)32 << 20)
 /* Elements of a frozen NF4 / f32 weight dequantized to bf16 per tile (64 MiB): most projections
@@ -76,38 +78,17 @@ int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols);
  * products in an f32 accumulator (m x cols). */
 int64_t tdm_cuda_slab_cols(int64_t rows, int64_t cols);
 
-/* What the engine will ask of the backend in its largest step. */
-typedef struct tdm_cuda_scratch_shape {
-    int64_t m;        /* rows of the largest fused batch */
-    int64_t hidden;   /* H */
-    int64_t inter;    /* I */
-    int64_t q_dim;    /* heads * head_dim */
-    int64_t kv_dim;   /* kv_heads * head_dim */
-    int64_t heads;    /* query heads */
-    int64_t kv_heads; /* key/value heads */
-    int64_t head_dim;
-    int64_t vocab;       /* V */
-    int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
-    int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
-    bool nf4;            /* decoder projections quantized (dequantized tile by tile) */
-    bool backward;       /* training (false: evaluation only) */
-    int64_t lora_params; /* all adapters' parameters together (table sizes) */
-    /* the largest, over the targeted modules, of sum over adapters of rank * (in + out): one
-     * module's LoRA parameters of every adapter (the LoRA backward's partial sums) */
-    int64_t lora_module_params;
-} tdm_cuda_scratch_shape;
-
 /* Scratch slots of the CUDA backend (cuda_internal.h's cuda_backend.scratch). */
 #define TDM_CUDA_SCRATCH_SLOTS 8
 
 /* The largest request (bytes, before headroom) each scratch slot will get for that shape; 0 for
  * a slot the shape never uses. The backend reserves these at the start of a run; the estimate
  * adds them up with their headroom. */
-void tdm_cuda_scratch_requests(const tdm_cuda_scratch_shape *s,
+void tdm_cuda_scratch_requests(const tdm_be_step_shape *s,
                                uint64_t request[TDM_CUDA_SCRATCH_SLOTS]);
 
 /* Bytes of the backend's workspace + scratch at their largest for that shape. */
-uint64_t tdm_cuda_scratch_bytes(const tdm_cuda_scratch_shape *s);
+uint64_t tdm_cuda_scratch_bytes(const tdm_be_step_shape *s);
 
 #ifdef __cplusplus
 }
