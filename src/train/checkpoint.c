@@ -19,10 +19,8 @@
 void tdm_checkpoint_info_free(tdm_checkpoint_info *info)
 {
     json_decref(info->data_cursor);
-    json_decref(info->extra);
     free(info->grad_accum);
     info->data_cursor = NULL;
-    info->extra = NULL;
     info->grad_accum = NULL;
 }
 
@@ -201,11 +199,131 @@ static tdm_status load_optimizer(const char *path, const tdm_lora_params *l, tdm
 
 /* ---- state file ---- */
 
+/* A double that may be unknown (NaN): null in JSON. */
+static json_t *real_or_null(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+
+/* The "trainer" object: one key per field of tdm_trainer_ckpt. */
+static json_t *trainer_json(const tdm_trainer_ckpt *c)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "global_step", json_integer(c->global_step));
+    json_object_set_new(o, "rr_next", json_integer(c->rr_next));
+    json_object_set_new(o, "done", json_boolean(c->done));
+    json_object_set_new(o, "credit", real_or_null(c->credit));
+    json_object_set_new(o, "last_val", real_or_null(c->last_val));
+    json_object_set_new(o, "last_train_loss", real_or_null(c->last_train_loss));
+    json_object_set_new(o, "last_grad_norm", real_or_null(c->last_grad_norm));
+    json_object_set_new(o, "last_lr", real_or_null(c->last_lr));
+    json_object_set_new(o, "tokens_seen", json_integer(c->tokens_seen));
+    json_object_set_new(o, "samples_seen", json_integer(c->samples_seen));
+    json_object_set_new(o, "epoch_loss_sum", json_real(c->epoch_loss_sum));
+    json_object_set_new(o, "epoch_tokens", json_integer(c->epoch_tokens));
+    json_object_set_new(o, "last_epoch_loss", real_or_null(c->last_epoch_loss));
+    json_object_set_new(o, "log_loss_sum", json_real(c->log_loss_sum));
+    json_object_set_new(o, "log_tokens", json_integer(c->log_tokens));
+    json_object_set_new(o, "log_due", json_boolean(c->log_due));
+    json_object_set_new(o, "metrics_lines", json_integer(c->metrics_lines));
+    json_object_set_new(o, "eval_step", json_integer(c->eval_step));
+    json_object_set_new(o, "train_schedule", json_string(c->train_schedule));
+    json_t *piece = json_null();
+    if (c->in_piece) {
+        piece = json_object();
+        json_object_set_new(piece, "seqs_done", json_integer(c->piece_seqs_done));
+        json_object_set_new(piece, "loss_sum", json_real(c->piece_loss_sum));
+    }
+    json_object_set_new(o, "piece", piece);
+    return o;
+}
+
+/* Strict readers of one key of object o (named where in messages): missing or of another type
+ * fails naming the file and the key. */
+static tdm_status key_missing(const char *path, const char *where, const char *key,
+                              const char *type, const json_t *v, tdm_error *err)
+{
+    return tdm_fail(err, TDM_ERR_CORRUPT,
+                    "%s: \"%s.%s\" %s (expected %s; the checkpoint is damaged or was not "
+                    "written by this tandem: resume from another checkpoint or start afresh)",
+                    path, where, key, v ? "has the wrong type" : "is missing", type);
+}
+static tdm_status get_int(const char *path, const json_t *o, const char *where, const char *key,
+                          int64_t *out, tdm_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) return key_missing(path, where, key, "an integer", v, err);
+    *out = json_integer_value(v);
+    return TDM_OK;
+}
+static tdm_status get_bool(const char *path, const json_t *o, const char *where, const char *key,
+                           bool *out, tdm_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_boolean(v)) return key_missing(path, where, key, "true or false", v, err);
+    *out = json_is_true(v);
+    return TDM_OK;
+}
+/* nullable: null reads as NaN */
+static tdm_status get_real(const char *path, const json_t *o, const char *where, const char *key,
+                           bool nullable, double *out, tdm_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (nullable && json_is_null(v)) {
+        *out = NAN;
+        return TDM_OK;
+    }
+    if (!json_is_number(v))
+        return key_missing(path, where, key, nullable ? "a number or null" : "a number", v, err);
+    *out = json_number_value(v);
+    return TDM_OK;
+}
+
+static tdm_status parse_trainer(const char *path, const json_t *o, tdm_trainer_ckpt *c,
+                                tdm_error *err)
+{
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(o))
+        return tdm_fail(err, TDM_ERR_CORRUPT, "%s: \"trainer\" %s (expected an object)", path,
+                        o ? "has the wrong type" : "is missing");
+    const char *w = "trainer";
+    TDM_TRY(get_int(path, o, w, "global_step", &c->global_step, err));
+    TDM_TRY(get_int(path, o, w, "rr_next", &c->rr_next, err));
+    TDM_TRY(get_bool(path, o, w, "done", &c->done, err));
+    TDM_TRY(get_real(path, o, w, "credit", true, &c->credit, err));
+    TDM_TRY(get_real(path, o, w, "last_val", true, &c->last_val, err));
+    TDM_TRY(get_real(path, o, w, "last_train_loss", true, &c->last_train_loss, err));
+    TDM_TRY(get_real(path, o, w, "last_grad_norm", true, &c->last_grad_norm, err));
+    TDM_TRY(get_real(path, o, w, "last_lr", true, &c->last_lr, err));
+    TDM_TRY(get_int(path, o, w, "tokens_seen", &c->tokens_seen, err));
+    TDM_TRY(get_int(path, o, w, "samples_seen", &c->samples_seen, err));
+    TDM_TRY(get_real(path, o, w, "epoch_loss_sum", false, &c->epoch_loss_sum, err));
+    TDM_TRY(get_int(path, o, w, "epoch_tokens", &c->epoch_tokens, err));
+    TDM_TRY(get_real(path, o, w, "last_epoch_loss", true, &c->last_epoch_loss, err));
+    TDM_TRY(get_real(path, o, w, "log_loss_sum", false, &c->log_loss_sum, err));
+    TDM_TRY(get_int(path, o, w, "log_tokens", &c->log_tokens, err));
+    TDM_TRY(get_bool(path, o, w, "log_due", &c->log_due, err));
+    TDM_TRY(get_int(path, o, w, "metrics_lines", &c->metrics_lines, err));
+    TDM_TRY(get_int(path, o, w, "eval_step", &c->eval_step, err));
+    const json_t *sched = json_object_get(o, "train_schedule");
+    if (!json_is_string(sched))
+        return key_missing(path, w, "train_schedule", "a string", sched, err);
+    snprintf(c->train_schedule, sizeof c->train_schedule, "%s", json_string_value(sched));
+    const json_t *piece = json_object_get(o, "piece");
+    if (json_is_null(piece)) return TDM_OK;
+    if (!json_is_object(piece))
+        return key_missing(path, w, "piece", "an object or null", piece, err);
+    c->in_piece = true;
+    TDM_TRY(get_int(path, piece, "trainer.piece", "seqs_done", &c->piece_seqs_done, err));
+    TDM_TRY(get_real(path, piece, "trainer.piece", "loss_sum", false, &c->piece_loss_sum, err));
+    return TDM_OK;
+}
+
 static json_t *state_json(const tdm_checkpoint_info *info, bool with_trainer_state)
 {
     json_t *o = json_object();
     json_object_set_new(o, "format", json_string("tandem-checkpoint"));
-    json_object_set_new(o, "version", json_integer(1));
+    json_object_set_new(o, "version", json_integer(TDM_CHECKPOINT_VERSION));
     json_object_set_new(o, "step", json_integer(info->step));
     json_object_set_new(o, "epoch", json_real(info->epoch));
     json_t *s = json_object();
@@ -229,7 +347,7 @@ static json_t *state_json(const tdm_checkpoint_info *info, bool with_trainer_sta
     json_object_set_new(r, "spare_bits", json_string(hex));
     json_object_set_new(o, "rng", r);
     json_object_set_new(o, "data_cursor", json_deep_copy(info->data_cursor));
-    json_object_set_new(o, "extra", info->extra ? json_deep_copy(info->extra) : json_null());
+    json_object_set_new(o, "trainer", trainer_json(&info->trainer));
     json_t *files = json_array();
     json_array_append_new(files, json_string(TDM_PEFT_CONFIG_FILE));
     json_array_append_new(files, json_string(TDM_PEFT_WEIGHTS_FILE));
@@ -249,11 +367,11 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
     if (!json_is_object(o) || !json_is_string(fmt) ||
         strcmp(json_string_value(fmt), "tandem-checkpoint") != 0 || !json_is_integer(ver))
         return tdm_fail(err, TDM_ERR_CORRUPT, "%s: not a tandem checkpoint state", path);
-    if (json_integer_value(ver) != 1)
+    if (json_integer_value(ver) != TDM_CHECKPOINT_VERSION)
         return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                        "%s: checkpoint version %lld (this tandem "
-                        "reads version 1)",
-                        path, (long long)json_integer_value(ver));
+                        "%s: checkpoint version %lld (this tandem reads version %d; train "
+                        "afresh or resume with the tandem that wrote it)",
+                        path, (long long)json_integer_value(ver), TDM_CHECKPOINT_VERSION);
     const json_t *step = json_object_get(o, "step"), *epoch = json_object_get(o, "epoch");
     const json_t *s = json_object_get(o, "schedule"), *r = json_object_get(o, "rng");
     if (!json_is_integer(step) || json_integer_value(step) < 0 || !json_is_number(epoch) ||
@@ -284,9 +402,9 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
             return tdm_fail(err, TDM_ERR_CORRUPT, "%s: bad \"rng\".s[%zu]", path, i);
     info->rng.has_spare = json_is_true(hs);
     memcpy(&info->rng.spare, &bits, sizeof bits);
+    tdm_status st = parse_trainer(path, json_object_get(o, "trainer"), &info->trainer, err);
+    if (st != TDM_OK) return st;
     info->data_cursor = json_incref(json_object_get(o, "data_cursor"));
-    const json_t *extra = json_object_get(o, "extra");
-    info->extra = extra && !json_is_null(extra) ? json_incref((json_t *)extra) : NULL;
     return TDM_OK;
 }
 
@@ -451,6 +569,21 @@ tdm_status tdm_checkpoint_list(const char *out_dir, int64_t **steps, size_t *n, 
     closedir(d);
     if (*n) qsort(*steps, *n, sizeof **steps, cmp_i64);
     return TDM_OK;
+}
+
+tdm_status tdm_checkpoint_load_state(const char *ckpt_dir, tdm_checkpoint_info *info,
+                                     tdm_error *err)
+{
+    memset(info, 0, sizeof *info);
+    char file[PATH_MAX + 64];
+    snprintf(file, sizeof file, "%s/%s", ckpt_dir, TDM_CHECKPOINT_STATE_FILE);
+    json_t *doc;
+    tdm_status st = read_json(file, &doc, err);
+    if (st != TDM_OK) return st;
+    st = parse_state(file, doc, info, err);
+    json_decref(doc);
+    if (st != TDM_OK) tdm_checkpoint_info_free(info);
+    return st;
 }
 
 tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err)

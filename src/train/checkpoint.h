@@ -14,9 +14,10 @@
  *                                       "tandem-grad-accum", "version": "1", "step": "<STEP>"}
  *       trainer_state.json              optional: the caller's Trainer-style state at this step
  *       tandem_state.json               written last: {"format": "tandem-checkpoint",
- *                                       "version": 1, "step", "epoch", "schedule": {...},
+ *                                       "version": 2, "step", "epoch", "schedule": {...},
  *                                       "rng": {...}, "data_cursor": <caller's JSON>,
- *                                       "extra": <caller's JSON or null>, "files": [...]}
+ *                                       "trainer": {tdm_trainer_ckpt, every key required},
+ *                                       "files": [...]}
  *   OUT_DIR/best/                       PEFT adapter with the lowest validation loss so far,
  *                                       plus best.json {"step", "metric", "value"}
  *
@@ -51,6 +52,40 @@
 #define TDM_BEST_DIR "best"
 #define TDM_BEST_FILE "best.json"
 
+/* Version of tandem_state.json this tandem writes and reads (2: the trainer's state is the
+ * typed "trainer" object, every key required). */
+#define TDM_CHECKPOINT_VERSION 2
+
+/* The trainer's own state of one adapter at a checkpoint: tandem_state.json's "trainer" object,
+ * one key per field (docs/checkpoints.md). Loading requires every key with its JSON type:
+ * integers, booleans, numbers; the fields marked "NaN: null" are written as null while unknown
+ * (no validation yet, no step yet) and read back as NaN. */
+typedef struct tdm_trainer_ckpt {
+    int64_t global_step;    /* fused passes of the whole run when it was taken */
+    int64_t rr_next;        /* round-robin: the adapter whose turn is next */
+    bool done;              /* the adapter finished its epochs (a final checkpoint) */
+    double credit;          /* synchronized, weight below the largest: sequences owed (NaN: null) */
+    double last_val;        /* last validation loss (NaN: null) */
+    double last_train_loss; /* last optimizer step's mean loss (NaN: null) */
+    double last_grad_norm;  /* (NaN: null) */
+    double last_lr;         /* (NaN: null) */
+    int64_t tokens_seen, samples_seen;
+    double epoch_loss_sum; /* loss sum of the epoch in progress (finite) */
+    int64_t epoch_tokens;
+    double last_epoch_loss; /* mean loss of the last full epoch (NaN: null) */
+    double log_loss_sum;    /* loss sum since the last log line (finite) */
+    int64_t log_tokens;
+    bool log_due;            /* a --log-every point passed since its last log line */
+    int64_t metrics_lines;   /* lines of metrics.jsonl written up to this checkpoint */
+    int64_t eval_step;       /* the adapter's step at its latest validation, -1 before one */
+    char train_schedule[32]; /* the run's --schedule name, for the warning when a resume differs */
+    /* an optimizer batch in progress (its partial gradient is grad_accum.safetensors): "piece"
+     * {"seqs_done", "loss_sum"}, or null */
+    bool in_piece;
+    int64_t piece_seqs_done;
+    double piece_loss_sum;
+} tdm_trainer_ckpt;
+
 /* The training position saved with the weights. */
 typedef struct tdm_checkpoint_info {
     int64_t step;             /* the adapter's optimizer steps taken (= STEP in the name) */
@@ -58,7 +93,7 @@ typedef struct tdm_checkpoint_info {
     tdm_lr_schedule schedule; /* the schedule in force (its position is `step`) */
     tdm_rng rng;              /* the adapter's RNG stream, exactly */
     json_t *data_cursor;      /* save: borrowed, required; load: a new reference */
-    json_t *extra;            /* save: borrowed, may be NULL; load: new reference or NULL */
+    tdm_trainer_ckpt trainer; /* the trainer's own state, typed */
     float *grad_accum;        /* (n_params) f32, the partial gradient of an optimizer batch in
                                  progress, or NULL; save: borrowed; load: malloc'd or NULL */
 } tdm_checkpoint_info;
@@ -82,6 +117,11 @@ tdm_status tdm_checkpoint_save(const char *out_dir, const tdm_lora_params *l,
 tdm_status tdm_checkpoint_load(const char *ckpt_dir, const tdm_model_config *cfg,
                                tdm_lora_params *l, tdm_peft_meta *meta, tdm_adamw_state *opt,
                                tdm_checkpoint_info *info, tdm_error *err);
+
+/* Reads only ckpt_dir/tandem_state.json into *info (no data_cursor copy needed: freed by
+ * tdm_checkpoint_info_free), with the same strict checks as tdm_checkpoint_load. */
+tdm_status tdm_checkpoint_load_state(const char *ckpt_dir, tdm_checkpoint_info *info,
+                                     tdm_error *err);
 
 /* Steps of the directories named checkpoint-<decimal> in out_dir, ascending (malloc'd *steps,
  * NULL when none). Scratch entries and other names are ignored. */

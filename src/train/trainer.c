@@ -963,21 +963,6 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
     return TDM_OK;
 }
 
-static json_t *jreal(double x)
-{
-    return isfinite(x) ? json_real(x) : json_null();
-}
-static double jget(const json_t *o, const char *k)
-{
-    const json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : NAN;
-}
-static int64_t jint(const json_t *o, const char *k)
-{
-    const json_t *v = json_object_get(o, k);
-    return json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
-}
-
 /* Writes adapter a's checkpoint at its current step. An adapter in the middle of an optimizer
  * batch (synchronized, weight below the largest: the batch spans global steps) saves where that
  * batch began, the data cursor from before it was drawn, with "piece" = the sequences of it done
@@ -1007,29 +992,32 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
             return gs;
         }
     }
-    json_t *extra = json_pack(
-        "{s:I, s:b, s:o, s:o, s:o, s:o, s:o, s:I, s:I, s:o, s:I, s:o, s:o, s:I, s:I}",
-        "global_step", (json_int_t)t->global_step, "done", s->done, "credit", jreal(s->credit),
-        "last_val", jreal(s->last_val), "last_train_loss", jreal(s->last_train_loss),
-        "last_grad_norm", jreal(s->last_grad_norm), "last_lr", jreal(s->last_lr), "tokens_seen",
-        (json_int_t)s->tokens_seen, "samples_seen", (json_int_t)s->samples_seen, "epoch_loss_sum",
-        json_real(s->epoch_loss_sum), "epoch_tokens", (json_int_t)s->epoch_tokens,
-        "last_epoch_loss", jreal(s->last_epoch_loss), "log_loss_sum", json_real(s->log_loss_sum),
-        "log_tokens", (json_int_t)s->log_tokens, "rr_next", (json_int_t)t->rr_next);
-    if (extra) {
-        json_object_set_new(extra, "log_due", json_boolean(s->log_due));
-        json_object_set_new(extra, "metrics_lines", json_integer(s->metrics_lines));
-        json_object_set_new(extra, "eval_step", json_integer(s->eval_step));
-        json_object_set_new(extra, "train_schedule",
-                            json_string(tdm_train_schedule_name(t->o.schedule)));
-        json_object_set_new(
-            extra, "piece",
-            piece ? json_pack("{s:i, s:f}", "seqs_done", s->seqs_done, "loss_sum", s->step_loss_sum)
-                  : json_null());
-    }
+    tdm_trainer_ckpt tc = {.global_step = t->global_step,
+                           .rr_next = t->rr_next,
+                           .done = s->done,
+                           .credit = s->credit,
+                           .last_val = s->last_val,
+                           .last_train_loss = s->last_train_loss,
+                           .last_grad_norm = s->last_grad_norm,
+                           .last_lr = s->last_lr,
+                           .tokens_seen = s->tokens_seen,
+                           .samples_seen = s->samples_seen,
+                           .epoch_loss_sum = s->epoch_loss_sum,
+                           .epoch_tokens = s->epoch_tokens,
+                           .last_epoch_loss = s->last_epoch_loss,
+                           .log_loss_sum = s->log_loss_sum,
+                           .log_tokens = s->log_tokens,
+                           .log_due = s->log_due,
+                           .metrics_lines = s->metrics_lines,
+                           .eval_step = s->eval_step,
+                           .in_piece = piece,
+                           .piece_seqs_done = piece ? s->seqs_done : 0,
+                           .piece_loss_sum = piece ? s->step_loss_sum : 0};
+    snprintf(tc.train_schedule, sizeof tc.train_schedule, "%s",
+             tdm_train_schedule_name(t->o.schedule));
     json_t *tsj = tdm_trainer_state_to_json(&s->ts);
     tdm_status st = TDM_OK;
-    if (!cursor || !extra || !tsj || (piece && !json_is_object(json_object_get(extra, "piece"))))
+    if (!cursor || !tsj)
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     else {
         tdm_checkpoint_info info = {.step = s->step,
@@ -1037,13 +1025,12 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
                                     .schedule = s->sched,
                                     .rng = s->rng,
                                     .data_cursor = cursor,
-                                    .extra = extra,
+                                    .trainer = tc,
                                     .grad_accum = grad};
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
     }
     json_decref(cursor);
-    json_decref(extra);
     json_decref(tsj);
     free(grad);
     return st;
@@ -1052,18 +1039,13 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
 /* The global step and "done" flag recorded in a checkpoint directory's tandem_state.json. */
 static bool read_ckpt_global(const char *dir, int64_t *g, bool *done)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, TDM_CHECKPOINT_STATE_FILE);
-    json_t *j = json_load_file(path, 0, NULL);
-    if (!j) return false;
-    json_t *ex = json_object_get(j, "extra");
-    bool ok = json_is_object(ex) && json_is_integer(json_object_get(ex, "global_step"));
-    if (ok) {
-        *g = json_integer_value(json_object_get(ex, "global_step"));
-        *done = json_is_true(json_object_get(ex, "done"));
-    }
-    json_decref(j);
-    return ok;
+    tdm_checkpoint_info info;
+    tdm_error e = {0};
+    if (tdm_checkpoint_load_state(dir, &info, &e) != TDM_OK) return false;
+    *g = info.trainer.global_step;
+    *done = info.trainer.done;
+    tdm_checkpoint_info_free(&info);
+    return true;
 }
 
 static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_error *err)
@@ -1111,47 +1093,42 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     }
     if (st == TDM_OK) st = tdm_train_cursor_from_json(s->cur, cj, err);
     if (st == TDM_OK) {
-        const json_t *ex = info.extra;
-        if (jint(ex, "global_step") >= t->global_step) {
-            t->global_step = jint(ex, "global_step");
-            t->rr_next = (int)jint(ex, "rr_next");
+        const tdm_trainer_ckpt *tc = &info.trainer;
+        if (tc->global_step >= t->global_step) {
+            t->global_step = tc->global_step;
+            t->rr_next = (int)tc->rr_next;
         }
-        s->done = json_is_true(json_object_get(ex, "done"));
-        s->credit = jget(ex, "credit");
-        if (isnan(s->credit)) s->credit = 0;
-        s->last_val = jget(ex, "last_val");
-        s->last_train_loss = jget(ex, "last_train_loss");
-        s->last_grad_norm = jget(ex, "last_grad_norm");
-        s->last_lr = jget(ex, "last_lr");
-        s->tokens_seen = jint(ex, "tokens_seen");
-        s->samples_seen = jint(ex, "samples_seen");
-        s->epoch_loss_sum = jget(ex, "epoch_loss_sum");
-        s->epoch_tokens = jint(ex, "epoch_tokens");
-        s->last_epoch_loss = jget(ex, "last_epoch_loss");
-        s->log_loss_sum = jget(ex, "log_loss_sum");
-        s->log_tokens = jint(ex, "log_tokens");
-        s->log_due = json_is_true(json_object_get(ex, "log_due"));
-        /* older checkpoints lack it: evaluate at the next evaluation point, as they did */
-        const json_t *es = json_object_get(ex, "eval_step");
-        s->eval_step = json_is_integer(es) ? json_integer_value(es) : -1;
-        const char *sn = json_string_value(json_object_get(ex, "train_schedule"));
+        s->done = tc->done;
+        s->credit = isnan(tc->credit) ? 0 : tc->credit;
+        s->last_val = tc->last_val;
+        s->last_train_loss = tc->last_train_loss;
+        s->last_grad_norm = tc->last_grad_norm;
+        s->last_lr = tc->last_lr;
+        s->tokens_seen = tc->tokens_seen;
+        s->samples_seen = tc->samples_seen;
+        s->epoch_loss_sum = tc->epoch_loss_sum;
+        s->epoch_tokens = tc->epoch_tokens;
+        s->last_epoch_loss = tc->last_epoch_loss;
+        s->log_loss_sum = tc->log_loss_sum;
+        s->log_tokens = tc->log_tokens;
+        s->log_due = tc->log_due;
+        s->eval_step = tc->eval_step;
         tdm_train_schedule was;
-        if (sn && tdm_train_schedule_parse(sn, &was) && was != t->o.schedule &&
+        if (tdm_train_schedule_parse(tc->train_schedule, &was) && was != t->o.schedule &&
             !t->warned_schedule) {
             t->warned_schedule = true;
             tdm_warn("%s was trained under --schedule %s and resumes under %s: the adapters "
                      "will not be those of an uninterrupted run",
-                     dir, sn, tdm_train_schedule_name(t->o.schedule));
+                     dir, tc->train_schedule, tdm_train_schedule_name(t->o.schedule));
         }
         st = upload_state(t, s, true, err);
     }
-    const json_t *piece = st == TDM_OK ? json_object_get(info.extra, "piece") : NULL;
-    if (json_is_object(piece)) { /* in the middle of an optimizer batch: draw it again */
+    if (st == TDM_OK && info.trainer.in_piece) { /* in an optimizer batch: draw it again */
         free(s->batch_cursor);
         s->batch_cursor = cj; /* the cursor before the batch: in progress from here */
         cj = NULL;
         st = plan_step(t, s, err);
-        int64_t done_seqs = jint(piece, "seqs_done");
+        int64_t done_seqs = info.trainer.piece_seqs_done;
         if (st == TDM_OK && (!info.grad_accum || done_seqs < 1 || done_seqs >= s->batch_seqs))
             st = tdm_fail(err, TDM_ERR_CORRUPT,
                           "%s: an optimizer batch in progress (%lld of %d sequences done) without "
@@ -1162,7 +1139,7 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
                                (size_t)s->host.n_params * sizeof(float), err);
         if (st == TDM_OK) {
             s->seqs_done = (int)done_seqs;
-            s->step_loss_sum = jget(piece, "loss_sum");
+            s->step_loss_sum = info.trainer.piece_loss_sum;
         }
     }
     if (st == TDM_OK) {
@@ -1174,10 +1151,9 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     if (st == TDM_OK) {
         char mp[4096];
         snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
-        /* the lines written up to the checkpoint (an older checkpoint: those up to its step) */
-        const json_t *ml = json_object_get(info.extra, "metrics_lines");
-        st = tdm_metrics_truncate_lines(
-            mp, s->step, json_is_integer(ml) ? json_integer_value(ml) : -1, &s->metrics_lines, err);
+        /* the lines written up to the checkpoint */
+        st = tdm_metrics_truncate_lines(mp, s->step, info.trainer.metrics_lines, &s->metrics_lines,
+                                        err);
     }
     free(cj);
     tdm_lora_params_free(&l);

@@ -44,6 +44,14 @@ tdm_status tdm_error_prefix(tdm_error *err, const char *fmt, ...)
 
 const char *tdm_status_str(tdm_status status);
 
+/* Returns from the calling function with expr's status when it is not TDM_OK (the callee has
+ * filled the error). */
+#define TDM_TRY(expr)                                                                              \
+    do {                                                                                           \
+        tdm_status tdm_try_st_ = (expr);                                                           \
+        if (tdm_try_st_ != TDM_OK) return tdm_try_st_;                                             \
+    } while (0)
+
 /* Library warnings (a corrupt ledger moved aside, a budget exceeded) go through one sink that the
  * CLI installs; the default prints "tandem: warning: ..." on stderr. */
 typedef void (*tdm_warn_fn)(const char *message, void *user);

@@ -131,7 +131,7 @@ done
 for a in upper add; do
     mid=0
     for c in w1/$a/checkpoint-*; do
-        jq -e '.extra.piece.seqs_done > 0' $c/tandem_state.json >/dev/null || continue
+        jq -e '.trainer.piece.seqs_done > 0' $c/tandem_state.json >/dev/null || continue
         mid=$((mid + 1))
         { jq -e '.files | index("grad_accum.safetensors")' $c/tandem_state.json >/dev/null &&
             [ -s $c/grad_accum.safetensors ]; } || fail "$c: no partial gradient"

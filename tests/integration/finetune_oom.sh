@@ -63,7 +63,7 @@ for a in reverse add; do
 done
 # add was in the middle of a batch when the OOM hit: its checkpoint holds the partial gradient
 for o in woom wpass; do
-    jq -e '.extra.piece.seqs_done > 0' $o/add/checkpoint-0/tandem_state.json >/dev/null &&
+    jq -e '.trainer.piece.seqs_done > 0' $o/add/checkpoint-0/tandem_state.json >/dev/null &&
         [ -s $o/add/checkpoint-0/grad_accum.safetensors ] || fail "$o/add: not saved in the middle of a batch"
 done
 finish

@@ -137,6 +137,62 @@ static tdm_status save_step(fixture *f, const char *out, int64_t step, tdm_error
     return st;
 }
 
+/* A trainer state with every field set (last_val unknown: null) and a batch in progress. */
+static tdm_trainer_ckpt full_trainer_state(void)
+{
+    return (tdm_trainer_ckpt){.global_step = 41,
+                              .rr_next = 2,
+                              .done = true,
+                              .credit = 0.375,
+                              .last_val = NAN,
+                              .last_train_loss = 2.0 / 3.0,
+                              .last_grad_norm = 0.125,
+                              .last_lr = 3e-4,
+                              .tokens_seen = 12345,
+                              .samples_seen = 77,
+                              .epoch_loss_sum = 1234.5678901234567,
+                              .epoch_tokens = 999,
+                              .last_epoch_loss = 1.1,
+                              .log_loss_sum = 0.1 + 0.2,
+                              .log_tokens = 17,
+                              .log_due = true,
+                              .metrics_lines = 9,
+                              .eval_step = 4,
+                              .train_schedule = "round-robin",
+                              .in_piece = true,
+                              .piece_seqs_done = 3,
+                              .piece_loss_sum = 7.25};
+}
+
+/* Bit-exact (NaN = NaN). */
+static void assert_trainer_equal(const tdm_trainer_ckpt *a, const tdm_trainer_ckpt *b)
+{
+#define SAME_REAL(f) assert_true(a->f == b->f || (isnan(a->f) && isnan(b->f)))
+    assert_int_equal(a->global_step, b->global_step);
+    assert_int_equal(a->rr_next, b->rr_next);
+    assert_int_equal(a->done, b->done);
+    SAME_REAL(credit);
+    SAME_REAL(last_val);
+    SAME_REAL(last_train_loss);
+    SAME_REAL(last_grad_norm);
+    SAME_REAL(last_lr);
+    assert_int_equal(a->tokens_seen, b->tokens_seen);
+    assert_int_equal(a->samples_seen, b->samples_seen);
+    SAME_REAL(epoch_loss_sum);
+    assert_int_equal(a->epoch_tokens, b->epoch_tokens);
+    SAME_REAL(last_epoch_loss);
+    SAME_REAL(log_loss_sum);
+    assert_int_equal(a->log_tokens, b->log_tokens);
+    assert_int_equal(a->log_due, b->log_due);
+    assert_int_equal(a->metrics_lines, b->metrics_lines);
+    assert_int_equal(a->eval_step, b->eval_step);
+    assert_string_equal(a->train_schedule, b->train_schedule);
+    assert_int_equal(a->in_piece, b->in_piece);
+    assert_int_equal(a->piece_seqs_done, b->piece_seqs_done);
+    SAME_REAL(piece_loss_sum);
+#undef SAME_REAL
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -157,7 +213,7 @@ static void test_round_trip(void **state)
         .step = 37, .epoch = 1.0 / 3.0, .schedule = {TDM_LR_LINEAR, 3e-4, 5, 120}, .rng = rng};
     info.data_cursor =
         json_pack("{s:i, s:[i,i,i], s:s}", "epoch", 1, "order", 3, 1, 2, "file", "data.jsonl");
-    info.extra = json_pack("{s:f}", "tokens_seen", 12345.0);
+    info.trainer = full_trainer_state();
     json_t *ts = json_pack("{s:i}", "global_step", 37);
     tdm_peft_meta meta = {.lora_dropout = 0.1};
     snprintf(meta.base_model_name_or_path, sizeof meta.base_model_name_or_path, "base");
@@ -190,7 +246,7 @@ static void test_round_trip(void **state)
     assert_int_equal(back.schedule.warmup_steps, 5);
     assert_int_equal(back.schedule.total_steps, 120);
     assert_true(json_equal(back.data_cursor, info.data_cursor));
-    assert_true(json_equal(back.extra, info.extra));
+    assert_trainer_equal(&back.trainer, &info.trainer);
     assert_string_equal(mb.base_model_name_or_path, "base");
     /* the RNG continues the very same stream, spare included */
     for (int i = 0; i < 5; i++)
@@ -205,6 +261,95 @@ static void test_round_trip(void **state)
     tdm_model_config other;
     tiny_config(&other, 64, 128, 2);
     assert_int_not_equal(tdm_checkpoint_load(path, &other, &l, NULL, &o, &back, &err), TDM_OK);
+    fixture_free(&f);
+}
+
+/* Every key of the trainer's state is required with its type: removing any one of them, or
+ * giving it a value of another type, fails the load naming the file and the key. */
+static void test_trainer_state_strict(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, 64, 96);
+    tdm_error err = {0};
+    tdm_checkpoint_info info = {.step = 5, .epoch = 0.5, .schedule = {TDM_LR_LINEAR, 3e-4, 1, 10}};
+    tdm_rng_seed(&info.rng, 1);
+    info.data_cursor = json_pack("{s:i}", "epoch", 0);
+    info.trainer = full_trainer_state();
+    tdm_peft_meta meta = {0};
+    char out[300], path[400], file[500];
+    make_dir(out, sizeof out, "strict");
+    assert_int_equal(
+        tdm_checkpoint_save(out, &f.lora, &meta, &f.opt, &info, NULL, path, sizeof path, &err),
+        TDM_OK);
+    snprintf(file, sizeof file, "%s/tandem_state.json", path);
+    json_t *good = json_load_file(file, 0, NULL);
+    assert_non_null(good);
+    json_t *trainer = json_object_get(good, "trainer");
+    assert_true(json_is_object(trainer));
+    /* every key of "trainer", then those of "trainer.piece" */
+    const char *keys[64];
+    const char *where[64];
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(trainer, k, v)
+    {
+        keys[n] = k;
+        where[n++] = "trainer";
+    }
+    json_object_foreach(json_object_get(trainer, "piece"), k, v)
+    {
+        keys[n] = k;
+        where[n++] = "trainer.piece";
+    }
+    assert_int_equal(n, 20 + 2); /* 20 keys of "trainer" ("piece" one of them), 2 of "piece" */
+    for (size_t i = 0; i < n; i++) {
+        for (int mistype = 0; mistype < 2; mistype++) {
+            json_t *doc = json_deep_copy(good);
+            json_t *obj = json_object_get(doc, "trainer");
+            if (!strcmp(where[i], "trainer.piece")) obj = json_object_get(obj, "piece");
+            if (mistype) /* a string, or a number where a string belongs */
+                json_object_set_new(obj, keys[i],
+                                    json_is_string(json_object_get(obj, keys[i]))
+                                        ? json_integer(7)
+                                        : json_string("oops"));
+            else
+                json_object_del(obj, keys[i]);
+            assert_int_equal(json_dump_file(doc, file, 0), 0);
+            json_decref(doc);
+            tdm_lora_params l;
+            tdm_adamw_state o;
+            tdm_checkpoint_info back;
+            err = (tdm_error){0};
+            assert_int_equal(tdm_checkpoint_load(path, &f.cfg, &l, NULL, &o, &back, &err),
+                             TDM_ERR_CORRUPT);
+            char want[200];
+            snprintf(want, sizeof want, "\"%s.%s\" %s", where[i], keys[i],
+                     mistype ? "has the wrong type" : "is missing");
+            if (!strstr(err.message, file) || !strstr(err.message, want))
+                fail_msg("%s %s: message '%s' lacks the file or '%s'",
+                         mistype ? "mistyped" : "removed", keys[i], err.message, want);
+            /* verify (what resume and find_latest use) refuses it too */
+            assert_int_equal(tdm_checkpoint_verify(path, &err), TDM_ERR_CORRUPT);
+        }
+    }
+    /* the object itself */
+    json_t *doc = json_deep_copy(good);
+    json_object_del(doc, "trainer");
+    assert_int_equal(json_dump_file(doc, file, 0), 0);
+    json_decref(doc);
+    assert_int_not_equal(tdm_checkpoint_verify(path, &err), TDM_OK);
+    assert_non_null(strstr(err.message, "\"trainer\" is missing"));
+    /* a version-1 checkpoint (before the typed state) is refused with what to do */
+    doc = json_deep_copy(good);
+    json_object_set_new(doc, "version", json_integer(1));
+    assert_int_equal(json_dump_file(doc, file, 0), 0);
+    json_decref(doc);
+    assert_int_equal(tdm_checkpoint_verify(path, &err), TDM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "checkpoint version 1 (this tandem reads version 2"));
+    json_decref(good);
+    json_decref(info.data_cursor);
     fixture_free(&f);
 }
 
@@ -511,6 +656,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_trainer_state_strict),
         cmocka_unit_test(test_grad_accum),
         cmocka_unit_test(test_discovery_and_retention),
         cmocka_unit_test(test_best),

@@ -461,14 +461,14 @@ static json_t *logged_losses(const char *out)
     return arr;
 }
 
-/* extra.global_step and whether a piece of a batch is saved, of OUT/checkpoint-STEP */
+/* trainer.global_step and whether a piece of a batch is saved, of OUT/checkpoint-STEP */
 static int64_t ckpt_global(const char *out, int64_t step, bool *piece)
 {
     char p[700];
     snprintf(p, sizeof p, "%s/checkpoint-%lld/tandem_state.json", out, (long long)step);
     json_t *j = json_load_file(p, 0, NULL);
     assert_non_null(j);
-    json_t *ex = json_object_get(j, "extra");
+    json_t *ex = json_object_get(j, "trainer");
     int64_t g = json_integer_value(json_object_get(ex, "global_step"));
     *piece = json_is_object(json_object_get(ex, "piece"));
     json_decref(j);
