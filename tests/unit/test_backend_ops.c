@@ -24,6 +24,7 @@
 
 #include "engine/backend.h"
 #include "engine/dropout.h"
+#include "engine/grad_clip.h"
 #include "engine/model.h"
 #include "model/nf4.h"
 #include "util/half.h"
@@ -1222,6 +1223,11 @@ static void test_sumsq_clip_adamw(void **state)
     check("clip_coef", coef, wc, 3, 1e-6);
     check("clip norm", nrm, wn, 3, 1e-6);
     assert_true(coef[0] == 1.0f && coef[2] == 1.0f && coef[1] < 1.0f);
+    /* the backend computes exactly the one shared formula (engine/grad_clip.h) */
+    for (int gi = 0; gi < 3; gi++) {
+        assert_true(nrm[gi] == tdm_grad_norm(got[gi]));
+        assert_true(coef[gi] == tdm_grad_clip_coef(tdm_grad_norm(got[gi]), maxn[gi]));
+    }
 
     /* AdamW: two tensors with different hyper-parameters, three steps, the second tensor
      * scaled by group 1's clip coefficient; reference in double. */

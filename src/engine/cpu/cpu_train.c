@@ -6,6 +6,7 @@
 
 #include "engine/cpu/cpu_internal.h"
 #include "engine/dropout.h"
+#include "engine/grad_clip.h"
 
 #define IGNORE_INDEX (-100)
 
@@ -220,13 +221,8 @@ tdm_status cpu_clip_coef(tdm_backend *be, const float *sumsq, const float *max_n
                          float *coef, float *norm, tdm_error *err)
 {
     for (int g = 0; g < n_groups; g++) {
-        float nrm = sqrtf(sumsq[g]);
-        float c = 1.0f;
-        if (max_norm[g] > 0) {
-            c = max_norm[g] / (nrm + 1e-6f);
-            if (c > 1.0f) c = 1.0f;
-        }
-        coef[g] = c;
+        float nrm = tdm_grad_norm(sumsq[g]);
+        coef[g] = tdm_grad_clip_coef(nrm, max_norm[g]);
         if (norm) norm[g] = nrm;
     }
     return TDM_OK;

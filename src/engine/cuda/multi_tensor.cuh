@@ -13,6 +13,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "engine/grad_clip.h"
+
 #define MT_THREADS 256
 #define MT_SUMSQ_CHUNK 8192
 #define MT_ADAMW_CHUNK 4096
@@ -113,19 +115,14 @@ __global__ void sumsq_groups_kernel(const mt_chunk *chunks, const float *partial
     out[g] = (float)s;
 }
 
-/* torch.nn.utils.clip_grad_norm_: coef = min(1, max / (norm + 1e-6)), 1 when max <= 0. */
+/* torch.nn.utils.clip_grad_norm_ per group (engine/grad_clip.h, the CPU backend's formula). */
 __global__ void clip_coef_kernel(const float *sumsq, const float *max_norm, int n_groups,
                                  float *coef, float *norm)
 {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n_groups) return;
-    float nrm = sqrtf(sumsq[g]);
-    float c = 1.0f;
-    if (max_norm[g] > 0) {
-        c = max_norm[g] / (nrm + 1e-6f);
-        if (c > 1.0f) c = 1.0f;
-    }
-    coef[g] = c;
+    float nrm = tdm_grad_norm(sumsq[g]);
+    coef[g] = tdm_grad_clip_coef(nrm, max_norm[g]);
     if (norm) norm[g] = nrm;
 }
 
