@@ -271,16 +271,10 @@ static tdm_status check_weight(const tdm_be_weight *w, const char *op, tdm_error
     return TDM_OK;
 }
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        tdm_status st_ = (expr);                                                                   \
-        if (st_ != TDM_OK) return st_;                                                             \
-    } while (0)
-
 tdm_status tdm_be_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
                               int64_t row_end, void *out, tdm_be_dtype out_dtype, tdm_error *err)
 {
-    TRY(check_weight(w, "weight_rows", err));
+    TDM_TRY(check_weight(w, "weight_rows", err));
     CHECK(0 <= row_begin && row_begin <= row_end && row_end <= w->rows,
           "weight_rows: rows [%lld, %lld) outside [0, %lld)", (long long)row_begin,
           (long long)row_end, (long long)w->rows);
@@ -294,7 +288,7 @@ tdm_status tdm_be_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t r
 tdm_status tdm_be_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
                              void *y, float beta, tdm_error *err)
 {
-    TRY(check_weight(w, "linear_fwd", err));
+    TDM_TRY(check_weight(w, "linear_fwd", err));
     CHECK(dim_ok(m), "linear_fwd: bad row count");
     if (m == 0) return TDM_OK;
     CHECK(x && y, "linear_fwd: NULL pointer");
@@ -304,7 +298,7 @@ tdm_status tdm_be_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void
 tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,
                              void *dx, float beta, tdm_error *err)
 {
-    TRY(check_weight(w, "linear_bwd", err));
+    TDM_TRY(check_weight(w, "linear_bwd", err));
     CHECK(dim_ok(m), "linear_bwd: bad row count");
     if (m == 0) return TDM_OK;
     CHECK(dy && dx, "linear_bwd: NULL pointer");
@@ -314,7 +308,7 @@ tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void
 tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
                             void *out, tdm_error *err)
 {
-    TRY(check_weight(w, "embedding", err));
+    TDM_TRY(check_weight(w, "embedding", err));
     CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16,
           "embedding: the table must be dense");
     CHECK(dim_ok(m), "embedding: bad row count");
@@ -374,7 +368,7 @@ tdm_status tdm_be_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const voi
                                 int64_t head_dim, float scale, void *out, float *lse,
                                 tdm_error *err)
 {
-    TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_fwd", err));
+    TDM_TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_fwd", err));
     if (s->m == 0) return TDM_OK;
     CHECK(q && k && v && out && lse, "attention_fwd: NULL pointer");
     DISPATCH(TDM_OP_ATTENTION_FWD, be->vt->attention_fwd(be, s, q, k, v, n_heads, n_kv_heads,
@@ -386,7 +380,7 @@ tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const voi
                                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                                 void *dq, void *dk, void *dv, tdm_error *err)
 {
-    TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_bwd", err));
+    TDM_TRY(check_attention(s, n_heads, n_kv_heads, head_dim, "attention_bwd", err));
     if (s->m == 0) return TDM_OK;
     CHECK(q && k && v && out && lse && dout && dq && dk && dv, "attention_bwd: NULL pointer");
     DISPATCH(TDM_OP_ATTENTION_BWD,
@@ -417,7 +411,7 @@ tdm_status tdm_be_cross_entropy(tdm_backend *be, const void *h, const tdm_be_wei
                                 const int32_t *labels, const float *weight, int64_t m,
                                 int64_t chunk_rows, float *loss, void *dh, tdm_error *err)
 {
-    TRY(check_weight(w, "cross_entropy", err));
+    TDM_TRY(check_weight(w, "cross_entropy", err));
     CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16,
           "cross_entropy: lm_head must be dense");
     CHECK(dim_ok(m) && chunk_rows > 0, "cross_entropy: bad shape or chunk size");
@@ -460,7 +454,7 @@ tdm_status tdm_be_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
                            tdm_error *err)
 {
     CHECK(dim_ok(m) && in > 0 && out > 0 && dim_ok(in) && dim_ok(out), "lora_fwd: bad shape");
-    TRY(check_segs(segs, n_segs, m, in, u_ld, false, "lora_fwd", err));
+    TDM_TRY(check_segs(segs, n_segs, m, in, u_ld, false, "lora_fwd", err));
     if (m == 0 || n_segs == 0) return TDM_OK;
     CHECK(x && u && y, "lora_fwd: NULL pointer");
     DISPATCH(TDM_OP_LORA_FWD, be->vt->lora_fwd(be, segs, n_segs, x, m, in, out, u, u_ld, y, err));
@@ -471,7 +465,7 @@ tdm_status tdm_be_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_
                            int64_t out, void *dx, tdm_error *err)
 {
     CHECK(dim_ok(m) && in > 0 && out > 0 && dim_ok(in) && dim_ok(out), "lora_bwd: bad shape");
-    TRY(check_segs(segs, n_segs, m, in, u_ld, true, "lora_bwd", err));
+    TDM_TRY(check_segs(segs, n_segs, m, in, u_ld, true, "lora_bwd", err));
     if (m == 0 || n_segs == 0) return TDM_OK;
     CHECK(x && u && dy, "lora_bwd: NULL pointer");
     DISPATCH(TDM_OP_LORA_BWD,

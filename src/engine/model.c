@@ -15,12 +15,6 @@
 #include "model/weights.h"
 #include "util/fault.h"
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        tdm_status st_ = (expr);                                                                   \
-        if (st_ != TDM_OK) return st_;                                                             \
-    } while (0)
-
 #define NT TDM_LORA_N_TARGETS
 
 static const char *const target_names[NT] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
@@ -157,7 +151,7 @@ static tdm_status dev_alloc(tdm_model *m, tdm_be_dtype dt, int64_t n, void **out
         if (!nb) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         m->bufs = nb, m->cap_bufs = cap;
     }
-    TRY(tdm_be_alloc(m->be, dt, n, out, err));
+    TDM_TRY(tdm_be_alloc(m->be, dt, n, out, err));
     m->bufs[m->n_bufs++] = *out;
     m->weight_bytes += (uint64_t)n * tdm_be_dtype_size(dt);
     return TDM_OK;
@@ -167,7 +161,7 @@ static tdm_status dev_alloc(tdm_model *m, tdm_be_dtype dt, int64_t n, void **out
 static tdm_status put(tdm_model *m, const float *host, int64_t n, tdm_be_dtype dt, void **out,
                       tdm_error *err)
 {
-    TRY(dev_alloc(m, dt, n, out, err));
+    TDM_TRY(dev_alloc(m, dt, n, out, err));
     return tdm_be_upload_f32(m->be, *out, dt, host, n, err);
 }
 
@@ -182,7 +176,7 @@ static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int6
         return put(m, host, rows * cols, m->dense, (void **)&w->data, err);
     }
     tdm_nf4 q;
-    TRY(tdm_nf4_quantize(host, rows * cols, m->opts.double_quant, &q, err));
+    TDM_TRY(tdm_nf4_quantize(host, rows * cols, m->opts.double_quant, &q, err));
     tdm_status st;
     void *codes = NULL;
     st = dev_alloc(m, TDM_BE_U8, (q.numel + 1) / 2, &codes, err);
@@ -422,10 +416,10 @@ tdm_status tdm_lora_set(tdm_lora *a, int layer, tdm_lora_target t, const float *
                         tdm_error *err)
 {
     int64_t na, nb, ao, bo;
-    TRY(lora_module(a, layer, t, &na, &nb, &ao, &bo, err));
+    TDM_TRY(lora_module(a, layer, t, &na, &nb, &ao, &bo, err));
     tdm_backend *be = a->model->be;
-    if (A) TRY(tdm_be_upload_f32(be, a->params + ao, TDM_BE_F32, A, na, err));
-    if (B) TRY(tdm_be_upload_f32(be, a->params + bo, TDM_BE_F32, B, nb, err));
+    if (A) TDM_TRY(tdm_be_upload_f32(be, a->params + ao, TDM_BE_F32, A, na, err));
+    if (B) TDM_TRY(tdm_be_upload_f32(be, a->params + bo, TDM_BE_F32, B, nb, err));
     return TDM_OK;
 }
 
@@ -433,10 +427,10 @@ static tdm_status lora_download(tdm_lora *a, const float *vec, int layer, tdm_lo
                                 float *A, float *B, tdm_error *err)
 {
     int64_t na, nb, ao, bo;
-    TRY(lora_module(a, layer, t, &na, &nb, &ao, &bo, err));
+    TDM_TRY(lora_module(a, layer, t, &na, &nb, &ao, &bo, err));
     tdm_backend *be = a->model->be;
-    if (A) TRY(tdm_be_download_f32(be, A, vec + ao, TDM_BE_F32, na, err));
-    if (B) TRY(tdm_be_download_f32(be, B, vec + bo, TDM_BE_F32, nb, err));
+    if (A) TDM_TRY(tdm_be_download_f32(be, A, vec + ao, TDM_BE_F32, na, err));
+    if (B) TDM_TRY(tdm_be_download_f32(be, B, vec + bo, TDM_BE_F32, nb, err));
     return TDM_OK;
 }
 
@@ -612,10 +606,11 @@ static tdm_status proj_fwd(step *s, int l, int t, const void *x, void *y, float 
     layer_weights *L = &m->layers[l];
     int64_t in, out;
     tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
-    TRY(tdm_be_linear_fwd(m->be, &L->w[t], x, s->M, y, 0.0f, err));
-    if (L->bias[t]) TRY(tdm_be_add_bias(m->be, y, L->bias[t], s->M, out, err));
+    TDM_TRY(tdm_be_linear_fwd(m->be, &L->w[t], x, s->M, y, 0.0f, err));
+    if (L->bias[t]) TDM_TRY(tdm_be_add_bias(m->be, y, L->bias[t], s->M, out, err));
     if (U && build_segs(s, l, t) > 0)
-        TRY(tdm_be_lora_fwd(m->be, s->segs, s->b->n_segs, x, s->M, in, out, U, s->u_ld, y, err));
+        TDM_TRY(
+            tdm_be_lora_fwd(m->be, s->segs, s->b->n_segs, x, s->M, in, out, U, s->u_ld, y, err));
     return TDM_OK;
 }
 
@@ -626,10 +621,10 @@ static tdm_status proj_bwd(step *s, int l, int t, const void *x, const float *U,
     tdm_model *m = s->m;
     int64_t in, out;
     tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
-    TRY(tdm_be_linear_bwd(m->be, &m->layers[l].w[t], dy, s->M, dx, beta, err));
+    TDM_TRY(tdm_be_linear_bwd(m->be, &m->layers[l].w[t], dy, s->M, dx, beta, err));
     if (U && build_segs(s, l, t) > 0)
-        TRY(tdm_be_lora_bwd(m->be, s->segs, s->b->n_segs, x, U, s->u_ld, dy, s->M, in, out, dx,
-                            err));
+        TDM_TRY(tdm_be_lora_bwd(m->be, s->segs, s->b->n_segs, x, U, s->u_ld, dy, s->M, in, out, dx,
+                                err));
     return TDM_OK;
 }
 
@@ -655,37 +650,39 @@ static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, void *x_out,
     int64_t M = s->M, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
     float eps = (float)c->rms_norm_eps;
-    TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
+    TDM_TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
     void *qo = c->qk_norm ? A->q_pre : A->q, *ko = c->qk_norm ? A->k_pre : A->k;
-    TRY(proj_fwd(s, l, TDM_LORA_Q, A->xn1, qo, A->U[TDM_LORA_Q], err));
-    TRY(proj_fwd(s, l, TDM_LORA_K, A->xn1, ko, A->U[TDM_LORA_K], err));
-    TRY(proj_fwd(s, l, TDM_LORA_V, A->xn1, A->v, A->U[TDM_LORA_V], err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_Q, A->xn1, qo, A->U[TDM_LORA_Q], err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_K, A->xn1, ko, A->U[TDM_LORA_K], err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_V, A->xn1, A->v, A->U[TDM_LORA_V], err));
     if (c->qk_norm) {
-        TRY(tdm_be_rmsnorm_fwd(be, A->q_pre, L->q_norm, M * nh, hd, eps, A->q, A->rstd_q, err));
-        TRY(tdm_be_rmsnorm_fwd(be, A->k_pre, L->k_norm, M * nkv, hd, eps, A->k, A->rstd_k, err));
+        TDM_TRY(tdm_be_rmsnorm_fwd(be, A->q_pre, L->q_norm, M * nh, hd, eps, A->q, A->rstd_q, err));
+        TDM_TRY(
+            tdm_be_rmsnorm_fwd(be, A->k_pre, L->k_norm, M * nkv, hd, eps, A->k, A->rstd_k, err));
     }
-    TRY(tdm_be_rope(be, A->q, M, nh, hd, Q, m->ws.pos, m->inv_freq, false, err));
-    TRY(tdm_be_rope(be, A->k, M, nkv, hd, K, m->ws.pos, m->inv_freq, false, err));
+    TDM_TRY(tdm_be_rope(be, A->q, M, nh, hd, Q, m->ws.pos, m->inv_freq, false, err));
+    TDM_TRY(tdm_be_rope(be, A->k, M, nkv, hd, K, m->ws.pos, m->inv_freq, false, err));
     tdm_be_seqs sq = seqs_of(s);
     float scale = (float)(1.0 / sqrt((double)hd));
-    TRY(tdm_be_attention_fwd(be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse, err));
-    TRY(proj_fwd(s, l, TDM_LORA_O, A->attn, A->x_mid, A->U[TDM_LORA_O], err));
-    TRY(tdm_be_axpy(be, A->x_mid, x, m->act, M * H, 1.0f, err));
-    TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
-    TRY(proj_fwd(s, l, TDM_LORA_GATE, A->xn2, A->g, A->U[TDM_LORA_GATE], err));
-    TRY(proj_fwd(s, l, TDM_LORA_UP, A->xn2, A->u, A->U[TDM_LORA_UP], err));
+    TDM_TRY(
+        tdm_be_attention_fwd(be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse, err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_O, A->attn, A->x_mid, A->U[TDM_LORA_O], err));
+    TDM_TRY(tdm_be_axpy(be, A->x_mid, x, m->act, M * H, 1.0f, err));
+    TDM_TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_GATE, A->xn2, A->g, A->U[TDM_LORA_GATE], err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_UP, A->xn2, A->u, A->U[TDM_LORA_UP], err));
     if (!need_out) {
         /* only U of down_proj is needed from here: U = h A^T, formed by lora_fwd into a
          * throw-away output */
         if (A->U[TDM_LORA_DOWN] && build_segs(s, l, TDM_LORA_DOWN) > 0) {
-            TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
-            TRY(tdm_be_lora_fwd(be, s->segs, s->b->n_segs, m->ws.hre, M, I, H, A->U[TDM_LORA_DOWN],
-                                s->u_ld, x_out, err));
+            TDM_TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
+            TDM_TRY(tdm_be_lora_fwd(be, s->segs, s->b->n_segs, m->ws.hre, M, I, H,
+                                    A->U[TDM_LORA_DOWN], s->u_ld, x_out, err));
         }
         return TDM_OK;
     }
-    TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
-    TRY(proj_fwd(s, l, TDM_LORA_DOWN, m->ws.hre, x_out, A->U[TDM_LORA_DOWN], err));
+    TDM_TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
+    TDM_TRY(proj_fwd(s, l, TDM_LORA_DOWN, m->ws.hre, x_out, A->U[TDM_LORA_DOWN], err));
     return tdm_be_axpy(be, x_out, A->x_mid, m->act, M * H, 1.0f, err);
 }
 
@@ -701,29 +698,31 @@ static tdm_status layer_bwd(step *s, int l, const void *x, acts *A, tdm_error *e
     int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
     /* MLP: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))) */
     const float *Ud = A->U[TDM_LORA_DOWN];
-    if (Ud) TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, w->hre, err)); /* down's input */
-    TRY(proj_bwd(s, l, TDM_LORA_DOWN, w->hre, Ud, w->dres, w->d1, 0.0f, err));
-    TRY(tdm_be_swiglu_bwd(be, A->g, A->u, w->d1, M, I, w->d1, w->d2, err)); /* d1 = dg, d2 = du */
-    TRY(proj_bwd(s, l, TDM_LORA_GATE, A->xn2, A->U[TDM_LORA_GATE], w->d1, w->dxn, 0.0f, err));
-    TRY(proj_bwd(s, l, TDM_LORA_UP, A->xn2, A->U[TDM_LORA_UP], w->d2, w->dxn, 1.0f, err));
-    TRY(tdm_be_rmsnorm_bwd(be, w->dxn, A->x_mid, L->post_norm, A->rstd2, M, H, w->dres, 1.0f, err));
+    if (Ud) TDM_TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, w->hre, err)); /* down's input */
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_DOWN, w->hre, Ud, w->dres, w->d1, 0.0f, err));
+    TDM_TRY(
+        tdm_be_swiglu_bwd(be, A->g, A->u, w->d1, M, I, w->d1, w->d2, err)); /* d1 = dg, d2 = du */
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_GATE, A->xn2, A->U[TDM_LORA_GATE], w->d1, w->dxn, 0.0f, err));
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_UP, A->xn2, A->U[TDM_LORA_UP], w->d2, w->dxn, 1.0f, err));
+    TDM_TRY(
+        tdm_be_rmsnorm_bwd(be, w->dxn, A->x_mid, L->post_norm, A->rstd2, M, H, w->dres, 1.0f, err));
     /* attention: x_mid = x + o(attn) */
-    TRY(proj_bwd(s, l, TDM_LORA_O, A->attn, A->U[TDM_LORA_O], w->dres, w->dattn, 0.0f, err));
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_O, A->attn, A->U[TDM_LORA_O], w->dres, w->dattn, 0.0f, err));
     tdm_be_seqs sq = seqs_of(s);
     float scale = (float)(1.0 / sqrt((double)hd));
-    TRY(tdm_be_attention_bwd(be, &sq, A->q, A->k, A->v, A->attn, A->lse, w->dattn, nh, nkv, hd,
-                             scale, w->dq, w->dk, w->dv, err));
-    TRY(tdm_be_rope(be, w->dq, M, nh, hd, Q, w->pos, m->inv_freq, true, err));
-    TRY(tdm_be_rope(be, w->dk, M, nkv, hd, K, w->pos, m->inv_freq, true, err));
+    TDM_TRY(tdm_be_attention_bwd(be, &sq, A->q, A->k, A->v, A->attn, A->lse, w->dattn, nh, nkv, hd,
+                                 scale, w->dq, w->dk, w->dv, err));
+    TDM_TRY(tdm_be_rope(be, w->dq, M, nh, hd, Q, w->pos, m->inv_freq, true, err));
+    TDM_TRY(tdm_be_rope(be, w->dk, M, nkv, hd, K, w->pos, m->inv_freq, true, err));
     if (c->qk_norm) {
-        TRY(tdm_be_rmsnorm_bwd(be, w->dq, A->q_pre, L->q_norm, A->rstd_q, M * nh, hd, w->dq, 0.0f,
-                               err));
-        TRY(tdm_be_rmsnorm_bwd(be, w->dk, A->k_pre, L->k_norm, A->rstd_k, M * nkv, hd, w->dk, 0.0f,
-                               err));
+        TDM_TRY(tdm_be_rmsnorm_bwd(be, w->dq, A->q_pre, L->q_norm, A->rstd_q, M * nh, hd, w->dq,
+                                   0.0f, err));
+        TDM_TRY(tdm_be_rmsnorm_bwd(be, w->dk, A->k_pre, L->k_norm, A->rstd_k, M * nkv, hd, w->dk,
+                                   0.0f, err));
     }
-    TRY(proj_bwd(s, l, TDM_LORA_Q, A->xn1, A->U[TDM_LORA_Q], w->dq, w->dxn, 0.0f, err));
-    TRY(proj_bwd(s, l, TDM_LORA_K, A->xn1, A->U[TDM_LORA_K], w->dk, w->dxn, 1.0f, err));
-    TRY(proj_bwd(s, l, TDM_LORA_V, A->xn1, A->U[TDM_LORA_V], w->dv, w->dxn, 1.0f, err));
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_Q, A->xn1, A->U[TDM_LORA_Q], w->dq, w->dxn, 0.0f, err));
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_K, A->xn1, A->U[TDM_LORA_K], w->dk, w->dxn, 1.0f, err));
+    TDM_TRY(proj_bwd(s, l, TDM_LORA_V, A->xn1, A->U[TDM_LORA_V], w->dv, w->dxn, 1.0f, err));
     return tdm_be_rmsnorm_bwd(be, w->dxn, x, L->in_norm, A->rstd1, M, H, w->dres, 1.0f, err);
 }
 
@@ -773,7 +772,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
 {
     if (n_adapters < 1 || !adapters)
         return tdm_fail(err, TDM_ERR_INVALID, "step: no adapter slots");
-    TRY(check_batch(m, n_adapters, b, err));
+    TDM_TRY(check_batch(m, n_adapters, b, err));
     const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
     int64_t M = b->m, L = c->num_layers, H = c->hidden_size;
@@ -792,7 +791,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
                       .u_ld = u_ld,
                       .tmask = tmask,
                       .n_sets = keep_all ? (int)L : 1};
-    TRY(ws_ensure(m, &want, err));
+    TDM_TRY(ws_ensure(m, &want, err));
     workspace *w = &m->ws;
 
     /* host side: positions, shifted labels, per-row loss weights, counted tokens */
@@ -883,7 +882,7 @@ tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_
         return tdm_fail(err, TDM_ERR_INVALID, "logits: no adapter slots");
     tdm_batch checked = *b;
     if (!checked.labels) checked.labels = b->tokens; /* check_batch wants the array; unused here */
-    TRY(check_batch(m, n_adapters, &checked, err));
+    TDM_TRY(check_batch(m, n_adapters, &checked, err));
     const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
     int64_t M = b->m, L = c->num_layers, H = c->hidden_size, V = c->vocab_size;
@@ -897,7 +896,7 @@ tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_
         if (adapters[i]->rank > u_ld) u_ld = adapters[i]->rank;
     }
     workspace want = {.m = M, .cu_cap = b->n_seqs + 1, .u_ld = u_ld, .tmask = tmask, .n_sets = 1};
-    TRY(ws_ensure(m, &want, err));
+    TDM_TRY(ws_ensure(m, &want, err));
     workspace *w = &m->ws;
     int32_t *pos = malloc((size_t)M * sizeof(int32_t));
     tdm_lora_seg *segs = malloc((size_t)b->n_segs * sizeof *segs);
@@ -990,7 +989,7 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
         return tdm_fail(err, TDM_ERR_NOMEM, "injected out of memory (model.reserve)");
     workspace want = {0};
     plan_workspace(&m->cfg, &m->opts, p, &want);
-    TRY(ws_ensure(m, &want, err));
+    TDM_TRY(ws_ensure(m, &want, err));
     tdm_be_step_shape sh = scratch_shape(&m->cfg, &m->opts, m->act, p);
     return tdm_be_reserve_scratch(m->be, &sh, err);
 }
@@ -1002,7 +1001,7 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
     memset(out, 0, sizeof *out);
     tdm_tensor_desc *layout = NULL;
     size_t n = 0;
-    TRY(tdm_model_layout(c, &layout, &n, err));
+    TDM_TRY(tdm_model_layout(c, &layout, &n, err));
     /* weights: exactly what tdm_model_load allocates (the dense dtype is the activation dtype) */
     for (size_t i = 0; i < n; i++) {
         const tdm_tensor_desc *d = &layout[i];

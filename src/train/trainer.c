@@ -27,12 +27,6 @@
 #include "util/rng.h"
 #include "util/timeutil.h"
 
-#define TRY(x)                                                                                     \
-    do {                                                                                           \
-        tdm_status st_ = (x);                                                                      \
-        if (st_ != TDM_OK) return st_;                                                             \
-    } while (0)
-
 static const char *const schedule_names[] = {"synchronized", "round-robin", "priority-val-loss"};
 
 const char *tdm_train_schedule_name(tdm_train_schedule s)
@@ -212,7 +206,7 @@ static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapte
         return tdm_fail(err, TDM_ERR_INVALID, "--max-grad-norm must be >= 0");
     tdm_adamw_config ac = tdm_adamw_defaults();
     ac.weight_decay = o->weight_decay;
-    TRY(tdm_adamw_config_check(&ac, err));
+    TDM_TRY(tdm_adamw_config_check(&ac, err));
     for (int a = 0; a < n; a++) {
         const tdm_trainer_adapter *c = &ads[a];
         if (!c->data || !c->output)
@@ -240,7 +234,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
 {
     *out = NULL;
     if (report) *report = NULL;
-    TRY(check_opts(opts, adapters, n_adapters, err));
+    TDM_TRY(check_opts(opts, adapters, n_adapters, err));
     tdm_trainer *t = calloc(1, sizeof *t);
     if (!t) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     t->o = *opts;
@@ -460,10 +454,10 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 static tdm_status upload_state(tdm_trainer *t, adapter_state *s, bool with_opt, tdm_error *err)
 {
     size_t bytes = (size_t)s->host.n_params * sizeof(float);
-    TRY(tdm_be_upload(t->be, s->dev->params, s->host.params, bytes, err));
+    TDM_TRY(tdm_be_upload(t->be, s->dev->params, s->host.params, bytes, err));
     if (with_opt) {
-        TRY(tdm_be_upload(t->be, s->dev->adam_m, s->opt.m, bytes, err));
-        TRY(tdm_be_upload(t->be, s->dev->adam_v, s->opt.v, bytes, err));
+        TDM_TRY(tdm_be_upload(t->be, s->dev->adam_m, s->opt.m, bytes, err));
+        TDM_TRY(tdm_be_upload(t->be, s->dev->adam_v, s->opt.v, bytes, err));
     }
     return TDM_OK;
 }
@@ -471,10 +465,10 @@ static tdm_status upload_state(tdm_trainer *t, adapter_state *s, bool with_opt, 
 static tdm_status download_state(tdm_trainer *t, adapter_state *s, bool with_opt, tdm_error *err)
 {
     size_t bytes = (size_t)s->host.n_params * sizeof(float);
-    TRY(tdm_be_download(t->be, s->host.params, s->dev->params, bytes, err));
+    TDM_TRY(tdm_be_download(t->be, s->host.params, s->dev->params, bytes, err));
     if (with_opt) {
-        TRY(tdm_be_download(t->be, s->opt.m, s->dev->adam_m, bytes, err));
-        TRY(tdm_be_download(t->be, s->opt.v, s->dev->adam_v, bytes, err));
+        TDM_TRY(tdm_be_download(t->be, s->opt.m, s->dev->adam_m, bytes, err));
+        TDM_TRY(tdm_be_download(t->be, s->opt.v, s->dev->adam_v, bytes, err));
         s->opt.step = s->step;
     }
     return TDM_OK;
@@ -537,7 +531,7 @@ static tdm_status fused_add(fused *f, const tdm_dataset *ds, const uint32_t *idx
     for (int i = 0; i < k; i++)
         rows += ds->samples[idx[i]].len;
     if (f->m + rows > INT32_MAX) return tdm_fail(err, TDM_ERR_INVALID, "batch too large");
-    TRY(fused_reserve(f, f->m + rows, f->n_seqs + k, f->n_segs + 1, err));
+    TDM_TRY(fused_reserve(f, f->m + rows, f->n_seqs + k, f->n_segs + 1, err));
     if (f->n_seqs == 0) f->cu[0] = 0;
     int64_t begin = f->m;
     for (int i = 0; i < k; i++) {
@@ -571,7 +565,7 @@ tdm_status tdm_trainer_evaluate(struct tdm_model *m, const tdm_lora_params *para
     tdm_lora *dev = NULL;
     tdm_status st = TDM_OK;
     if (params) {
-        TRY(tdm_lora_create(&dev, m, params->rank, (float)params->scale, params->targets, err));
+        TDM_TRY(tdm_lora_create(&dev, m, params->rank, (float)params->scale, params->targets, err));
         if (dev->n_params != params->n_params)
             st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree");
         else
@@ -642,7 +636,7 @@ static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
         uint64_t left = s->ds.n_train - pos;
         int k = (int)(left < (uint64_t)s->cfg.batch_size ? left : (uint64_t)s->cfg.batch_size);
         for (int i = 0; i < k; i++) {
-            TRY(tdm_train_cursor_next(s->cur, &s->idx[used], err));
+            TDM_TRY(tdm_train_cursor_next(s->cur, &s->idx[used], err));
             s->step_counted += s->ds.samples[s->idx[used]].counted;
             used++;
         }
@@ -659,9 +653,9 @@ static tdm_status begin_batch(tdm_trainer *t, adapter_state *s, tdm_error *err)
 {
     free(s->batch_cursor);
     s->batch_cursor = NULL;
-    TRY(tdm_train_cursor_to_json(s->cur, &s->batch_cursor, err));
-    TRY(plan_step(t, s, err));
-    TRY(tdm_lora_zero_grad(s->dev, err));
+    TDM_TRY(tdm_train_cursor_to_json(s->cur, &s->batch_cursor, err));
+    TDM_TRY(plan_step(t, s, err));
+    TDM_TRY(tdm_lora_zero_grad(s->dev, err));
     s->seqs_done = 0;
     return TDM_OK;
 }
@@ -913,7 +907,7 @@ static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
                            .val_loss = NAN,
                            .adapter_index = a,
                            .label = s->cfg.label};
-    TRY(tdm_metrics_append(path, &ml, err));
+    TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
     s->log_loss_sum = 0;
     s->log_tokens = 0;
@@ -927,7 +921,7 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
     if (s->ds.n_val == 0) return TDM_OK;
     double t0 = now_ms();
     double v;
-    TRY(eval_adapter(t, s, &v, err));
+    TDM_TRY(eval_adapter(t, s, &v, err));
     double secs = (now_ms() - t0) / 1000.0;
     s->last_val = v;
     s->eval_step = s->step;
@@ -952,12 +946,12 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
                            .val_loss = v,
                            .adapter_index = a,
                            .label = s->cfg.label};
-    TRY(tdm_metrics_append(path, &ml, err));
+    TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
     if (is_best) {
-        TRY(download_state(t, s, false, err));
-        TRY(tdm_checkpoint_save_best(s->cfg.output, &s->host, &s->meta, s->step, "eval_loss", v,
-                                     err));
+        TDM_TRY(download_state(t, s, false, err));
+        TDM_TRY(tdm_checkpoint_save_best(s->cfg.output, &s->host, &s->meta, s->step, "eval_loss", v,
+                                         err));
     }
     report(t, a, TDM_TRAINER_EVENT_EVAL, v);
     return TDM_OK;
@@ -973,10 +967,10 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
 static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
-    TRY(download_state(t, s, true, err));
+    TDM_TRY(download_state(t, s, true, err));
     /* the data cursor: from before the batch in progress, else the current one */
     char *now = NULL;
-    if (!in_batch(s)) TRY(tdm_train_cursor_to_json(s->cur, &now, err));
+    if (!in_batch(s)) TDM_TRY(tdm_train_cursor_to_json(s->cur, &now, err));
     json_t *cursor = json_loads(now ? now : s->batch_cursor, 0, NULL);
     free(now);
     bool piece = in_batch(s) && s->seqs_done > 0;
@@ -1055,7 +1049,7 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     tdm_adamw_state opt = {0};
     tdm_checkpoint_info info = {0};
     tdm_peft_meta meta;
-    TRY(tdm_checkpoint_load(dir, t->mcfg, &l, &meta, &opt, &info, err));
+    TDM_TRY(tdm_checkpoint_load(dir, t->mcfg, &l, &meta, &opt, &info, err));
     tdm_status st = TDM_OK;
     if (l.rank != s->host.rank || l.targets != s->host.targets || l.n_params != s->host.n_params)
         st = tdm_fail(err, TDM_ERR_INVALID,
@@ -1252,9 +1246,9 @@ static tdm_status finish_adapter(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
     s->done = true;
-    TRY(eval_point(t, a, err));
-    TRY(download_state(t, s, false, err));
-    TRY(tdm_peft_write_files(s->cfg.output, &s->host, &s->meta, err));
+    TDM_TRY(eval_point(t, a, err));
+    TDM_TRY(download_state(t, s, false, err));
+    TDM_TRY(tdm_peft_write_files(s->cfg.output, &s->host, &s->meta, err));
     s->ts.global_step = s->step;
     s->ts.epoch = adapter_epoch(s);
     double secs = s->train_ms / 1000.0;
@@ -1263,9 +1257,9 @@ static tdm_status finish_adapter(tdm_trainer *t, int a, tdm_error *err)
                               secs > 0 ? (double)s->run_steps / secs : 0);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
-    TRY(tdm_trainer_state_save(&s->ts, path, err));
-    TRY(write_metadata(t, a, err));
-    TRY(save_checkpoint(t, a, err)); /* the final position, for --resume of the others */
+    TDM_TRY(tdm_trainer_state_save(&s->ts, path, err));
+    TDM_TRY(write_metadata(t, a, err));
+    TDM_TRY(save_checkpoint(t, a, err)); /* the final position, for --resume of the others */
     report(t, a, TDM_TRAINER_EVENT_DONE, s->last_epoch_loss);
     return TDM_OK;
 }
@@ -1377,7 +1371,7 @@ static tdm_status save_adapter(tdm_trainer *t, int a, tdm_error *err)
     snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_TRAINER_STATE_FILE);
     s->ts.global_step = s->step;
     s->ts.epoch = adapter_epoch(s);
-    TRY(tdm_trainer_state_save(&s->ts, path, err));
+    TDM_TRY(tdm_trainer_state_save(&s->ts, path, err));
     return save_checkpoint(t, a, err);
 }
 
@@ -1428,15 +1422,16 @@ static tdm_status snapshot_take(tdm_trainer *t, step_snapshot *ss, tdm_error *er
         free(as->cursor);
         as->cursor = NULL;
         if (s->done) continue;
-        TRY(tdm_train_cursor_to_json(s->cur, &as->cursor, err));
+        TDM_TRY(tdm_train_cursor_to_json(s->cur, &as->cursor, err));
         if (!as->in_batch || s->seqs_done == 0) continue;
         /* a partial gradient the step may spoil: keep a device copy (allocated by attach for
          * the adapters that can be here; a batch restored by --resume under another schedule
          * gets one now) */
         size_t bytes = (size_t)s->host.n_params * sizeof(float);
         if (!s->d_grad_saved)
-            TRY(tdm_be_alloc(t->be, TDM_BE_F32, s->host.n_params, (void **)&s->d_grad_saved, err));
-        TRY(tdm_be_copy(t->be, s->d_grad_saved, s->dev->grads, bytes, err));
+            TDM_TRY(
+                tdm_be_alloc(t->be, TDM_BE_F32, s->host.n_params, (void **)&s->d_grad_saved, err));
+        TDM_TRY(tdm_be_copy(t->be, s->d_grad_saved, s->dev->grads, bytes, err));
     }
     return TDM_OK;
 }
@@ -1525,8 +1520,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
     for (int a = 0; a < n; a++) {
         adapter_state *s = &t->ad[a];
-        TRY(make_dirs(s->cfg.output, err));
-        TRY(tdm_atomic_dir_remove_stale(s->cfg.output, NULL, err));
+        TDM_TRY(make_dirs(s->cfg.output, err));
+        TDM_TRY(tdm_atomic_dir_remove_stale(s->cfg.output, NULL, err));
         s->last_val = s->last_train_loss = s->last_grad_norm = NAN;
         s->last_epoch_loss = NAN;
         s->last_lr = tdm_lr_at(&s->sched, 0);
@@ -1563,7 +1558,7 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             t->o.progress(&p, t->o.progress_user);
         }
         free(dirs);
-        TRY(st);
+        TDM_TRY(st);
     } else {
         for (int a = 0; a < n; a++) {
             int64_t *steps = NULL;
@@ -1582,10 +1577,10 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             adapter_state *s = &t->ad[a];
             tdm_rng_seed(&s->rng, t->o.seed);
             if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
-            TRY(upload_state(t, s, false, err));
+            TDM_TRY(upload_state(t, s, false, err));
             char mp[4096];
             snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
-            TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
+            TDM_TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
             s->ts.num_train_epochs = s->cfg.epochs;
             s->ts.max_steps = s->total_steps;
             s->ts.logging_steps = t->o.log_every;
@@ -1605,7 +1600,7 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     /* priority-val-loss needs a first measurement of everyone */
     if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
         for (int a = 0; a < n; a++)
-            TRY(eval_point(t, a, err));
+            TDM_TRY(eval_point(t, a, err));
 
     int *part = malloc((size_t)n * sizeof *part);
     double *ratio = malloc((size_t)n * sizeof *ratio);

@@ -99,7 +99,7 @@ tdm_status cuda_scratch_get(cuda_backend *cb, int slot, size_t bytes, void **out
             s->bytes = 0;
         }
         size_t want = bytes + bytes / TDM_CUDA_SCRATCH_HEADROOM_DIV; /* headroom against regrowth */
-        TRY(device_malloc(cb, want, &s->ptr, err));
+        TDM_TRY(device_malloc(cb, want, &s->ptr, err));
         s->bytes = want;
         account(cb, (int64_t)want);
     }
@@ -118,7 +118,7 @@ static tdm_status cuda_reserve_scratch(tdm_backend *be, const tdm_be_step_shape 
     tdm_cuda_scratch_requests(shape, request);
     for (int i = 0; i < TDM_CUDA_SCRATCH_SLOTS; i++) {
         void *p;
-        if (request[i]) TRY(cuda_scratch_get(cb, i, (size_t)request[i], &p, err));
+        if (request[i]) TDM_TRY(cuda_scratch_get(cb, i, (size_t)request[i], &p, err));
     }
     return TDM_OK;
 }
@@ -126,7 +126,7 @@ static tdm_status cuda_reserve_scratch(tdm_backend *be, const tdm_be_step_shape 
 tdm_status cuda_table_upload(cuda_backend *cb, const void *host, size_t bytes, void **dev,
                              tdm_error *err)
 {
-    TRY(cuda_scratch_get(cb, 4, bytes, dev, err));
+    TDM_TRY(cuda_scratch_get(cb, 4, bytes, dev, err));
     CU(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, cb->stream));
     return TDM_OK;
 }
@@ -134,7 +134,7 @@ tdm_status cuda_table_upload(cuda_backend *cb, const void *host, size_t bytes, v
 static tdm_status cuda_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    TRY(device_malloc(cb, bytes, out, err));
+    TDM_TRY(device_malloc(cb, bytes, out, err));
     cudaError_t e = cudaMemsetAsync(*out, 0, bytes ? bytes : 1, cb->stream);
     if (e != cudaSuccess) {
         cudaFree(*out);
@@ -528,12 +528,12 @@ static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
     /* first operand (our B): stored column-major as (n, k) when N, (k, n) when T */
-    TRY(layout(&d.a, ab, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, batch,
-               g->stride_b, err));
+    TDM_TRY(layout(&d.a, ab, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, batch,
+                   g->stride_b, err));
     /* second operand (our A): (k, m) when N, (m, k) when T */
-    TRY(layout(&d.b, ab, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, batch,
-               g->stride_a, err));
-    TRY(layout(&d.c, ct, g->n, g->m, g->ldc, batch, g->stride_c, err));
+    TDM_TRY(layout(&d.b, ab, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, batch,
+                   g->stride_a, err));
+    TDM_TRY(layout(&d.c, ct, g->n, g->m, g->ldc, batch, g->stride_c, err));
     LT(cublasLtMatmulPreferenceCreate(&d.pref));
     LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                             &cb->lt_ws_bytes, sizeof cb->lt_ws_bytes));
@@ -584,7 +584,7 @@ static tdm_status gemm_f32_into_bf16(cuda_backend *cb, tdm_gemm_args *h, int64_t
 {
     int64_t n = span(h->m, h->n, h->ldc, batch, h->stride_c);
     void *wide;
-    TRY(cuda_scratch_get(cb, 6, (size_t)n * sizeof(float), &wide, err));
+    TDM_TRY(cuda_scratch_get(cb, 6, (size_t)n * sizeof(float), &wide, err));
     {
         cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
         convert_kernel<bf16, float>
@@ -594,7 +594,7 @@ static tdm_status gemm_f32_into_bf16(cuda_backend *cb, tdm_gemm_args *h, int64_t
     void *c = h->c;
     h->c = wide;
     h->c_dtype = TDM_BE_F32;
-    TRY(gemm_same_types(cb, h, err));
+    TDM_TRY(gemm_same_types(cb, h, err));
     cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
     convert_kernel<float, bf16>
         <<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>((const float *)wide, (bf16 *)c, n);
@@ -627,7 +627,7 @@ tdm_status cuda_gemm_rm(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err
         a_bf ? span(g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, batch, g->stride_a)
              : span(g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, batch, g->stride_b);
     void *tmp;
-    TRY(cuda_scratch_get(cb, 2, (size_t)n * sizeof(float), &tmp, err));
+    TDM_TRY(cuda_scratch_get(cb, 2, (size_t)n * sizeof(float), &tmp, err));
     {
         cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
         convert_kernel<bf16, float><<<EW_BLOCKS(n), EW_THREADS, 0, cb->stream>>>(
@@ -735,8 +735,8 @@ tdm_status cuda_dense_bf16(cuda_backend *cb, const tdm_be_weight *w, int slot, c
         return TDM_OK;
     }
     void *tmp;
-    TRY(cuda_scratch_get(cb, slot, (size_t)(w->rows * w->cols) * sizeof(bf16), &tmp, err));
-    TRY(cuda_weight_rows(cb, w, 0, w->rows, tmp, TDM_BE_BF16, err));
+    TDM_TRY(cuda_scratch_get(cb, slot, (size_t)(w->rows * w->cols) * sizeof(bf16), &tmp, err));
+    TDM_TRY(cuda_weight_rows(cb, w, 0, w->rows, tmp, TDM_BE_BF16, err));
     *out = (const bf16 *)tmp;
     return TDM_OK;
 }
@@ -805,14 +805,14 @@ static tdm_status cuda_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const
     }
     int64_t tile = tile_rows(w);
     void *buf;
-    TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
+    TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
-        TRY(cuda_weight_rows(cb, w, r0, r1, buf, TDM_BE_BF16, err));
+        TDM_TRY(cuda_weight_rows(cb, w, r0, r1, buf, TDM_BE_BF16, err));
         g.n = r1 - r0;
         g.b = buf;
         g.c = (bf16 *)y + r0;
-        TRY(cuda_gemm_rm(cb, &g, err));
+        TDM_TRY(cuda_gemm_rm(cb, &g, err));
     }
     return TDM_OK;
 }
@@ -859,7 +859,7 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
     int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
     if (slab > 0) {
         void *buf;
-        TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab) * sizeof(bf16), &buf, err));
+        TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab) * sizeof(bf16), &buf, err));
         g.k = w->rows;
         g.a = dy;
         g.b = buf;
@@ -867,23 +867,23 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
         g.beta = beta;
         for (int64_t c0 = 0; c0 < w->cols; c0 += slab) {
             int64_t c1 = c0 + slab < w->cols ? c0 + slab : w->cols;
-            TRY(cuda_weight_cols(cb, w, c0, c1, (bf16 *)buf, err));
+            TDM_TRY(cuda_weight_cols(cb, w, c0, c1, (bf16 *)buf, err));
             g.n = c1 - c0;
             g.ldb = c1 - c0;
             g.c = (bf16 *)dx + c0;
-            TRY(cuda_gemm_rm(cb, &g, err));
+            TDM_TRY(cuda_gemm_rm(cb, &g, err));
         }
         return TDM_OK;
     }
     int64_t tile = tile_rows(w);
     void *buf;
-    TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
+    TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
     bool single = tile >= w->rows;
     void *acc = NULL;
-    if (!single) TRY(cuda_scratch_get(cb, 1, (size_t)(m * w->cols) * sizeof(float), &acc, err));
+    if (!single) TDM_TRY(cuda_scratch_get(cb, 1, (size_t)(m * w->cols) * sizeof(float), &acc, err));
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
-        TRY(cuda_weight_rows(cb, w, r0, r1, buf, TDM_BE_BF16, err));
+        TDM_TRY(cuda_weight_rows(cb, w, r0, r1, buf, TDM_BE_BF16, err));
         g.k = r1 - r0;
         g.a = (const bf16 *)dy + r0;
         g.b = buf;
@@ -896,7 +896,7 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
             g.c_dtype = TDM_BE_F32;
             g.beta = r0 == 0 ? 0.0f : 1.0f;
         }
-        TRY(cuda_gemm_rm(cb, &g, err));
+        TDM_TRY(cuda_gemm_rm(cb, &g, err));
     }
     if (!single) {
         int64_t n = m * w->cols;
@@ -942,9 +942,9 @@ static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, td
     CU(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     LT(cublasLtCreate(&cb->lt));
     cb->lt_ws_bytes = (size_t)TDM_CUDA_LT_WORKSPACE_BYTES;
-    TRY(device_malloc(cb, cb->lt_ws_bytes, &cb->lt_ws, err));
+    TDM_TRY(device_malloc(cb, cb->lt_ws_bytes, &cb->lt_ws, err));
     account(cb, (int64_t)cb->lt_ws_bytes);
-    TRY(device_malloc(cb, sizeof(int), (void **)&cb->dev_error, err));
+    TDM_TRY(device_malloc(cb, sizeof(int), (void **)&cb->dev_error, err));
     CU(cudaMemsetAsync(cb->dev_error, 0, sizeof(int), cb->stream));
     float dmap[256];
     tdm_nf4_dynamic_map(dmap);

@@ -86,11 +86,6 @@ tdm_status lt_fail(tdm_error *err, cublasStatus_t s, const char *call, const cha
         cudaError_t e_ = cudaGetLastError();                                                       \
         if (e_ != cudaSuccess) return cuda_fail(err, e_, "launch " name, __FILE__, __LINE__);      \
     } while (0)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        tdm_status st_ = (expr);                                                                   \
-        if (st_ != TDM_OK) return st_;                                                             \
-    } while (0)
 
 /* Scratch buffer `slot` with at least `bytes` (grown with cudaFree + cudaMalloc, which waits for
  * the device, so growth never races a kernel still reading the old buffer). */

@@ -139,7 +139,7 @@ tdm_status cuda_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void 
                               tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    TRY(att_check(s, head_dim, "attention_fwd", err));
+    TDM_TRY(att_check(s, head_dim, "attention_fwd", err));
     if (s->n_seqs == 0 || s->max_seqlen == 0) return TDM_OK;
     att_args a = {};
     a.cu = s->cu_seqlens;
@@ -166,8 +166,8 @@ tdm_status cuda_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void 
     int nt = (a.D + 31) / 32;
 #define FWD(N)                                                                                     \
     do {                                                                                           \
-        TRY(att_smem(cb, att_fwd_v2<N>, smem, "attention_fwd", err));                             \
-        att_fwd_v2<N><<<grid, ATT_WARPS * 32, smem, cb->stream>>>(a);                             \
+        TDM_TRY(att_smem(cb, att_fwd_v2<N>, smem, "attention_fwd", err));                          \
+        att_fwd_v2<N><<<grid, ATT_WARPS * 32, smem, cb->stream>>>(a);                              \
     } while (0)
     ATT_DISPATCH(nt, FWD)
 #undef FWD
@@ -181,10 +181,10 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
                               void *dq, void *dk, void *dv, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    TRY(att_check(s, head_dim, "attention_bwd", err));
+    TDM_TRY(att_check(s, head_dim, "attention_bwd", err));
     if (s->n_seqs == 0 || s->max_seqlen == 0) return TDM_OK;
     void *di;
-    TRY(cuda_scratch_get(cb, 1, (size_t)(n_heads * s->m) * sizeof(float), &di, err));
+    TDM_TRY(cuda_scratch_get(cb, 1, (size_t)(n_heads * s->m) * sizeof(float), &di, err));
     att_args a = {};
     a.cu = s->cu_seqlens;
     a.q = (const bf16 *)q;
@@ -214,7 +214,7 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
                                          cb->n_sms, s->m, a.KVH, a.D, (size_t)TDM_CUDA_ATT_SPLIT_MAX_BYTES);
         void *ws = NULL;
         if (split > 1)
-            TRY(cuda_scratch_get(cb, 2, att3_ws_bytes(split, s->m, a.KVH, a.D), &ws, err));
+            TDM_TRY(cuda_scratch_get(cb, 2, att3_ws_bytes(split, s->m, a.KVH, a.D), &ws, err));
         CU(a.D == 64 ? att3_bwd<64>(a, (int)s->n_seqs, s->max_seqlen, split, (float *)ws, cb->stream)
                      : att3_bwd<128>(a, (int)s->n_seqs, s->max_seqlen, split, (float *)ws,
                                      cb->stream));
@@ -227,10 +227,10 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
     int nt = (a.D + 31) / 32;
 #define BWD(N)                                                                                     \
     do {                                                                                           \
-        TRY(att_smem(cb, att_bwd_dq_v2<N>, sq, "attention_bwd", err));                            \
-        TRY(att_smem(cb, att_bwd_dkv_v2<N>, skv, "attention_bwd", err));                          \
-        att_bwd_dq_v2<N><<<gq, ATT_WARPS * 32, sq, cb->stream>>>(a);                              \
-        att_bwd_dkv_v2<N><<<gkv, ATT_WARPS * 32, skv, cb->stream>>>(a);                           \
+        TDM_TRY(att_smem(cb, att_bwd_dq_v2<N>, sq, "attention_bwd", err));                         \
+        TDM_TRY(att_smem(cb, att_bwd_dkv_v2<N>, skv, "attention_bwd", err));                       \
+        att_bwd_dq_v2<N><<<gq, ATT_WARPS * 32, sq, cb->stream>>>(a);                               \
+        att_bwd_dkv_v2<N><<<gkv, ATT_WARPS * 32, skv, cb->stream>>>(a);                            \
     } while (0)
     ATT_DISPATCH(nt, BWD)
 #undef BWD

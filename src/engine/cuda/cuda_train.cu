@@ -22,10 +22,10 @@ tdm_status cuda_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weigh
     const int64_t V = w->rows, d = w->cols;
     if (chunk_rows > m) chunk_rows = m;
     const bf16 *W;
-    TRY(cuda_dense_bf16(cb, w, 0, &W, err));
+    TDM_TRY(cuda_dense_bf16(cb, w, 0, &W, err));
     void *logits, *dlog = NULL;
-    TRY(cuda_scratch_get(cb, 1, (size_t)(chunk_rows * V) * sizeof(float), &logits, err));
-    if (dh) TRY(cuda_scratch_get(cb, 2, (size_t)(chunk_rows * V) * sizeof(bf16), &dlog, err));
+    TDM_TRY(cuda_scratch_get(cb, 1, (size_t)(chunk_rows * V) * sizeof(float), &logits, err));
+    if (dh) TDM_TRY(cuda_scratch_get(cb, 2, (size_t)(chunk_rows * V) * sizeof(bf16), &dlog, err));
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
         tdm_gemm_args g = {};
@@ -44,7 +44,7 @@ tdm_status cuda_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weigh
         g.c_dtype = TDM_BE_F32;
         g.ldc = V;
         g.batch = 1;
-        TRY(cuda_gemm_rm(cb, &g, err));
+        TDM_TRY(cuda_gemm_rm(cb, &g, err));
         ce_rows_launch(c, (const float *)logits, V, labels + r0, weight + r0, loss + r0,
                        (bf16 *)dlog, cb->dev_error, cb->stream);
         CU_LAUNCHED("ce_rows_kernel");
@@ -64,7 +64,7 @@ tdm_status cuda_cross_entropy(tdm_backend *be, const void *h, const tdm_be_weigh
         b.c_dtype = TDM_BE_BF16;
         b.ldc = d;
         b.batch = 1;
-        TRY(cuda_gemm_rm(cb, &b, err));
+        TDM_TRY(cuda_gemm_rm(cb, &b, err));
     }
     return TDM_OK;
 }
@@ -113,7 +113,7 @@ static tdm_status lora_workspace(cuda_backend *cb, lora_params *p, int64_t K, bo
 {
     int64_t block = p->m * p->u_ld, blocks = tdm_cuda_lora_k_slices(K) + (du ? 1 : 0);
     void *ws;
-    TRY(cuda_scratch_get(cb, 3, (size_t)(blocks * block) * sizeof(float), &ws, err));
+    TDM_TRY(cuda_scratch_get(cb, 3, (size_t)(blocks * block) * sizeof(float), &ws, err));
     p->ws = (float *)ws;
     if (du) p->du = p->ws + (blocks - 1) * block;
     return TDM_OK;
@@ -124,7 +124,7 @@ tdm_status cuda_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
                          tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    TRY(lora_check(segs, n_segs, "lora_fwd", err));
+    TDM_TRY(lora_check(segs, n_segs, "lora_fwd", err));
     lora_params p;
     memset(&p, 0, sizeof p);
     p.x = (const bf16 *)x;
@@ -134,7 +134,7 @@ tdm_status cuda_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
     p.u_ld = u_ld;
     p.in = in;
     p.out = out;
-    TRY(lora_workspace(cb, &p, in, false, err));
+    TDM_TRY(lora_workspace(cb, &p, in, false, err));
     int64_t next = 0;
     while (next < n_segs) {
         lora_pack(&p, segs, n_segs, &next);
@@ -154,7 +154,7 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
                          int64_t out, void *dx, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
-    TRY(lora_check(segs, n_segs, "lora_bwd", err));
+    TDM_TRY(lora_check(segs, n_segs, "lora_bwd", err));
     lora_params p;
     memset(&p, 0, sizeof p);
     p.x = (const bf16 *)x;
@@ -165,7 +165,7 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
     p.u_ld = u_ld;
     p.in = in;
     p.out = out;
-    TRY(lora_workspace(cb, &p, out, true, err));
+    TDM_TRY(lora_workspace(cb, &p, out, true, err));
     int64_t next = 0;
     while (next < n_segs) {
         lora_pack(&p, segs, n_segs, &next);
@@ -180,7 +180,7 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
         /* dA, dB over each segment's rows in chunks, partials in scratch slot 7 */
         int64_t part = lora_plan_reduction(&p), elems = p.n_elems;
         void *pbuf;
-        TRY(cuda_scratch_get(cb, 7, (size_t)part * sizeof(float), &pbuf, err));
+        TDM_TRY(cuda_scratch_get(cb, 7, (size_t)part * sizeof(float), &pbuf, err));
         p.part = (float *)pbuf;
         lora_grad_kernel<<<p.n_blocks, LORA_GRAD_THREADS, 0, cb->stream>>>(p);
         CU_LAUNCHED("lora_grad_kernel");
@@ -209,8 +209,8 @@ tdm_status cuda_sumsq(tdm_backend *be, const tdm_be_vec *vecs, int64_t n_vecs, i
     int64_t nc = (int64_t)chunks.size();
     void *table, *partial = NULL;
     if (nc > 0) {
-        TRY(cuda_table_upload(cb, chunks.data(), (size_t)nc * sizeof(mt_chunk), &table, err));
-        TRY(cuda_scratch_get(cb, 5, (size_t)nc * sizeof(float), &partial, err));
+        TDM_TRY(cuda_table_upload(cb, chunks.data(), (size_t)nc * sizeof(mt_chunk), &table, err));
+        TDM_TRY(cuda_scratch_get(cb, 5, (size_t)nc * sizeof(float), &partial, err));
         sumsq_chunks_kernel<<<cuda_blocks(nc, 1), MT_THREADS, 0, cb->stream>>>(
             (const mt_chunk *)table, nc, (float *)partial);
         CU_LAUNCHED("sumsq_chunks_kernel");
@@ -228,7 +228,7 @@ tdm_status cuda_clip_coef(tdm_backend *be, const float *sumsq, const float *max_
 {
     cuda_backend *cb = cuda_of(be);
     void *mn;
-    TRY(cuda_table_upload(cb, max_norm, (size_t)n_groups * sizeof(float), &mn, err));
+    TDM_TRY(cuda_table_upload(cb, max_norm, (size_t)n_groups * sizeof(float), &mn, err));
     clip_coef_kernel<<<(n_groups + 63) / 64, 64, 0, cb->stream>>>(sumsq, (const float *)mn,
                                                                   n_groups, coef, norm);
     CU_LAUNCHED("clip_coef_kernel");
@@ -264,7 +264,7 @@ tdm_status cuda_adamw(tdm_backend *be, const tdm_adamw_tensor *tensors, int64_t 
     memcpy(host.data(), descs.data(), dbytes);
     memcpy(host.data() + dbytes, chunks.data(), cbytes);
     void *table;
-    TRY(cuda_table_upload(cb, host.data(), host.size(), &table, err));
+    TDM_TRY(cuda_table_upload(cb, host.data(), host.size(), &table, err));
     adamw_kernel<<<cuda_blocks(nc, 1), MT_THREADS, 0, cb->stream>>>(
         (const adamw_desc *)table, (const mt_chunk *)((unsigned char *)table + dbytes), nc);
     CU_LAUNCHED("adamw_kernel");
