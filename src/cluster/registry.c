@@ -12,22 +12,7 @@
 #include <unistd.h>
 
 #include "util/atomic_file.h"
-
-static tdm_status mkdir_p(char *path, tdm_error *err)
-{
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        int rc = mkdir(path, 0700);
-        *p = '/';
-        if (rc != 0 && errno != EEXIST)
-            return tdm_fail_errno(err, TDM_ERR_IO, errno, "mkdir %s", path);
-    }
-    if (mkdir(path, 0700) != 0 && errno != EEXIST)
-        return tdm_fail_errno(err, TDM_ERR_IO, errno, "mkdir %s", path);
-    return TDM_OK;
-}
+#include "util/mkdir_p.h"
 
 tdm_status tdm_registry_dir(char *buf, size_t size, tdm_error *err)
 {
@@ -42,7 +27,7 @@ tdm_status tdm_registry_dir(char *buf, size_t size, tdm_error *err)
         return tdm_fail(err, TDM_ERR_INVALID, "set XDG_STATE_HOME or HOME for the job registry");
     if (n < 0 || (size_t)n >= size)
         return tdm_fail(err, TDM_ERR_INVALID, "job registry path too long");
-    return mkdir_p(buf, err);
+    return tdm_mkdir_p(buf, 0700, err);
 }
 
 static bool valid_id(const char *id)

@@ -15,6 +15,7 @@
 #include "obs/obs.h"
 #include "util/atomic_file.h"
 #include "util/fault.h"
+#include "util/mkdir_p.h"
 #include "util/timeutil.h"
 
 #define LEDGER_VERSION 1
@@ -68,26 +69,6 @@ tdm_status tdm_ledger_default_dir(char *buf, size_t size, tdm_error *err)
     return TDM_OK;
 }
 
-/* mkdir -p with mode 0700 for every component it creates. */
-static tdm_status make_dirs(const char *path, tdm_error *err)
-{
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char saved = *p;
-            *p = '\0';
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-                return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot create directory %s", buf);
-            *p = saved;
-            if (!saved)
-                break;
-        }
-    }
-    return TDM_OK;
-}
-
 tdm_status tdm_ledger_open(tdm_ledger *ledger, const char *dir, tdm_error *err)
 {
     memset(ledger, 0, sizeof *ledger);
@@ -106,7 +87,7 @@ tdm_status tdm_ledger_open(tdm_ledger *ledger, const char *dir, tdm_error *err)
     if (lstat(ledger->dir, &st) != 0) {
         if (errno != ENOENT)
             return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot inspect %s", ledger->dir);
-        if (make_dirs(ledger->dir, err) != TDM_OK)
+        if (tdm_mkdir_p(ledger->dir, 0700, err) != TDM_OK)
             return err->status;
         if (lstat(ledger->dir, &st) != 0)
             return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot inspect %s", ledger->dir);

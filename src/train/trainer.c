@@ -24,6 +24,7 @@
 #include "train/train_cursor.h"
 #include "util/atomic_dir.h"
 #include "util/fault.h"
+#include "util/mkdir_p.h"
 #include "util/rng.h"
 #include "util/timeutil.h"
 
@@ -1344,24 +1345,6 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
     return st;
 }
 
-/* mkdir -p */
-static tdm_status make_dirs(const char *path, tdm_error *err)
-{
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return tdm_fail_errno(err, TDM_ERR_IO, errno, "mkdir %s", buf);
-            *p = '/';
-        }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return tdm_fail_errno(err, TDM_ERR_IO, errno, "mkdir %s", buf);
-    return TDM_OK;
-}
-
 /* Adapter a's trainer_state.json and checkpoint at its current position (the periodic save,
  * the out-of-memory save and the stop save write the same thing). */
 static tdm_status save_adapter(tdm_trainer *t, int a, tdm_error *err)
@@ -1520,7 +1503,7 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
     for (int a = 0; a < n; a++) {
         adapter_state *s = &t->ad[a];
-        TDM_TRY(make_dirs(s->cfg.output, err));
+        TDM_TRY(tdm_mkdir_p(s->cfg.output, 0777, err));
         TDM_TRY(tdm_atomic_dir_remove_stale(s->cfg.output, NULL, err));
         s->last_val = s->last_train_loss = s->last_grad_norm = NAN;
         s->last_epoch_loss = NAN;

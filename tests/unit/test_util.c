@@ -14,6 +14,7 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/fault.h"
+#include "util/mkdir_p.h"
 #include "util/timeutil.h"
 
 static char tmpdir[256];
@@ -158,10 +159,41 @@ static void test_rfc3339(void **state)
     assert_false(tdm_parse_rfc3339("2026-11-29T21:30:26+02:00", &t));
 }
 
+/* mkdir -p: nested components created with the mode, existing ones fine, a component that is a
+ * file named in the error, an over-long path refused. */
+static void test_mkdir_p(void **state)
+{
+    (void)state;
+    char path[512], file[512];
+    tdm_error err = {0};
+    snprintf(path, sizeof path, "%s/mk/a/b/c", tmpdir);
+    assert_int_equal(tdm_mkdir_p(path, 0700, &err), TDM_OK);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_equal(tdm_mkdir_p(path, 0700, &err), TDM_OK); /* again: fine */
+    snprintf(file, sizeof file, "%s/mk/file", tmpdir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/mk/file/sub", tmpdir);
+    assert_int_equal(tdm_mkdir_p(path, 0700, &err), TDM_ERR_IO);
+    assert_non_null(strstr(err.message, "cannot create directory"));
+    assert_non_null(strstr(err.message, "/mk/file/sub"));
+    char *huge = malloc(5000);
+    memset(huge, 'a', 4999);
+    huge[0] = '/';
+    huge[4999] = 0;
+    assert_int_equal(tdm_mkdir_p(huge, 0700, &err), TDM_ERR_INVALID);
+    free(huge);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_prefix),
+        cmocka_unit_test(test_mkdir_p),
         cmocka_unit_test(test_fault_points),
         cmocka_unit_test(test_atomic_write_roundtrip_and_mode),
         cmocka_unit_test(test_atomic_write_refuses_planted_temp),
