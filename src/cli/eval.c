@@ -52,7 +52,7 @@ static int check_adapter_base(const char *adapter, const char *model_dir)
     char have[TDM_BASE_IDENTITY_LEN];
     tdm_error err = {0};
     int code = TDM_EXIT_OK;
-    if (tdm_base_identity(model_dir, have, &err) != TDM_OK)
+    if (tdm_base_model_identity(model_dir, have, &err) != TDM_OK)
         code = tdm_cli_fail_err(&err);
     else if (strcmp(have, want))
         code = tdm_cli_fail(TDM_EXIT_FAILURE,

@@ -2,17 +2,12 @@
  *
  * A host advertises its identity; a joiner joins only a host with the same one. Two parts:
  *
- *   model    sha256 over the model directory's content, never its path (so two paths to one
- *            model, or two copies of it, match):
- *              config.json bytes (required);
- *              tokenizer.json and tokenizer_config.json bytes when present (the host tokenizes
- *              the joiner's data with its own tokenizer and chat template);
- *              model.safetensors.index.json bytes when present; then every weight file (the
- *              index's shards sorted by name, else model.safetensors): its file name, its size,
- *              its whole header (the 8-byte length and the JSON) and, for every tensor in name
- *              order, up to 64 bytes at the start, the middle and the end of its data. The samples
- *              tell apart two models with one shape (a base and a merged fine-tune of it, whose
- *              headers and sizes are equal) while reading ~200 bytes per tensor, not gigabytes.
+ *   model    sha256 over "tandem-cotrain-model-v2", the model's weights identity
+ *            (tdm_base_identity of src/model/base_identity.h: config.json and every
+ *            *.safetensors file's name, size, header and sampled data, never the path; the
+ *            identity metadata.json records and `tandem eval --adapter` checks), then
+ *            tokenizer.json and tokenizer_config.json bytes, or "absent" (the host tokenizes
+ *            the joiner's data with its own tokenizer and chat template).
  *   id       sha256 over "tandem-base-identity-v1", model, method ("qlora"/"lora"), double
  *            quantization (always false for lora), compute dtype ("f32" on the CPU backend,
  *            "bf16" on CUDA) and device (GPU UUID, or "cpu").
@@ -41,9 +36,9 @@ typedef struct tdm_base_identity {
 
 /* Computes the identity of model_dir trained with method nf4 (qlora) or not (lora), double_quant,
  * compute_dtype ("f32"/"bf16") on device ("cpu" or a GPU UUID). Reads only config.json, the
- * tokenizer files, the safetensors headers and small samples. Errors name the file:
- * TDM_ERR_NOT_FOUND (no config.json or no weights), TDM_ERR_CORRUPT (a header that points outside
- * its file), TDM_ERR_IO, TDM_ERR_INVALID (an argument too long or empty). */
+ * tokenizer files, the safetensors headers and sampled blocks. Errors name the file:
+ * TDM_ERR_NOT_FOUND (no config.json or no .safetensors file), TDM_ERR_CORRUPT (a header length
+ * beyond its file), TDM_ERR_IO, TDM_ERR_INVALID (an argument too long or empty). */
 tdm_status tdm_base_identity_compute(const char *model_dir, bool nf4, bool double_quant,
                                      const char *compute_dtype, const char *device,
                                      tdm_base_identity *out, tdm_error *err);

@@ -116,7 +116,8 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-tdm_status tdm_base_identity(const char *model_dir, char out[TDM_BASE_IDENTITY_LEN], tdm_error *err)
+tdm_status tdm_base_model_identity(const char *model_dir, char out[TDM_BASE_IDENTITY_LEN],
+                                   tdm_error *err)
 {
     tdm_sha256 h;
     tdm_sha256_init(&h);

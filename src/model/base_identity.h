@@ -26,7 +26,7 @@
 /* Writes model_dir's identity ("sha256:<64 hex>") to out. TDM_ERR_NOT_FOUND when config.json or
  * every .safetensors file is missing; TDM_ERR_IO / TDM_ERR_CORRUPT (a header larger than the file)
  * with the file's path. */
-tdm_status tdm_base_identity(const char *model_dir, char out[TDM_BASE_IDENTITY_LEN],
-                             tdm_error *err);
+tdm_status tdm_base_model_identity(const char *model_dir, char out[TDM_BASE_IDENTITY_LEN],
+                                   tdm_error *err);
 
 #endif

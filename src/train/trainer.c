@@ -259,7 +259,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     snprintf(path, sizeof path, "%s/config.json", opts->model_dir);
     if ((st = tdm_model_config_load(t->mcfg_host, path, err)) != TDM_OK) goto fail;
     const tdm_model_config cfg = *t->mcfg_host;
-    if ((st = tdm_base_identity(opts->model_dir, t->base_id, err)) != TDM_OK) goto fail;
+    if ((st = tdm_base_model_identity(opts->model_dir, t->base_id, err)) != TDM_OK) goto fail;
 
     /* 1. every data file, completely, before anything else */
     tdm_dataset_opts dopt;

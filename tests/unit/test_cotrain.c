@@ -28,6 +28,7 @@
 #include "cotrain/protocol.h"
 #include "cotrain/trainer_bridge.h"
 #include "gpu/proc_identity.h"
+#include "model/base_identity.h"
 #include "train/adapters_config.h"
 #include "util/atomic_file.h"
 #include "util/timeutil.h"
@@ -549,20 +550,26 @@ static void test_base_identity(void **state)
     write_text(missing, "config.json", CONFIG);
     assert_int_equal(tdm_base_identity_compute(missing, true, true, "f32", "cpu", &g, &err),
                      TDM_ERR_NOT_FOUND);
-    assert_non_null(strstr(err.message, "model.safetensors"));
-    /* A header whose offsets leave the file is corrupt, not read past the end. */
+    assert_non_null(strstr(err.message, ".safetensors"));
+    /* A header whose length leaves the file is corrupt, not read past the end. */
     char path[700];
     snprintf(path, sizeof path, "%s/model.safetensors", missing);
-    const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[0,4096]}}";
+    const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[0,32]}}";
     char buf[256];
     size_t n = strlen(hdr);
     for (int i = 0; i < 8; i++)
-        buf[i] = (char)((uint64_t)n >> (8 * i));
+        buf[i] = (char)((uint64_t)(n + 4096) >> (8 * i));
     memcpy(buf + 8, hdr, n);
-    assert_int_equal(tdm_atomic_write(path, buf, 8 + n + 16, 0644, &err), TDM_OK);
+    assert_int_equal(tdm_atomic_write(path, buf, 8 + n + 32, 0644, &err), TDM_OK);
     assert_int_equal(tdm_base_identity_compute(missing, true, true, "f32", "cpu", &g, &err),
                      TDM_ERR_CORRUPT);
-    assert_non_null(strstr(err.message, "data_offsets"));
+    assert_non_null(strstr(err.message, "model.safetensors"));
+    /* The weights part is the identity metadata.json records (one definition of "the model"):
+     * two directories whose weights identity differs never share a pass. */
+    char w1[TDM_BASE_IDENTITY_LEN], w4[TDM_BASE_IDENTITY_LEN];
+    assert_int_equal(tdm_base_model_identity(m1, w1, &err), TDM_OK);
+    assert_int_equal(tdm_base_model_identity(m4, w4, &err), TDM_OK);
+    assert_string_not_equal(w1, w4);
     rm_rf(tmp);
     free(tmp);
 }
