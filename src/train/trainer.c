@@ -108,6 +108,13 @@ typedef struct adapter_state {
     uint32_t *idx; /* (grad_accum * batch_size) sample indices of this batch */
     int64_t step_counted;
     double step_loss_sum;
+    /* joining a running trainer (tdm_trainer_add_adapters): the adapter's own global steps,
+     * which decide its log/eval/save points and what its checkpoints record, count from the
+     * trainer's global step global0, and its clock from t0_ms, so it runs as it would alone */
+    int64_t global0;
+    double t0_ms;
+    int run_index; /* its index in its own command (metrics.jsonl, metadata.json) */
+    bool detached; /* checkpointed and handed back (tdm_trainer_detach_adapter); also done */
 } adapter_state;
 
 struct tdm_trainer {
@@ -135,6 +142,12 @@ static bool in_batch(const adapter_state *s)
 static double now_ms(void)
 {
     return (double)tdm_now_mono_ns() / 1e6;
+}
+
+/* The adapter's own global step: the trainer's, counted from when it joined. */
+static int64_t own_global(const tdm_trainer *t, const adapter_state *s)
+{
+    return t->global_step - s->global0;
 }
 
 static void stem_of(const char *path, char *out, size_t cap)
@@ -245,8 +258,10 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
         free(t);
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
-    for (int a = 0; a < n_adapters; a++)
+    for (int a = 0; a < n_adapters; a++) {
         t->ad[a].cfg = adapters[a];
+        t->ad[a].run_index = a;
+    }
     t->mcfg_host = calloc(1, sizeof *t->mcfg_host);
     if (!t->mcfg_host) {
         free(t->ad);
@@ -394,6 +409,46 @@ static bool spreads_batches(const tdm_trainer *t, int a)
 
 static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm_error *err);
 
+/* The adapter's device state (parameters, gradients, moments) on the loaded model. */
+static tdm_status attach_adapter(tdm_trainer *t, adapter_state *s, tdm_error *err)
+{
+    TDM_TRY(tdm_lora_create(&s->dev, t->model, s->host.rank, (float)s->host.scale, s->host.targets,
+                            err));
+    s->dev->dropout = (float)s->cfg.lora_dropout;
+    if (s->dev->n_params != s->host.n_params)
+        return tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree (%lld vs %lld params)",
+                        (long long)s->dev->n_params, (long long)s->host.n_params);
+    for (size_t k = 0; k < s->host.n_modules; k++) {
+        const tdm_lora_module *md = &s->host.modules[k];
+        int64_t i = (int64_t)md->layer * TDM_LORA_N_TARGETS + md->target;
+        if (s->dev->a_off[i] != md->a_offset || s->dev->b_off[i] != md->b_offset)
+            return tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree at module %zu", k);
+    }
+    return TDM_OK;
+}
+
+/* The clipping scratch, one float per adapter: d_sumsq, d_coef, d_norm. */
+static tdm_status alloc_clip_scratch(tdm_trainer *t, int n, tdm_error *err)
+{
+    float *sumsq = NULL, *coef = NULL, *norm = NULL;
+    tdm_status st = tdm_be_alloc(t->be, TDM_BE_F32, n, (void **)&sumsq, err);
+    if (st == TDM_OK) st = tdm_be_alloc(t->be, TDM_BE_F32, n, (void **)&coef, err);
+    if (st == TDM_OK) st = tdm_be_alloc(t->be, TDM_BE_F32, n, (void **)&norm, err);
+    if (st != TDM_OK) {
+        tdm_be_free(t->be, sumsq);
+        tdm_be_free(t->be, coef);
+        tdm_be_free(t->be, norm);
+        return st;
+    }
+    tdm_be_free(t->be, t->d_sumsq);
+    tdm_be_free(t->be, t->d_coef);
+    tdm_be_free(t->be, t->d_norm);
+    t->d_sumsq = sumsq;
+    t->d_coef = coef;
+    t->d_norm = norm;
+    return TDM_OK;
+}
+
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 {
     if (t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: model already loaded");
@@ -405,26 +460,8 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
                          .grad_checkpoint = t->o.grad_checkpoint};
     if ((st = tdm_model_load(&t->model, be, t->o.model_dir, &mo, err)) != TDM_OK) return st;
     t->mcfg = tdm_model_get_config(t->model);
-    for (int a = 0; a < t->n; a++) {
-        adapter_state *s = &t->ad[a];
-        if ((st = tdm_lora_create(&s->dev, t->model, s->host.rank, (float)s->host.scale,
-                                  s->host.targets, err)) != TDM_OK)
-            return st;
-        s->dev->dropout = (float)s->cfg.lora_dropout;
-        if (s->dev->n_params != s->host.n_params) {
-            st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree (%lld vs %lld params)",
-                          (long long)s->dev->n_params, (long long)s->host.n_params);
-            return st;
-        }
-        for (size_t k = 0; k < s->host.n_modules; k++) {
-            const tdm_lora_module *md = &s->host.modules[k];
-            int64_t i = (int64_t)md->layer * TDM_LORA_N_TARGETS + md->target;
-            if (s->dev->a_off[i] != md->a_offset || s->dev->b_off[i] != md->b_offset) {
-                st = tdm_fail(err, TDM_ERR_INVALID, "adapter layouts disagree at module %zu", k);
-                return st;
-            }
-        }
-    }
+    for (int a = 0; a < t->n; a++)
+        TDM_TRY(attach_adapter(t, &t->ad[a], err));
     /* the out-of-memory rollback restores the partial gradient of an adapter that spreads its
      * batch over global steps from a copy */
     for (int a = 0; a < t->n; a++)
@@ -432,10 +469,7 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
             (st = tdm_be_alloc(be, TDM_BE_F32, t->ad[a].host.n_params,
                                (void **)&t->ad[a].d_grad_saved, err)) != TDM_OK)
             return st;
-    if ((st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_sumsq, err)) != TDM_OK ||
-        (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_coef, err)) != TDM_OK ||
-        (st = tdm_be_alloc(be, TDM_BE_F32, t->n, (void **)&t->d_norm, err)) != TDM_OK)
-        return st;
+    TDM_TRY(alloc_clip_scratch(t, t->n, err));
     /* 4. the activations and backend scratch of the largest step, now: the run holds from its
      * start what the ledger reserved for it, and a plan that does not fit fails before step 1 */
     tdm_model_mem_plan plan;
@@ -841,7 +875,7 @@ static void report(tdm_trainer *t, int a, tdm_trainer_event ev, double loss)
     tdm_trainer_progress p = {.event = ev,
                               .adapter = a,
                               .label = s->task,
-                              .global_step = t->global_step,
+                              .global_step = own_global(t, s),
                               .step = s->step,
                               .total_steps = s->total_steps,
                               .epoch = adapter_epoch(s),
@@ -853,11 +887,12 @@ static void report(tdm_trainer *t, int a, tdm_trainer_event ev, double loss)
                               .tokens_per_sec = NAN,
                               .eta_sec = NAN,
                               .done = s->done};
-    double el = now_ms() - t->t0_ms;
+    double el = now_ms() - s->t0_ms;
+    int64_t g = own_global(t, s);
     if (el > 0 && s->run_tokens > 0) p.tokens_per_sec = (double)s->run_tokens / (el / 1000.0);
-    if (s->run_steps > 0 && t->global_step > 0) {
-        double ms_per_global = el / (double)t->global_step;
-        double global_per_step = (double)t->global_step / (double)s->run_steps;
+    if (s->run_steps > 0 && g > 0) {
+        double ms_per_global = el / (double)g;
+        double global_per_step = (double)g / (double)s->run_steps;
         p.eta_sec = (double)(s->total_steps - s->step) * global_per_step * ms_per_global / 1000.0;
     }
     t->o.progress(&p, t->o.progress_user);
@@ -871,7 +906,7 @@ static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
     double secs = s->train_ms / 1000.0;
     tdm_run_metadata md = {.task = s->task,
                            .label = s->cfg.label,
-                           .adapter_index = a,
+                           .adapter_index = s->run_index,
                            .epoch = adapter_epoch(s),
                            .train_loss =
                                isnan(s->last_epoch_loss) ? s->last_train_loss : s->last_epoch_loss,
@@ -896,7 +931,7 @@ static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
     tdm_trainer_state_log_train(&s->ts, loss, s->last_lr, s->last_grad_norm);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
-    double el = now_ms() - t->t0_ms;
+    double el = now_ms() - s->t0_ms;
     tdm_metrics_line ml = {.step = s->step,
                            .epoch = adapter_epoch(s),
                            .loss = loss,
@@ -906,7 +941,7 @@ static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
                            .tokens_per_sec = el > 0 ? (double)s->run_tokens / (el / 1000) : NAN,
                            .elapsed_ms = el,
                            .val_loss = NAN,
-                           .adapter_index = a,
+                           .adapter_index = s->run_index,
                            .label = s->cfg.label};
     TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
@@ -943,9 +978,9 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
                            .grad_norm = NAN,
                            .tokens = 0,
                            .tokens_per_sec = NAN,
-                           .elapsed_ms = now_ms() - t->t0_ms,
+                           .elapsed_ms = now_ms() - s->t0_ms,
                            .val_loss = v,
-                           .adapter_index = a,
+                           .adapter_index = s->run_index,
                            .label = s->cfg.label};
     TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
@@ -987,7 +1022,7 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
             return gs;
         }
     }
-    tdm_trainer_ckpt tc = {.global_step = t->global_step,
+    tdm_trainer_ckpt tc = {.global_step = own_global(t, s),
                            .rr_next = t->rr_next,
                            .done = s->done,
                            .credit = s->credit,
@@ -1472,7 +1507,8 @@ static tdm_status checkpoint_on_stop(tdm_trainer *t, int64_t start_global, tdm_e
 {
     int saved = 0;
     for (int a = 0; a < t->n && t->global_step > start_global; a++) {
-        if (t->ad[a].done) continue;
+        /* an adapter that joined at this very boundary has nothing to save either */
+        if (t->ad[a].done || own_global(t, &t->ad[a]) == 0) continue;
         tdm_status st = save_adapter(t, a, err);
         if (st != TDM_OK) {
             tdm_error_prefix(err, "stopping at global step %lld: the checkpoint failed",
@@ -1497,19 +1533,92 @@ static bool any_unfinished(const tdm_trainer *t)
     return false;
 }
 
+/* Adapter a's OUT_DIR exists and holds no half-written checkpoint; its position is step 0. */
+static tdm_status prepare_adapter(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    TDM_TRY(tdm_mkdir_p(s->cfg.output, 0777, err));
+    TDM_TRY(tdm_atomic_dir_remove_stale(s->cfg.output, NULL, err));
+    s->last_val = s->last_train_loss = s->last_grad_norm = NAN;
+    s->last_epoch_loss = NAN;
+    s->last_lr = tdm_lr_at(&s->sched, 0);
+    s->eval_step = -1;
+    return TDM_OK;
+}
+
+/* A fresh run refuses an OUT_DIR with checkpoints of an earlier one. */
+static tdm_status refuse_old_checkpoints(const tdm_trainer *t, int a, tdm_error *err)
+{
+    int64_t *steps = NULL;
+    size_t cnt = 0;
+    if (tdm_checkpoint_list(t->ad[a].cfg.output, &steps, &cnt, err) == TDM_OK) free(steps);
+    if (cnt > 0)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s already holds checkpoints of an earlier run: pass --resume "
+                        "to continue it, or remove them to start over",
+                        t->ad[a].cfg.output);
+    return TDM_OK;
+}
+
+/* Adapter a starts from scratch: PEFT initialisation from the run's seed, empty records. */
+static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
+{
+    adapter_state *s = &t->ad[a];
+    tdm_rng_seed(&s->rng, t->o.seed);
+    if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
+    TDM_TRY(upload_state(t, s, false, err));
+    char mp[4096];
+    snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
+    TDM_TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
+    s->ts.num_train_epochs = s->cfg.epochs;
+    s->ts.max_steps = s->total_steps;
+    s->ts.logging_steps = t->o.log_every;
+    s->ts.eval_steps = t->o.eval_every;
+    s->ts.save_steps = t->o.save_every;
+    s->ts.train_batch_size = s->cfg.batch_size;
+    return TDM_OK;
+}
+
+/* The loop's per-adapter scratch, sized for t->n adapters (adapters may join at a step
+ * boundary). */
+typedef struct loop_scratch {
+    int cap;
+    int *part;
+    double *ratio;
+    bool *stepped, *worked;
+} loop_scratch;
+
+static void loop_scratch_free(loop_scratch *ls)
+{
+    free(ls->part);
+    free(ls->ratio);
+    free(ls->stepped);
+    free(ls->worked);
+    memset(ls, 0, sizeof *ls);
+}
+
+static tdm_status loop_scratch_fit(loop_scratch *ls, int n, tdm_error *err)
+{
+    if (n <= ls->cap) return TDM_OK;
+    loop_scratch_free(ls);
+    ls->part = malloc((size_t)n * sizeof *ls->part);
+    ls->ratio = malloc((size_t)n * sizeof *ls->ratio);
+    ls->stepped = malloc((size_t)n * sizeof *ls->stepped);
+    ls->worked = malloc((size_t)n * sizeof *ls->worked);
+    if (!ls->part || !ls->ratio || !ls->stepped || !ls->worked) {
+        loop_scratch_free(ls);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    ls->cap = n;
+    return TDM_OK;
+}
+
 tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 {
     int n = t->n;
     if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
-    for (int a = 0; a < n; a++) {
-        adapter_state *s = &t->ad[a];
-        TDM_TRY(tdm_mkdir_p(s->cfg.output, 0777, err));
-        TDM_TRY(tdm_atomic_dir_remove_stale(s->cfg.output, NULL, err));
-        s->last_val = s->last_train_loss = s->last_grad_norm = NAN;
-        s->last_epoch_loss = NAN;
-        s->last_lr = tdm_lr_at(&s->sched, 0);
-        s->eval_step = -1;
-    }
+    for (int a = 0; a < n; a++)
+        TDM_TRY(prepare_adapter(t, a, err));
     bool resumed = false;
     if (t->o.resume) {
         char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
@@ -1543,34 +1652,13 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         free(dirs);
         TDM_TRY(st);
     } else {
-        for (int a = 0; a < n; a++) {
-            int64_t *steps = NULL;
-            size_t cnt = 0;
-            if (tdm_checkpoint_list(t->ad[a].cfg.output, &steps, &cnt, err) == TDM_OK) free(steps);
-            if (cnt > 0)
-                return tdm_fail(err, TDM_ERR_INVALID,
-                                "%s already holds checkpoints of an earlier run: pass --resume "
-                                "to continue it, or remove them to start over",
-                                t->ad[a].cfg.output);
-        }
+        for (int a = 0; a < n; a++)
+            TDM_TRY(refuse_old_checkpoints(t, a, err));
     }
     if (!resumed) {
         t->global_step = 0;
-        for (int a = 0; a < n; a++) {
-            adapter_state *s = &t->ad[a];
-            tdm_rng_seed(&s->rng, t->o.seed);
-            if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
-            TDM_TRY(upload_state(t, s, false, err));
-            char mp[4096];
-            snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
-            TDM_TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
-            s->ts.num_train_epochs = s->cfg.epochs;
-            s->ts.max_steps = s->total_steps;
-            s->ts.logging_steps = t->o.log_every;
-            s->ts.eval_steps = t->o.eval_every;
-            s->ts.save_steps = t->o.save_every;
-            s->ts.train_batch_size = s->cfg.batch_size;
-        }
+        for (int a = 0; a < n; a++)
+            TDM_TRY(start_fresh(t, a, err));
     }
     int64_t save_every = t->o.save_every;
     if (t->o.max_checkpoint_interval > 0 &&
@@ -1579,31 +1667,41 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 
     /* elapsed_ms counts from here: the first measurement below is part of the run */
     t->t0_ms = now_ms();
+    for (int a = 0; a < n; a++)
+        t->ad[a].t0_ms = t->t0_ms;
     int64_t start_global = t->global_step;
     /* priority-val-loss needs a first measurement of everyone */
     if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
         for (int a = 0; a < n; a++)
             TDM_TRY(eval_point(t, a, err));
 
-    int *part = malloc((size_t)n * sizeof *part);
-    double *ratio = malloc((size_t)n * sizeof *ratio);
-    bool *stepped = malloc((size_t)n * sizeof *stepped),
-         *worked = malloc((size_t)n * sizeof *worked);
-    step_snapshot snap;
-    tdm_status st = snapshot_init(&snap, n, err);
-    if (st != TDM_OK || !part || !ratio || !stepped || !worked) {
-        free(part);
-        free(ratio);
-        free(stepped);
-        free(worked);
-        snapshot_free(&snap, n);
-        return st != TDM_OK ? st : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    }
-    fused f = {0};
     for (int a = 0; a < n; a++)
         t->ad[a].epoch_start_ms = t->t0_ms;
+    loop_scratch ls = {0};
+    step_snapshot snap;
+    tdm_status st = snapshot_init(&snap, n, err);
+    if (st == TDM_OK) st = loop_scratch_fit(&ls, n, err);
+    if (st != TDM_OK) {
+        loop_scratch_free(&ls);
+        snapshot_free(&snap, n);
+        return st;
+    }
+    fused f = {0};
     for (;;) {
         int np = 0;
+        /* between two global steps: the caller adds and detaches adapters here */
+        if (t->o.at_step_boundary &&
+            (st = t->o.at_step_boundary(t, t->o.at_step_boundary_user, err)) != TDM_OK)
+            break;
+        if (t->n != n) {
+            snapshot_free(&snap, n);
+            n = t->n;
+            if ((st = snapshot_init(&snap, n, err)) != TDM_OK) break;
+            if ((st = loop_scratch_fit(&ls, n, err)) != TDM_OK) break;
+        }
+        int *part = ls.part;
+        double *ratio = ls.ratio;
+        bool *stepped = ls.stepped, *worked = ls.worked;
         /* between two global steps, the only place a stop request is honoured */
         if (t->o.stop_requested && any_unfinished(t) &&
             t->o.stop_requested(t->o.stop_requested_user)) {
@@ -1647,9 +1745,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             break;
         }
         double dt = now_ms() - ts0;
-        if (t->global_step % t->o.log_every == 0)
-            for (int a = 0; a < n; a++)
-                t->ad[a].log_due = !t->ad[a].done;
+        for (int a = 0; a < n; a++)
+            if (own_global(t, &t->ad[a]) % t->o.log_every == 0) t->ad[a].log_due = !t->ad[a].done;
         for (int p = 0; p < np && st == TDM_OK; p++) {
             int a = part[p];
             adapter_state *s = &t->ad[a];
@@ -1679,27 +1776,126 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             if (st == TDM_OK && last) st = finish_adapter(t, a, err);
         }
         if (st != TDM_OK) break;
-        bool eval_now = t->o.eval_every > 0 && t->global_step % t->o.eval_every == 0;
-        bool save_now = save_every > 0 && t->global_step % save_every == 0;
         for (int a = 0; a < n && st == TDM_OK; a++) {
             adapter_state *s = &t->ad[a];
+            int64_t g = own_global(t, s);
             /* an adapter that has not stepped since its latest validation (another adapter
              * trained, or its batch spans global steps) would only measure the same loss */
             if (s->done || s->step == s->eval_step) continue;
-            if (eval_now) st = eval_point(t, a, err);
+            if (t->o.eval_every > 0 && g % t->o.eval_every == 0) st = eval_point(t, a, err);
         }
         for (int a = 0; a < n && st == TDM_OK; a++) {
             adapter_state *s = &t->ad[a];
-            if (s->done || !save_now) continue;
+            if (s->done || !(save_every > 0 && own_global(t, s) % save_every == 0)) continue;
             st = save_adapter(t, a, err);
         }
         if (st != TDM_OK) break;
     }
     fused_free(&f);
-    free(part);
-    free(ratio);
-    free(stepped);
-    free(worked);
+    loop_scratch_free(&ls);
     snapshot_free(&snap, n);
     return st;
+}
+
+/* ------------------------------------------------------- join and leave ---- */
+
+tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                    int n_adapters, int *first, char **report, tdm_error *err)
+{
+    if (first) *first = t->n;
+    if (report) *report = NULL;
+    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    /* Everything that can fail on the joiner's input happens in a trainer of its own, the way
+     * create validates a command's adapters; the running ones are not touched until it is all
+     * done. */
+    tdm_trainer *nt = NULL;
+    TDM_TRY(tdm_trainer_create(&nt, &t->o, adapters, n_adapters, report, err));
+    tdm_status st = TDM_OK;
+    for (int a = 0; a < nt->n && st == TDM_OK; a++) {
+        for (int b = 0; b < t->n && st == TDM_OK; b++)
+            if (!t->ad[b].done && strcmp(t->ad[b].cfg.output, nt->ad[a].cfg.output) == 0)
+                st = tdm_fail(err, TDM_ERR_INVALID,
+                              "%s is the OUT_DIR of an adapter this trainer is training: give "
+                              "each adapter its own",
+                              nt->ad[a].cfg.output);
+    }
+    nt->be = t->be;
+    nt->model = t->model;
+    nt->mcfg = t->mcfg;
+    for (int a = 0; a < nt->n && st == TDM_OK; a++)
+        st = attach_adapter(nt, &nt->ad[a], err);
+    for (int a = 0; a < nt->n && st == TDM_OK; a++) {
+        st = prepare_adapter(nt, a, err);
+        if (st == TDM_OK) st = refuse_old_checkpoints(nt, a, err);
+        if (st == TDM_OK) st = start_fresh(nt, a, err);
+    }
+    adapter_state *grown = NULL;
+    if (st == TDM_OK) {
+        grown = realloc(t->ad, (size_t)(t->n + nt->n) * sizeof *grown);
+        if (!grown)
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        else
+            t->ad = grown;
+    }
+    if (st == TDM_OK) st = alloc_clip_scratch(t, t->n + nt->n, err);
+    if (st != TDM_OK) {
+        nt->model = NULL; /* borrowed */
+        tdm_trainer_free(nt);
+        return st;
+    }
+    double now = now_ms();
+    for (int a = 0; a < nt->n; a++) {
+        adapter_state *s = &t->ad[t->n + a];
+        *s = nt->ad[a];
+        s->global0 = t->global_step;
+        s->t0_ms = s->epoch_start_ms = now;
+    }
+    int old_n = t->n;
+    t->n += nt->n;
+    nt->n = 0;
+    nt->model = NULL;
+    tdm_trainer_free(nt);
+    /* the fused step is larger now: hold its activations from here (as attach does) */
+    tdm_model_mem_plan plan;
+    st = memory_plan(t, &plan, err);
+    if (st == TDM_OK) st = tdm_model_reserve(t->model, &plan, err);
+    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS)
+        for (int a = old_n; a < t->n && st == TDM_OK; a++)
+            st = eval_point(t, a, err);
+    if (st != TDM_OK) {
+        /* they are in the array already: hand them back, untrained, so the running ones go on */
+        for (int a = old_n; a < t->n; a++) {
+            t->ad[a].done = t->ad[a].detached = true;
+            tdm_lora_free(t->ad[a].dev);
+            t->ad[a].dev = NULL;
+        }
+        return st;
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_trainer_detach_adapter(tdm_trainer *t, int a, tdm_error *err)
+{
+    if (a < 0 || a >= t->n) return tdm_fail(err, TDM_ERR_INVALID, "trainer: no adapter %d", a);
+    adapter_state *s = &t->ad[a];
+    if (s->detached || s->done) return TDM_OK;
+    /* a checkpoint at its position, unless it has not stepped since it joined or resumed (then
+     * there is nothing new: --resume starts where its checkpoints already are) */
+    if (own_global(t, s) > 0) TDM_TRY(save_adapter(t, a, err));
+    s->done = s->detached = true;
+    tdm_be_free(t->be, s->d_grad_saved);
+    s->d_grad_saved = NULL;
+    tdm_lora_free(s->dev);
+    s->dev = NULL;
+    return TDM_OK;
+}
+
+bool tdm_trainer_adapter_detached(const tdm_trainer *t, int a)
+{
+    return t->ad[a].detached;
+}
+
+int tdm_trainer_adapter_count(const tdm_trainer *t)
+{
+    return t->n;
 }

@@ -114,6 +114,8 @@ typedef struct tdm_trainer_pass {
 
 typedef void (*tdm_trainer_pass_fn)(const tdm_trainer_pass *p, void *user);
 
+struct tdm_trainer;
+
 typedef struct tdm_trainer_opts {
     const char *model_dir;
     const char *task;  /* "instruct" */
@@ -147,6 +149,12 @@ typedef struct tdm_trainer_opts {
      * The CLI answers from a flag its SIGINT/SIGTERM/SIGUSR1 handlers set. */
     bool (*stop_requested)(void *user);
     void *stop_requested_user;
+    /* May be NULL. Called by tdm_trainer_run at every step boundary (before the first step and
+     * between two global steps, never inside one), where the caller may add adapters
+     * (tdm_trainer_add_adapters) and detach them (tdm_trainer_detach_adapter): co-training's
+     * host takes its joiners' requests here. A non-OK return ends the run with that error. */
+    tdm_status (*at_step_boundary)(struct tdm_trainer *t, void *user, tdm_error *err);
+    void *at_step_boundary_user;
 } tdm_trainer_opts;
 
 /* The defaults of `tandem finetune` (docs/finetune.md). */
@@ -197,6 +205,30 @@ int64_t tdm_trainer_global_step(const tdm_trainer *t);
  * start or the resume point, whose checkpoints already hold it) and TDM_ERR_STOPPED returned:
  * --resume continues exactly as if the run had not stopped. */
 tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err);
+
+/* Adds adapters to an attached trainer (from opts.at_step_boundary, or before tdm_trainer_run).
+ * They are validated and their data read exactly as tdm_trainer_create does (on TDM_ERR_PARSE,
+ * *report receives the "FILE:LINE[:COL]: reason" lines), their OUT_DIRs prepared (one holding
+ * checkpoints is refused: they start fresh) and their device state allocated; any error leaves
+ * the running adapters untouched. Each then trains exactly as it would alone: its own data
+ * order, epochs, schedule position from 0, optimizer, dropout masks, checkpoints, records and
+ * PEFT output; its log/eval/save points and the global step its checkpoints record count from
+ * the boundary where it joined, so --resume of it alone continues it. Their indices are
+ * *first.. *first + n_adapters - 1; run-wide options (opts) are the trainer's. The activation
+ * workspace grows to the larger fused step (tdm_model_reserve): TDM_ERR_NOMEM when that does
+ * not fit (the new adapters are then detached, untrained). */
+tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                    int n_adapters, int *first, char **report, tdm_error *err);
+
+/* Checkpoints adapter a at its position (what a stop writes: --resume continues it exactly) and
+ * stops training it; its device state is freed. It counts as done from then on
+ * (tdm_trainer_adapter_position) and tdm_trainer_adapter_detached tells it apart from a finished
+ * one. Nothing happens to an adapter already done or detached. */
+tdm_status tdm_trainer_detach_adapter(tdm_trainer *t, int a, tdm_error *err);
+bool tdm_trainer_adapter_detached(const tdm_trainer *t, int a);
+
+/* Adapters in the trainer, joined and detached ones included. */
+int tdm_trainer_adapter_count(const tdm_trainer *t);
 
 /* Token-weighted mean cross-entropy of samples idx[0..n) of a dataset loaded for the model, with
  * the adapter params (NULL: the bare base), batch_size sequences per forward. */

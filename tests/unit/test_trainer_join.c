@@ -1,0 +1,311 @@
+/* test_trainer_join.c — adapters that join a running trainer and leave it (co-training's trainer
+ * half, docs/co-training.md), through the trainer API on the tiny random model:
+ *   - an adapter added at a step boundary of a running trainer (global step 2) ends equal to
+ *     training it alone, within the fused == alone tolerance of test_trainer.c, with the same
+ *     checkpoints (its save points count from its join) and the same number of log lines; the
+ *     host's own adapter is not disturbed (equal to alone too);
+ *   - a join whose data has a bad line fails with FILE:LINE in the report and changes nothing: the
+ *     running adapter trains on to the same result;
+ *   - an adapter detached mid-run is checkpointed and left alone by the trainer; --resume of it
+ *     alone finishes equal to an uninterrupted run.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/config.h"
+#include "train/checkpoint.h"
+#include "train/peft_io.h"
+#include "train/trainer.h"
+
+static char dir[256];
+
+static void write_data(const char *path, int n, int kind)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++) {
+        int a = (i * 7 + 3) % 10, b = (i * 3 + 1) % 10;
+        if (kind == 0)
+            fprintf(f, "{\"instruction\": \"add %d %d\", \"response\": \"%d\"}\n", a, b, a + b);
+        else if (kind == 1)
+            fprintf(f, "{\"instruction\": \"twice %d\", \"response\": \"%d%d\"}\n", a, a, a);
+        else
+            fprintf(f, "{\"instruction\": \"next %d\", \"response\": \"%d\"}\n", a, (a + 1) % 10);
+    }
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/tandem-trainer-join-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    const char *tandem = getenv("TANDEM");
+    assert_non_null(tandem);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' init-model '%s/tiny' --preset tiny >/dev/null", tandem, dir);
+    assert_int_equal(system(cmd), 0);
+    char p[512];
+    snprintf(p, sizeof p, "%s/a.jsonl", dir);
+    write_data(p, 12, 0);
+    snprintf(p, sizeof p, "%s/b.jsonl", dir);
+    write_data(p, 7, 1);
+    snprintf(p, sizeof p, "%s/c.jsonl", dir);
+    write_data(p, 10, 2);
+    snprintf(p, sizeof p, "%s/bad.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"instruction\": \"add 1 2\", \"response\": \"3\"}\n{\"instruction\": \n");
+    fclose(f);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static char paths[4][512];
+static char outs[64][512];
+static int n_outs;
+
+/* Adapter k (0, 1, 2: different data, ranks, targets, learning rates, epochs; 3: bad data). */
+static tdm_trainer_adapter spec(int k, const char *out_name)
+{
+    static const int ranks[4] = {4, 2, 8, 4};
+    static const uint32_t targets[4] = {0x05 /* q,v */, 0x0F /* q,k,v,o */, 0x70 /* mlp */, 0x05};
+    static const double lrs[4] = {5e-3, 1e-2, 3e-3, 5e-3};
+    static const int epochs[4] = {2, 3, 2, 1};
+    static const char *files[4] = {"a", "b", "c", "bad"};
+    snprintf(paths[k], sizeof paths[k], "%s/%s.jsonl", dir, files[k]);
+    snprintf(outs[n_outs], sizeof outs[0], "%s/%s", dir, out_name);
+    tdm_trainer_adapter a = {.data = paths[k],
+                             .output = outs[n_outs++],
+                             .rank = ranks[k],
+                             .alpha = 16,
+                             .targets = targets[k],
+                             .lr = lrs[k],
+                             .epochs = epochs[k],
+                             .batch_size = 3,
+                             .max_seq_len = 64,
+                             .weight = 1};
+    return a;
+}
+
+/* What the step-boundary hook does: at global step join_at, add join[0..n_join) (expecting
+ * join_status); at detach_at, detach adapter detach_idx. */
+typedef struct plan {
+    int64_t join_at;
+    const tdm_trainer_adapter *join;
+    int n_join;
+    tdm_status join_status;
+    char *report; /* the failed join's FILE:LINE lines */
+    int64_t detach_at;
+    int detach_idx;
+    int joined_first;
+    int boundaries;
+} plan;
+
+static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
+{
+    plan *p = user;
+    p->boundaries++;
+    int64_t g = tdm_trainer_global_step(t);
+    if (p->n_join > 0 && g == p->join_at) {
+        tdm_error e = {0};
+        tdm_status st =
+            tdm_trainer_add_adapters(t, p->join, p->n_join, &p->joined_first, &p->report, &e);
+        if (st != p->join_status)
+            fail_msg("join at %lld: status %d, want %d: %s", (long long)g, st, p->join_status,
+                     e.message);
+        if (st != TDM_OK) assert_int_equal(tdm_trainer_adapter_count(t), 1); /* nothing changed */
+    }
+    if (p->detach_at > 0 && g == p->detach_at) {
+        tdm_status st = tdm_trainer_detach_adapter(t, p->detach_idx, err);
+        if (st != TDM_OK) return st;
+        assert_true(tdm_trainer_adapter_detached(t, p->detach_idx));
+    }
+    return TDM_OK;
+}
+
+static tdm_status run(const tdm_trainer_adapter *ads, int n, plan *p, bool resume, tdm_error *err)
+{
+    tdm_trainer_opts o;
+    tdm_trainer_opts_default(&o);
+    char model[512];
+    snprintf(model, sizeof model, "%s/tiny", dir);
+    o.model_dir = model;
+    o.val_split = 0;
+    o.save_every = 2;
+    o.log_every = 3;
+    o.grad_accum = 2;
+    o.lr_kind = TDM_LR_COSINE;
+    o.warmup_steps = 1;
+    o.seed = 3;
+    o.resume = resume;
+    if (p) {
+        o.at_step_boundary = at_boundary;
+        o.at_step_boundary_user = p;
+    }
+    tdm_trainer *t = NULL;
+    tdm_status st = tdm_trainer_create(&t, &o, ads, n, NULL, err);
+    if (st != TDM_OK) fail_msg("create: %s", err->message);
+    tdm_backend *be = NULL;
+    assert_int_equal(tdm_backend_create(&be, "cpu", NULL, err), TDM_OK);
+    st = tdm_trainer_attach(t, be, err);
+    if (st == TDM_OK) st = tdm_trainer_run(t, err);
+    tdm_trainer_free(t);
+    tdm_backend_free(be);
+    return st;
+}
+
+static void load(const char *out, tdm_lora_params *l)
+{
+    tdm_model_config cfg;
+    tdm_error err = {0};
+    char p[600];
+    snprintf(p, sizeof p, "%s/tiny/config.json", dir);
+    assert_int_equal(tdm_model_config_load(&cfg, p, &err), TDM_OK);
+    tdm_status st = tdm_peft_load(out, &cfg, l, NULL, &err);
+    if (st != TDM_OK) fail_msg("load %s: %s", out, err.message);
+}
+
+/* max |x - y| / (1e-3 + max |y|) over the parameters (test_trainer.c's measure) */
+static double rel_diff(const char *x_dir, const char *y_dir)
+{
+    tdm_lora_params x = {0}, y = {0};
+    load(x_dir, &x);
+    load(y_dir, &y);
+    assert_int_equal(x.n_params, y.n_params);
+    double md = 0, mx = 0;
+    for (int64_t i = 0; i < x.n_params; i++) {
+        double d = fabs((double)x.params[i] - (double)y.params[i]);
+        if (d > md) md = d;
+        if (fabs(y.params[i]) > mx) mx = fabs(y.params[i]);
+    }
+    tdm_lora_params_free(&x);
+    tdm_lora_params_free(&y);
+    return md / (1e-3 + mx);
+}
+
+/* "checkpoint-2,checkpoint-4," style list of OUT's checkpoints */
+static void checkpoints_of(const char *out, char *buf, size_t cap)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    tdm_error err = {0};
+    buf[0] = 0;
+    if (tdm_checkpoint_list(out, &steps, &n, &err) != TDM_OK) return;
+    for (size_t i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%lld,", (long long)steps[i]);
+    free(steps);
+}
+
+static int count_lines(const char *out, const char *file)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", out, file);
+    FILE *f = fopen(p, "r");
+    if (!f) return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+static void test_join_equals_alone(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter alone0 = spec(0, "alone0"), alone1 = spec(1, "alone1");
+    assert_int_equal(run(&alone0, 1, NULL, false, &err), TDM_OK);
+    assert_int_equal(run(&alone1, 1, NULL, false, &err), TDM_OK);
+
+    /* a bad join at step 1 changes nothing; a good one at step 2 trains along */
+    tdm_trainer_adapter host = spec(0, "host0");
+    tdm_trainer_adapter bad = spec(3, "bad");
+    plan pb = {.join_at = 1, .join = &bad, .n_join = 1, .join_status = TDM_ERR_PARSE};
+    tdm_trainer_adapter host_b = spec(0, "host_b");
+    assert_int_equal(run(&host_b, 1, &pb, false, &err), TDM_OK);
+    assert_non_null(pb.report);
+    print_message("bad join report: %s", pb.report);
+    assert_non_null(strstr(pb.report, "bad.jsonl:2"));
+    free(pb.report);
+    assert_true(rel_diff(host_b.output, alone0.output) == 0); /* undisturbed: the same bits */
+
+    tdm_trainer_adapter joiner = spec(1, "joined1");
+    plan pj = {.join_at = 2, .join = &joiner, .n_join = 1, .join_status = TDM_OK};
+    assert_int_equal(run(&host, 1, &pj, false, &err), TDM_OK);
+    assert_int_equal(pj.joined_first, 1);
+    double dh = rel_diff(host.output, alone0.output), dj = rel_diff(joiner.output, alone1.output);
+    print_message("host vs alone %.3g, joined at global step 2 vs alone %.3g\n", dh, dj);
+    /* the fused == alone tolerance of test_trainer.c (well below the learning rate's scale) */
+    assert_true(dh < 1e-3);
+    assert_true(dj < 1e-3);
+    /* the joined adapter's records are those of its alone run: its save points and log points
+     * count from its join (global step 2), not from the host's start */
+    char ca[512], cj[512];
+    checkpoints_of(alone1.output, ca, sizeof ca);
+    checkpoints_of(joiner.output, cj, sizeof cj);
+    print_message("checkpoints alone %s joined %s\n", ca, cj);
+    assert_string_equal(ca, cj);
+    assert_int_equal(count_lines(joiner.output, "metrics.jsonl"),
+                     count_lines(alone1.output, "metrics.jsonl"));
+    assert_true(count_lines(joiner.output, "metrics.jsonl") > 0);
+}
+
+static void test_detach_then_resume(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter alone2 = spec(2, "alone2");
+    assert_int_equal(run(&alone2, 1, NULL, false, &err), TDM_OK);
+
+    /* adapter 2 joins at global step 1 and is detached at global step 4 (3 of its own steps,
+     * an odd one: not a save point) */
+    tdm_trainer_adapter host = spec(0, "dhost0");
+    tdm_trainer_adapter joiner = spec(2, "detached2");
+    plan p = {.join_at = 1,
+              .join = &joiner,
+              .n_join = 1,
+              .join_status = TDM_OK,
+              .detach_at = 4,
+              .detach_idx = 1};
+    assert_int_equal(run(&host, 1, &p, false, &err), TDM_OK);
+    char cj[512];
+    checkpoints_of(joiner.output, cj, sizeof cj);
+    print_message("detached adapter's checkpoints: %s\n", cj);
+    assert_non_null(strstr(cj, "3,"));
+    char peft[700];
+    snprintf(peft, sizeof peft, "%s/adapter_model.safetensors", joiner.output);
+    assert_int_not_equal(access(peft, F_OK), 0); /* not finished */
+
+    /* --resume of it alone finishes it equal to the uninterrupted run */
+    tdm_trainer_adapter again = joiner;
+    assert_int_equal(run(&again, 1, NULL, true, &err), TDM_OK);
+    double d = rel_diff(again.output, alone2.output);
+    print_message("detached at its step 3, resumed alone vs alone %.3g\n", d);
+    assert_true(d < 1e-3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_join_equals_alone),
+        cmocka_unit_test(test_detach_then_resume),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
