@@ -270,9 +270,13 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
         if (!(pc->lines[a] = calloc(256, 1))) pc->tty = false;
     if (!pc->lines) pc->tty = false;
     for (int a = 0; a < n; a++)
-        printf("adapter %d: %s -> %s: %lld train / %lld validation samples, %lld steps\n", a,
-               ads[a].data, ads[a].output, (long long)ads[a].n_train, (long long)ads[a].n_val,
-               (long long)ads[a].total_steps);
+        if (ads[a].total_steps < 0) /* joined: the host read the data (docs/co-training.md) */
+            printf("adapter %d: %s -> %s: training in the joined finetune\n", a, ads[a].data,
+                   ads[a].output);
+        else
+            printf("adapter %d: %s -> %s: %lld train / %lld validation samples, %lld steps\n", a,
+                   ads[a].data, ads[a].output, (long long)ads[a].n_train, (long long)ads[a].n_val,
+                   (long long)ads[a].total_steps);
     fflush(stdout);
     /* the device is open and the model loaded: from here a stop signal is honoured with a
      * checkpoint (before, while waiting for GPU memory or loading, it ends the process) */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/op_profile.h"
+#include "run/cotrain_run.h"
 #include "train/adapters_config.h"
 #include "util/path_identity.h"
 
@@ -108,9 +109,10 @@ static tdm_status adapters_from_flags(tdm_run_opts *o, tdm_trainer_adapter *ads,
     return TDM_OK;
 }
 
-/* Device open, attach, train, record the memory. Frees tr (before the backend it lives on). */
+/* Device open, attach, train, record the memory. Frees tr (before the backend it lives on);
+ * ends the co-training service srv (NULL: none) while the trainer still exists. */
 static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, tdm_run_opts *o,
-                        const tdm_finetune_hooks *hooks, tdm_error *err)
+                        const tdm_finetune_hooks *hooks, tdm_cotrain_serving *srv, tdm_error *err)
 {
     tdm_device dev;
     tdm_model_mem est;
@@ -118,6 +120,7 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     bool cpu = o->device.device && !strcmp(o->device.device, "cpu");
     if ((!cpu && (st = tdm_trainer_memory_estimate(tr, &est, err)) != TDM_OK) ||
         (st = tdm_device_open(&dev, &o->device, cpu ? NULL : &est, err)) != TDM_OK) {
+        tdm_cotrain_serve_end(srv, st, err);
         tdm_trainer_free(tr);
         return st;
     }
@@ -137,6 +140,8 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     if (hooks && hooks->started) hooks->started(info, n, hooks->user);
     free(info);
     st = tdm_trainer_run(tr, err);
+    tdm_cotrain_serve_end(srv, st, err); /* joiners told, host stopped */
+    srv = NULL;
     if (dev.gpu) {
         /* The figures that calibrate --vram auto: what was reserved against the peak. */
         int64_t proc_mb, peak_mb;
@@ -154,6 +159,7 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     if (o->profile_ops && hooks && hooks->profile_out)
         tdm_be_profile_report(dev.be, hooks->profile_out);
 out:
+    tdm_cotrain_serve_end(srv, st, err);
     tdm_trainer_free(tr);
     tdm_device_close(&dev);
     return st;
@@ -195,10 +201,20 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     tdm_run_context rc = tdm_run_context_for(&o->device.mps);
     if (strcmp(o->device.device, "cpu") && rc.max_checkpoint_interval_steps > 0)
         o->trainer.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
+    /* co-training: join a running finetune of this base (the run happens there), or serve as
+     * the host others join; before any weights are loaded */
+    tdm_cotrain_serving *srv = NULL;
+    bool joined = false;
+    st = tdm_cotrain_run_start(o, ads, n, hooks, &srv, &joined, bad_lines, err);
+    if (st != TDM_OK || joined) goto out;
+    if (srv) tdm_cotrain_serve_hook(srv, &o->trainer, n);
     /* data and shapes: nothing written yet, no device touched */
     tdm_trainer *tr = NULL;
-    if ((st = tdm_trainer_create(&tr, &o->trainer, ads, n, bad_lines, err)) != TDM_OK) goto out;
-    st = train(tr, ads, n, o, hooks, err);
+    if ((st = tdm_trainer_create(&tr, &o->trainer, ads, n, bad_lines, err)) != TDM_OK) {
+        tdm_cotrain_serve_end(srv, st, err);
+        goto out;
+    }
+    st = train(tr, ads, n, o, hooks, srv, err);
 out:
     free(ads);
     for (size_t i = 0; i < owned.n; i++)

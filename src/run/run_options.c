@@ -69,6 +69,15 @@ static tdm_status parse_device(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
+/* --join auto|require, stored as join_require */
+static tdm_status parse_join(const char *arg, void *dst, tdm_error *err)
+{
+    if (strcmp(arg, "auto") && strcmp(arg, "require"))
+        return tdm_fail(err, TDM_ERR_INVALID, "'%s' is not auto or require", arg);
+    *(bool *)dst = !strcmp(arg, "require");
+    return TDM_OK;
+}
+
 static tdm_status parse_seed(const char *arg, void *dst, tdm_error *err)
 {
     char *end;
@@ -228,6 +237,13 @@ static const tdm_run_option table[] = {
      "", "run as a CUDA MPS client (as tandem gpu run)", NOKEY, true},
     {"gpu-share", "PCT", TDM_OPT_INT, F, DST(device), 0, 0, 0, 0, 0, parse_gpu_share, "100",
      "a percentage 1..100", "with --experimental-mps: the share of the GPU's threads", NOKEY, true},
+    /* co-training (docs/co-training.md) */
+    {"join", "auto|require", TDM_OPT_ENUM, F, DST(join_require), 0, 0, 0, 0, 0, parse_join, "auto",
+     "auto or require",
+     "join a running finetune with the same base on the same device (require: or fail)", NOKEY,
+     false},
+    {"no-join", NULL, TDM_OPT_BOOL, F, DST(no_join), 0, 0, 0, 0, true, NULL, "", "",
+     "train in a process of its own: never join another finetune, nor host one", NOKEY, false},
     {"profile-ops", NULL, TDM_OPT_BOOL, F, DST(profile_ops), 0, 0, 0, 0, true, NULL, "", "",
      "print the time of every backend op at the end", NOKEY, true},
     /* output */

@@ -29,6 +29,8 @@ typedef struct tdm_run_opts {
     size_t n_adapter_args;
     const char *adapters_config; /* --adapters-config FILE or NULL */
     bool profile_ops;            /* --profile-ops */
+    bool join_require;           /* --join require: fail when no host is found */
+    bool no_join;                /* --no-join: neither join a host nor serve as one */
     bool list_options;           /* --list-options (hidden): print the table, for the docs test */
     bool help;
     /* eval only */

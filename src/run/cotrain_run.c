@@ -1,0 +1,498 @@
+/* cotrain_run.c — co-training in a finetune run: election, the joiner's attached loop, the
+ * host's step-boundary service (cotrain_run.h). */
+#include "run/cotrain_run.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cotrain/base_identity.h"
+#include "cotrain/client.h"
+#include "cotrain/host.h"
+#include "cotrain/trainer_bridge.h"
+#include "util/build_features.h"
+
+#define JOIN_ATTEMPTS 3    /* elections before giving up (a host may end while we join it) */
+#define CLIENT_POLL_MS 200 /* how often the joiner checks its stop flag */
+
+/* One joiner's adapters in the host's trainer. */
+typedef struct joined_group {
+    uint64_t conn;
+    tdm_cotrain_msg join; /* owns the strings the trainer's adapters borrow */
+    int first, n;         /* trainer indices first..first+n-1 */
+    int ended;            /* adapters finished or detached */
+    bool closed;          /* its connection is gone or closed */
+} joined_group;
+
+struct tdm_cotrain_serving {
+    tdm_cotrain_host *host;
+    tdm_trainer_progress_fn progress; /* the host's own output */
+    void *progress_user;
+    void (*note)(const char *line, void *user);
+    void *note_user;
+    tdm_cotrain_run_opts mine; /* the host's run-wide options, to compare joins with */
+    int n_own;
+    joined_group *g;
+    int n_groups, cap_groups;
+    tdm_trainer *trainer; /* known from the first boundary */
+};
+
+static void note(void (*fn)(const char *, void *), void *user, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void note(void (*fn)(const char *, void *), void *user, const char *fmt, ...)
+{
+    if (!fn) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fn(line, user);
+}
+
+/* The device this run would train on, as the base identity names it; NULL when it cannot be
+ * told without opening the device (a GPU: which one the ledger gives is decided by device open,
+ * docs/co-training.md "What remains"). */
+static const char *run_device(const tdm_run_opts *o)
+{
+    const char *d = o->device.device ? o->device.device : "auto";
+    if (!strcmp(d, "cpu")) return "cpu";
+    if (!strcmp(d, "auto") && strcmp(tdm_build_features(), "cuda") != 0) return "cpu";
+    return NULL;
+}
+
+/* ----------------------------------------------------------------------- joiner ---- */
+
+static void stem_of(const char *path, char *out, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(out, cap, "%s", b);
+    char *dot = strrchr(out, '.');
+    if (dot && dot != out) *dot = 0;
+}
+
+/* The attached joiner: sends the join, shows its adapters' progress, forwards a stop request as
+ * a detach, returns their outcome. *retry: the host ended before admitting us (elect again). */
+static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
+                            const tdm_finetune_hooks *hooks, const tdm_cotrain_advert *host,
+                            const tdm_base_identity *base, bool *retry, char **bad_lines,
+                            tdm_error *err)
+{
+    *retry = false;
+    tdm_cotrain_msg join = {0};
+    tdm_status st = tdm_cotrain_join_from_trainer(&o->trainer, ads, n, base->id, &join, err);
+    if (st != TDM_OK) return st;
+    tdm_cotrain_client c;
+    if ((st = tdm_cotrain_client_connect(&c, host->socket_path, err)) != TDM_OK) {
+        tdm_cotrain_msg_free(&join);
+        *retry = true;
+        return st;
+    }
+    st = tdm_cotrain_client_send(&c, &join, err);
+    tdm_cotrain_msg_free(&join);
+    char(*labels)[128] = calloc((size_t)n, sizeof *labels);
+    bool *ended = calloc((size_t)n, sizeof *ended);
+    if (!labels || !ended) {
+        free(labels);
+        free(ended);
+        tdm_cotrain_client_close(&c);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    for (int a = 0; a < n; a++) {
+        if (ads[a].label)
+            snprintf(labels[a], sizeof labels[a], "%s", ads[a].label);
+        else
+            stem_of(ads[a].data, labels[a], sizeof labels[a]);
+    }
+    bool admitted = false, detach_sent = false;
+    int n_ended = 0, n_detached = 0, n_failed = 0;
+    char failure[1024] = "";
+    tdm_error io = {0};
+    if (st != TDM_OK) io = *err; /* the host may have answered why before closing: read it */
+    while (n_ended < n) {
+        if (admitted && !detach_sent && o->trainer.stop_requested &&
+            o->trainer.stop_requested(o->trainer.stop_requested_user)) {
+            tdm_cotrain_msg d = {.type = TDM_COTRAIN_DETACH};
+            tdm_error e = {0};
+            (void)tdm_cotrain_client_send(&c, &d, &e);
+            detach_sent = true;
+        }
+        tdm_cotrain_msg m = {0};
+        tdm_status r = tdm_cotrain_client_next(&c, CLIENT_POLL_MS, &m, &io);
+        if (r == TDM_ERR_TIMEOUT) continue;
+        if (r != TDM_OK) {
+            if (!admitted) {
+                *retry = true;
+                st = tdm_fail(err, TDM_ERR_IO,
+                              "the finetune of pid %d ended before taking the "
+                              "adapters (%s)",
+                              (int)host->pid, io.message);
+            } else {
+                st = tdm_fail(err, TDM_ERR_IO,
+                              "the finetune of pid %d that trained these adapters died (%s); "
+                              "their latest checkpoints are in their OUT_DIRs: run the same "
+                              "command with --resume (automatic takeover is not wired yet)",
+                              (int)host->pid, io.message);
+            }
+            goto out;
+        }
+        switch (m.type) {
+        case TDM_COTRAIN_ADMITTED: {
+            admitted = true;
+            note(o->device.note, o->device.note_user,
+                 "joined the finetune of pid %d (same base model on %s): %d adapter(s) train in "
+                 "its fused pass; Ctrl-C hands them back with a checkpoint",
+                 (int)m.u.admitted.host_pid, base->device, n);
+            if (hooks && hooks->started) {
+                tdm_run_adapter_info *info = calloc((size_t)n, sizeof *info);
+                for (int a = 0; info && a < n; a++)
+                    info[a] = (tdm_run_adapter_info){.data = ads[a].data,
+                                                     .output = ads[a].output,
+                                                     .n_train = -1,
+                                                     .n_val = -1,
+                                                     .total_steps = -1};
+                if (info) hooks->started(info, n, hooks->user);
+                free(info);
+            }
+            break;
+        }
+        case TDM_COTRAIN_REJECTED:
+            if (m.u.rejected.status == TDM_ERR_PARSE && bad_lines) {
+                *bad_lines = m.u.rejected.message;
+                m.u.rejected.message = NULL;
+                st = tdm_fail(err, TDM_ERR_PARSE, "bad lines in the training data");
+            } else {
+                tdm_status s = m.u.rejected.status;
+                if (s == TDM_OK) s = TDM_ERR_INVALID;
+                st = tdm_fail(err, s, "the finetune of pid %d refused the adapters: %s",
+                              (int)host->pid,
+                              m.u.rejected.message ? m.u.rejected.message : "no reason given");
+            }
+            tdm_cotrain_msg_free(&m);
+            goto out;
+        case TDM_COTRAIN_WAITING:
+            note(o->device.note, o->device.note_user, "waiting: %s",
+                 m.u.waiting.message ? m.u.waiting.message : m.u.waiting.reason);
+            break;
+        case TDM_COTRAIN_PROGRESS:
+            if (m.u.progress.adapter >= 0 && m.u.progress.adapter < n && o->trainer.progress) {
+                tdm_trainer_progress p;
+                tdm_cotrain_progress_to_trainer(&m.u.progress, labels[m.u.progress.adapter], &p);
+                o->trainer.progress(&p, o->trainer.progress_user);
+            }
+            break;
+        case TDM_COTRAIN_DONE: {
+            int a = m.u.done.adapter;
+            if (a < 0 || a >= n || ended[a]) break;
+            ended[a] = true;
+            n_ended++;
+            if (m.u.done.outcome == TDM_COTRAIN_DETACHED) n_detached++;
+            if (m.u.done.outcome == TDM_COTRAIN_FAILED) {
+                n_failed++;
+                snprintf(failure, sizeof failure, "%s: %s", ads[a].output,
+                         m.u.done.message ? m.u.done.message : "failed");
+            }
+            break;
+        }
+        default:
+            break;
+        }
+        tdm_cotrain_msg_free(&m);
+    }
+    if (n_failed > 0)
+        st = tdm_fail(err, TDM_ERR_IO, "%d adapter(s) failed in the finetune of pid %d; %s",
+                      n_failed, (int)host->pid, failure);
+    else if (n_detached > 0)
+        st = tdm_fail(err, TDM_ERR_STOPPED,
+                      "handed back by the finetune of pid %d; checkpoints of %d adapter(s) "
+                      "written",
+                      (int)host->pid, n_detached);
+    else
+        st = TDM_OK;
+out:
+    free(labels);
+    free(ended);
+    tdm_cotrain_client_close(&c);
+    return st;
+}
+
+tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
+                                 const tdm_finetune_hooks *hooks, tdm_cotrain_serving **srv,
+                                 bool *joined, char **bad_lines, tdm_error *err)
+{
+    *srv = NULL;
+    *joined = false;
+    if (o->no_join) return TDM_OK;
+    const char *device = run_device(o);
+    if (!device) {
+        if (o->join_require)
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                            "--join require: joining works on the CPU device only today "
+                            "(--device cpu); on a GPU each finetune runs on its own");
+        return TDM_OK;
+    }
+    if (o->trainer.resume) {
+        /* a joined adapter starts fresh (tdm_trainer_add_adapters); resuming one inside a host
+         * is not wired: a --resume run trains in a process of its own */
+        if (o->join_require)
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                            "--join require with --resume: a resumed run cannot join yet");
+        return TDM_OK;
+    }
+    tdm_base_identity base;
+    tdm_status st = tdm_base_identity_compute(o->trainer.model_dir, o->trainer.nf4,
+                                              o->trainer.double_quant, "f32", device, &base, err);
+    if (st != TDM_OK) return st;
+    char dir[4096];
+    if ((st = tdm_cotrain_dir(NULL, dir, sizeof dir, err)) != TDM_OK) return st;
+    for (int attempt = 0; attempt < JOIN_ATTEMPTS; attempt++) {
+        tdm_cotrain_host *h = NULL;
+        tdm_cotrain_advert found;
+        const char *why = NULL;
+        if ((st = tdm_cotrain_elect(dir, &base, o->trainer.model_dir, &h, &found, &why, err)) !=
+            TDM_OK)
+            return st;
+        if (h) {
+            if (o->join_require) {
+                tdm_cotrain_host_stop(h);
+                return tdm_fail(err, TDM_ERR_NOT_FOUND,
+                                "--join require: no finetune of this base model runs on %s%s%s",
+                                device, why && *why ? " (nearest differs in: " : "",
+                                why && *why ? why : "");
+            }
+            tdm_cotrain_serving *s = calloc(1, sizeof *s);
+            if (!s) {
+                tdm_cotrain_host_stop(h);
+                return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+            }
+            s->host = h;
+            s->note = o->device.note;
+            s->note_user = o->device.note_user;
+            *srv = s;
+            return TDM_OK;
+        }
+        bool retry = false;
+        st = join_host(o, ads, n, hooks, &found, &base, &retry, bad_lines, err);
+        if (!retry) {
+            *joined = true;
+            return st;
+        }
+    }
+    return st;
+}
+
+/* ------------------------------------------------------------------------- host ---- */
+
+static joined_group *group_of(tdm_cotrain_serving *s, int a)
+{
+    for (int i = 0; i < s->n_groups; i++)
+        if (a >= s->g[i].first && a < s->g[i].first + s->g[i].n) return &s->g[i];
+    return NULL;
+}
+
+static joined_group *group_by_conn(tdm_cotrain_serving *s, uint64_t conn)
+{
+    for (int i = 0; i < s->n_groups; i++)
+        if (s->g[i].conn == conn) return &s->g[i];
+    return NULL;
+}
+
+static void send_msg(tdm_cotrain_serving *s, joined_group *g, const tdm_cotrain_msg *m)
+{
+    if (g->closed) return;
+    tdm_error e = {0};
+    if (tdm_cotrain_host_send(s->host, g->conn, m, &e) == TDM_ERR_NOT_FOUND) g->closed = true;
+}
+
+static void send_done(tdm_cotrain_serving *s, joined_group *g, int a, tdm_cotrain_outcome out,
+                      int64_t step, const char *message)
+{
+    tdm_cotrain_msg m = {.type = TDM_COTRAIN_DONE};
+    m.u.done.adapter = a - g->first;
+    m.u.done.outcome = out;
+    m.u.done.step = step;
+    m.u.done.message = (char *)message;
+    send_msg(s, g, &m);
+    if (++g->ended == g->n && !g->closed) {
+        tdm_cotrain_host_close(s->host, g->conn);
+        g->closed = true;
+    }
+}
+
+static void on_progress(const tdm_trainer_progress *p, void *user)
+{
+    tdm_cotrain_serving *s = user;
+    if (p->adapter < s->n_own) {
+        if (s->progress) s->progress(p, s->progress_user);
+        return;
+    }
+    joined_group *g = group_of(s, p->adapter);
+    if (!g) return;
+    tdm_cotrain_msg m;
+    tdm_cotrain_progress_from_trainer(p, p->adapter - g->first, &m);
+    send_msg(s, g, &m);
+    if (p->event == TDM_TRAINER_EVENT_DONE)
+        send_done(s, g, p->adapter, TDM_COTRAIN_FINISHED, p->step, NULL);
+}
+
+static void reject(tdm_cotrain_serving *s, uint64_t conn, tdm_status status, const char *message)
+{
+    tdm_cotrain_msg m = {.type = TDM_COTRAIN_REJECTED};
+    m.u.rejected.status = status;
+    m.u.rejected.message = (char *)message;
+    tdm_error e = {0};
+    (void)tdm_cotrain_host_send(s->host, conn, &m, &e);
+    tdm_cotrain_host_close(s->host, conn);
+}
+
+static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_request *rq)
+{
+    tdm_cotrain_join *j = &rq->msg.u.join;
+    char diff[512];
+    if (tdm_cotrain_run_opts_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
+        char why[1024];
+        snprintf(why, sizeof why,
+                 "run-wide options differ from this finetune's (%s): a joined adapter trains "
+                 "with the host's; run with the same values, or --no-join",
+                 diff);
+        reject(s, rq->conn, TDM_ERR_INVALID, why);
+        return;
+    }
+    if (s->n_groups == s->cap_groups) {
+        int cap = s->cap_groups ? 2 * s->cap_groups : 4;
+        joined_group *g = realloc(s->g, (size_t)cap * sizeof *g);
+        if (!g) {
+            reject(s, rq->conn, TDM_ERR_NOMEM, "the host is out of memory");
+            return;
+        }
+        s->g = g;
+        s->cap_groups = cap;
+    }
+    joined_group *g = &s->g[s->n_groups];
+    memset(g, 0, sizeof *g);
+    g->conn = rq->conn;
+    g->join = rq->msg; /* the trainer borrows its strings */
+    memset(&rq->msg, 0, sizeof rq->msg);
+    j = &g->join.u.join;
+    g->n = j->n_adapters;
+    tdm_trainer_adapter *ads = calloc((size_t)g->n, sizeof *ads);
+    if (!ads) {
+        reject(s, rq->conn, TDM_ERR_NOMEM, "the host is out of memory");
+        tdm_cotrain_msg_free(&g->join);
+        return;
+    }
+    tdm_cotrain_adapters_to_trainer(j, ads);
+    char *report = NULL;
+    tdm_error e = {0};
+    tdm_status st = tdm_trainer_add_adapters(t, ads, g->n, &g->first, &report, &e);
+    free(ads);
+    if (st != TDM_OK) {
+        note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s", g->n,
+             (int)rq->peer.pid, j->user ? j->user : "?", report ? "bad lines" : e.message);
+        reject(s, rq->conn, st, report ? report : e.message);
+        free(report);
+        tdm_cotrain_msg_free(&g->join);
+        return;
+    }
+    s->n_groups++;
+    tdm_cotrain_msg m = {.type = TDM_COTRAIN_ADMITTED};
+    m.u.admitted.host_pid = (int32_t)getpid();
+    m.u.admitted.n_adapters = g->n;
+    send_msg(s, g, &m);
+    for (int a = 0; a < g->n; a++)
+        note(s->note, s->note_user, "joined: adapter %d: %s -> %s, from pid %d (%s)", g->first + a,
+             j->adapters[a].data, j->adapters[a].output, (int)rq->peer.pid,
+             j->user ? j->user : "?");
+}
+
+/* Checkpoints and removes a joiner's unfinished adapters (detach, or its connection ended). */
+static void hand_back(tdm_cotrain_serving *s, tdm_trainer *t, joined_group *g, bool tell)
+{
+    for (int a = g->first; a < g->first + g->n; a++) {
+        int64_t step = 0;
+        bool done = false;
+        tdm_trainer_adapter_position(t, a, &step, &done);
+        if (done) continue;
+        tdm_error e = {0};
+        tdm_status st = tdm_trainer_detach_adapter(t, a, &e);
+        tdm_trainer_adapter_position(t, a, &step, NULL);
+        if (tell)
+            send_done(s, g, a, st == TDM_OK ? TDM_COTRAIN_DETACHED : TDM_COTRAIN_FAILED, step,
+                      st == TDM_OK ? NULL : e.message);
+        note(s->note, s->note_user, "adapter %d handed back at step %lld%s%s", a, (long long)step,
+             st == TDM_OK ? "" : ": ", st == TDM_OK ? "" : e.message);
+    }
+}
+
+static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
+{
+    (void)err;
+    tdm_cotrain_serving *s = user;
+    s->trainer = t;
+    tdm_cotrain_host_set_step(s->host, tdm_trainer_global_step(t));
+    tdm_cotrain_request rq;
+    while (tdm_cotrain_host_take(s->host, &rq)) {
+        joined_group *g = group_by_conn(s, rq.conn);
+        switch (rq.kind) {
+        case TDM_COTRAIN_REQ_JOIN:
+            if (!g) take_join(s, t, &rq);
+            break;
+        case TDM_COTRAIN_REQ_DETACH:
+            if (g) hand_back(s, t, g, true);
+            break;
+        case TDM_COTRAIN_REQ_GONE:
+            if (g) {
+                g->closed = true;
+                hand_back(s, t, g, false);
+            }
+            break;
+        case TDM_COTRAIN_REQ_REFUSED:
+            note(s->note, s->note_user, "co-training: %s", rq.reason);
+            break;
+        }
+        tdm_cotrain_request_free(&rq);
+    }
+    return TDM_OK;
+}
+
+void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts, int n_own)
+{
+    srv->n_own = n_own;
+    srv->progress = opts->progress;
+    srv->progress_user = opts->progress_user;
+    tdm_error e = {0};
+    (void)tdm_cotrain_run_opts_from_trainer(opts, &srv->mine, &e);
+    opts->progress = on_progress;
+    opts->progress_user = srv;
+    opts->at_step_boundary = at_boundary;
+    opts->at_step_boundary_user = srv;
+}
+
+void tdm_cotrain_serve_end(tdm_cotrain_serving *srv, tdm_status run_status, const tdm_error *err)
+{
+    if (!srv) return;
+    for (int i = 0; i < srv->n_groups; i++) {
+        joined_group *g = &srv->g[i];
+        for (int a = g->first; a < g->first + g->n && !g->closed; a++) {
+            int64_t step = 0;
+            bool done = false;
+            if (srv->trainer) tdm_trainer_adapter_position(srv->trainer, a, &step, &done);
+            if (done) continue; /* finished or handed back: already told */
+            if (run_status == TDM_ERR_STOPPED)
+                send_done(srv, g, a, TDM_COTRAIN_DETACHED, step,
+                          "the host finetune was stopped; its checkpoint is written");
+            else
+                send_done(srv, g, a, TDM_COTRAIN_FAILED, step,
+                          err && err->message[0] ? err->message : "the host finetune ended");
+        }
+    }
+    tdm_cotrain_host_stop(srv->host);
+    for (int i = 0; i < srv->n_groups; i++)
+        tdm_cotrain_msg_free(&srv->g[i].join);
+    free(srv->g);
+    tdm_cotrain_run_opts_free(&srv->mine);
+    free(srv);
+}

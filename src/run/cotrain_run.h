@@ -1,0 +1,44 @@
+/* cotrain_run.h — co-training in a finetune run (docs/co-training.md): before any weights are
+ * loaded, a run elects itself host of its base identity and device or joins the host there is.
+ *
+ *     tdm_cotrain_run_start   --no-join: nothing. Otherwise the base identity (of the device the
+ *                             run would use) and the election: a host is found -> this process
+ *                             joins it (*joined; the whole run happens there and the outcome is
+ *                             returned); none -> this process hosts (*srv).
+ *     tdm_cotrain_serve_hook  a host wires its trainer options: the step-boundary hook takes the
+ *                             joiners' join / detach requests; joined adapters' progress goes to
+ *                             their joiners, the host's own to its caller.
+ *     tdm_cotrain_serve_end   after the run: outcomes to the joiners still attached, the host
+ *                             stopped (advertisement removed, connections closed).
+ *
+ * Today the device is known without opening it only for the CPU (`--device cpu`, or `auto` in a
+ * build without CUDA); on a GPU the run neither joins nor hosts (`--join require` fails).
+ */
+#ifndef TANDEM_RUN_COTRAIN_RUN_H
+#define TANDEM_RUN_COTRAIN_RUN_H
+#include <stdbool.h>
+
+#include "run/finetune_run.h"
+#include "run/run_options.h"
+#include "train/trainer.h"
+#include "util/error.h"
+
+typedef struct tdm_cotrain_serving tdm_cotrain_serving;
+
+/* Elects or joins (see above). On a join, returns the joined adapters' outcome: TDM_OK when all
+ * finished; TDM_ERR_STOPPED when the joiner's stop_requested asked for them back (they are
+ * checkpointed); the host's refusal (TDM_ERR_PARSE with *bad_lines for bad data lines); an error
+ * when the host died. The joiner's progress goes to o->trainer.progress and hooks->started. */
+tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
+                                 const tdm_finetune_hooks *hooks, tdm_cotrain_serving **srv,
+                                 bool *joined, char **bad_lines, tdm_error *err);
+
+/* Points opts' step-boundary hook and progress callback at the host's service (n_own: the
+ * host's own adapters, indices 0..n_own-1). Call before the trainer is created. */
+void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts, int n_own);
+
+/* Ends the service after the run returned run_status (err its error): tells the joiners still
+ * attached how their adapters ended, stops the host, frees srv. NULL allowed. */
+void tdm_cotrain_serve_end(tdm_cotrain_serving *srv, tdm_status run_status, const tdm_error *err);
+
+#endif
