@@ -1,0 +1,105 @@
+# Co-training between real `tandem finetune` processes (issue 15; docs/co-training.md), on the
+# tiny random model, CPU device, one private ledger directory:
+#  - two finetunes started 0.5 s apart: the second joins the first (it says so; the host lists
+#    the joined adapter with the joiner's pid), both exit 0, and both adapters equal training
+#    each alone (--no-join) within the fused == alone tolerance of unit.trainer;
+#  - a joiner with a bad data line gets FILE:LINE and exit 1 while the host trains on to the
+#    alone result;
+#  - Ctrl-C on a joiner hands its adapter back with a checkpoint (exit 130, the resume command);
+#    --resume then finishes it equal to the uninterrupted run; the host is undisturbed;
+#  - --join require without a host fails (exit 1); --no-join runs never meet.
+. "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
+M="$WORK/tiny"
+"$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
+"$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 32
+cd "$WORK" || exit 1
+printf '%s\n' '{"instruction": "add 1 2", "response": "3"}' '{"instruction": ' >data/bad.jsonl
+COMMON=(--batch-size 2 --epochs 3 --val-split 0 --log-every 1 --save-every 4
+        --lr-schedule constant --max-seq-len 64 --seed 7 --device cpu)
+
+# close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==
+# alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor
+close_adapters() {
+    python3 - "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        assert v["dtype"] == "F32", v["dtype"]
+        s, e = v["data_offsets"]
+        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys(), "different tensors"
+md = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+mx = max(abs(y) for k in b for y in b[k])
+print("max rel diff %.3g" % (md / (1e-3 + mx)))
+sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
+PY
+}
+
+# references: each alone, in a process of its own
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/reverse "${COMMON[@]}" --no-join
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:ref/add "${COMMON[@]}" --no-join
+
+# two finetunes 0.5 s apart: one process trains both
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:co/reverse "${COMMON[@]}" >host.out 2>host.err &
+host=$!
+sleep 0.5
+"$TANDEM" finetune "$M" --adapter data/add.jsonl:co/add "${COMMON[@]}" >join.out 2>join.err
+rc=$?
+wait $host || fail "host exited $?"
+[ $rc -eq 0 ] || { fail "joiner exited $rc"; sed 's/^/  joiner: /' join.err >&2; }
+grep -q "joined the finetune of pid $host " join.err || fail "the joiner did not say it joined $host"
+grep -q "joined: adapter 1: $WORK/data/add.jsonl -> $WORK/co/add, from pid " host.err ||
+    fail "the host did not list the joined adapter"
+grep -q '^\[add\] done: ' join.out || fail "the joiner did not show its adapter's progress"
+grep -q '^\[add\]' host.out && fail "the host printed the joiner's progress as its own"
+for a in reverse add; do
+    close_adapters ref/$a co/$a || fail "co/$a differs from training it alone"
+done
+ls "$TANDEM_LEDGER_DIR"/cotrain-*.json >/dev/null 2>&1 && fail "advertisement left behind"
+
+# a joiner with bad data: FILE:LINE, exit 1; the host trains on
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:bad/reverse "${COMMON[@]}" >host2.out 2>host2.err &
+host=$!
+sleep 0.5
+expect_exit 1 "$TANDEM" finetune "$M" --adapter data/bad.jsonl:bad/bad "${COMMON[@]}"
+grep -q "data/bad.jsonl:2" "$WORK/last.err" || { fail "no FILE:LINE for the bad line"; cat "$WORK/last.err" >&2; }
+wait $host || fail "host with a refused joiner exited $?"
+cmp -s ref/reverse/adapter_model.safetensors bad/reverse/adapter_model.safetensors ||
+    close_adapters ref/reverse bad/reverse || fail "the host was disturbed by a refused join"
+
+# Ctrl-C on a joiner: checkpoint, exit 130 with the resume command; --resume finishes it
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 6 \
+    >host3.out 2>host3.err &
+host=$!
+sleep 0.5
+"$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" >int.out 2>int.err &
+joiner=$!
+wait_until 60 grep -q '^\[add\] epoch 0.* step 5/' int.out
+kill -INT $joiner
+wait $joiner
+rc=$?
+[ $rc -eq 130 ] || { fail "interrupted joiner exited $rc, want 130"; sed 's/^/  joiner: /' int.err >&2; }
+grep -q -- "--resume" int.err || fail "no resume command after the joiner's Ctrl-C"
+ls -d int/add/checkpoint-* >/dev/null 2>&1 || fail "no checkpoint of the handed-back adapter"
+kill -0 $host 2>/dev/null || fail "the host ended with its joiner"
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" --resume
+close_adapters ref/add int/add || fail "joiner Ctrl-C + --resume differs from the uninterrupted run"
+wait $host || fail "host of the interrupted joiner exited $?"
+grep -q "handed back" host3.err || fail "the host did not say it handed the adapter back"
+
+# --join require without a host; --no-join runs never join
+expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:req/add "${COMMON[@]}" --join require
+grep -q "no finetune of this base model" "$WORK/last.err" || fail "--join require: no reason"
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:sep/reverse "${COMMON[@]}" --no-join >sep1.out 2>sep1.err &
+p1=$!
+sleep 0.5
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:sep/add "${COMMON[@]}" --no-join
+wait $p1 || fail "--no-join run exited $?"
+grep -q "joined" "$WORK/last.err" sep1.err && fail "--no-join runs joined"
+finish
