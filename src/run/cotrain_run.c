@@ -242,12 +242,22 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                             "--join require with --resume: a resumed run cannot join yet");
         return TDM_OK;
     }
+    /* A model directory that cannot be identified (no config.json, a FIFO, a corrupt header)
+     * cannot be trained either: without --join require the run goes on alone, and loading it
+     * reports the problem with the message and exit code of a run without co-training. */
     tdm_base_identity base;
+    char dir[4096];
     tdm_status st = tdm_base_identity_compute(o->trainer.model_dir, o->trainer.nf4,
                                               o->trainer.double_quant, "f32", device, &base, err);
-    if (st != TDM_OK) return st;
-    char dir[4096];
-    if ((st = tdm_cotrain_dir(NULL, dir, sizeof dir, err)) != TDM_OK) return st;
+    if (st == TDM_OK) st = tdm_cotrain_dir(NULL, dir, sizeof dir, err);
+    if (st != TDM_OK) {
+        if (o->join_require) {
+            tdm_error_prefix(err, "--join require");
+            return st;
+        }
+        *err = (tdm_error){0};
+        return TDM_OK;
+    }
     for (int attempt = 0; attempt < JOIN_ATTEMPTS; attempt++) {
         tdm_cotrain_host *h = NULL;
         tdm_cotrain_advert found;
