@@ -100,6 +100,9 @@ groupadd "$GRP" && useradd -M -N -g nogroup -G "$GRP" "$MEMBER" && useradd -M -N
 SH=$(mktemp -d /tmp/tdm-cotrain-shared-XXXXXX)
 trap 'cleanup_users; rm -rf "$SH"' EXIT
 chmod 711 "$SH"; cp -r "$WORK/m1" "$SH/model"; chmod -R a+rX "$SH/model"
+# the checkout may sit where other users cannot enter (root's home, a 0700 mktemp -d): the other
+# users run a copy of the peer program from the shared tree
+mkdir "$SH/bin"; cp "$PEER" "$SH/bin/"; chmod -R a+rX "$SH/bin"; PEER="$SH/bin/cotrain_peer"
 mkdir "$SH/ledger"; chgrp "$GRP" "$SH/ledger"; chmod 2771 "$SH/ledger"
 start_host h3 "$SH/ledger" "$SH/model" --hold
 sock="$SH/ledger/cotrain-$h3_pid.sock"

@@ -69,13 +69,18 @@ grep -q "to continue exactly" hard2.err && fail "second SIGINT: graceful stop me
 # under `tandem gpu run`: SIGUSR1 to the wrapper is forwarded (Slurm signals the job's
 # processes), and a Ctrl-C to the whole process group (the terminal's way, which the wrapper
 # also forwards: two SIGINTs at once) is one graceful stop, not an immediate one
+# The runs train long.jsonl (two steps of two ~510-token sequences, seconds of CPU each even on a
+# fast machine), so the signal sent 0.5 s after the start lands inside the first step, never after
+# the end of the run.
+LONG=(--batch-size 2 --max-seq-len 1024 --val-split 0 --epochs 1 --save-every 0 --seed 7 --device cpu)
 gpu_stop() { # gpu_stop SIGNAL RUN: the graceful stop's exit code, or "none"
     local sig=$1 run=$2
     set -m
-    "$TANDEM" gpu run --vram 1 -- "$TANDEM" finetune "$M" $(ads $run) "${COMMON[@]}" >$run.out 2>$run.err &
+    "$TANDEM" gpu run --vram 1 -- "$TANDEM" finetune "$M" --adapter long.jsonl:$run/long "${LONG[@]}" \
+        >$run.out 2>$run.err &
     local pid=$!
     set +m
-    wait_until 60 grep -q "^adapter 1:" $run.out
+    wait_until 60 grep -q "^adapter 0:" $run.out
     sleep 0.5
     if [ "$sig" = USR1 ]; then kill -USR1 $pid; else kill -INT -- -$pid; fi
     wait $pid
@@ -85,7 +90,8 @@ got=$(gpu_stop USR1 gusr)
 grep -q "to continue exactly" gusr.err && [ "$got" = 0 ] || fail "gpu run + USR1: exit $got: $(cat gusr.err)"
 got=$(gpu_stop INT gint)
 grep -q "to continue exactly" gint.err && [ "$got" = 130 ] || fail "gpu run + group SIGINT: exit $got: $(cat gint.err)"
-expect_exit 0 "$TANDEM" finetune "$M" $(ads gint) "${COMMON[@]}" --resume
-same_run ref gint "Ctrl-C under gpu run then --resume differs" reverse add
+expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:gint/long "${LONG[@]}" --resume
+expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:lref/long "${LONG[@]}"
+same_run lref gint "Ctrl-C under gpu run then --resume differs" long
 
 finish
