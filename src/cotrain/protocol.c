@@ -195,13 +195,10 @@ static tdm_status parse_adapter(const reader *r, json_t *o, tdm_cotrain_adapter 
     a->targets = 0;
     for (size_t i = 0; i < json_array_size(t); i++) {
         const char *name = json_string_value(json_array_get(t, i));
-        unsigned bit = 0;
-        while (bit < TDM_ADAPTER_TARGET_COUNT &&
-               !(name && strcmp(name, tdm_adapter_target_name(bit)) == 0))
-            bit++;
-        if (bit == TDM_ADAPTER_TARGET_COUNT || (a->targets & (1u << bit)))
+        tdm_lora_target bit;
+        if (!tdm_lora_target_parse(name, &bit) || (a->targets & TDM_LORA_BIT(bit)))
             return bad(r, "targets", "holds an unknown or repeated projection name");
-        a->targets |= 1u << bit;
+        a->targets |= TDM_LORA_BIT(bit);
     }
     TRY(get_num(r, o, "lora_dropout", 0, 1, true, false, &a->lora_dropout));
     TRY(get_num(r, o, "lr", 0, 1, false, false, &a->lr));
@@ -401,7 +398,7 @@ static json_t *encode_adapter(const tdm_cotrain_adapter *a)
     json_t *t = json_array();
     for (unsigned bit = 0; bit < TDM_ADAPTER_TARGET_COUNT; bit++)
         if (a->targets & (1u << bit))
-            json_array_append_new(t, json_string(tdm_adapter_target_name(bit)));
+            json_array_append_new(t, json_string(tdm_lora_target_name(bit)));
     return json_pack("{s:o, s:o, s:o, s:o, s:i, s:o, s:b, s:o, s:o, s:o, s:i, s:i, s:i, s:o}",
                      "data", str_or_null(a->data), "output", str_or_null(a->output), "label",
                      str_or_null(a->label), "init_adapter", str_or_null(a->init_adapter), "rank",

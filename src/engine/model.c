@@ -17,32 +17,6 @@
 
 #define NT TDM_LORA_N_TARGETS
 
-static const char *const target_names[NT] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                             "gate_proj", "up_proj", "down_proj"};
-static const char *const target_paths[NT] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-
-const char *tdm_lora_target_name(tdm_lora_target t)
-{
-    return t < NT ? target_names[t] : "?";
-}
-
-const char *tdm_lora_target_path(tdm_lora_target t)
-{
-    return t < NT ? target_paths[t] : "?";
-}
-
-bool tdm_lora_target_parse(const char *name, tdm_lora_target *out)
-{
-    for (int t = 0; t < NT; t++)
-        if (strcmp(name, target_names[t]) == 0) {
-            *out = (tdm_lora_target)t;
-            return true;
-        }
-    return false;
-}
-
 /* ------------------------------------------------------------ model state ---- */
 
 typedef struct layer_weights {
@@ -218,7 +192,7 @@ static int target_of(const char *name)
 {
     for (int t = 0; t < NT; t++) {
         char suffix[64];
-        snprintf(suffix, sizeof suffix, ".%s.weight", target_paths[t]);
+        snprintf(suffix, sizeof suffix, ".%s.weight", tdm_lora_target_path(t));
         size_t n = strlen(name), k = strlen(suffix);
         if (n > k && strcmp(name + n - k, suffix) == 0) return t;
     }
@@ -229,7 +203,7 @@ static int bias_target_of(const char *name)
 {
     for (int t = 0; t < NT; t++) {
         char suffix[64];
-        snprintf(suffix, sizeof suffix, ".%s.bias", target_paths[t]);
+        snprintf(suffix, sizeof suffix, ".%s.bias", tdm_lora_target_path(t));
         size_t n = strlen(name), k = strlen(suffix);
         if (n > k && strcmp(name + n - k, suffix) == 0) return t;
     }
@@ -404,7 +378,8 @@ static tdm_status lora_module(tdm_lora *a, int layer, tdm_lora_target t, int64_t
         return tdm_fail(err, TDM_ERR_INVALID, "LoRA module layer %d target %d out of range", layer,
                         (int)t);
     if (!(a->targets & TDM_LORA_BIT(t)))
-        return tdm_fail(err, TDM_ERR_NOT_FOUND, "the adapter does not target %s", target_names[t]);
+        return tdm_fail(err, TDM_ERR_NOT_FOUND, "the adapter does not target %s",
+                        tdm_lora_target_name(t));
     int64_t in, o;
     tdm_model_target_shape(a->model, t, &in, &o);
     *na = a->rank * in, *nb = o * a->rank;

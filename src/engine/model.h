@@ -25,26 +25,8 @@
 
 #include "engine/backend.h"
 #include "model/config.h"
+#include "model/lora_targets.h"
 #include "util/error.h"
-
-/* The projections LoRA can target, in PEFT's module names. */
-typedef enum tdm_lora_target {
-    TDM_LORA_Q,    /* self_attn.q_proj  in H, out heads*head_dim */
-    TDM_LORA_K,    /* self_attn.k_proj  in H, out kv_heads*head_dim */
-    TDM_LORA_V,    /* self_attn.v_proj  in H, out kv_heads*head_dim */
-    TDM_LORA_O,    /* self_attn.o_proj  in heads*head_dim, out H */
-    TDM_LORA_GATE, /* mlp.gate_proj     in H, out I */
-    TDM_LORA_UP,   /* mlp.up_proj       in H, out I */
-    TDM_LORA_DOWN, /* mlp.down_proj     in I, out H */
-    TDM_LORA_N_TARGETS
-} tdm_lora_target;
-#define TDM_LORA_BIT(t) (1u << (t))
-
-/* "q_proj", ... ; and the Hugging Face module path inside a layer ("self_attn.q_proj"). */
-const char *tdm_lora_target_name(tdm_lora_target t);
-const char *tdm_lora_target_path(tdm_lora_target t);
-/* Parses "q_proj" etc.; false when unknown. */
-bool tdm_lora_target_parse(const char *name, tdm_lora_target *out);
 
 typedef struct tdm_model_opts {
     bool nf4;          /* "qlora": decoder projections stored in NF4 and dequantized on the fly */

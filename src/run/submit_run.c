@@ -83,7 +83,7 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
         int k = 0;
         for (unsigned b = 0; b < TDM_ADAPTER_TARGET_COUNT; b++)
             if (s->targets & (1u << b))
-                fprintf(f, "%s\"%s\"", k++ ? ", " : "", tdm_adapter_target_name(b));
+                fprintf(f, "%s\"%s\"", k++ ? ", " : "", tdm_lora_target_name(b));
         fprintf(f, "]\n");
     }
     if (s->has_learning_rate) fprintf(f, "learning_rate = %.17g\n", s->learning_rate);

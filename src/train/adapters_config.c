@@ -12,15 +12,6 @@
 #include "util/path_identity.h"
 #include "util/toml.h"
 
-static const char *const target_names[TDM_ADAPTER_TARGET_COUNT] = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-};
-
-const char *tdm_adapter_target_name(unsigned bit)
-{
-    return bit < TDM_ADAPTER_TARGET_COUNT ? target_names[bit] : NULL;
-}
-
 /* What a key holds, how it is checked, and whether it may be a file-wide default. */
 typedef enum key_kind { K_PATH, K_LABEL, K_INT, K_NUMBER, K_FRACTION, K_TARGETS } key_kind;
 
@@ -69,23 +60,15 @@ static int find_key(const char *name)
 /* ------------------------------------------------------------------------------------------ */
 /* Targets                                                                                     */
 
-static int find_target(const char *name, size_t len)
-{
-    for (int t = 0; t < TDM_ADAPTER_TARGET_COUNT; t++)
-        if (strlen(target_names[t]) == len && !memcmp(target_names[t], name, len))
-            return t;
-    return -1;
-}
-
 /* Adds one target name to *mask; message without location on failure. */
 static tdm_status add_target(const char *name, size_t len, uint32_t *mask, tdm_error *err)
 {
-    int t = find_target(name, len);
-    if (t < 0) {
+    tdm_lora_target t;
+    if (!tdm_lora_target_parse_n(name, len, &t)) {
         char *copy = strndup(name, len);
         if (!copy)
             return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        const char *hint = tdm_suggest(copy, target_names, TDM_ADAPTER_TARGET_COUNT);
+        const char *hint = tdm_suggest(copy, tdm_lora_target_names, TDM_LORA_N_TARGETS);
         tdm_fail(err, TDM_ERR_INVALID,
                  "unknown target '%.64s'%s%s%s (known: q_proj, k_proj, v_proj, o_proj, "
                  "gate_proj, up_proj, down_proj)",
@@ -93,9 +76,9 @@ static tdm_status add_target(const char *name, size_t len, uint32_t *mask, tdm_e
         free(copy);
         return TDM_ERR_INVALID;
     }
-    if (*mask & (1u << t))
-        return tdm_fail(err, TDM_ERR_INVALID, "target '%s' is listed twice", target_names[t]);
-    *mask |= 1u << t;
+    if (*mask & TDM_LORA_BIT(t))
+        return tdm_fail(err, TDM_ERR_INVALID, "target '%s' is listed twice", tdm_lora_target_name(t));
+    *mask |= TDM_LORA_BIT(t);
     return TDM_OK;
 }
 

@@ -22,23 +22,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/lora_targets.h"
 #include "util/error.h"
 
-/* The projection matrices a LoRA adapter can attach to, as a bit set. */
+/* The projection matrices a LoRA adapter can attach to, as a bit set: bit t is target t of
+ * model/lora_targets.h (names: tdm_lora_target_name). */
 typedef enum tdm_adapter_target {
-    TDM_ADAPTER_TARGET_Q_PROJ = 1u << 0,
-    TDM_ADAPTER_TARGET_K_PROJ = 1u << 1,
-    TDM_ADAPTER_TARGET_V_PROJ = 1u << 2,
-    TDM_ADAPTER_TARGET_O_PROJ = 1u << 3,
-    TDM_ADAPTER_TARGET_GATE_PROJ = 1u << 4,
-    TDM_ADAPTER_TARGET_UP_PROJ = 1u << 5,
-    TDM_ADAPTER_TARGET_DOWN_PROJ = 1u << 6,
+    TDM_ADAPTER_TARGET_Q_PROJ = TDM_LORA_BIT(TDM_LORA_Q),
+    TDM_ADAPTER_TARGET_K_PROJ = TDM_LORA_BIT(TDM_LORA_K),
+    TDM_ADAPTER_TARGET_V_PROJ = TDM_LORA_BIT(TDM_LORA_V),
+    TDM_ADAPTER_TARGET_O_PROJ = TDM_LORA_BIT(TDM_LORA_O),
+    TDM_ADAPTER_TARGET_GATE_PROJ = TDM_LORA_BIT(TDM_LORA_GATE),
+    TDM_ADAPTER_TARGET_UP_PROJ = TDM_LORA_BIT(TDM_LORA_UP),
+    TDM_ADAPTER_TARGET_DOWN_PROJ = TDM_LORA_BIT(TDM_LORA_DOWN),
 } tdm_adapter_target;
-#define TDM_ADAPTER_TARGET_COUNT 7
-#define TDM_ADAPTER_TARGET_ALL 0x7Fu
-
-/* "q_proj" for bit 0 ... "down_proj" for bit 6; NULL outside 0..TDM_ADAPTER_TARGET_COUNT-1. */
-const char *tdm_adapter_target_name(unsigned bit);
+#define TDM_ADAPTER_TARGET_COUNT TDM_LORA_N_TARGETS
+#define TDM_ADAPTER_TARGET_ALL TDM_LORA_ALL
 
 /* Parses a comma-separated list such as "q_proj, v_proj" (spaces around names are ignored) into
  * a bit set. Unknown names (with a suggestion), duplicates and empty lists are TDM_ERR_INVALID;

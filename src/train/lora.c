@@ -5,16 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const target_paths[TDM_ADAPTER_TARGET_COUNT] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
-};
-
-const char *tdm_lora_params_target_path(unsigned target)
-{
-    return target < TDM_ADAPTER_TARGET_COUNT ? target_paths[target] : NULL;
-}
-
 void tdm_lora_params_projection_dims(const tdm_model_config *cfg, unsigned target, int64_t *in,
                               int64_t *out)
 {
@@ -146,7 +136,7 @@ const tdm_lora_module *tdm_lora_params_find(const tdm_lora_params *l, int layer,
 bool tdm_lora_params_tensor_name(const tdm_lora_module *m, bool is_b, char *buf, size_t cap)
 {
     int n = snprintf(buf, cap, "base_model.model.model.layers.%d.%s.lora_%c.weight", m->layer,
-                     tdm_lora_params_target_path(m->target), is_b ? 'B' : 'A');
+                     tdm_lora_target_path(m->target), is_b ? 'B' : 'A');
     return n > 0 && (size_t)n < cap;
 }
 

@@ -39,7 +39,7 @@
 
 typedef struct tdm_lora_module {
     int layer;        /* decoder layer index */
-    unsigned target;  /* bit index 0..6 of tdm_adapter_target (tdm_adapter_target_name) */
+    unsigned target;  /* bit index 0..6 of tdm_adapter_target (tdm_lora_target_name) */
     int64_t in, out;  /* the projection's in_features, out_features */
     int64_t a_offset; /* offset of A in the flat parameter array, (r, in) */
     int64_t b_offset; /* offset of B, (out, r) */
@@ -80,10 +80,6 @@ void tdm_lora_params_init_peft(tdm_lora_params *l, tdm_rng *rng);
 
 /* The module of (layer, target bit), or NULL when the adapter does not target it. */
 const tdm_lora_module *tdm_lora_params_find(const tdm_lora_params *l, int layer, unsigned target);
-
-/* "self_attn.q_proj", "mlp.down_proj", ... for a target bit (the Hugging Face path inside a
- * decoder layer); NULL outside 0..6. */
-const char *tdm_lora_params_target_path(unsigned target);
 
 /* PEFT tensor name of a module's A (is_b false) or B:
  * "base_model.model.model.layers.{layer}.{path}.lora_{A|B}.weight". Returns false when it does

@@ -21,7 +21,7 @@ tdm_status tdm_peft_config_json(const tdm_lora_params *l, const tdm_peft_meta *m
     json_t *targets = json_array();
     for (unsigned t = 0; t < TDM_ADAPTER_TARGET_COUNT; t++)
         if (l->targets & (1u << t))
-            json_array_append_new(targets, json_string(tdm_adapter_target_name(t)));
+            json_array_append_new(targets, json_string(tdm_lora_target_name(t)));
     /* lora_alpha as an integer when it is one (PEFT configs usually carry ints). */
     json_t *alpha = (l->alpha == floor(l->alpha) && fabs(l->alpha) < 1e15)
                         ? json_integer((json_int_t)l->alpha)
@@ -196,15 +196,13 @@ tdm_status tdm_peft_config_parse(const char *text, size_t len, const char *name,
         if (!json_is_string(e))
             BAD(TDM_ERR_PARSE, "%s: target_modules[%zu] is not a string", name, i);
         const char *s = json_string_value(e);
-        unsigned t;
-        for (t = 0; t < TDM_ADAPTER_TARGET_COUNT; t++)
-            if (strcmp(s, tdm_adapter_target_name(t)) == 0) break;
-        if (t == TDM_ADAPTER_TARGET_COUNT)
+        tdm_lora_target t;
+        if (!tdm_lora_target_parse(s, &t))
             BAD(TDM_ERR_UNSUPPORTED,
                 "%s: target module \"%s\" is not supported (tandem adapts q_proj, k_proj, v_proj, "
                 "o_proj, gate_proj, up_proj, down_proj)",
                 name, s);
-        mask |= 1u << t;
+        mask |= TDM_LORA_BIT(t);
     }
     *targets = mask;
     v = json_object_get(o, "bias");
@@ -288,7 +286,7 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora_
                 st = tdm_fail(err, TDM_ERR_INVALID,
                               "%s: tensor %s is missing (the config "
                               "targets %s on every layer)",
-                              path, name, tdm_adapter_target_name(m->target));
+                              path, name, tdm_lora_target_name(m->target));
             } else if (t->rank != 2 || t->shape[0] != r0 || t->shape[1] != r1) {
                 st = tdm_fail(err, TDM_ERR_INVALID,
                               "%s: tensor %s has shape [%lld%s%lld], expected [%lld, %lld] "

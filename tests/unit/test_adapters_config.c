@@ -140,8 +140,8 @@ static void test_targets_list(void **state)
     assert_int_equal(tdm_adapter_targets_parse("v_proj,v_proj", &m, &err), TDM_ERR_INVALID);
     assert_non_null(strstr(err.message, "'v_proj' is listed twice"));
     for (unsigned i = 0; i < TDM_ADAPTER_TARGET_COUNT; i++)
-        assert_non_null(tdm_adapter_target_name(i));
-    assert_null(tdm_adapter_target_name(TDM_ADAPTER_TARGET_COUNT));
+        assert_non_null(tdm_lora_target_name(i));
+    assert_null(tdm_lora_target_name(TDM_ADAPTER_TARGET_COUNT));
     assert_string_equal(tdm_adapter_key_name(TDM_ADAPTER_KEY_MAX_SEQ_LEN), "max_seq_len");
 }
 

@@ -221,7 +221,7 @@ static cmp_stats compare_adapter(const tdm_lora *a, const tdm_lora_params *l, co
             printf("  TENSOR %s %slayers.%d.%s.lora_%c: rel L2 %.2e, maxdiff %.2e (%.2e of max "
                    "|ref|), "
                    "cosine 1-%.1e\n",
-                   ok ? "OK  " : "FAIL", prefix, md->layer, tdm_lora_params_target_path(md->target),
+                   ok ? "OK  " : "FAIL", prefix, md->layer, tdm_lora_target_path(md->target),
                    is_b ? 'B' : 'A', s.rel_l2, s.max_abs, s.max_rel, 1 - s.cosine);
             if (!ok)
                 fail_msg("%s: rel L2 %.3e (tol %.0e), max rel %.3e (tol %.0e), max abs %.3e (tol "
