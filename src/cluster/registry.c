@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 #include "util/mkdir_p.h"
 
 tdm_status tdm_registry_dir(char *buf, size_t size, tdm_error *err)
@@ -49,13 +50,7 @@ tdm_status tdm_registry_save(const char *dir, json_t *job, tdm_error *err)
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s.json", dir, id) >= (int)sizeof path)
         return tdm_fail(err, TDM_ERR_INVALID, "job registry path too long");
-    char *text = json_dumps(job, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (!text)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    size_t len = strlen(text);
-    tdm_status st = tdm_atomic_write(path, text, len, 0600, err);
-    free(text);
-    return st;
+    return tdm_atomic_write_json(path, job, JSON_INDENT(2) | JSON_PRESERVE_ORDER, false, 0600, err);
 }
 
 static int by_submitted(const void *a, const void *b)

@@ -20,6 +20,7 @@
 #include "gpu/ledger.h"
 #include "gpu/proc_identity.h"
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 
 #define ADVERT_VERSION 1
 
@@ -144,12 +145,9 @@ tdm_status tdm_cotrain_listen(const char *dir, const tdm_base_identity *base, co
                               a.socket_path);
     }
     json_t *j = advert_json(&a);
-    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    tdm_status st = tdm_atomic_write_json(advert_path, j, JSON_INDENT(2) | JSON_PRESERVE_ORDER,
+                                          false, shared ? 0640 : 0600, err);
     json_decref(j);
-    tdm_status st =
-        text ? tdm_atomic_write(advert_path, text, strlen(text), shared ? 0640 : 0600, err)
-             : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    free(text);
     if (st != TDM_OK) {
         close(fd);
         unlink(a.socket_path);

@@ -14,6 +14,7 @@
 
 #include "obs/obs.h"
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 #include "util/fault.h"
 #include "util/mkdir_p.h"
 #include "util/timeutil.h"
@@ -589,19 +590,8 @@ char *tdm_ledger_state_to_json(const tdm_ledger_state *s)
     }
     json_object_set_new(root, "reservations", res);
     json_object_set_new(root, "queue", queue);
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *out = tdm_json_dumps_line(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!text)
-        return NULL;
-    /* jansson allocates with malloc by default; hand back a buffer with a trailing newline. */
-    size_t n = strlen(text);
-    char *out = realloc(text, n + 2);
-    if (!out) {
-        free(text);
-        return NULL;
-    }
-    out[n] = '\n';
-    out[n + 1] = '\0';
     return out;
 }
 

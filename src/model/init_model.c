@@ -12,6 +12,7 @@
 #include "model/presets.h"
 #include "model/safetensors.h"
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 #include "util/half.h"
 #include "util/rng.h"
 
@@ -149,13 +150,9 @@ static json_t *byte_level(bool prefix_space)
 
 static tdm_status write_json(const char *path, json_t *doc, tdm_error *err)
 {
-    char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    tdm_status st =
+        tdm_atomic_write_json(path, doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER, false, 0644, err);
     json_decref(doc);
-    if (!text)
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory encoding %s", path);
-    size_t len = strlen(text);
-    tdm_status st = tdm_atomic_write(path, text, len, 0644, err);
-    free(text);
     return st;
 }
 

@@ -13,6 +13,7 @@
 
 #include "obs/clock.h"
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -293,15 +294,11 @@ tdm_status tdm_trace_close(tdm_error *err)
     json_t *doc = build_document((int)getpid());
     /* ts and dur are whole ns / 1000: 16 significant digits print them exactly (no 1e-14 noise)
      * while CLOCK_MONOTONIC stays below 1e15 ns (11 days of uptime), and to within 1 ns after. */
-    char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(16)) : NULL;
-    if (!text)
-        st = tdm_fail(err, TDM_ERR_NOMEM, "cannot build trace %s", trace_path);
-    else
-        st = tdm_atomic_write(trace_path, text, strlen(text), 0644, err);
+    st = tdm_atomic_write_json(trace_path, doc, JSON_COMPACT | JSON_REAL_PRECISION(16), false, 0644,
+                               err);
     if (st == TDM_OK && dropped > 0)
         tdm_warn("trace %s: %zu events dropped (the cap is %d events)", trace_path, dropped,
                  TDM_TRACE_MAX_EVENTS);
-    free(text);
     json_decref(doc);
     for (size_t i = 0; i < n_events; i++)
         json_decref(events[i].args);

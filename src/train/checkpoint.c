@@ -13,6 +13,7 @@
 #include "model/safetensors.h"
 #include "util/atomic_dir.h"
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 
 #define NAME_CAP 224
 
@@ -26,19 +27,8 @@ void tdm_checkpoint_info_free(tdm_checkpoint_info *info)
 
 static tdm_status write_json(const char *path, const json_t *doc, tdm_error *err)
 {
-    char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
-    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode %s", path);
-    size_t n = strlen(text);
-    char *t2 = realloc(text, n + 2);
-    if (!t2) {
-        free(text);
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing %s", path);
-    }
-    t2[n] = '\n';
-    t2[n + 1] = '\0';
-    tdm_status st = tdm_atomic_write(path, t2, n + 1, 0644, err);
-    free(t2);
-    return st;
+    return tdm_atomic_write_json(path, doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY,
+                                 true, 0644, err);
 }
 
 static tdm_status read_json(const char *path, json_t **out, tdm_error *err)

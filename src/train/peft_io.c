@@ -10,6 +10,7 @@
 #include "model/safetensors.h"
 #include "util/atomic_dir.h"
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 
 #define NAME_CAP 192
 
@@ -51,17 +52,9 @@ tdm_status tdm_peft_config_json(const tdm_lora_params *l, const tdm_peft_meta *m
     json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(o, "use_dora", json_false());
     json_object_set_new(o, "use_rslora", json_boolean(l->use_rslora));
-    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *withnl = tdm_json_dumps_line(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
-    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing adapter_config.json");
-    size_t n = strlen(text);
-    char *withnl = realloc(text, n + 2);
-    if (!withnl) {
-        free(text);
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing adapter_config.json");
-    }
-    withnl[n] = '\n';
-    withnl[n + 1] = '\0';
+    if (!withnl) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing adapter_config.json");
     *out = withnl;
     return TDM_OK;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "util/atomic_file.h"
+#include "util/json_file.h"
 #include "util/fault.h"
 
 static json_t *num_or_null(double v)
@@ -19,19 +20,7 @@ static json_t *num_or_null(double v)
 
 static tdm_status save_doc(const json_t *doc, const char *path, size_t flags, tdm_error *err)
 {
-    char *text = json_dumps(doc, flags);
-    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode %s", path);
-    size_t n = strlen(text);
-    char *t2 = realloc(text, n + 2);
-    if (!t2) {
-        free(text);
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory writing %s", path);
-    }
-    t2[n] = '\n';
-    t2[n + 1] = '\0';
-    tdm_status st = tdm_atomic_write(path, t2, n + 1, 0644, err);
-    free(t2);
-    return st;
+    return tdm_atomic_write_json(path, doc, flags, true, 0644, err);
 }
 
 tdm_status tdm_trainer_state_init(tdm_trainer_state *ts, tdm_error *err)
@@ -261,17 +250,10 @@ static int write_all(int fd, const char *p, size_t n)
 tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_error *err)
 {
     json_t *o = tdm_metrics_line_to_json(m);
-    char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *line = tdm_json_dumps_line(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
-    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode a metrics line");
-    size_t n = strlen(text);
-    char *line = realloc(text, n + 2);
-    if (!line) {
-        free(text);
-        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    }
-    line[n] = '\n';
-    line[n + 1] = '\0';
+    if (!line) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode a metrics line");
+    size_t len = strlen(line);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         free(line);
@@ -283,7 +265,7 @@ tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_e
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot stat %s", path);
         goto done;
     }
-    int e = write_all(fd, line, n + 1);
+    int e = write_all(fd, line, len);
     const char *what = "append to";
     if (e == 0 && fsync(fd) != 0) { /* a delayed allocation can fail here with ENOSPC too */
         e = errno;

@@ -14,6 +14,7 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/fault.h"
+#include "util/json_file.h"
 #include "util/mkdir_p.h"
 #include "util/timeutil.h"
 
@@ -69,6 +70,48 @@ static void test_atomic_write_roundtrip_and_mode(void **state)
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
+}
+
+/* tdm_atomic_write_json writes exactly json_dumps(doc, flags) (plus "\n" when asked) with the
+ * given mode, and a NULL document (a failed build of it) is an out-of-memory error naming the file.
+ */
+static void test_atomic_write_json_bytes_and_mode(void **state)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/doc.json", tmpdir);
+    json_t *doc = json_pack("{s:i,s:[s,f]}", "b", 1, "a", "x", 0.5);
+    assert_non_null(doc);
+    tdm_error err = {0};
+    char *buf;
+    size_t len;
+    struct stat st;
+
+    assert_int_equal(
+        tdm_atomic_write_json(path, doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER, true, 0640, &err),
+        TDM_OK);
+    assert_int_equal(tdm_read_file(path, &buf, &len, &err), TDM_OK);
+    assert_string_equal(buf, "{\n  \"b\": 1,\n  \"a\": [\n    \"x\",\n    0.5\n  ]\n}\n");
+    free(buf);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+
+    assert_int_equal(
+        tdm_atomic_write_json(path, doc, JSON_COMPACT | JSON_SORT_KEYS, false, 0600, &err), TDM_OK);
+    assert_int_equal(tdm_read_file(path, &buf, &len, &err), TDM_OK);
+    assert_string_equal(buf, "{\"a\":[\"x\",0.5],\"b\":1}");
+    free(buf);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    char *line = tdm_json_dumps_line(doc, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(line, "{\"a\":[\"x\",0.5],\"b\":1}\n");
+    free(line);
+    json_decref(doc);
+
+    assert_int_equal(tdm_atomic_write_json(path, NULL, JSON_COMPACT, false, 0600, &err),
+                     TDM_ERR_NOMEM);
+    assert_non_null(strstr(err.message, "doc.json"));
+    assert_null(tdm_json_dumps_line(NULL, JSON_COMPACT));
 }
 
 /* A hard link planted at the temp name (".<name>.tmp-<pid>") is never truncated or written through
@@ -196,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_mkdir_p),
         cmocka_unit_test(test_fault_points),
         cmocka_unit_test(test_atomic_write_roundtrip_and_mode),
+        cmocka_unit_test(test_atomic_write_json_bytes_and_mode),
         cmocka_unit_test(test_atomic_write_refuses_planted_temp),
         cmocka_unit_test(test_atomic_write_failures_keep_old_content),
         cmocka_unit_test(test_read_missing_file),
