@@ -218,7 +218,7 @@ static const char *const SCHEDULE_NAMES[] = {"synchronized", "round-robin", "pri
 static tdm_status parse_opts(const reader *r, json_t *o, tdm_cotrain_run_opts *p)
 {
     if (!json_is_object(o)) return bad(r, "opts", "must be an object");
-    int e;
+    int e = 0; /* set by get_enum on success; -O3 cannot see that */
     TRY(get_str(r, o, "task", 64, false, false, &p->task));
     TRY(get_bool(r, o, "chat_template_given", &p->chat_template_given));
     TRY(get_enum(r, o, "chat_template", CHAT_NAMES, 3, &e));
@@ -263,7 +263,7 @@ static bool identity_ok(const char *s)
 static tdm_status parse_body(const reader *r, json_t *o, tdm_cotrain_msg *m)
 {
     int64_t x;
-    int e;
+    int e = 0; /* set by get_enum on success; -O3 cannot see that */
     switch (m->type) {
     case TDM_COTRAIN_JOIN: {
         tdm_cotrain_join *j = &m->u.join;
