@@ -77,7 +77,8 @@ tdm_status tdm_cotrain_client_send(tdm_cotrain_client *c, const tdm_cotrain_msg 
 static bool take_line(tdm_cotrain_client *c, tdm_cotrain_msg *msg, tdm_status *st, tdm_error *err)
 {
     for (;;) {
-        char *nl = memchr(c->in, '\n', c->in_len);
+        /* memchr needs a valid pointer even for 0 bytes: in is NULL before the first read */
+        char *nl = c->in_len ? memchr(c->in, '\n', c->in_len) : NULL;
         if (!nl) {
             if (c->in_len > TDM_COTRAIN_MSG_MAX) {
                 *st =
