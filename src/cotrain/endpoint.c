@@ -247,7 +247,7 @@ tdm_status tdm_cotrain_discover(const char *dir, tdm_cotrain_advert **hosts, siz
         free(list);
         return st;
     }
-    qsort(list, n, sizeof *list, cmp_advert);
+    if (n > 1) qsort(list, n, sizeof *list, cmp_advert); /* list is NULL when no host */
     *hosts = list;
     *n_out = n;
     return TDM_OK;
