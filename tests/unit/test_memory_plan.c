@@ -123,6 +123,9 @@ static void check_equal(const char *const *flags, int64_t *one_adapter_mb)
             fail_msg("%s ...: %d adapter(s): submit places with %lld MiB, finetune reserves %lld",
                      flags[0], k, (long long)b.gpu_mb[k], (long long)reserved);
         assert_true(k == 1 || b.gpu_mb[k] > b.gpu_mb[k - 1]);
+        /* the smallest plan a GPU too small for this one may still take */
+        assert_true(b.gpu_min_mb[k] <= b.gpu_mb[k]);
+        assert_true(k == 1 || b.gpu_min_mb[k] > b.gpu_min_mb[k - 1]);
         assert_true(b.cpu_mb[k] > TDM_CPU_PROCESS_MIB);
     }
     if (one_adapter_mb) *one_adapter_mb = b.gpu_mb[1];
@@ -158,6 +161,7 @@ static void test_explicit_vram(void **state)
     assert_int_equal(b.gpu_mb[0], 0);
     assert_int_equal(b.gpu_mb[1], 3072);
     assert_int_equal(b.gpu_mb[2], 3072);
+    assert_int_equal(b.gpu_min_mb[1], 3072); /* --vram GB: no smaller plan */
     tdm_run_budget_free(&b);
 }
 
