@@ -13,11 +13,7 @@
  *     an out-of-memory that spoiled its partial gradient) gives the uninterrupted run's bytes;
  *   - with LoRA dropout the same holds (round-robin = alone bit for bit, fused = alone to float
  *     rounding), dropout changes the result, adapter_config.json records it, and p >= 1 is
- *     refused;
- *   - micro-batching (the memory plan's split, tdm_trainer_set_memory_plan): batch_size B with
- *     grad_accum G trained as micro-batches of ceil(B / k) in up to G x k passes ends where the
- *     plain run ends, to float rounding (the fused == alone bound), with the same losses per
- *     step, the same steps and checkpoints; every pass really holds at most the micro-batch.
+ *     refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,7 +117,6 @@ typedef struct run_cfg {
     int grad_accum;
     int64_t save_every, log_every;
     bool resume;
-    int split; /* 0, 1: none; k: tdm_trainer_set_memory_plan(false, k) */
     tdm_trainer_pass_fn on_pass;
     void *on_pass_user;
 } run_cfg;
@@ -147,8 +142,6 @@ static tdm_status run(const tdm_trainer_adapter *ads, int n, const run_cfg *r, t
     tdm_trainer *t = NULL;
     tdm_status st = tdm_trainer_create(&t, &o, ads, n, NULL, err);
     if (st != TDM_OK) fail_msg("create: %s", err->message);
-    if (r->split > 1 && (st = tdm_trainer_set_memory_plan(t, false, r->split, err)) != TDM_OK)
-        fail_msg("memory plan: %s", err->message);
     tdm_backend *be = NULL;
     assert_int_equal(tdm_backend_create(&be, "cpu", NULL, err), TDM_OK);
     st = tdm_trainer_attach(t, be, err);
@@ -363,97 +356,6 @@ static void check_alone(const tdm_trainer_adapter ads[3], int grad_accum, const 
         tdm_lora_params_free(&f);
         tdm_lora_params_free(&a);
     }
-}
-
-/* Micro-batching: the largest sequences each pass held per adapter, and the passes. */
-typedef struct micro_log {
-    int max_seqs[3];
-    int passes;
-    int64_t last_global;
-} micro_log;
-
-static void record_micro(const tdm_trainer_pass *p, void *user)
-{
-    micro_log *l = user;
-    for (int a = 0; a < p->n_adapters && a < 3; a++)
-        if (p->seqs[a] > l->max_seqs[a]) l->max_seqs[a] = p->seqs[a];
-    l->passes++;
-    l->last_global = p->global_step;
-}
-
-/* Two adapters (batch 3, grad_accum 2; one of weight 0.5, which spreads its batches) trained
- * plainly, then with the memory plan's split k = 2 (micro-batch 2 x accumulation 4: pieces
- * cross the micro-batches of 3) and k = 3 (micro-batch 1 x accumulation 6): the same optimizer
- * batches, so the same result. */
-static void test_micro_batches_equal_whole(void **state)
-{
-    (void)state;
-    micro_log logs[3] = {{{0}, 0, 0}};
-    tdm_trainer_adapter runs[3][2];
-    for (int k = 1; k <= 3; k++) {
-        char n0[16], n1[16];
-        snprintf(n0, sizeof n0, "mb%d_0", k);
-        snprintf(n1, sizeof n1, "mb%d_1", k);
-        tdm_trainer_adapter *ads = runs[k - 1];
-        ads[0] = spec(0, n0);
-        ads[1] = spec(2, n1);
-        ads[1].weight = 0.5;
-        run_cfg r = {.sched = TDM_SCHEDULE_SYNCHRONIZED,
-                     .grad_accum = 2,
-                     .log_every = 1,
-                     .save_every = 2,
-                     .split = k,
-                     .on_pass = record_micro,
-                     .on_pass_user = &logs[k - 1]};
-        tdm_error err = {0};
-        if (run(ads, 2, &r, &err) != TDM_OK) fail_msg("split %d: %s", k, err.message);
-    }
-    /* the micro-batches were used: batch 3 -> at most 2 and 1 sequences per pass, and more
-     * passes for the same global steps */
-    assert_int_equal(logs[0].max_seqs[0], 3);
-    assert_int_equal(logs[1].max_seqs[0], 2);
-    for (int a = 0; a < 2; a++)
-        assert_int_equal(logs[2].max_seqs[a], 1);
-    assert_int_equal(logs[1].last_global, logs[0].last_global);
-    assert_int_equal(logs[2].last_global, logs[0].last_global);
-    assert_true(logs[1].passes > logs[0].passes);
-    assert_true(logs[2].passes > logs[1].passes);
-    for (int k = 2; k <= 3; k++)
-        for (int a = 0; a < 2; a++) {
-            tdm_lora_params x = {0}, y = {0};
-            load(runs[k - 1][a].output, &x);
-            load(runs[0][a].output, &y);
-            double dl = loss_diff(runs[k - 1][a].output, runs[0][a].output), dm = rel_diff(&x, &y);
-            print_message("adapter %d: micro-batch %d x accumulation %d vs batch 3 x 2: losses "
-                          "%.3g, weights %.3g (max)\n",
-                          a, (3 + k - 1) / k, 2 * k, dl, dm);
-            assert_true(dl < 1e-6);
-            assert_true(dm < 1e-3);
-            /* the same checkpoints (save_every 2: the same optimizer steps) */
-            for (int64_t step = 2; step <= 6; step += 2) {
-                char px[600], py[600];
-                snprintf(px, sizeof px, "%s/checkpoint-%lld", runs[k - 1][a].output,
-                         (long long)step);
-                snprintf(py, sizeof py, "%s/checkpoint-%lld", runs[0][a].output, (long long)step);
-                assert_int_equal(access(px, F_OK) == 0, access(py, F_OK) == 0);
-            }
-            tdm_lora_params_free(&x);
-            tdm_lora_params_free(&y);
-        }
-    /* a split out of range is refused */
-    tdm_error err = {0};
-    tdm_trainer_opts o;
-    tdm_trainer_opts_default(&o);
-    char model[512];
-    snprintf(model, sizeof model, "%s/tiny", dir);
-    o.model_dir = model;
-    o.val_split = 0;
-    tdm_trainer_adapter one = spec(0, "mb_bad");
-    tdm_trainer *t = NULL;
-    assert_int_equal(tdm_trainer_create(&t, &o, &one, 1, NULL, &err), TDM_OK);
-    assert_int_equal(tdm_trainer_set_memory_plan(t, false, 0, &err), TDM_ERR_INVALID);
-    assert_int_equal(tdm_trainer_split(t), 1);
-    tdm_trainer_free(t);
 }
 
 /* Every pass holds the same number of rows per sequence (one sample length): the rows of each
@@ -730,7 +632,6 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_equals_alone),
-        cmocka_unit_test(test_micro_batches_equal_whole),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_dropout_range),
         cmocka_unit_test(test_weights_share_each_pass),
