@@ -15,10 +15,10 @@
  * Adapters are placed one at a time in file order. A node's first adapter picks its best GPU and
  * needs room for base + adapter; the next ones join the same process (one base in memory) on the
  * same device and need room for one adapter (with --vram auto, a GPU too small for the plan as
- * asked but large enough for the smallest plan counts as having room: tdm_place_budget). Excluded, with the reason kept: unreachable nodes,
- * nodes with GPUs whose tandem was built without CUDA (why_no_cuda), nodes at max_adapters,
- * devices without room, CPU-only nodes when the model has more parameters than cpu_max_params.
- * A node with GPUs never trains on its CPU.
+ * asked but large enough for the smallest plan counts as having room: tdm_place_budget). Excluded,
+ * with the reason kept: unreachable nodes, nodes with GPUs whose tandem was built without CUDA
+ * (why_no_cuda), nodes at max_adapters, devices without room, CPU-only nodes when the model has
+ * more parameters than cpu_max_params. A node with GPUs never trains on its CPU.
  */
 #ifndef TANDEM_CLUSTER_PLACEMENT_H
 #define TANDEM_CLUSTER_PLACEMENT_H

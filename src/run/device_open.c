@@ -62,8 +62,7 @@ static bool pid_in_ledger(const tdm_ledger_state *s, const char *gpu_uuid, uint3
 
 /* ---- the budget a run can get ---------------------------------------------------------------- */
 
-int64_t tdm_device_alone_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger,
-                            int64_t *outside_mb)
+int64_t tdm_device_alone_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger, int64_t *outside_mb)
 {
     tdm_ledger_state none;
     tdm_ledger_state_init(&none);
@@ -160,7 +159,8 @@ static bool ledger_now(tdm_ledger_state *st)
         snprintf(dir, sizeof dir, "%s", env);
     else if (tdm_ledger_default_dir(dir, sizeof dir, &e) != TDM_OK)
         return false;
-    return tdm_ledger_open(&ledger, dir, &e) == TDM_OK && tdm_ledger_snapshot(&ledger, st, &e) == TDM_OK;
+    return tdm_ledger_open(&ledger, dir, &e) == TDM_OK &&
+           tdm_ledger_snapshot(&ledger, st, &e) == TDM_OK;
 }
 
 /* The wait report callback of the reservation: asks the inventory and the ledger afresh. */

@@ -81,15 +81,15 @@ int64_t tdm_device_alone_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger,
 
 /* What --vram auto plans for, asked of the inventory and the ledger before any CUDA context. */
 typedef struct tdm_device_budget {
-    bool gpu;          /* the run would use a GPU; false: the CPU (nothing else is set) */
-    bool adopted;      /* under tandem gpu run: budget_mb = capacity_mb = its reservation's */
-    int64_t budget_mb; /* the largest tdm_device_alone_mb over the candidate GPUs; -1 unknown */
-    int64_t outside_mb;       /* held outside the ledger on that GPU */
+    bool gpu;           /* the run would use a GPU; false: the CPU (nothing else is set) */
+    bool adopted;       /* under tandem gpu run: budget_mb = capacity_mb = its reservation's */
+    int64_t budget_mb;  /* the largest tdm_device_alone_mb over the candidate GPUs; -1 unknown */
+    int64_t outside_mb; /* held outside the ledger on that GPU */
     char gpu_uuid[96], gpu_name[96]; /* the GPU budget_mb is on */
-    int64_t capacity_mb;      /* the largest reservable capacity (more never fits); -1 unknown */
+    int64_t capacity_mb;       /* the largest reservable capacity (more never fits); -1 unknown */
     int64_t capacity_total_mb; /* that GPU's total */
-    double reserve_factor;    /* and its reserve factor */
-    char capacity_gpu[200];   /* "UUID (name)" of that GPU */
+    double reserve_factor;     /* and its reserve factor */
+    char capacity_gpu[200];    /* "UUID (name)" of that GPU */
 } tdm_device_budget;
 
 /* Fills *out for req (device "cpu", or no usable CUDA under "auto": gpu false). Errors: --device

@@ -148,9 +148,8 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
                         (long long)b.capacity_mb);
     }
     char where[400];
-    snprintf(where, sizeof where, "%lld MiB this run can get on %s (%s)%s",
-             (long long)b.budget_mb, b.gpu_uuid, b.gpu_name,
-             b.adopted ? ", the reservation of tandem gpu run" : "");
+    snprintf(where, sizeof where, "%lld MiB this run can get on %s (%s)%s", (long long)b.budget_mb,
+             b.gpu_uuid, b.gpu_name, b.adopted ? ", the reservation of tandem gpu run" : "");
     if (b.outside_mb > 0 && !b.adopted) {
         size_t l = strlen(where);
         snprintf(where + l, sizeof where - l, " with %lld MiB held outside the ledger",

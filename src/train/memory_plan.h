@@ -97,21 +97,21 @@ typedef struct tdm_memory_fit_request {
 typedef struct tdm_memory_plan_choice {
     tdm_plan_rung rung;
     bool grad_checkpoint;
-    int split;      /* k: every micro-batch is ceil(batch_size / k); 1: none */
+    int split;       /* k: every micro-batch is ceil(batch_size / k); 1: none */
     int micro_batch; /* adapter 0's micro-batch, ceil(batch_size / split) */
     int batch_size;  /* adapter 0's batch_size */
     bool alike;      /* every adapter has that batch_size */
-    int grad_accum; /* passes per optimizer step at most: the run's grad_accum x split */
-    int64_t mb;     /* tdm_memory_plan_mb of est */
+    int grad_accum;  /* passes per optimizer step at most: the run's grad_accum x split */
+    int64_t mb;      /* tdm_memory_plan_mb of est */
     tdm_model_mem est;
 } tdm_memory_plan_choice;
 
 typedef struct tdm_memory_fit {
-    bool fits;                      /* a plan of at most budget_mb exists: chosen is it */
-    tdm_memory_plan_choice chosen;  /* fits: the first that fits; else the smallest */
-    tdm_memory_plan_choice asked;   /* the plan as asked (rung 0) */
+    bool fits;                       /* a plan of at most budget_mb exists: chosen is it */
+    tdm_memory_plan_choice chosen;   /* fits: the first that fits; else the smallest */
+    tdm_memory_plan_choice asked;    /* the plan as asked (rung 0) */
     tdm_memory_plan_choice smallest; /* grad checkpointing, micro-batch 1: the least it needs */
-    int n_tried;                    /* plans whose MiB was computed */
+    int n_tried;                     /* plans whose MiB was computed */
 } tdm_memory_fit;
 
 /* Chooses the plan (above) for req->budget_mb. Pure arithmetic, no device: the co-training host

@@ -182,18 +182,18 @@ static tdm_memory_fit fit_7b(const char *const *flags, int n, int64_t budget_mb,
                                     .batch_size = ro.adapter.batch_size,
                                     .max_seq_len = ro.adapter.max_seq_len,
                                     .weight = 1};
-    *req = (tdm_memory_fit_request){
-        .config = &cfg,
-        .opts = {.nf4 = ro.trainer.nf4,
-                 .double_quant = ro.trainer.double_quant,
-                 .grad_checkpoint = ro.trainer.grad_checkpoint},
-        .act = TDM_BE_BF16,
-        .adapters = ads,
-        .n_adapters = n,
-        .synchronized = ro.trainer.schedule == TDM_SCHEDULE_SYNCHRONIZED,
-        .grad_accum = ro.trainer.grad_accum,
-        .context_mb = TDM_CUDA_CONTEXT_MIB,
-        .budget_mb = budget_mb};
+    *req =
+        (tdm_memory_fit_request){.config = &cfg,
+                                 .opts = {.nf4 = ro.trainer.nf4,
+                                          .double_quant = ro.trainer.double_quant,
+                                          .grad_checkpoint = ro.trainer.grad_checkpoint},
+                                 .act = TDM_BE_BF16,
+                                 .adapters = ads,
+                                 .n_adapters = n,
+                                 .synchronized = ro.trainer.schedule == TDM_SCHEDULE_SYNCHRONIZED,
+                                 .grad_accum = ro.trainer.grad_accum,
+                                 .context_mb = TDM_CUDA_CONTEXT_MIB,
+                                 .budget_mb = budget_mb};
     tdm_memory_fit f;
     if (tdm_memory_plan_fit(req, &f, &err) != TDM_OK) fail_msg("fit: %s", err.message);
     return f;
@@ -231,8 +231,8 @@ static void test_fit_7b_on_24g(void **state)
     assert_true(three.chosen.mb < 2 * one.asked.mb);
     tdm_memory_fit longer = fit_7b(s2048, 1, CARD_24G_MIB, ads, &req);
     tdm_memory_plan_describe(&longer.chosen, what, sizeof what);
-    print_message("7B B4x2048: %lld MiB as asked, %s: %lld MiB\n", (long long)longer.asked.mb,
-                  what, (long long)longer.chosen.mb);
+    print_message("7B B4x2048: %lld MiB as asked, %s: %lld MiB\n", (long long)longer.asked.mb, what,
+                  (long long)longer.chosen.mb);
     assert_true(longer.asked.mb > CARD_24G_MIB);
     assert_true(longer.fits);
     assert_true(longer.chosen.rung != TDM_PLAN_AS_ASKED);
@@ -293,8 +293,8 @@ static void test_fit_order(void **state)
                   "%lld, micro-batch 1 %lld MiB\n",
                   (long long)asked, (long long)gc, (long long)k2, (long long)k4);
     /* --grad-checkpoint given: no checkpointing rung, micro-batches next */
-    static const char *const b4gc[] = {"max-seq-len", "512",          "batch-size",
-                                       "4",           "grad-checkpoint", NULL};
+    static const char *const b4gc[] = {"max-seq-len",     "512", "batch-size", "4",
+                                       "grad-checkpoint", NULL};
     f = fit_7b(b4gc, 3, gc, ads, &req);
     assert_int_equal(f.chosen.rung, TDM_PLAN_AS_ASKED);
     assert_int_equal(f.chosen.mb, gc);

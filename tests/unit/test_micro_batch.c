@@ -226,9 +226,16 @@ static void test_split_range(void **state)
     char data[600], out[600];
     snprintf(data, sizeof data, "%s/d0.jsonl", dir);
     snprintf(out, sizeof out, "%s/range", dir);
-    tdm_trainer_adapter ad = {.data = data, .output = out, .rank = 4, .alpha = 8,
-                              .targets = 0x05u, .lr = 1e-3, .epochs = 1, .batch_size = 4,
-                              .max_seq_len = 64, .weight = 1};
+    tdm_trainer_adapter ad = {.data = data,
+                              .output = out,
+                              .rank = 4,
+                              .alpha = 8,
+                              .targets = 0x05u,
+                              .lr = 1e-3,
+                              .epochs = 1,
+                              .batch_size = 4,
+                              .max_seq_len = 64,
+                              .weight = 1};
     tdm_trainer *t = NULL;
     tdm_error err = {0};
     assert_int_equal(tdm_trainer_create(&t, &o, &ad, 1, NULL, &err), TDM_OK);
