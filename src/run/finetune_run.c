@@ -115,8 +115,10 @@ static tdm_status adapters_from_flags(tdm_run_opts *o, tdm_trainer_adapter *ads,
  * (tdm_device_budget_query; train/memory_plan.h for the order), applied to the trainer and said
  * in one line when it is not the plan as asked. When none fits that budget the smallest is
  * taken and waits for the memory held outside the ledger; when the smallest exceeds every GPU's
- * reservable capacity (or the reservation of tandem gpu run) the run fails at once
- * (TDM_ERR_NEVER_FITS, exit 1) naming the budget it would need. */
+ * reservable capacity the run fails at once (TDM_ERR_NEVER_FITS, exit 1) naming the budget it
+ * would need. Under tandem gpu run the budget is its reservation, which the user chose: when
+ * nothing fits it the smallest plan is trained with a warning (gpu run reports the overrun), as
+ * the plan as asked was before plans were fitted. */
 static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_error *err)
 {
     if (o->device.vram_gib > 0) return TDM_OK; /* --vram GB: the plan as asked, in GB */
@@ -128,15 +130,19 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
     char chosen[256], smallest[256];
     tdm_memory_plan_describe(&fit.chosen, chosen, sizeof chosen);
     tdm_memory_plan_describe(&fit.smallest, smallest, sizeof smallest);
-    if (fit.smallest.mb > b.capacity_mb) {
-        if (b.adopted)
-            return tdm_fail(err, TDM_ERR_NEVER_FITS,
-                            "--vram auto: this run needs at least %lld MiB (its smallest plan: "
-                            "%s), more than the %lld MiB of the reservation %s of tandem gpu run "
-                            "on %s: ask gpu run for --vram %.1f or more",
-                            (long long)fit.smallest.mb, smallest, (long long)b.capacity_mb,
-                            getenv("TANDEM_RESERVATION_ID"), b.gpu_uuid,
-                            ceil((double)fit.smallest.mb / 102.4) / 10.0);
+    if (!fit.fits && b.adopted) {
+        if (o->device.note) {
+            char line[1024];
+            snprintf(line, sizeof line,
+                     "warning: --vram auto: this run needs at least %lld MiB (its smallest plan: "
+                     "%s), more than the %lld MiB of the reservation %s of tandem gpu run on %s; "
+                     "training the smallest plan over it (ask gpu run for --vram %.1f or more)",
+                     (long long)fit.smallest.mb, smallest, (long long)b.budget_mb,
+                     getenv("TANDEM_RESERVATION_ID"), b.gpu_uuid,
+                     ceil((double)fit.smallest.mb / 102.4) / 10.0);
+            o->device.note(line, o->device.note_user);
+        }
+    } else if (fit.smallest.mb > b.capacity_mb) {
         return tdm_fail(err, TDM_ERR_NEVER_FITS,
                         "--vram auto: this run needs at least %lld MiB (its smallest plan: %s), "
                         "more than any GPU here may reserve: the largest, %s, has %lld MiB, of "
@@ -155,7 +161,7 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
         snprintf(where + l, sizeof where - l, " with %lld MiB held outside the ledger",
                  (long long)b.outside_mb);
     }
-    if (!fit.fits) {
+    if (!fit.fits && !b.adopted) {
         if (o->device.note) {
             char line[1024];
             snprintf(line, sizeof line,
@@ -164,7 +170,7 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
                      where, smallest, (long long)fit.smallest.mb);
             o->device.note(line, o->device.note_user);
         }
-    } else if (fit.chosen.rung != TDM_PLAN_AS_ASKED && o->device.note) {
+    } else if (fit.fits && fit.chosen.rung != TDM_PLAN_AS_ASKED && o->device.note) {
         char line[1024];
         snprintf(line, sizeof line,
                  "--vram auto: the plan as asked needs %lld MiB, more than the %s: using %s, "

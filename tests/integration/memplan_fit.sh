@@ -4,7 +4,8 @@
 # process outside the ledger holds all but B MiB, as on the issue's simulated 24 GB card. The
 # plan as asked when it fits; gradient checkpointing when only that fits; then micro-batches
 # (same optimizer batch); a run whose smallest plan exceeds the GPU's reservable capacity fails
-# at once (exit 1) naming the budget it needs; an explicit --vram is reserved as given. The
+# at once (exit 1) naming the budget it needs; an explicit --vram is reserved as given; under
+# tandem gpu run its reservation is the budget. The
 # reservation is real (the ledger in $WORK); CUDA then cannot open the simulated GPU, so the
 # runs train on the CPU (--device auto). Needs a build with CUDA (a build without it never plans
 # for a GPU): skipped otherwise.
@@ -68,4 +69,18 @@ grep -q 'reserved' "$WORK/last.err" && fail "the impossible run reserved"
 expect_exit 0 ft explicit 1300 0 --vram 1
 grep -q -- '--vram auto' "$WORK/last.err" && fail "--vram 1 planned: $(cat "$WORK/last.err")"
 [ "$(reserved)" = 1024 ] || fail "--vram 1 reserved $(reserved) MiB"
+# 6. under tandem gpu run the budget is its reservation: a smaller plan to fit it, and when
+# nothing fits, the smallest plan with a warning (the user chose the reservation)
+TANDEM_FAKE_GPUS="uuid=GPU-sim-0,name=Sim,total_mb=100000,memory=discrete" expect_exit 0 \
+    "$TANDEM" gpu run --vram "$(awk -v m="$gc" 'BEGIN { printf "%.4f", m / 1024 }')" -- \
+    "$TANDEM" finetune "$WORK/model" --adapter "$WORK/d.jsonl:$WORK/gpurun" --max-seq-len 256 \
+    --batch-size 8 --epochs 1 --no-join
+grep -q "this run can get on GPU-sim-0 (Sim), the reservation of tandem gpu run: using gradient checkpointing, $gc MiB$" "$WORK/last.err" \
+    || fail "gpu run, checkpointing: $(cat "$WORK/last.err")"
+TANDEM_FAKE_GPUS="uuid=GPU-sim-0,name=Sim,total_mb=100000,memory=discrete" expect_exit 0 \
+    "$TANDEM" gpu run --vram 0.5 -- "$TANDEM" finetune "$WORK/model" \
+    --adapter "$WORK/d.jsonl:$WORK/gpurun-small" --max-seq-len 256 --batch-size 8 --epochs 1 --no-join
+grep -q "warning: --vram auto: this run needs at least $need MiB (its smallest plan: .*), more than the 512 MiB of the reservation .* of tandem gpu run on GPU-sim-0; training the smallest plan over it" "$WORK/last.err" \
+    || fail "gpu run, nothing fits: $(cat "$WORK/last.err")"
+grep -q "^tandem: --vram auto: $need MiB = " "$WORK/last.err" || fail "gpu run: not the smallest plan"
 finish
