@@ -130,8 +130,19 @@ struct tdm_trainer {
     float *d_sumsq, *d_coef, *d_norm; /* (n) f32 device */
     double t0_ms;         /* monotonic ms when this process's run began (elapsed_ms is since) */
     bool warned_schedule; /* --resume under another --schedule: warned once */
+    /* the memory plan (tdm_trainer_set_memory_plan): every adapter's pass takes at most
+     * ceil(batch_size / split) sequences of its batch, in up to grad_accum x split passes per
+     * global step; the optimizer batches are those of split 1 */
+    int split;
     char base_id[TDM_BASE_IDENTITY_LEN]; /* the base model's identity, for metadata.json */
 };
+
+/* Sequences adapter s puts in one pass at most: its micro-batch under the memory plan. */
+static int micro_batch(const tdm_trainer *t, const adapter_state *s)
+{
+    int k = t->split > 1 ? t->split : 1;
+    return (s->cfg.batch_size + k - 1) / k;
+}
 
 /* An optimizer batch is in progress (drawn, not yet stepped). */
 static bool in_batch(const adapter_state *s)
@@ -253,6 +264,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     if (!t) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     t->o = *opts;
     t->n = n_adapters;
+    t->split = 1;
     t->ad = calloc((size_t)n_adapters, sizeof *t->ad);
     if (!t->ad) {
         free(t);
@@ -634,9 +646,10 @@ static tdm_status eval_adapter(tdm_trainer *t, adapter_state *s, double *val, td
     double sum = 0;
     int64_t tok = 0;
     tdm_status st = TDM_OK;
-    for (uint32_t i = 0; i < s->ds.n_val; i += (uint32_t)s->cfg.batch_size) {
+    uint32_t mb = (uint32_t)micro_batch(t, s);
+    for (uint32_t i = 0; i < s->ds.n_val; i += mb) {
         uint32_t left = s->ds.n_val - i;
-        int k = (int)(left < (uint32_t)s->cfg.batch_size ? left : (uint32_t)s->cfg.batch_size);
+        int k = (int)(left < mb ? left : mb);
         fused_clear(&f);
         if ((st = fused_add(&f, &s->ds, s->ds.val + i, k, 0, err)) != TDM_OK) break;
         tdm_batch b = fused_view(&f);
@@ -697,19 +710,21 @@ static tdm_status begin_batch(tdm_trainer *t, adapter_state *s, tdm_error *err)
 
 /* How many of its batch's remaining sequences adapter s puts in the next pass, at share ratio
  * (weight / max weight, 1 for the max-weight adapter and for the one-adapter schedules). At 1 it
- * is a whole micro-batch, so the batch completes within the global step exactly as a
- * micro-batch loop would run it. Below 1 the pass adds ratio * batch_size to the adapter's credit
+ * is a whole micro-batch (batch_size, or ceil(batch_size / split) under a memory plan that
+ * splits), so the batch completes within the global step exactly as a micro-batch loop would
+ * run it. Below 1 the pass adds ratio * micro-batch to the adapter's credit
  * and takes its whole part; a piece never crosses the batch's end, and credit the end leaves
  * unused is dropped (the fraction carries over), so the credit stays below 1 between passes. */
-static int piece_size(adapter_state *s, double ratio)
+static int piece_size(const tdm_trainer *t, adapter_state *s, double ratio)
 {
     int left = s->batch_seqs - s->seqs_done;
+    int micro = micro_batch(t, s);
     if (left <= 0) return 0;
     if (ratio >= 1) {
         s->credit = 0;
-        return left < s->cfg.batch_size ? left : s->cfg.batch_size;
+        return left < micro ? left : micro;
     }
-    s->credit += ratio * s->cfg.batch_size;
+    s->credit += ratio * micro;
     double whole = floor(s->credit + 1e-9); /* 0.3 * 10 is 2.9999999999999996 */
     s->credit -= whole;
     return whole < left ? (int)whole : left;
@@ -753,13 +768,13 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
         }
         w[part[p]] = s->step_counted > 0 ? 1.0 / (double)s->step_counted : 0.0;
     }
-    for (int j = 0, pass = 0; j < t->o.grad_accum; j++) {
+    for (int j = 0, pass = 0; j < t->o.grad_accum * t->split; j++) {
         fused_clear(f);
         memset(pass_seqs, 0, (size_t)n * sizeof *pass_seqs);
         memset(pass_rows, 0, (size_t)n * sizeof *pass_rows);
         for (int p = 0; p < np; p++) {
             adapter_state *s = &t->ad[part[p]];
-            int k = piece_size(s, ratio[p]);
+            int k = piece_size(t, s, ratio[p]);
             if (k == 0) continue;
             int64_t begin = f->m;
             if ((st = fused_add(f, &s->ds, s->idx + s->seqs_done, k, part[p], err)) != TDM_OK)
@@ -1323,25 +1338,24 @@ static int cmp_len_desc(const void *x, const void *y)
     return (a < b) - (a > b);
 }
 
-/* Rows of adapter s's largest batch: its batch_size longest samples (the shuffle may put them
- * together), never more than batch_size * max_seq_len. */
-static int64_t largest_batch_rows(const adapter_state *s)
+/* Adapter s's batch_size longest sample lengths (every sample counts: the shuffle may put the
+ * longest together, and validation batches are as large), longest first, into a malloc'd array
+ * of *n; NULL when out of memory (then the plan takes the worst case, max_seq_len each). */
+static int32_t *longest_samples(const adapter_state *s, int *n_out)
 {
-    int64_t cap = (int64_t)s->cfg.batch_size * s->cfg.max_seq_len;
+    *n_out = 0;
     uint32_t n = s->ds.n_samples;
-    int32_t *len = malloc((size_t)n * sizeof *len);
-    if (!len) return cap;
+    int32_t *len = malloc((size_t)(n ? n : 1) * sizeof *len);
+    if (!len) return NULL;
     for (uint32_t i = 0; i < n; i++)
         len[i] = s->ds.samples[i].len;
     qsort(len, n, sizeof *len, cmp_len_desc);
-    int64_t rows = 0;
-    for (uint32_t i = 0; i < n && i < (uint32_t)s->cfg.batch_size; i++)
-        rows += len[i];
-    free(len);
-    return rows < cap ? rows : cap;
+    *n_out = n < (uint32_t)s->cfg.batch_size ? (int)n : s->cfg.batch_size;
+    return len;
 }
 
-/* Each adapter as the memory plan sees it, its largest batch measured on its data (ads: n). */
+/* Each adapter as the memory plan sees it, its passes measured on its data, at the trainer's
+ * split (ads: n; free with free_plan_adapters). */
 static void plan_adapters(const tdm_trainer *t, tdm_plan_adapter *ads)
 {
     for (int a = 0; a < t->n; a++) {
@@ -1351,8 +1365,16 @@ static void plan_adapters(const tdm_trainer *t, tdm_plan_adapter *ads)
                                     .batch_size = s->cfg.batch_size,
                                     .max_seq_len = s->cfg.max_seq_len,
                                     .weight = s->cfg.weight,
-                                    .largest_batch_rows = largest_batch_rows(s)};
+                                    .micro_batch = micro_batch(t, s)};
+        ads[a].longest = longest_samples(s, &ads[a].n_longest);
     }
+}
+
+static void free_plan_adapters(tdm_plan_adapter *ads, int n)
+{
+    for (int a = 0; ads && a < n; a++)
+        free((void *)ads[a].longest);
+    free(ads);
 }
 
 /* The largest step of this run (what tdm_model_reserve holds and --vram auto reserves). */
@@ -1362,8 +1384,15 @@ static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     plan_adapters(t, ads);
     tdm_memory_plan_build(t->mcfg_host, ads, t->n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
-    free(ads);
+    free_plan_adapters(ads, t->n);
     return TDM_OK;
+}
+
+static tdm_model_opts model_opts(const tdm_trainer *t)
+{
+    return (tdm_model_opts){.nf4 = t->o.nf4,
+                            .double_quant = t->o.double_quant,
+                            .grad_checkpoint = t->o.grad_checkpoint};
 }
 
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
@@ -1371,13 +1400,49 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
     tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     plan_adapters(t, ads);
-    tdm_model_opts mo = {.nf4 = t->o.nf4,
-                         .double_quant = t->o.double_quant,
-                         .grad_checkpoint = t->o.grad_checkpoint};
+    tdm_model_opts mo = model_opts(t);
     tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, t->n,
                                             t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
-    free(ads);
+    free_plan_adapters(ads, t->n);
     return st;
+}
+
+tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
+                                  tdm_memory_fit *out, tdm_error *err)
+{
+    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    plan_adapters(t, ads);
+    tdm_memory_fit_request req = {.config = t->mcfg_host,
+                                  .opts = model_opts(t),
+                                  .act = TDM_BE_BF16,
+                                  .adapters = ads,
+                                  .n_adapters = t->n,
+                                  .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
+                                  .grad_accum = t->o.grad_accum,
+                                  .context_mb = context_mb,
+                                  .budget_mb = budget_mb};
+    tdm_status st = tdm_memory_plan_fit(&req, out, err);
+    free_plan_adapters(ads, t->n);
+    return st;
+}
+
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
+                                       tdm_error *err)
+{
+    if (split < 1 || split > 65536)
+        return tdm_fail(err, TDM_ERR_INVALID, "memory plan: split %d not in 1..65536", split);
+    if (t->model && grad_checkpoint != t->o.grad_checkpoint)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "memory plan: gradient checkpointing is chosen before the model is loaded");
+    t->o.grad_checkpoint = grad_checkpoint;
+    t->split = split;
+    return TDM_OK;
+}
+
+int tdm_trainer_split(const tdm_trainer *t)
+{
+    return t->split;
 }
 
 /* Adapter a's trainer_state.json and checkpoint at its current position (the periodic save,

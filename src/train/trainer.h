@@ -180,6 +180,27 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
  * and the backend's scratch. The CUDA context is not included. */
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err);
 
+/* The memory plan (train/memory_plan.h) that fits budget_mb (MiB, context_mb included), for this
+ * trainer's adapters measured on their data, its options (--grad-checkpoint as the user gave it)
+ * and its --grad-accum: tdm_memory_plan_fit. Call it before tdm_trainer_set_memory_plan. */
+struct tdm_memory_fit;
+tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
+                                  struct tdm_memory_fit *out, tdm_error *err);
+
+/* Applies a memory plan: gradient checkpointing (before tdm_trainer_attach only: it is the
+ * model's) and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
+ * of its optimizer batch, in up to grad_accum x k passes per global step (training and
+ * validation). The optimizer batches, the data order, the steps, the schedule, the checkpoints
+ * and records are those of k = 1; the gradient of a batch is the same sum over its tokens, so
+ * the result equals k = 1 to float rounding (with LoRA dropout the masks of the pieces differ:
+ * each piece draws from its position in the batch). tdm_trainer_memory_estimate and the
+ * workspace attach reserves follow the plan. TDM_ERR_INVALID for k out of range or a change of
+ * checkpointing after attach. */
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
+                                       tdm_error *err);
+/* The split in use (1 unless tdm_trainer_set_memory_plan chose another). */
+int tdm_trainer_split(const tdm_trainer *t);
+
 /* Loads the frozen base onto be (which must outlive the trainer) and allocates every adapter's
  * device state. The first call that allocates device memory. */
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err);
