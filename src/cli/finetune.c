@@ -333,10 +333,9 @@ int tdm_cmd_finetune(int argc, char **argv)
             printf("report: tandem report");
             for (int a = 0; a < pc.n; a++) {
                 const char *o = pc.outputs[a];
-                char *q = strspn(o, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                                    "-_./:=,+@") == strlen(o) && *o
-                              ? NULL
-                              : tdm_shell_quote(o);
+                bool plain = *o && strspn(o, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                             "0123456789-_./:=,+@") == strlen(o);
+                char *q = plain ? NULL : tdm_shell_quote(o);
                 printf(" %s", q ? q : o);
                 free(q);
             }

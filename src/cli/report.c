@@ -30,9 +30,15 @@ int tdm_cmd_report(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "o:h", longs, NULL)) != -1) {
         switch (c) {
-        case 'o': out = optarg; break;
-        case 'h': usage(stdout); return TDM_EXIT_OK;
-        default: usage(stderr); return TDM_EXIT_USAGE;
+        case 'o':
+            out = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return TDM_EXIT_OK;
+        default:
+            usage(stderr);
+            return TDM_EXIT_USAGE;
         }
     }
     if (optind >= argc) {

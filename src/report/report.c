@@ -130,8 +130,7 @@ static tdm_status load_one(const char *dir, tdm_report_run *r, tdm_error *err)
     return TDM_OK;
 }
 
-static tdm_status push_run(const char *dir, tdm_report_run **runs, int *n, int *cap,
-                           tdm_error *err)
+static tdm_status push_run(const char *dir, tdm_report_run **runs, int *n, int *cap, tdm_error *err)
 {
     if (*n == *cap) {
         int c = *cap ? 2 * *cap : 8;
@@ -220,13 +219,25 @@ static const char *color(int run)
 
 static void esc(FILE *f, const char *s)
 {
-    for (; *s; s++) switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        case '\'': fputs("&#39;", f); break;
-        default: fputc(*s, f);
+    for (; *s; s++)
+        switch (*s) {
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        case '\'':
+            fputs("&#39;", f);
+            break;
+        default:
+            fputc(*s, f);
         }
 }
 
@@ -343,8 +354,8 @@ static void chart(FILE *f, const char *id, const char *title, const char *ylabel
             "data-y0=\"%.17g\" data-y1=\"%.17g\" data-left=\"%d\" data-top=\"%d\" "
             "data-width=\"%d\" data-height=\"%d\">\n",
             id, CW, CH, CW, CH, a.x0, a.x1, a.y0, a.y1, ML, MT, PW, PH);
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" class=\"frame\"/>\n", ML, MT,
-            PW, PH);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" class=\"frame\"/>\n", ML, MT, PW,
+            PH);
     double ys = nice_step(a.y1 - a.y0, 5);
     for (double y = ceil(a.y0 / ys) * ys; y <= a.y1; y += ys) {
         double yy = py(&a, y);
@@ -368,7 +379,8 @@ static void chart(FILE *f, const char *id, const char *title, const char *ylabel
             "text-anchor=\"middle\">%s</text>\n",
             MT + PH / 2, ylabel);
     for (int r = 0; r < n; r++)
-        for (int k = 0; k < nk; k++) path(f, &a, &runs[r], r, &kinds[k]);
+        for (int k = 0; k < nk; k++)
+            path(f, &a, &runs[r], r, &kinds[k]);
     for (int r = 0; mark_best && r < n; r++) {
         if (!runs[r].has_best) continue;
         double cx = px(&a, (double)runs[r].best_step), cy = py(&a, runs[r].best_val);
@@ -393,8 +405,10 @@ static void chart(FILE *f, const char *id, const char *title, const char *ylabel
         esc(f, name(&runs[r]));
         fputs("</span>", f);
     }
-    if (nk > 1) fputs("<span class=\"note\">solid: train · dashed with dots: validation · "
-                      "circle: best checkpoint</span>", f);
+    if (nk > 1)
+        fputs("<span class=\"note\">solid: train · dashed with dots: validation · "
+              "circle: best checkpoint</span>",
+              f);
     fputs("</div></section>\n", f);
 }
 
@@ -429,7 +443,8 @@ static void leaderboard(FILE *f, const tdm_report_run *runs, int n)
     if (!order) return;
     for (int i = 0; i < n; i++) { /* insertion sort: stable, n is small */
         int j = i;
-        for (; j > 0 && before(&runs[i], &runs[order[j - 1]]); j--) order[j] = order[j - 1];
+        for (; j > 0 && before(&runs[i], &runs[order[j - 1]]); j--)
+            order[j] = order[j - 1];
         order[j] = i;
     }
     fputs("<section><h2>Leaderboard</h2><table id=\"leaderboard\"><thead><tr><th>#</th>"
@@ -439,8 +454,9 @@ static void leaderboard(FILE *f, const tdm_report_run *runs, int n)
           f);
     for (int k = 0; k < n; k++) {
         const tdm_report_run *r = &runs[order[k]];
-        fprintf(f, "<tr data-run=\"%d\"><td class=\"num\">%d</td><td><i class=\"sw\" "
-                   "style=\"background:%s\"></i>",
+        fprintf(f,
+                "<tr data-run=\"%d\"><td class=\"num\">%d</td><td><i class=\"sw\" "
+                "style=\"background:%s\"></i>",
                 order[k], k + 1, color(order[k]));
         esc(f, name(r));
         fputs("</td>", f);

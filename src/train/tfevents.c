@@ -23,7 +23,8 @@ uint32_t tdm_tfrecord_masked_crc(const void *data, size_t n)
 
 static void put_le(unsigned char *p, uint64_t v, int bytes)
 {
-    for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
 size_t tdm_tfrecord_frame(const void *data, size_t n, unsigned char *out)

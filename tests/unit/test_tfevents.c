@@ -45,9 +45,11 @@ static void test_crc32c_vectors(void **state)
     assert_int_equal(tdm_crc32c(b, 32), 0x8A9136AAu);
     memset(b, 0xFF, sizeof b);
     assert_int_equal(tdm_crc32c(b, 32), 0x62A8AB43u);
-    for (int i = 0; i < 32; i++) b[i] = (unsigned char)i;
+    for (int i = 0; i < 32; i++)
+        b[i] = (unsigned char)i;
     assert_int_equal(tdm_crc32c(b, 32), 0x46DD794Eu);
-    for (int i = 0; i < 32; i++) b[i] = (unsigned char)(31 - i);
+    for (int i = 0; i < 32; i++)
+        b[i] = (unsigned char)(31 - i);
     assert_int_equal(tdm_crc32c(b, 32), 0x113FDB5Cu);
     assert_int_equal(tdm_crc32c(b, 0), 0);
 }
@@ -63,7 +65,8 @@ static void test_frame(void **state)
     unsigned char out[32];
     assert_int_equal(tdm_tfrecord_frame("abc", 3, out), 19);
     assert_int_equal(out[0], 3);
-    for (int i = 1; i < 8; i++) assert_int_equal(out[i], 0);
+    for (int i = 1; i < 8; i++)
+        assert_int_equal(out[i], 0);
     uint32_t c = tdm_crc32c(out, 8);
     assert_int_equal(le32(out + 8), ((c >> 15) | (c << 17)) + 0xA282EAD8u);
     assert_memory_equal(out + 12, "abc", 3);
@@ -88,7 +91,8 @@ static bool whole_records(const char *path)
         size_t got = fread(h, 1, 12, f);
         if (got == 0) break;
         uint64_t n = 0;
-        for (int i = 7; i >= 0; i--) n = n << 8 | h[i];
+        for (int i = 7; i >= 0; i--)
+            n = n << 8 | h[i];
         if (got != 12 || fseek(f, (long)n + 4, SEEK_CUR) != 0) {
             ok = false;
             break;
