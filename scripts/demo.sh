@@ -3,7 +3,9 @@
 # (greet: any name -> "hi!"; last: a word -> its last letter; parity: a number -> odd or even),
 # trains three LoRA adapters FUSED on the CPU in one process (different ranks, targets and
 # learning rates), shows each one's training loss falling and its greedy answer to a prompt that
-# is NOT in its data beside the bare base model's (tandem generate), and its eval loss.
+# is NOT in its data beside the bare base model's (tandem generate), and its eval loss; the loss
+# curves go to one HTML page (tandem report, $TANDEM_DEMO_REPORT, default
+# /tmp/tandem-demo-report.html).
 # Then the GPU-sharing demo (scripts/demo-gpu-sharing.sh) on a simulated GPU.
 # What makes a random 3M-parameter base plus LoRA learn within the demo's ~100 steps: weights of
 # std 0.1 instead of 0.02 (--init-std; at 0.02 the tied embeddings keep every logit within about
@@ -75,6 +77,10 @@ for a in greet last parity; do
         "$(jq -s '[.[] | select(.loss)] | first.loss * 1000 | round / 1000' out/$a/metrics.jsonl)" \
         "$(jq -s '[.[] | select(.loss)] | last.loss * 1000 | round / 1000' out/$a/metrics.jsonl)"
 done
+report=${TANDEM_DEMO_REPORT:-/tmp/tandem-demo-report.html}
+echo; echo "== tandem report out -o $report   (loss curves + leaderboard, one offline HTML page;"
+echo "   the same values are in out/*/runs/ for tensorboard --logdir out)"
+"$TANDEM" report out -o "$report" | sed 's/^/   /'
 echo; echo "== tandem generate: greedy answers to prompts NOT in the data, bare base vs adapter"
 printf "   %-8s %-8s %-9s %-22s %s\n" adapter prompt expected "base model" "with the adapter"
 ok=0 n=0

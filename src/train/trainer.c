@@ -21,6 +21,7 @@
 #include "train/memory_plan.h"
 #include "train/peft_io.h"
 #include "train/run_records.h"
+#include "train/tfevents.h"
 #include "train/train_cursor.h"
 #include "util/atomic_dir.h"
 #include "util/fault.h"
@@ -100,6 +101,10 @@ typedef struct adapter_state {
     double log_loss_sum;
     int64_t log_tokens;
     int64_t metrics_lines; /* lines in metrics.jsonl */
+    /* this process's TensorBoard event file (train/tfevents.h), created at the adapter's first
+     * log or evaluation; its SessionLog START is at tb_start, the first step it can log */
+    tdm_tfevents tb;
+    int64_t tb_start;
     /* wall clock (not state) */
     double train_ms, epoch_start_ms, last_epoch_ms;
     int64_t run_tokens;
@@ -936,6 +941,16 @@ static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
     return tdm_run_metadata_save(&md, path, err);
 }
 
+/* Appends one event of adapter s at its step to its TensorBoard file, creating the file at the
+ * first call of this process (the same values as its metrics.jsonl line). */
+static tdm_status tb_write(adapter_state *s, const tdm_tfevents_value *v, int n, tdm_error *err)
+{
+    if (!s->tb.path[0]) TDM_TRY(tdm_tfevents_open(&s->tb, s->cfg.output, s->tb_start, err));
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return tdm_tfevents_write(&s->tb, s->step, (double)ts.tv_sec + ts.tv_nsec / 1e9, v, n, err);
+}
+
 static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
@@ -960,6 +975,13 @@ static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
                            .label = s->cfg.label};
     TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
+    tdm_tfevents_value tv[] = {{"train/loss", ml.loss},
+                               {"train/learning_rate", ml.learning_rate},
+                               {"train/grad_norm", ml.grad_norm},
+                               {"train/tokens_per_sec", ml.tokens_per_sec},
+                               {"train/tokens_seen", (double)s->tokens_seen},
+                               {"train/epoch", ml.epoch}};
+    TDM_TRY(tb_write(s, tv, (int)(sizeof tv / sizeof tv[0]), err));
     s->log_loss_sum = 0;
     s->log_tokens = 0;
     report(t, a, TDM_TRAINER_EVENT_LOG, loss);
@@ -999,6 +1021,8 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
                            .label = s->cfg.label};
     TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
+    tdm_tfevents_value tv[] = {{"eval/loss", v}};
+    TDM_TRY(tb_write(s, tv, 1, err));
     if (is_best) {
         TDM_TRY(download_state(t, s, false, err));
         TDM_TRY(tdm_checkpoint_save_best(s->cfg.output, &s->host, &s->meta, s->step, "eval_loss", v,
@@ -1199,6 +1223,9 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
         /* the lines written up to the checkpoint */
         st = tdm_metrics_truncate_lines(mp, s->step, info.trainer.metrics_lines, &s->metrics_lines,
                                         err);
+        /* a new event file; its START drops what older ones logged after this step */
+        s->tb.path[0] = '\0';
+        s->tb_start = s->step + 1;
     }
     free(cj);
     tdm_lora_params_free(&l);
@@ -1635,6 +1662,9 @@ static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
     char mp[4096];
     snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
     TDM_TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
+    TDM_TRY(tdm_tfevents_remove(s->cfg.output, err));
+    s->tb.path[0] = '\0';
+    s->tb_start = s->step + 1;
     s->ts.num_train_epochs = s->cfg.epochs;
     s->ts.max_steps = s->total_steps;
     s->ts.logging_steps = t->o.log_every;
