@@ -288,6 +288,12 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
             s->note = o->device.note;
             s->note_user = o->device.note_user;
             *srv = s;
+            /* finetunes run here, but none of them can share its pass with this one */
+            if (why && *why)
+                note(s->note, s->note_user,
+                     "not joining: the finetunes running on %s train another base (the nearest "
+                     "differs in: %s); this one trains in its own process",
+                     device, why);
             return TDM_OK;
         }
         bool retry = false;
