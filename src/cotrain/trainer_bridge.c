@@ -150,8 +150,7 @@ tdm_status tdm_cotrain_join_from_trainer(const tdm_trainer_opts *o,
      * adapters the same) */
     for (int i = 1; i < n && st == TDM_OK; i++) {
         tdm_cotrain_run_opts other;
-        if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[i], &other, err)) != TDM_OK)
-            break;
+        if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[i], &other, err)) != TDM_OK) break;
         char diff[512];
         if (tdm_cotrain_run_opts_diff(&j->opts, &other, diff, sizeof diff) > 0)
             st = tdm_fail(err, TDM_ERR_INVALID,

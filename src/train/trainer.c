@@ -216,10 +216,9 @@ void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int
     if (total_steps) *total_steps = s->total_steps;
 }
 
-static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapter *ads, int n,
-                             tdm_error *err)
+/* Every adapter's settings and training options (the run-wide ones need no check). */
+static tdm_status check_adapters(const tdm_trainer_adapter *ads, int n, tdm_error *err)
 {
-    (void)o;
     if (n < 1) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to train");
     for (int a = 0; a < n; a++) {
         const tdm_trainer_adapter *c = &ads[a];
@@ -262,7 +261,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
 {
     *out = NULL;
     if (report) *report = NULL;
-    TDM_TRY(check_opts(opts, adapters, n_adapters, err));
+    TDM_TRY(check_adapters(adapters, n_adapters, err));
     tdm_trainer *t = calloc(1, sizeof *t);
     if (!t) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     t->o = *opts;
@@ -788,8 +787,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
                 goto done;
             /* the dropout masks of this piece: from the adapter's own step and the sequences of
              * its batch done before it (restored on resume, independent of the other adapters) */
-            s->dev->dropout_seed =
-                tdm_lora_dropout_seed(s->cfg.seed, s->step, (int)s->seqs_done);
+            s->dev->dropout_seed = tdm_lora_dropout_seed(s->cfg.seed, s->step, (int)s->seqs_done);
             s->seqs_done += k;
             pass_seqs[part[p]] = k;
             pass_rows[part[p]] = f->m - begin;

@@ -80,10 +80,10 @@ typedef struct tdm_trainer_adapter {
     tdm_chat_template chat_template;
     bool train_on_prompt;
     bool skip_bad_lines;
-    uint64_t seed;     /* LoRA init, data order, train/validation split, dropout masks */
-    bool shuffle;      /* false: file order every epoch */
-    double val_split;  /* [0, 1) */
-    int grad_accum;    /* micro-batches per optimizer step, 1..64 */
+    uint64_t seed;    /* LoRA init, data order, train/validation split, dropout masks */
+    bool shuffle;     /* false: file order every epoch */
+    double val_split; /* [0, 1) */
+    int grad_accum;   /* micro-batches per optimizer step, 1..64 */
     double weight_decay;
     double max_grad_norm; /* 0 = no clipping */
     tdm_lr_kind lr_kind;
