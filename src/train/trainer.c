@@ -49,18 +49,29 @@ bool tdm_train_schedule_parse(const char *name, tdm_train_schedule *out)
 void tdm_trainer_opts_default(tdm_trainer_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->task = "instruct";
     o->nf4 = true;
     o->double_quant = true;
-    o->max_grad_norm = 1.0;
-    o->lr_kind = TDM_LR_COSINE;
-    o->grad_accum = 1;
-    o->seed = 42;
-    o->shuffle = true;
-    o->val_split = 0.05;
-    o->save_every = 500;
-    o->log_every = 10;
     o->schedule = TDM_SCHEDULE_SYNCHRONIZED;
+}
+
+void tdm_trainer_adapter_default(tdm_trainer_adapter *a)
+{
+    a->task = "instruct";
+    a->chat_template_given = false;
+    a->chat_template = TDM_CHAT_NONE;
+    a->train_on_prompt = false;
+    a->skip_bad_lines = false;
+    a->seed = 42;
+    a->shuffle = true;
+    a->val_split = 0.05;
+    a->grad_accum = 1;
+    a->weight_decay = 0;
+    a->max_grad_norm = 1.0;
+    a->lr_kind = TDM_LR_COSINE;
+    a->warmup_steps = 0;
+    a->eval_every = 0;
+    a->save_every = 500;
+    a->log_every = 10;
 }
 
 /* ------------------------------------------------------------------ state ---- */
@@ -221,26 +232,28 @@ void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int
     if (total_steps) *total_steps = s->total_steps;
 }
 
-static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapter *ads, int n,
-                             tdm_error *err)
+/* Every adapter's settings and training options (the run-wide ones need no check). */
+static tdm_status check_adapters(const tdm_trainer_adapter *ads, int n, tdm_error *err)
 {
     if (n < 1) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to train");
-    if (o->grad_accum < 1 || o->grad_accum > 64)
-        return tdm_fail(err, TDM_ERR_INVALID, "--grad-accum %d: must be 1..64", o->grad_accum);
-    if (!(o->val_split >= 0 && o->val_split < 1))
-        return tdm_fail(err, TDM_ERR_INVALID, "--val-split %g: must be in [0, 1)", o->val_split);
-    if (o->log_every < 1) return tdm_fail(err, TDM_ERR_INVALID, "--log-every must be >= 1");
-    if (o->eval_every < 0 || o->save_every < 0 || o->warmup_steps < 0)
-        return tdm_fail(err, TDM_ERR_INVALID, "negative --eval-every/--save-every/--warmup-steps");
-    if (!(o->max_grad_norm >= 0) || !isfinite(o->max_grad_norm))
-        return tdm_fail(err, TDM_ERR_INVALID, "--max-grad-norm must be >= 0");
-    tdm_adamw_config ac = tdm_adamw_defaults();
-    ac.weight_decay = o->weight_decay;
-    TDM_TRY(tdm_adamw_config_check(&ac, err));
     for (int a = 0; a < n; a++) {
         const tdm_trainer_adapter *c = &ads[a];
         if (!c->data || !c->output)
             return tdm_fail(err, TDM_ERR_INVALID, "adapter %d: data and output are required", a);
+        if (c->grad_accum < 1 || c->grad_accum > 64)
+            return tdm_fail(err, TDM_ERR_INVALID, "--grad-accum %d: must be 1..64", c->grad_accum);
+        if (!(c->val_split >= 0 && c->val_split < 1))
+            return tdm_fail(err, TDM_ERR_INVALID, "--val-split %g: must be in [0, 1)",
+                            c->val_split);
+        if (c->log_every < 1) return tdm_fail(err, TDM_ERR_INVALID, "--log-every must be >= 1");
+        if (c->eval_every < 0 || c->save_every < 0 || c->warmup_steps < 0)
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "negative --eval-every/--save-every/--warmup-steps");
+        if (!(c->max_grad_norm >= 0) || !isfinite(c->max_grad_norm))
+            return tdm_fail(err, TDM_ERR_INVALID, "--max-grad-norm must be >= 0");
+        tdm_adamw_config ac = tdm_adamw_defaults();
+        ac.weight_decay = c->weight_decay;
+        TDM_TRY(tdm_adamw_config_check(&ac, err));
         if (c->batch_size < 1 || c->epochs < 1 || c->max_seq_len < 2 || !(c->weight > 0) ||
             !(c->lr > 0))
             return tdm_fail(err, TDM_ERR_INVALID,
@@ -264,7 +277,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
 {
     *out = NULL;
     if (report) *report = NULL;
-    TDM_TRY(check_opts(opts, adapters, n_adapters, err));
+    TDM_TRY(check_adapters(adapters, n_adapters, err));
     tdm_trainer *t = calloc(1, sizeof *t);
     if (!t) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     t->o = *opts;
@@ -293,19 +306,17 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     const tdm_model_config cfg = *t->mcfg_host;
     if ((st = tdm_base_model_identity(opts->model_dir, t->base_id, err)) != TDM_OK) goto fail;
 
-    /* 1. every data file, completely, before anything else */
+    /* 1. every data file, completely, before anything else, each rendered and split with its
+     * adapter's options */
     tdm_dataset_opts dopt;
     tdm_dataset_opts_default(&dopt);
-    if (opts->chat_template_given) dopt.chat_template = opts->chat_template;
-    dopt.train_on_prompt = opts->train_on_prompt;
-    /* ids below config.json's vocab_size; no tokenizer needed for pre-tokenized data */
+    /* ids below config.json's vocab_size; no tokenizer needed for pre-tokenized data; the
+     * template the tokenizer implies, for the adapters that give none */
     tdm_data_model dm;
-    if ((st = tdm_data_model_open(&dm, opts->model_dir, cfg.vocab_size, opts->chat_template_given,
-                                  &dopt, err)) != TDM_OK)
+    if ((st = tdm_data_model_open(&dm, opts->model_dir, cfg.vocab_size, false, &dopt, err)) !=
+        TDM_OK)
         goto fail;
-    dopt.val_split = opts->val_split;
-    dopt.seed = opts->seed;
-    dopt.skip_bad_lines = opts->skip_bad_lines;
+    const tdm_chat_template detected = dopt.chat_template;
     char *bad = NULL;
     size_t bad_len = 0;
     tdm_status first_bad = TDM_OK;
@@ -313,6 +324,11 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     for (int a = 0; a < n_adapters; a++) {
         adapter_state *s = &t->ad[a];
         dopt.max_seq_len = s->cfg.max_seq_len;
+        dopt.chat_template = s->cfg.chat_template_given ? s->cfg.chat_template : detected;
+        dopt.train_on_prompt = s->cfg.train_on_prompt;
+        dopt.val_split = s->cfg.val_split;
+        dopt.seed = s->cfg.seed;
+        dopt.skip_bad_lines = s->cfg.skip_bad_lines;
         if (s->cfg.max_seq_len > cfg.max_position_embeddings)
             tdm_warn("adapter %d (%s): max_seq_len %d is above %s/config.json's "
                      "max_position_embeddings %lld: positions beyond it were never trained and "
@@ -389,19 +405,20 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
         if ((st = tdm_adamw_state_init(&s->opt, s->host.n_params, err)) != TDM_OK) goto fail;
         int64_t n = s->ds.n_train, bs = s->cfg.batch_size;
         s->micro_per_epoch = (n + bs - 1) / bs;
-        s->steps_per_epoch = (s->micro_per_epoch + opts->grad_accum - 1) / opts->grad_accum;
+        int64_t ga = s->cfg.grad_accum;
+        s->steps_per_epoch = (s->micro_per_epoch + ga - 1) / ga;
         s->total_steps = s->steps_per_epoch * s->cfg.epochs;
-        s->sched.kind = opts->lr_kind;
+        s->sched.kind = s->cfg.lr_kind;
         s->sched.peak_lr = s->cfg.lr;
-        s->sched.warmup_steps = opts->warmup_steps;
+        s->sched.warmup_steps = s->cfg.warmup_steps;
         s->sched.total_steps = s->total_steps;
         if ((st = tdm_lr_schedule_check(&s->sched, err)) != TDM_OK) goto fail;
-        s->idx = malloc((size_t)opts->grad_accum * (size_t)bs * sizeof *s->idx);
+        s->idx = malloc((size_t)ga * (size_t)bs * sizeof *s->idx);
         if (!s->idx) {
             st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
             goto fail;
         }
-        if ((st = tdm_train_cursor_create(&s->cur, s->ds.n_train, opts->seed, opts->shuffle,
+        if ((st = tdm_train_cursor_create(&s->cur, s->ds.n_train, s->cfg.seed, s->cfg.shuffle,
                                           err)) != TDM_OK)
             goto fail;
         if ((st = tdm_trainer_state_init(&s->ts, err)) != TDM_OK) goto fail;
@@ -678,9 +695,10 @@ static tdm_status eval_adapter(tdm_trainer *t, adapter_state *s, double *val, td
 static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
 {
     int64_t in_epoch = s->step % s->steps_per_epoch;
-    int64_t first_micro = in_epoch * t->o.grad_accum;
+    (void)t;
+    int64_t first_micro = in_epoch * s->cfg.grad_accum;
     int64_t micros = s->micro_per_epoch - first_micro;
-    if (micros > t->o.grad_accum) micros = t->o.grad_accum;
+    if (micros > s->cfg.grad_accum) micros = s->cfg.grad_accum;
     s->step_counted = 0;
     s->step_loss_sum = 0;
     int64_t used = 0;
@@ -756,6 +774,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
     tdm_adamw_tensor *ten = calloc((size_t)np, sizeof *ten);
     float *norms = calloc((size_t)np, sizeof *norms);
     tdm_status st = TDM_OK;
+    int passes = 1;
     if (!slots || !w || !ls || !tk || !pass_seqs || !pass_rows || !q || !vecs || !maxn || !ten ||
         !norms) {
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
@@ -772,8 +791,11 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
             goto done;
         }
         w[part[p]] = s->step_counted > 0 ? 1.0 / (double)s->step_counted : 0.0;
+        /* passes: enough for the full-share adapters' micro-batches; each stops at its own */
+        if (ratio[p] >= 1 && s->cfg.grad_accum > passes) passes = s->cfg.grad_accum;
     }
-    for (int j = 0, pass = 0; j < t->o.grad_accum * t->split; j++) {
+    /* under a memory plan that splits (t->split), each micro-batch takes split passes */
+    for (int j = 0, pass = 0; j < passes * t->split; j++) {
         fused_clear(f);
         memset(pass_seqs, 0, (size_t)n * sizeof *pass_seqs);
         memset(pass_rows, 0, (size_t)n * sizeof *pass_rows);
@@ -786,7 +808,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
                 goto done;
             /* the dropout masks of this piece: from the adapter's own step and the sequences of
              * its batch done before it (restored on resume, independent of the other adapters) */
-            s->dev->dropout_seed = tdm_lora_dropout_seed(t->o.seed, s->step, (int)s->seqs_done);
+            s->dev->dropout_seed = tdm_lora_dropout_seed(s->cfg.seed, s->step, (int)s->seqs_done);
             s->seqs_done += k;
             pass_seqs[part[p]] = k;
             pass_rows[part[p]] = f->m - begin;
@@ -825,7 +847,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
     for (int i = 0; i < nq; i++) {
         adapter_state *s = &t->ad[q[i]];
         vecs[i] = (tdm_be_vec){s->dev->grads, s->dev->n_params, i};
-        maxn[i] = (float)t->o.max_grad_norm;
+        maxn[i] = (float)s->cfg.max_grad_norm;
     }
     if ((st = tdm_be_sumsq(t->be, vecs, nq, nq, t->d_sumsq, err)) != TDM_OK) goto done;
     if ((st = tdm_be_clip_coef(t->be, t->d_sumsq, maxn, nq, t->d_coef, t->d_norm, err)) != TDM_OK)
@@ -839,12 +861,12 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
                                     .m = s->dev->adam_m,
                                     .v = s->dev->adam_v,
                                     .n = s->dev->n_params,
-                                    .grad_scale = t->o.max_grad_norm > 0 ? t->d_coef + i : NULL,
+                                    .grad_scale = s->cfg.max_grad_norm > 0 ? t->d_coef + i : NULL,
                                     .lr = lr, /* doubles, as torch computes its constants */
                                     .beta1 = 0.9,
                                     .beta2 = 0.999,
                                     .eps = 1e-8,
-                                    .weight_decay = t->o.weight_decay,
+                                    .weight_decay = s->cfg.weight_decay,
                                     .step = s->step + 1};
     }
     if ((st = tdm_be_adamw(t->be, ten, nq, err)) != TDM_OK) goto done;
@@ -1434,6 +1456,15 @@ tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
     return st;
 }
 
+/* The most micro-batches any adapter accumulates per step (grad_accum is per adapter). */
+static int max_grad_accum(const tdm_trainer *t)
+{
+    int g = 1;
+    for (int a = 0; a < t->n; a++)
+        if (t->ad[a].cfg.grad_accum > g) g = t->ad[a].cfg.grad_accum;
+    return g;
+}
+
 tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
                                   tdm_memory_fit *out, tdm_error *err)
 {
@@ -1446,7 +1477,7 @@ tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64
                                   .adapters = ads,
                                   .n_adapters = t->n,
                                   .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
-                                  .grad_accum = t->o.grad_accum,
+                                  .grad_accum = max_grad_accum(t),
                                   .context_mb = context_mb,
                                   .budget_mb = budget_mb};
     tdm_status st = tdm_memory_plan_fit(&req, out, err);
@@ -1625,6 +1656,14 @@ static bool any_unfinished(const tdm_trainer *t)
     return false;
 }
 
+/* Adapter s's checkpoint interval in its own global steps (0: only at its end), capped by
+ * opts.max_checkpoint_interval (MPS). */
+static int64_t save_interval(const tdm_trainer *t, const adapter_state *s)
+{
+    int64_t every = s->cfg.save_every, cap = t->o.max_checkpoint_interval;
+    return cap > 0 && (every == 0 || every > cap) ? cap : every;
+}
+
 /* Adapter a's OUT_DIR exists and holds no half-written checkpoint; its position is step 0. */
 static tdm_status prepare_adapter(tdm_trainer *t, int a, tdm_error *err)
 {
@@ -1656,7 +1695,7 @@ static tdm_status refuse_old_checkpoints(const tdm_trainer *t, int a, tdm_error 
 static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
-    tdm_rng_seed(&s->rng, t->o.seed);
+    tdm_rng_seed(&s->rng, s->cfg.seed);
     if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
     TDM_TRY(upload_state(t, s, false, err));
     char mp[4096];
@@ -1667,9 +1706,9 @@ static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
     s->tb_start = s->step + 1;
     s->ts.num_train_epochs = s->cfg.epochs;
     s->ts.max_steps = s->total_steps;
-    s->ts.logging_steps = t->o.log_every;
-    s->ts.eval_steps = t->o.eval_every;
-    s->ts.save_steps = t->o.save_every;
+    s->ts.logging_steps = s->cfg.log_every;
+    s->ts.eval_steps = s->cfg.eval_every;
+    s->ts.save_steps = s->cfg.save_every;
     s->ts.train_batch_size = s->cfg.batch_size;
     return TDM_OK;
 }
@@ -1755,11 +1794,6 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         for (int a = 0; a < n; a++)
             TDM_TRY(start_fresh(t, a, err));
     }
-    int64_t save_every = t->o.save_every;
-    if (t->o.max_checkpoint_interval > 0 &&
-        (save_every == 0 || save_every > t->o.max_checkpoint_interval))
-        save_every = t->o.max_checkpoint_interval;
-
     /* elapsed_ms counts from here: the first measurement below is part of the run */
     t->t0_ms = now_ms();
     for (int a = 0; a < n; a++)
@@ -1841,7 +1875,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         }
         double dt = now_ms() - ts0;
         for (int a = 0; a < n; a++)
-            if (own_global(t, &t->ad[a]) % t->o.log_every == 0) t->ad[a].log_due = !t->ad[a].done;
+            if (own_global(t, &t->ad[a]) % t->ad[a].cfg.log_every == 0)
+                t->ad[a].log_due = !t->ad[a].done;
         for (int p = 0; p < np && st == TDM_OK; p++) {
             int a = part[p];
             adapter_state *s = &t->ad[a];
@@ -1877,11 +1912,12 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             /* an adapter that has not stepped since its latest validation (another adapter
              * trained, or its batch spans global steps) would only measure the same loss */
             if (s->done || s->step == s->eval_step) continue;
-            if (t->o.eval_every > 0 && g % t->o.eval_every == 0) st = eval_point(t, a, err);
+            if (s->cfg.eval_every > 0 && g % s->cfg.eval_every == 0) st = eval_point(t, a, err);
         }
         for (int a = 0; a < n && st == TDM_OK; a++) {
             adapter_state *s = &t->ad[a];
-            if (s->done || !(save_every > 0 && own_global(t, s) % save_every == 0)) continue;
+            int64_t every = save_interval(t, s);
+            if (s->done || !(every > 0 && own_global(t, s) % every == 0)) continue;
             st = save_adapter(t, a, err);
         }
         if (st != TDM_OK) break;

@@ -64,7 +64,7 @@ static void parse_flags(tdm_run_opts *ro, const char *const *flags)
 {
     tdm_run_opts_default(ro, TDM_CMD_FINETUNE);
     ro->trainer.model_dir = model;
-    ro->trainer.val_split = 0;
+    ro->adapter.val_split = 0;
     tdm_error err = {0};
     for (int i = 0; flags[i]; i += 2) {
         const tdm_run_option *row = tdm_run_option_find(flags[i], TDM_CMD_FINETUNE);
