@@ -90,7 +90,7 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
                                       .adapters = ads,
                                       .n_adapters = (int)k,
                                       .synchronized = sync,
-                                      .grad_accum = t->grad_accum,
+                                      .grad_accum = ro->adapter.grad_accum,
                                       .context_mb = TDM_CUDA_CONTEXT_MIB,
                                       .budget_mb = 0};
         tdm_memory_fit fit;

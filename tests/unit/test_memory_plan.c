@@ -191,7 +191,7 @@ static tdm_memory_fit fit_7b(const char *const *flags, int n, int64_t budget_mb,
                                  .adapters = ads,
                                  .n_adapters = n,
                                  .synchronized = ro.trainer.schedule == TDM_SCHEDULE_SYNCHRONIZED,
-                                 .grad_accum = ro.trainer.grad_accum,
+                                 .grad_accum = ro.adapter.grad_accum,
                                  .context_mb = TDM_CUDA_CONTEXT_MIB,
                                  .budget_mb = budget_mb};
     tdm_memory_fit f;

@@ -81,13 +81,6 @@ static void train_split(int k, pass_seen *seen)
     tdm_trainer_opts o;
     tdm_trainer_opts_default(&o);
     o.model_dir = model;
-    o.val_split = 0.2;
-    o.eval_every = 2;
-    o.save_every = 2;
-    o.log_every = 1;
-    o.grad_accum = 2;
-    o.seed = 5;
-    o.warmup_steps = 1;
     o.on_pass = on_pass;
     o.on_pass_user = seen;
     tdm_trainer_adapter ads[2];
@@ -95,16 +88,24 @@ static void train_split(int k, pass_seen *seen)
         snprintf(outs[k][a], sizeof outs[k][a], "%s/k%d-%d", dir, k, a);
         static char data[2][600];
         snprintf(data[a], sizeof data[a], "%s/d%d.jsonl", dir, a);
-        ads[a] = (tdm_trainer_adapter){.data = data[a],
-                                       .output = outs[k][a],
-                                       .rank = 4 + 4 * a,
-                                       .alpha = 16,
-                                       .targets = a ? 0x70u : 0x05u,
-                                       .lr = 5e-3,
-                                       .epochs = 2,
-                                       .batch_size = 3,
-                                       .max_seq_len = 64,
-                                       .weight = a ? 0.5 : 1};
+        tdm_trainer_adapter_default(&ads[a]);
+        ads[a].data = data[a];
+        ads[a].output = outs[k][a];
+        ads[a].rank = 4 + 4 * a;
+        ads[a].alpha = 16;
+        ads[a].targets = a ? 0x70u : 0x05u;
+        ads[a].lr = 5e-3;
+        ads[a].epochs = 2;
+        ads[a].batch_size = 3;
+        ads[a].max_seq_len = 64;
+        ads[a].weight = a ? 0.5 : 1;
+        ads[a].val_split = 0.2;
+        ads[a].eval_every = 2;
+        ads[a].save_every = 2;
+        ads[a].log_every = 1;
+        ads[a].grad_accum = 2;
+        ads[a].seed = 5;
+        ads[a].warmup_steps = 1;
     }
     tdm_trainer *t = NULL;
     tdm_error err = {0};
@@ -222,20 +223,22 @@ static void test_split_range(void **state)
     tdm_trainer_opts o;
     tdm_trainer_opts_default(&o);
     o.model_dir = model;
-    o.val_split = 0;
     char data[600], out[600];
     snprintf(data, sizeof data, "%s/d0.jsonl", dir);
     snprintf(out, sizeof out, "%s/range", dir);
-    tdm_trainer_adapter ad = {.data = data,
-                              .output = out,
-                              .rank = 4,
-                              .alpha = 8,
-                              .targets = 0x05u,
-                              .lr = 1e-3,
-                              .epochs = 1,
-                              .batch_size = 4,
-                              .max_seq_len = 64,
-                              .weight = 1};
+    tdm_trainer_adapter ad;
+    tdm_trainer_adapter_default(&ad);
+    ad.data = data;
+    ad.output = out;
+    ad.rank = 4;
+    ad.alpha = 8;
+    ad.targets = 0x05u;
+    ad.lr = 1e-3;
+    ad.epochs = 1;
+    ad.batch_size = 4;
+    ad.max_seq_len = 64;
+    ad.weight = 1;
+    ad.val_split = 0;
     tdm_trainer *t = NULL;
     tdm_error err = {0};
     assert_int_equal(tdm_trainer_create(&t, &o, &ad, 1, NULL, &err), TDM_OK);
