@@ -172,6 +172,79 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     return TDM_OK;
 }
 
+/* The new keys and values go into their slots first; then one task per (sequence, query head)
+ * computes each new row exactly as cpu_attention_fwd computes the row at that position (the
+ * same dot products, double max / exp-sum / weighted sum in key order), so a decode step gives
+ * the bits the full forward gives when the cached keys and values are the same. */
+tdm_status cpu_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs, int64_t m,
+                            const void *qv, const void *kv, const void *vv, void *kcv, void *vcv,
+                            int64_t n_slots, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                            int64_t head_dim, float scale, void *outv, tdm_error *err)
+{
+    (void)m, (void)n_slots;
+    const float *q = qv, *k = kv, *v = vv;
+    float *kc = kcv, *vc = vcv, *out = outv;
+    int64_t D = head_dim, qld = n_heads * D, kld = n_kv_heads * D, group = n_heads / n_kv_heads;
+    int64_t maxlen = 1, work = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const tdm_be_kv_seq *s = &seqs[i];
+        size_t bytes = (size_t)(s->n_new * kld) * sizeof(float);
+        int64_t dst = s->slot * cap + s->start;
+        if (bytes) {
+            memcpy(kc + dst * kld, k + s->row_begin * kld, bytes);
+            memcpy(vc + dst * kld, v + s->row_begin * kld, bytes);
+        }
+        if (s->start + s->n_new > maxlen) maxlen = s->start + s->n_new;
+        work += s->n_new * (s->start + s->n_new);
+    }
+    int64_t n_tasks = n_seqs * n_heads;
+    int nt = cpu_of(be)->n_threads;
+    bool oom = false;
+#pragma omp parallel num_threads(nt) if (work * n_heads * head_dim > TDM_CPU_PAR_MIN)
+    {
+        double *p = malloc((size_t)maxlen * sizeof(double));
+        double *acc = malloc((size_t)D * sizeof(double));
+        if (!p || !acc) {
+#pragma omp atomic write
+            oom = true;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n_tasks; t++) {
+            if (!p || !acc) continue;
+            const tdm_be_kv_seq *s = &seqs[t / n_heads];
+            int64_t h = t % n_heads, kvh = h / group;
+            const float *ks = kc + s->slot * cap * kld, *vs = vc + s->slot * cap * kld;
+            for (int64_t r = 0; r < s->n_new; r++) {
+                int64_t i = s->start + r; /* the row's position: keys 0..i */
+                const float *qi = q + (s->row_begin + r) * qld + h * D;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j <= i; j++) {
+                    p[j] = (double)scale * dotf(qi, ks + j * kld + kvh * D, D);
+                    if (p[j] > mx) mx = p[j];
+                }
+                double sum = 0;
+                for (int64_t j = 0; j <= i; j++)
+                    sum += exp(p[j] - mx);
+                double l = mx + log(sum);
+                memset(acc, 0, (size_t)D * sizeof(double));
+                for (int64_t j = 0; j <= i; j++) {
+                    double pj = exp(p[j] - l);
+                    const float *vj = vs + j * kld + kvh * D;
+                    for (int64_t e = 0; e < D; e++)
+                        acc[e] += pj * vj[e];
+                }
+                float *oi = out + (s->row_begin + r) * qld + h * D;
+                for (int64_t e = 0; e < D; e++)
+                    oi[e] = (float)acc[e];
+            }
+        }
+        free(p);
+        free(acc);
+    }
+    if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_kv: out of memory");
+    return TDM_OK;
+}
+
 /* One task per (sequence, KV head): it owns dk/dv of that head's rows in that sequence and dq of
  * the query heads of its group, so no two threads write the same element. With
  * P_ij = exp(scale q_i.k_j - lse_i), Di = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - Di):
