@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/peft_io.h"
 #include "util/rng.h"
 #include "util/timeutil.h"
 
@@ -176,7 +177,8 @@ static tdm_status decode_batch(tdm_model *m, tdm_lora *const *adapters, int n_ad
     int64_t rows_cap = 0;
     for (int64_t i = 0; i < n_s; i++)
         rows_cap += reqs[first + i].n_prompt + o->max_new_tokens;
-    feed f = {malloc((size_t)rows_cap * sizeof(int32_t)), malloc((size_t)(n_s + 1) * sizeof(int32_t)),
+    feed f = {malloc((size_t)rows_cap * sizeof(int32_t)),
+              malloc((size_t)(n_s + 1) * sizeof(int32_t)),
               malloc((size_t)n_s * sizeof(tdm_batch_seg)), malloc((size_t)n_s * sizeof(int64_t)),
               malloc((size_t)n_s * sizeof(seq *))};
     tdm_status st = TDM_OK;
@@ -268,14 +270,16 @@ tdm_status tdm_generate(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
     int64_t cap = 0;
     for (int64_t i = 0; i < n_reqs; i++) {
         const tdm_generate_request *q = &reqs[i];
-        if (q->n_prompt < 1) return tdm_fail(err, TDM_ERR_INVALID, "generate: prompt %lld is empty", (long long)i);
+        if (q->n_prompt < 1)
+            return tdm_fail(err, TDM_ERR_INVALID, "generate: prompt %lld is empty", (long long)i);
         if (q->n_prompt >= ctx)
             return tdm_fail(err, TDM_ERR_INVALID,
                             "generate: prompt %lld has %lld tokens, the model's context is %lld",
                             (long long)i, (long long)q->n_prompt, (long long)ctx);
         if (q->adapter < 0 || q->adapter >= n_adapters)
-            return tdm_fail(err, TDM_ERR_INVALID, "generate: prompt %lld: adapter %d outside [0, %d)",
-                            (long long)i, q->adapter, n_adapters);
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "generate: prompt %lld: adapter %d outside [0, %d)", (long long)i,
+                            q->adapter, n_adapters);
         int64_t need = q->n_prompt + o->max_new_tokens;
         if (need > ctx) need = ctx;
         if (need > cap) cap = need;
@@ -311,4 +315,23 @@ tdm_status tdm_generate_greedy(tdm_model *m, tdm_lora *adapter, const int32_t *p
     *why = r.why;
     tdm_generate_result_free(&r);
     return TDM_OK;
+}
+
+tdm_status tdm_generate_load_adapter(tdm_model *m, const char *dir, tdm_lora **out, tdm_error *err)
+{
+    *out = NULL;
+    tdm_lora_params lp = {0};
+    tdm_status st = tdm_peft_load(dir, tdm_model_get_config(m), &lp, NULL, err);
+    if (st == TDM_OK) st = tdm_lora_create(out, m, lp.rank, (float)lp.scale, lp.targets, err);
+    if (st == TDM_OK && (*out)->n_params != lp.n_params)
+        st = tdm_fail(err, TDM_ERR_INVALID, "%s: adapter layout disagrees with the model", dir);
+    if (st == TDM_OK)
+        st = tdm_be_upload(tdm_model_backend(m), (*out)->params, lp.params,
+                           (size_t)lp.n_params * sizeof(float), err);
+    tdm_lora_params_free(&lp);
+    if (st != TDM_OK) {
+        tdm_lora_free(*out);
+        *out = NULL;
+    }
+    return st;
 }

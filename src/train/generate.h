@@ -89,6 +89,9 @@ tdm_status tdm_generate_greedy(tdm_model *m, tdm_lora *adapter, const int32_t *p
                                int64_t n_prompt, const tdm_generate_opts *o, int32_t *out,
                                int64_t *n_out, tdm_generate_stop *why, tdm_error *err);
 
+/* Loads the PEFT LoRA adapter of directory dir (tdm_peft_load) onto the model's device. */
+tdm_status tdm_generate_load_adapter(tdm_model *m, const char *dir, tdm_lora **out, tdm_error *err);
+
 /* The next token from logits[0..V) (the candidates): greedy (temperature 0) or a draw with r as
  * described above. TDM_ERR_INVALID for a NaN logit. Exposed for tests. */
 struct tdm_rng;
