@@ -331,6 +331,7 @@ static void test_sampling(void **state)
     run(&f, reqs, n, &o, a);
     run(&f, reqs, n, &o, b);
     assert_same(a, b, n, "same seed");
+    free_results(b, n);
     o.max_batch = 3; /* each request has its own stream: the batch does not matter */
     run(&f, reqs, n, &o, b);
     assert_same(a, b, n, "same seed, batches of 3");
