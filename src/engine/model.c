@@ -555,8 +555,8 @@ typedef struct step {
 struct tdm_kv_cache {
     tdm_model *m;
     int64_t n_slots, cap, kv_dim;
-    void *base;    /* one allocation: for each layer K then V, (n_slots * cap, kv_dim) act */
-    int64_t *len;  /* (n_slots) host: positions cached */
+    void *base;   /* one allocation: for each layer K then V, (n_slots * cap, kv_dim) act */
+    int64_t *len; /* (n_slots) host: positions cached */
 };
 
 /* What a decode step's layers need of the cache. */
@@ -642,8 +642,8 @@ static tdm_status layer_attention(step *s, int l, acts *A, tdm_error *err)
                                    nh, nkv, hd, scale, A->attn, err);
     }
     tdm_be_seqs sq = seqs_of(s);
-    TDM_TRY(
-        tdm_be_attention_fwd(m->be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse, err));
+    TDM_TRY(tdm_be_attention_fwd(m->be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse,
+                                 err));
     if (!ks) return TDM_OK;
     tdm_kv_cache *kv = ks->kv;
     size_t row = (size_t)kv->kv_dim * tdm_be_dtype_size(m->act);
@@ -982,7 +982,8 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
     }
     kv_step ks = {.kv = kv, .prefill = true};
     if (kv) {
-        if (kv->m != m) return tdm_fail(err, TDM_ERR_INVALID, "decode: the cache is another model's");
+        if (kv->m != m)
+            return tdm_fail(err, TDM_ERR_INVALID, "decode: the cache is another model's");
         if (!(ks.seqs = malloc((size_t)S * sizeof *ks.seqs)))
             return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         for (int64_t sq = 0; sq < S; sq++) {
