@@ -507,6 +507,16 @@ int main(void)
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_golden_transformers),
     };
+    const char *want = getenv("TANDEM_GENERATE_BACKEND");
+    if (want && *want) { /* a backend asked for by name must exist: no silent "0 tests run" */
+        tdm_backend *probe;
+        tdm_error e = {0};
+        if (tdm_backend_create(&probe, want, NULL, &e) != TDM_OK) {
+            fprintf(stderr, "TANDEM_GENERATE_BACKEND=%s: %s\n", want, e.message);
+            return 1;
+        }
+        tdm_backend_free(probe);
+    }
     const char *only = getenv("TANDEM_GENERATE_ONLY");
     if (only && !strcmp(only, "golden")) cmocka_set_test_filter("test_golden_transformers");
     return cmocka_run_group_tests(tests, setup, teardown);
