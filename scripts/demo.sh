@@ -82,24 +82,30 @@ echo; echo "== tandem report out -o $report   (loss curves + leaderboard, one of
 echo "   the same values are in out/*/runs/ for tensorboard --logdir out)"
 "$TANDEM" report out -o "$report" | sed 's/^/   /'
 echo; echo "== tandem generate: greedy answers to prompts NOT in the data, bare base vs adapter"
+echo "   (one run: the three adapters and the base side by side, one batch, KV cache)"
 printf "   %-8s %-8s %-9s %-22s %s\n" adapter prompt expected "base model" "with the adapter"
-ok=0 n=0
-while IFS='|' read -r a prompt want; do
-    if grep -qF "\"instruction\": \"$prompt\"" "data/$a.jsonl"; then
-        echo "demo: '$prompt' is in data/$a.jsonl, not held out" >&2; exit 1
-    fi
-    gen() { "$TANDEM" generate tiny --chat-template none --prompt "$prompt" --max-new-tokens 8 --json "$@" | jq .text; }
-    base=$(gen) tuned=$(gen --adapter "out/$a")
-    n=$((n + 1)); mark="wrong"; [ "$tuned" = "\"$want\"" ] && { mark="right"; ok=$((ok + 1)); }
-    printf "   %-8s %-8s %-9s %-22s %s (%s)\n" "$a" "$prompt" "$want" "$base" "$tuned" "$mark"
-done <<'PROMPTS'
-greet|fiji|hi!
+HELD='greet|fiji|hi!
 greet|ceded|hi!
 last|bead|d
 last|jihg|g
 parity|56|even
-parity|37|odd
-PROMPTS
+parity|37|odd'
+: >held-out.jsonl
+while IFS='|' read -r a prompt want; do
+    if grep -qF "\"instruction\": \"$prompt\"" "data/$a.jsonl"; then
+        echo "demo: '$prompt' is in data/$a.jsonl, not held out" >&2; exit 1
+    fi
+    jq -cn --arg p "$prompt" --arg a "$a" '{prompt: $p, adapter: $a}, {prompt: $p, adapter: "base"}' >>held-out.jsonl
+done <<<"$HELD"
+"$TANDEM" generate tiny --device cpu --chat-template none --file held-out.jsonl --max-new-tokens 8 \
+    --adapter greet=out/greet --adapter last=out/last --adapter parity=out/parity --json >answers.jsonl ||
+    exit 1
+ok=0 n=0 i=0
+while IFS='|' read -r a prompt want; do
+    base=$(jq -s ".[$((2 * i + 1))].text" answers.jsonl) tuned=$(jq -s ".[$((2 * i))].text" answers.jsonl)
+    i=$((i + 1)); n=$((n + 1)); mark="wrong"; [ "$tuned" = "\"$want\"" ] && { mark="right"; ok=$((ok + 1)); }
+    printf "   %-8s %-8s %-9s %-22s %s (%s)\n" "$a" "$prompt" "$want" "$base" "$tuned" "$mark"
+done <<<"$HELD"
 echo "   $ok of $n right with the adapters (the base model has random weights: its answers are noise)"
 echo; echo "== tandem eval: mean loss on each dataset, bare base vs its adapter"
 for a in greet last parity; do

@@ -322,7 +322,10 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
 {
     memset(dev, 0, sizeof *dev);
     const char *device = req->device ? req->device : "auto";
-    const char *doing = req->task && !strcmp(req->task, "eval") ? "evaluating" : "training";
+    const char *doing = !req->task                       ? "training"
+                        : !strcmp(req->task, "eval")     ? "evaluating"
+                        : !strcmp(req->task, "generate") ? "generating"
+                                                         : "training";
     if (strcmp(device, "cpu")) {
         dev->run_context = tdm_run_context_for(&req->mps);
         tdm_error why = {0};
