@@ -83,7 +83,7 @@ static void train_split(int k, pass_seen *seen)
     o.model_dir = model;
     o.on_pass = on_pass;
     o.on_pass_user = seen;
-    tdm_trainer_adapter ads[2];
+    tdm_trainer_adapter ads[2] = {0};
     for (int a = 0; a < 2; a++) {
         snprintf(outs[k][a], sizeof outs[k][a], "%s/k%d-%d", dir, k, a);
         static char data[2][600];
@@ -226,7 +226,7 @@ static void test_split_range(void **state)
     char data[600], out[600];
     snprintf(data, sizeof data, "%s/d0.jsonl", dir);
     snprintf(out, sizeof out, "%s/range", dir);
-    tdm_trainer_adapter ad;
+    tdm_trainer_adapter ad = {0};
     tdm_trainer_adapter_default(&ad);
     ad.data = data;
     ad.output = out;
