@@ -231,6 +231,8 @@ static const tdm_run_option table[] = {
      "a positive number of GiB or 'auto'", "GPU memory to reserve in the ledger", NOKEY, true},
     {"no-wait-gpu", NULL, TDM_OPT_BOOL, F | E, DST(device.no_wait), 0, 0, 0, 0, true, NULL, "", "",
      "fail at once when the GPU memory is not free", NOKEY, true},
+    {"wait-gpu", NULL, TDM_OPT_BOOL, F | E, DST(device.no_wait), 0, 0, 0, 0, false, NULL, "", "",
+     "wait for GPU memory (the default; undoes an earlier --no-wait-gpu)", NOKEY, true},
     {"timeout", "SEC", TDM_OPT_FLOAT, F | E, DST(device.timeout_sec), 0, INFINITY, 0, 0, 0, NULL,
      "3600", "seconds >= 0", "give up waiting for GPU memory after SEC (exit 75)", NOKEY, true},
     {"experimental-mps", NULL, TDM_OPT_BOOL, F, DST(device.mps.enabled), 0, 0, 0, 0, true, NULL, "",
