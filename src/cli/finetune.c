@@ -130,9 +130,9 @@ typedef struct progress_ctx {
     int n_lines; /* lines[]: one per adapter shown, the host's joined ones included */
     char **lines;
     int64_t last_draw_ns;
-    /* for the stop report: each adapter's OUT_DIR (borrowed from the run options), steps
-     * taken and total, finished; --resume: adapters loaded from a checkpoint, finished ones */
-    const char **outputs;
+    /* for the stop report: each adapter's OUT_DIR, steps taken and total, finished; --resume:
+     * adapters loaded from a checkpoint, finished ones */
+    char **outputs; /* copies: an adapters.toml run's strings are freed before the report */
     int64_t *step, *total;
     bool *done;
     int resumed, resumed_done;
@@ -239,10 +239,11 @@ static int report_stop(const progress_ctx *pc, const char *cmdline, const tdm_er
     fprintf(stderr, "\ntandem: %s: %s\n", name, err->message);
     for (int a = 0; pc->step && a < pc->n; a++) {
         if (pc->done[a])
-            fprintf(stderr, "  %s: finished\n", pc->outputs[a]);
+            fprintf(stderr, "  %s: finished\n", pc->outputs[a] ? pc->outputs[a] : "?");
         else
-            fprintf(stderr, "  %s: step %lld of %lld saved\n", pc->outputs[a],
-                    (long long)pc->step[a], (long long)pc->total[a]);
+            fprintf(stderr, "  %s: step %lld of %lld saved\n",
+                    pc->outputs[a] ? pc->outputs[a] : "?", (long long)pc->step[a],
+                    (long long)pc->total[a]);
     }
     bool has_resume = strstr(cmdline, " --resume") != NULL;
     fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
@@ -272,7 +273,7 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
         pc->step = NULL;
     }
     for (int a = 0; pc->step && a < n; a++) {
-        pc->outputs[a] = ads[a].output;
+        pc->outputs[a] = strdup(ads[a].output ? ads[a].output : "?");
         pc->total[a] = ads[a].total_steps;
     }
     pc->lines = calloc((size_t)n, sizeof *pc->lines);
@@ -352,6 +353,8 @@ int tdm_cmd_finetune(int argc, char **argv)
         for (int a = 0; pc.lines && a < (pc.n_lines > pc.n ? pc.n_lines : pc.n); a++)
             free(pc.lines[a]);
         free(pc.lines);
+        for (int a = 0; pc.outputs && pc.step && a < pc.n; a++)
+            free(pc.outputs[a]);
         free(pc.outputs);
         free(pc.step);
         free(pc.total);
