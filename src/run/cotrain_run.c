@@ -261,6 +261,15 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                             "(--device cpu); on a GPU each finetune runs on its own");
         return TDM_OK;
     }
+    if (o->trainer.save_total_limit > 0) {
+        /* the join does not carry it yet (docs/co-training.md "Run-wide options"): a host would
+         * prune its joiners' checkpoints by its own limit, or keep all of a joiner's */
+        if (o->join_require)
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                            "--join require with --save-total-limit: a run that prunes its "
+                            "checkpoints trains in a process of its own today");
+        return TDM_OK;
+    }
     if (o->trainer.resume) {
         /* a joined adapter starts fresh (tdm_trainer_add_adapters); resuming one inside a host
          * is not wired: a --resume run trains in a process of its own */

@@ -1062,6 +1062,9 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
                                     .grad_accum = grad};
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
+        /* --save-total-limit: the new checkpoint is the latest, so it is always kept */
+        if (st == TDM_OK && t->o.save_total_limit > 0)
+            st = tdm_checkpoint_prune(s->cfg.output, t->o.save_total_limit, err);
     }
     json_decref(cursor);
     json_decref(tsj);

@@ -140,6 +140,7 @@ typedef struct tdm_trainer_opts {
     bool skip_bad_lines;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
+    int save_total_limit;        /* > 0: keep each adapter's last N checkpoints (best/ apart) */
     tdm_trainer_progress_fn progress;
     void *progress_user;
     tdm_trainer_pass_fn on_pass; /* may be NULL: called after each fused training pass */
