@@ -122,7 +122,7 @@ tdm_status tdm_job_poll_once(tdm_transport *t, const char *job_dir, const char *
     full[2] = poll_script;
     full[3] = "tandem-poll";
     full[4] = job_dir;
-    memcpy(full + 5, files, n_files * sizeof *files);
+    if (n_files) memcpy(full + 5, files, n_files * sizeof *files); /* files may be NULL */
     tdm_spawn_result res;
     tdm_status st = tdm_transport_run(t, full, n_files + 5, NULL, 0, 60000, &res, err);
     free(full);

@@ -42,6 +42,7 @@ wait_until 120 stepped
 expect_exit 0 "$TANDEM" cluster logs "$id"
 grep -q '^adapter 0: .*reverse.jsonl' "$WORK/last.out" || fail "cluster logs: no start line: $(head -5 "$WORK/last.out")"
 cmp -s "$WORK/last.out" <(head -c "$(stat -c %s "$WORK/last.out")" "$W/jobs/$id/log") || fail "cluster logs differs from the node's log"
+: >"$WORK/follow.out"
 "$TANDEM" cluster logs "$id" --follow --interval 0.2 >"$WORK/follow.out" 2>"$WORK/follow.err" &
 follower=$!
 n0=$(grep -c '^\[r\] epoch' "$WORK/follow.out")
