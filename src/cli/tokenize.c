@@ -263,7 +263,7 @@ static int decode_ids(tdm_tokenizer *tok, const char *arg)
         rc = tdm_cli_fail(TDM_EXIT_USAGE, "%s", err.message);
     }
     if (rc == TDM_EXIT_OK) {
-        fwrite(text, 1, len, stdout);
+        if (len) fwrite(text, 1, len, stdout); /* no ids: text is NULL */
         fputc('\n', stdout);
     }
     free(text);
