@@ -6,7 +6,8 @@
 #  - a joiner with a bad data line gets FILE:LINE and exit 1 while the host trains on to the
 #    alone result;
 #  - Ctrl-C on a joiner hands its adapter back with a checkpoint (exit 130, the resume command);
-#    --resume then finishes it equal to the uninterrupted run; the host is undisturbed;
+#    --resume then joins the host, which resumes it from its checkpoint, and finishes it equal
+#    to the uninterrupted run; the host is undisturbed;
 #  - --join require without a host fails (exit 1); --no-join runs never meet.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 M="$WORK/tiny"
@@ -16,30 +17,6 @@ cd "$WORK" || exit 1
 printf '%s\n' '{"instruction": "add 1 2", "response": "3"}' '{"instruction": ' >data/bad.jsonl
 COMMON=(--batch-size 2 --epochs 3 --val-split 0 --log-every 1 --save-every 4
         --lr-schedule constant --max-seq-len 64 --seed 7 --device cpu)
-
-# close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==
-# alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor
-close_adapters() {
-    python3 - "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); out = {}
-    for k, v in h.items():
-        if k == "__metadata__": continue
-        assert v["dtype"] == "F32", v["dtype"]
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert a.keys() == b.keys(), "different tensors"
-md = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
-mx = max(abs(y) for k in b for y in b[k])
-print("max rel diff %.3g" % (md / (1e-3 + mx)))
-sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
-PY
-}
 
 # references: each alone, in a process of its own
 expect_exit 0 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/reverse "${COMMON[@]}" --no-join
@@ -89,6 +66,8 @@ grep -q -- "--resume" int.err || fail "no resume command after the joiner's Ctrl
 ls -d int/add/checkpoint-* >/dev/null 2>&1 || fail "no checkpoint of the handed-back adapter"
 kill -0 $host 2>/dev/null || fail "the host ended with its joiner"
 expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" --resume
+grep -q "joined the finetune of pid $host " "$WORK/last.err" ||
+    fail "the --resume did not join the running host (it resumes inside it)"
 close_adapters ref/add int/add || fail "joiner Ctrl-C + --resume differs from the uninterrupted run"
 wait $host || fail "host of the interrupted joiner exited $?"
 grep -q "handed back" host3.err || fail "the host did not say it handed the adapter back"
