@@ -170,8 +170,7 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
                               "the finetune of pid %d that trained these adapters %s (%s); "
                               "their latest checkpoints are in their OUT_DIRs: run the same "
                               "command with --resume",
-                              (int)host->pid, alive ? "closed the connection" : "died",
-                              io.message);
+                              (int)host->pid, alive ? "closed the connection" : "died", io.message);
             }
             goto out;
         }

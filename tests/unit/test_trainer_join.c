@@ -115,7 +115,7 @@ typedef struct plan {
     const tdm_trainer_adapter *join;
     int n_join;
     tdm_status join_status;
-    bool resume; /* tdm_trainer_add_adapters_resume */
+    bool resume;  /* tdm_trainer_add_adapters_resume */
     char *report; /* the failed join's FILE:LINE lines */
     int64_t detach_at;
     int detach_idx;
