@@ -36,7 +36,7 @@ struct tdm_cotrain_serving {
     void *progress_user;
     void (*note)(const char *line, void *user);
     void *note_user;
-    tdm_cotrain_run_opts mine; /* the host's run-wide options, to compare joins with */
+    tdm_cotrain_run_opts mine; /* the host's options, to compare a join's run-wide ones with */
     int n_own;
     joined_group *g;
     int n_groups, cap_groups;
@@ -307,9 +307,21 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                 return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
             }
             s->host = h;
+            if ((st = tdm_cotrain_run_opts_from_trainer(&o->trainer, &ads[0], &s->mine, err)) !=
+                TDM_OK) {
+                tdm_cotrain_host_stop(h);
+                free(s);
+                return st;
+            }
             s->note = o->device.note;
             s->note_user = o->device.note_user;
             *srv = s;
+            /* finetunes run here, but none of them can share its pass with this one */
+            if (why && *why)
+                note(s->note, s->note_user,
+                     "not joining: the finetunes running on %s train another base (the nearest "
+                     "differs in: %s); this one trains in its own process",
+                     device, why);
             if (takeovers > 0)
                 note(o->device.note, o->device.note_user,
                      "taking over: no other finetune of this base model runs on %s; this process "
@@ -410,11 +422,11 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
 {
     tdm_cotrain_join *j = &rq->msg.u.join;
     char diff[512];
-    if (tdm_cotrain_run_opts_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
+    if (tdm_cotrain_run_wide_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
         char why[1024];
         snprintf(why, sizeof why,
-                 "run-wide options differ from this finetune's (%s): a joined adapter trains "
-                 "with the host's; run with the same values, or --no-join",
+                 "run-wide options differ from this finetune's (%s): one fused trainer runs "
+                 "one schedule; run with the same values, or --no-join",
                  diff);
         reject(s, rq->conn, TDM_ERR_INVALID, why);
         return;
@@ -538,8 +550,6 @@ void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts, in
     srv->n_own = n_own;
     srv->progress = opts->progress;
     srv->progress_user = opts->progress_user;
-    tdm_error e = {0};
-    (void)tdm_cotrain_run_opts_from_trainer(opts, &srv->mine, &e);
     opts->progress = on_progress;
     opts->progress_user = srv;
     opts->at_step_boundary = at_boundary;

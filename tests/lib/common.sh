@@ -74,7 +74,7 @@ ledger_count() {
 }
 
 # close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==
-# alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor
+# alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor (co-training tests)
 close_adapters() {
     python3 - "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" <<'PY'
 import json, struct, sys
