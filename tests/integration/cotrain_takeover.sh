@@ -1,8 +1,9 @@
 # Host death between real `tandem finetune` processes (issue 15, behaviour 7; docs/co-training.md
 # "Failure rules"), on the tiny random model, CPU device, one private ledger directory. Three
 # finetunes co-train (reverse hosts, upper and add join it); then, three times, kill -9 of the
-# current host at a random moment (1-3 steps after the latest resumed joiner's first step, plus
-# 0-299 ms, so inside a step, a checkpoint write or a boundary):
+# current host at a random moment (0-2 steps after the latest resumed joiner's first step, plus
+# 0-99 ms, so inside a step, a checkpoint write or a boundary; on an idle machine a late round may
+# find every adapter finished and ends the rounds, round 1 always orphans two joiners):
 #  - every orphaned joiner says the host died; exactly one of them takes over (it hosts, resuming
 #    its adapter from its latest checkpoint) and the others join it with resume: two joiners
 #    orphaned at once end up as one new host and one joiner, with no user action;
@@ -47,10 +48,18 @@ start() {
 }
 # the latest optimizer step a process printed (0 before any)
 step_of() { grep -o ' step [0-9]*/' "${LOG[$1]}.out" 2>/dev/null | tail -1 | tr -dc 0-9 || true; }
-step_at_least() { [ "$(step_of "$1")" -ge "$2" ] 2>/dev/null; }
-printed_step() { [ -n "$(step_of "$1")" ]; }
+finished() { grep -q '\] done:' "${LOG[$1]}.out" || ! kill -0 "$1" 2>/dev/null; }
+step_at_least() { [ "$(step_of "$1")" -ge "$2" ] 2>/dev/null || finished "$1"; }
+printed_step() { [ -n "$(step_of "$1")" ] || finished "$1"; }
 joined() { grep -q "joined the finetune of pid $2 " "${LOG[$1]}.err"; }
 took_over() { grep -q "taking over" "${LOG[$1]}.err"; }
+died() { grep -q "the finetune of pid $2 died" "${LOG[$1]}.err"; }
+# all_settled HOST PID...: each PID said HOST died, or finished
+all_settled() {
+    local h=$1 p
+    shift
+    for p in "$@"; do died "$p" "$h" || finished "$p" || return 1; done
+}
 any_took_over() {
     local p
     for p in "$@"; do took_over "$p" && return 0; done
@@ -65,13 +74,16 @@ start add
 joiners=("${PID[upper]}" "${PID[add]}")
 for p in "${joiners[@]}"; do wait_until 60 joined "$p" "$host"; done
 watched=${PID[add]}
+rounds=0
 
 for round in 1 2 3; do
     wait_until 60 printed_step "$watched"
     target=$(($(step_of "$watched") + RANDOM % 3))
-    ms=$((RANDOM % 300))
+    ms=$((RANDOM % 100))
     wait_until 60 step_at_least "$watched" "$target"
     sleep "$(printf '0.%03d' $ms)"
+    # an unloaded machine trains all 18 steps in a few seconds: a late round may find every
+    # adapter finished (round 1, a few steps in, always has two orphans)
     orphans=()
     where=""
     for p in "${joiners[@]}"; do
@@ -85,7 +97,14 @@ for round in 1 2 3; do
     kill -9 "$host"
     wait "$host" 2>/dev/null
     KILLED[$host]=1
-    [ ${#orphans[@]} -ge 1 ] || { fail "round $round: no joiner left to take over"; break; }
+    if [ $round -eq 1 ] && [ ${#orphans[@]} -ne 2 ]; then fail "round 1: ${#orphans[@]} orphans"; fi
+    # an orphan whose last adapter finished just before the kill is no orphan
+    wait_until 60 all_settled "$host" "${orphans[@]}"
+    live=()
+    for p in "${orphans[@]}"; do died "$p" "$host" && live+=("$p"); done
+    orphans=("${live[@]}")
+    [ ${#orphans[@]} -ge 1 ] || { echo "round $round: every adapter had finished"; break; }
+    rounds=$round
     # exactly one orphan hosts, the others join it
     wait_until 60 any_took_over "${orphans[@]}"
     new=""
@@ -98,8 +117,6 @@ for round in 1 2 3; do
     [ -n "$new" ] || { fail "round $round: nobody took over"; break; }
     rest=()
     for p in "${orphans[@]}"; do
-        grep -q "the finetune of pid $host died" "${LOG[$p]}.err" ||
-            fail "round $round: ${ADAPTER[$p]} (pid $p) did not say that host $host died"
         [ "$p" = "$new" ] && continue
         wait_until 60 joined "$p" "$new" || fail "round $round: $p did not join the new host $new"
         rest+=("$p")
@@ -140,7 +157,7 @@ for p in "${ALL[@]}"; do
     fi
 done
 n=$(cat ./*.err | grep -c "taking over")
-[ "$n" -eq 3 ] || fail "$n takeovers for 3 host deaths"
+[ "$n" -eq "$rounds" ] || fail "$n takeovers for $rounds host deaths with orphans"
 for a in reverse upper add; do
     close_adapters "ref/$a" "co/$a" || fail "co/$a differs from the uninterrupted run"
 done
