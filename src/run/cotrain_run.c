@@ -14,11 +14,14 @@
 #include "cotrain/host.h"
 #include "cotrain/status.h"
 #include "cotrain/trainer_bridge.h"
+#include "gpu/proc_identity.h"
 #include "util/build_features.h"
 #include "util/timeutil.h"
 
 #define JOIN_ATTEMPTS 3    /* elections before giving up (a host may end while we join it) */
+#define TAKEOVERS_MAX 8    /* host deaths survived by one joiner (each one resumes its adapters) */
 #define CLIENT_POLL_MS 200 /* how often the joiner checks its stop flag */
+#define EXIT_WAIT_MS 2000  /* after EOF: how long the host's process may take to be gone */
 
 /* One joiner's adapters in the host's trainer. */
 typedef struct joined_group {
@@ -101,14 +104,33 @@ static void stem_of(const char *path, char *out, size_t cap)
     if (dot && dot != out) *dot = 0;
 }
 
+/* Whether the host's process still exists (not a zombie, pid not recycled). After EOF, waits
+ * up to EXIT_WAIT_MS for it to go: the kernel closes a killed process's sockets a moment before
+ * the process is reaped. */
+static bool host_alive(const tdm_cotrain_advert *host, bool wait_exit)
+{
+    tdm_holder h = {.pid = host->pid, .start_time = host->start_time};
+    int64_t until = tdm_now_mono_ns() + (wait_exit ? EXIT_WAIT_MS : 0) * 1000000LL;
+    for (;;) {
+        if (!tdm_holder_alive(&h)) return false;
+        if (tdm_now_mono_ns() >= until) return true;
+        usleep(10000);
+    }
+}
+
 /* The attached joiner: sends the join, shows its adapters' progress, forwards a stop request as
- * a detach, returns their outcome. *retry: the host ended before admitting us (elect again). */
+ * a detach, returns their outcome. *retry: the host ended before admitting us (elect again).
+ * *orphaned: the host's process died after admitting us (the caller takes over: elect again
+ * and resume the adapters from their latest checkpoints). A host that goes silent but whose
+ * process still exists (stopped, frozen) is waited for: taking its adapters over while it may
+ * continue would have two processes write one OUT_DIR. */
 static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
                             const tdm_finetune_hooks *hooks, const tdm_cotrain_advert *host,
-                            const tdm_base_identity *base, bool *retry, char **bad_lines,
-                            tdm_error *err)
+                            const tdm_base_identity *base, bool *retry, bool *orphaned,
+                            char **bad_lines, tdm_error *err)
 {
     *retry = false;
+    *orphaned = false;
     tdm_cotrain_msg join = {0};
     tdm_status st = tdm_cotrain_join_from_trainer(&o->trainer, ads, n, base->id, &join, err);
     if (st != TDM_OK) return st;
@@ -134,7 +156,7 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
         else
             stem_of(ads[a].data, labels[a], sizeof labels[a]);
     }
-    bool admitted = false, detach_sent = false;
+    bool admitted = false, detach_sent = false, said_silent = false;
     int n_ended = 0, n_detached = 0, n_failed = 0;
     char failure[1024] = "";
     tdm_error io = {0};
@@ -150,6 +172,16 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
         tdm_cotrain_msg m = {0};
         tdm_status r = tdm_cotrain_client_next(&c, CLIENT_POLL_MS, &m, &io);
         if (r == TDM_ERR_TIMEOUT) continue;
+        if (r != TDM_OK && admitted && c.host_gone && !c.eof && host_alive(host, false)) {
+            if (!said_silent)
+                note(o->device.note, o->device.note_user,
+                     "the finetune of pid %d has sent nothing for %d ms but its process still "
+                     "exists (stopped or frozen?): waiting for it",
+                     (int)host->pid, TDM_COTRAIN_HOST_SILENCE_MS);
+            said_silent = true;
+            tdm_cotrain_client_keep_waiting(&c);
+            continue;
+        }
         if (r != TDM_OK) {
             if (!admitted) {
                 *retry = true;
@@ -158,11 +190,13 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
                               "adapters (%s)",
                               (int)host->pid, io.message);
             } else {
+                bool alive = c.host_gone && host_alive(host, c.eof);
+                *orphaned = c.host_gone && !alive && !detach_sent;
                 st = tdm_fail(err, TDM_ERR_IO,
-                              "the finetune of pid %d that trained these adapters died (%s); "
+                              "the finetune of pid %d that trained these adapters %s (%s); "
                               "their latest checkpoints are in their OUT_DIRs: run the same "
-                              "command with --resume (automatic takeover is not wired yet)",
-                              (int)host->pid, io.message);
+                              "command with --resume",
+                              (int)host->pid, alive ? "closed the connection" : "died", io.message);
             }
             goto out;
         }
@@ -270,14 +304,6 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                             "checkpoints trains in a process of its own today");
         return TDM_OK;
     }
-    if (o->trainer.resume) {
-        /* a joined adapter starts fresh (tdm_trainer_add_adapters); resuming one inside a host
-         * is not wired: a --resume run trains in a process of its own */
-        if (o->join_require)
-            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                            "--join require with --resume: a resumed run cannot join yet");
-        return TDM_OK;
-    }
     /* A model directory that cannot be identified (no config.json, a FIFO, a corrupt header)
      * cannot be trained either: without --join require the run goes on alone, and loading it
      * reports the problem with the message and exit code of a run without co-training. */
@@ -294,7 +320,8 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
         *err = (tdm_error){0};
         return TDM_OK;
     }
-    for (int attempt = 0; attempt < JOIN_ATTEMPTS; attempt++) {
+    int attempt = 0, takeovers = 0;
+    while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_host *h = NULL;
         tdm_cotrain_advert found;
         const char *why = NULL;
@@ -302,7 +329,7 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
             TDM_OK)
             return st;
         if (h) {
-            if (o->join_require) {
+            if (o->join_require && takeovers == 0) {
                 tdm_cotrain_host_stop(h);
                 return tdm_fail(err, TDM_ERR_NOT_FOUND,
                                 "--join require: no finetune of this base model runs on %s%s%s",
@@ -330,14 +357,33 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                      "not joining: the finetunes running on %s train another base (the nearest "
                      "differs in: %s); this one trains in its own process",
                      device, why);
+            if (takeovers > 0)
+                note(o->device.note, o->device.note_user,
+                     "taking over: no other finetune of this base model runs on %s; this process "
+                     "trains its %d adapter(s) from their latest checkpoints and hosts the others",
+                     device, n);
             return TDM_OK;
         }
-        bool retry = false;
-        st = join_host(o, ads, n, hooks, &found, &base, &retry, bad_lines, err);
+        bool retry = false, orphaned = false;
+        st = join_host(o, ads, n, hooks, &found, &base, &retry, &orphaned, bad_lines, err);
+        if (orphaned && takeovers < TAKEOVERS_MAX) {
+            /* the host died: nobody trains these adapters any more. Elect again: the first
+             * orphan hosts, the others join it; every one resumes from its checkpoints. */
+            note(o->device.note, o->device.note_user,
+                 "the finetune of pid %d died; its %d adapter(s) of this command resume from "
+                 "their latest checkpoints",
+                 (int)found.pid, n);
+            *err = (tdm_error){0};
+            o->trainer.resume = true;
+            takeovers++;
+            attempt = 0;
+            continue;
+        }
         if (!retry) {
             *joined = true;
             return st;
         }
+        attempt++;
     }
     return st;
 }
@@ -436,7 +482,8 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
         return;
     }
     joined_group *g = group_of(s, p->adapter);
-    if (!g) return;
+    /* a joined adapter's resume point is not a protocol event: the host's "joined" line says it */
+    if (!g || p->event == TDM_TRAINER_EVENT_RESUMED) return;
     tdm_cotrain_msg m;
     tdm_cotrain_progress_from_trainer(p, p->adapter - g->first, &m);
     send_msg(s, g, &m);
@@ -576,7 +623,9 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
     tdm_cotrain_adapters_to_trainer(j, ads);
     char *report = NULL;
     tdm_error e = {0};
-    tdm_status st = tdm_trainer_add_adapters(t, ads, g->n, &g->first, &report, &e);
+    tdm_status st = j->opts.resume
+                        ? tdm_trainer_add_adapters_resume(t, ads, g->n, &g->first, &report, &e)
+                        : tdm_trainer_add_adapters(t, ads, g->n, &g->first, &report, &e);
     free(ads);
     if (st != TDM_OK) {
         note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s", g->n,
@@ -595,10 +644,25 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
     m.u.admitted.host_pid = (int32_t)getpid();
     m.u.admitted.n_adapters = g->n;
     send_msg(s, g, &m);
-    for (int a = 0; a < g->n; a++)
-        note(s->note, s->note_user, "joined: adapter %d: %s -> %s, from pid %d (%s)", g->first + a,
-             j->adapters[a].data, j->adapters[a].output, (int)rq->peer.pid,
-             j->user ? j->user : "?");
+    for (int a = 0; a < g->n; a++) {
+        int64_t step = 0;
+        bool done = false;
+        tdm_trainer_adapter_position(t, g->first + a, &step, &done);
+        char from[64] = "";
+        if (j->opts.resume && step > 0)
+            snprintf(from, sizeof from, ", resumed at step %lld%s", (long long)step,
+                     done ? " (already finished)" : "");
+        note(s->note, s->note_user, "joined: adapter %d: %s -> %s, from pid %d (%s)%s",
+             g->first + a, j->adapters[a].data, j->adapters[a].output, (int)rq->peer.pid,
+             j->user ? j->user : "?", from);
+    }
+    /* resumed from a final checkpoint: nothing left to train */
+    for (int a = g->first; a < g->first + g->n; a++) {
+        int64_t step = 0;
+        bool done = false;
+        tdm_trainer_adapter_position(t, a, &step, &done);
+        if (done) send_done(s, g, a, TDM_COTRAIN_FINISHED, step, NULL);
+    }
 }
 
 /* Checkpoints and removes a joiner's unfinished adapters (detach, or its connection ended). */

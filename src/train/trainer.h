@@ -255,6 +255,16 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err);
 tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
                                     int n_adapters, int *first, char **report, tdm_error *err);
 
+/* As tdm_trainer_add_adapters, but each adapter continues from its latest checkpoint, as
+ * `--resume` of a command of these adapters alone would: the latest global step (of their own)
+ * that all of them saved, each checkpoint checked against its adapter (rank, targets, dropout,
+ * schedule) and reported as a RESUMED event; their own global step continues from there, so
+ * their later checkpoints are those of the uninterrupted run. No checkpoint at all: they start
+ * fresh. One whose checkpoint is its final one is added done (it trains no more). */
+tdm_status tdm_trainer_add_adapters_resume(tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                           int n_adapters, int *first, char **report,
+                                           tdm_error *err);
+
 /* Checkpoints adapter a at its position (what a stop writes: --resume continues it exactly) and
  * stops training it; its device state is freed. It counts as done from then on
  * (tdm_trainer_adapter_position) and tdm_trainer_adapter_detached tells it apart from a finished
