@@ -285,7 +285,7 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
 {
     progress_ctx *pc = user;
     progress_ctx_free(pc);
-    pc->drawn = false;
+    pc->n_drawn = 0;
     pc->n = n;
     pc->outputs = calloc((size_t)n, sizeof *pc->outputs);
     pc->step = calloc((size_t)n, sizeof *pc->step);
