@@ -30,11 +30,6 @@ static tdm_status parse_task(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
-static tdm_status parse_targets(const char *arg, void *dst, tdm_error *err)
-{
-    return tdm_adapter_targets_parse(arg, (uint32_t *)dst, err);
-}
-
 static tdm_status parse_lr_schedule(const char *arg, void *dst, tdm_error *err)
 {
     return tdm_lr_kind_parse(arg, (tdm_lr_kind *)dst, err);
@@ -119,152 +114,202 @@ static tdm_status add_adapter_arg(const char *arg, void *dst, tdm_error *err)
 #define F TDM_CMD_FINETUNE
 #define E TDM_CMD_EVAL
 #define DST(field) offsetof(tdm_run_opts, field), sizeof(((tdm_run_opts *)0)->field)
-#define NOKEY -1
 #define BIG 1099511627776.0 /* 2^40: "no upper bound" for step counts */
+#define V(...)                                                                                     \
+    {                                                                                              \
+        __VA_ARGS__                                                                                \
+    }
+/* A per-adapter setting: kind, range, default and help are its row of train/adapter_options.c. */
+#define ADAPTER_ROW(flag, metavar, commands, field, key, submit)                                   \
+    {                                                                                              \
+        flag, metavar, commands, DST(field), {0}, &tdm_adapter_options[key], submit                \
+    }
 
-/* Rows in the order of --help. Columns: flag, metavar, kind, commands, destination, min, max,
- * min_open, max_open, bool_value, parse, default, accepts, help, adapters.toml key, submit. */
+/* Rows in the order of --help. Columns: flag, metavar, commands, destination, V(kind, min, max,
+ * min_open, max_open, bool_value, parse, default, accepts, help), adapter row, submit. A
+ * per-adapter setting is ADAPTER_ROW(flag, metavar, commands, destination, its adapters.toml
+ * key, submit): the rest of its row is in train/adapter_options.c. */
 static const tdm_run_option table[] = {
     /* what to train */
-    {"adapter", "DATA.jsonl:OUT_DIR", TDM_OPT_LIST, F, 0, sizeof(tdm_run_opts), 0, 0, 0, 0, 0,
-     add_adapter_arg, "", "DATA.jsonl:OUT_DIR", "one adapter: its data and output (repeatable)",
-     NOKEY, false},
-    {"adapters-config", "FILE.toml", TDM_OPT_PATH, F, DST(adapters_config), 0, 0, 0, 0, 0, NULL, "",
-     "a file", "the adapters as [[adapter]] tables (docs/adapters-toml.md)", NOKEY, false},
-    {NULL, NULL, TDM_OPT_PATH, F, DST(adapter.data), 0, 0, 0, 0, 0, NULL, "", "a path",
-     "training data (JSONL)", TDM_ADAPTER_KEY_DATA, false},
-    {NULL, NULL, TDM_OPT_PATH, F, DST(adapter.output), 0, 0, 0, 0, 0, NULL, "", "a path",
-     "output directory", TDM_ADAPTER_KEY_OUTPUT, false},
-    {NULL, NULL, TDM_OPT_PATH, F, DST(adapter.label), 0, 0, 0, 0, 0, NULL, "", "a label",
-     "name in logs and status", TDM_ADAPTER_KEY_LABEL, false},
+    {"adapter", "DATA.jsonl:OUT_DIR", F, 0, sizeof(tdm_run_opts),
+     V(TDM_OPT_LIST, 0, 0, 0, 0, 0, add_adapter_arg, "", "DATA.jsonl:OUT_DIR",
+       "one adapter: its data and output (repeatable)"),
+     NULL, false},
+    {"adapters-config", "FILE.toml", F, DST(adapters_config),
+     V(TDM_OPT_PATH, 0, 0, 0, 0, 0, NULL, "", "a file",
+       "the adapters as [[adapter]] tables (docs/adapters-toml.md)"),
+     NULL, false},
+    ADAPTER_ROW(NULL, NULL, F, adapter.data, TDM_ADAPTER_KEY_DATA, false),
+    ADAPTER_ROW(NULL, NULL, F, adapter.output, TDM_ADAPTER_KEY_OUTPUT, false),
+    ADAPTER_ROW(NULL, NULL, F, adapter.label, TDM_ADAPTER_KEY_LABEL, false),
     /* eval's inputs */
-    {"data", "FILE", TDM_OPT_PATH, E, DST(eval_data), 0, 0, 0, 0, 0, NULL, "", "a file",
-     "the JSONL data to measure (required)", NOKEY, false},
-    {"adapter", "DIR", TDM_OPT_PATH, E, DST(eval_adapter), 0, 0, 0, 0, 0, NULL, "", "a directory",
-     "a PEFT LoRA adapter directory (default: the bare base model)", NOKEY, false},
+    {"data", "FILE", E, DST(eval_data),
+     V(TDM_OPT_PATH, 0, 0, 0, 0, 0, NULL, "", "a file", "the JSONL data to measure (required)"),
+     NULL, false},
+    {"adapter", "DIR", E, DST(eval_adapter),
+     V(TDM_OPT_PATH, 0, 0, 0, 0, 0, NULL, "", "a directory",
+       "a PEFT LoRA adapter directory (default: the bare base model)"),
+     NULL, false},
     /* the base model */
-    {"method", "qlora|lora", TDM_OPT_ENUM, F | E, DST(trainer.nf4), 0, 0, 0, 0, 0, parse_method,
-     "qlora", "qlora or lora", "qlora: NF4 base; lora: the base in its own precision", NOKEY, true},
-    {"no-double-quant", NULL, TDM_OPT_BOOL, F | E, DST(trainer.double_quant), 0, 0, 0, 0, false,
-     NULL, "", "", "qlora: fp32 absmax per block instead of 8-bit double quantization", NOKEY,
-     true},
-    {"task", "instruct", TDM_OPT_ENUM, F, DST(adapter.task), 0, 0, 0, 0, 0, parse_task, "instruct",
-     "instruct", "the only task today", NOKEY, true},
+    {"method", "qlora|lora", F | E, DST(trainer.nf4),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_method, "qlora", "qlora or lora",
+       "qlora: NF4 base; lora: the base in its own precision"),
+     NULL, true},
+    {"no-double-quant", NULL, F | E, DST(trainer.double_quant),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "",
+       "qlora: fp32 absmax per block instead of 8-bit double quantization"),
+     NULL, true},
+    {"task", "instruct", F, DST(adapter.task),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_task, "instruct", "instruct", "the only task today"),
+     NULL, true},
     /* the adapter */
-    {"rank", "N", TDM_OPT_INT, F, DST(adapter.rank), 1, TDM_ADAPTER_RANK_MAX, 0, 0, 0, NULL, "16",
-     "an integer 1..4096", "LoRA rank r", TDM_ADAPTER_KEY_RANK, true},
-    {"alpha", "N", TDM_OPT_FLOAT, F, DST(adapter.alpha), 0, INFINITY, true, 0, 0, NULL, "32",
-     "a positive number", "LoRA scale numerator (scale = alpha / r)", TDM_ADAPTER_KEY_ALPHA, true},
-    {"rslora", NULL, TDM_OPT_BOOL, F, DST(adapter.use_rslora), 0, 0, 0, 0, true, NULL, "", "",
-     "scale alpha / sqrt(r) (rsLoRA)", NOKEY, true},
-    {"targets", "LIST", TDM_OPT_LIST, F, DST(adapter.targets), 0, 0, 0, 0, 0, parse_targets,
-     "q_proj,v_proj", "a list", "projections to adapt: q,k,v,o,gate,up,down _proj",
-     TDM_ADAPTER_KEY_TARGETS, true},
-    {"init-adapter", "DIR", TDM_OPT_PATH, F, DST(adapter.init_adapter), 0, 0, 0, 0, 0, NULL, "",
-     "a directory", "start from a PEFT adapter (its rank, alpha, targets apply)",
-     TDM_ADAPTER_KEY_INIT_ADAPTER, false},
-    {"lora-dropout", "P", TDM_OPT_FLOAT, F, DST(adapter.lora_dropout), 0, 1, 0, true, 0, NULL, "0",
-     "a probability in [0, 1)", "LoRA dropout on each targeted module's input (training only)",
-     TDM_ADAPTER_KEY_LORA_DROPOUT, true},
-    {NULL, NULL, TDM_OPT_FLOAT, F, DST(adapter.weight), 0, INFINITY, true, 0, 0, NULL, "1",
-     "a positive number", "share of each fused pass (synchronized schedule)",
-     TDM_ADAPTER_KEY_WEIGHT, false},
+    ADAPTER_ROW("rank", "N", F, adapter.rank, TDM_ADAPTER_KEY_RANK, true),
+    ADAPTER_ROW("alpha", "N", F, adapter.alpha, TDM_ADAPTER_KEY_ALPHA, true),
+    {"rslora", NULL, F, DST(adapter.use_rslora),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", "scale alpha / sqrt(r) (rsLoRA)"), NULL, true},
+    ADAPTER_ROW("targets", "LIST", F, adapter.targets, TDM_ADAPTER_KEY_TARGETS, true),
+    ADAPTER_ROW("init-adapter", "DIR", F, adapter.init_adapter, TDM_ADAPTER_KEY_INIT_ADAPTER,
+                false),
+    ADAPTER_ROW("lora-dropout", "P", F, adapter.lora_dropout, TDM_ADAPTER_KEY_LORA_DROPOUT, true),
+    ADAPTER_ROW(NULL, NULL, F, adapter.weight, TDM_ADAPTER_KEY_WEIGHT, false),
     /* optimisation */
-    {"lr", "X", TDM_OPT_FLOAT, F, DST(adapter.lr), 0, 1, true, 0, 0, NULL, "2e-4",
-     "a number in (0, 1]", "peak learning rate (AdamW)", TDM_ADAPTER_KEY_LEARNING_RATE, true},
-    {"weight-decay", "X", TDM_OPT_FLOAT, F, DST(adapter.weight_decay), 0, INFINITY, 0, 0, 0, NULL,
-     "0", "a number >= 0", "decoupled weight decay", NOKEY, true},
-    {"max-grad-norm", "X", TDM_OPT_FLOAT, F, DST(adapter.max_grad_norm), 0, INFINITY, 0, 0, 0, NULL,
-     "1", "a number >= 0 (0 = off)", "per-adapter gradient clipping; 0 = off", NOKEY, true},
-    {"lr-schedule", "cosine|linear|constant", TDM_OPT_ENUM, F, DST(adapter.lr_kind), 0, 0, 0, 0, 0,
-     parse_lr_schedule, "cosine", "cosine, linear or constant", "learning-rate schedule", NOKEY,
-     true},
-    {"warmup-steps", "N", TDM_OPT_INT, F, DST(adapter.warmup_steps), 0, BIG, 0, 0, 0, NULL, "0",
-     "an integer >= 0", "linear warmup over the adapter's first N steps", NOKEY, true},
-    {"epochs", "N", TDM_OPT_INT, F, DST(adapter.epochs), 1, TDM_ADAPTER_EPOCHS_MAX, 0, 0, 0, NULL,
-     "3", "an integer 1..100000", "passes over the adapter's training split",
-     TDM_ADAPTER_KEY_EPOCHS, true},
-    {"batch-size", "N", TDM_OPT_INT, F, DST(adapter.batch_size), 1, TDM_ADAPTER_BATCH_SIZE_MAX, 0,
-     0, 0, NULL, "4", "an integer 1..65536", "sequences per adapter per micro-batch",
-     TDM_ADAPTER_KEY_BATCH_SIZE, true},
-    {"batch-size", "N", TDM_OPT_INT, E, DST(eval_batch_size), 1, TDM_ADAPTER_BATCH_SIZE_MAX, 0, 0,
-     0, NULL, "8", "an integer 1..65536", "sequences per forward pass", NOKEY, false},
-    {"grad-accum", "N", TDM_OPT_INT, F, DST(adapter.grad_accum), 1, 64, 0, 0, 0, NULL, "1",
-     "an integer 1..64", "micro-batches per optimizer step", NOKEY, true},
-    {"max-seq-len", "N", TDM_OPT_INT, F | E, DST(adapter.max_seq_len), 2,
-     TDM_ADAPTER_MAX_SEQ_LEN_MAX, 0, 0, 0, NULL, "512", "an integer 2..1048576",
-     "longer samples keep their first N tokens", TDM_ADAPTER_KEY_MAX_SEQ_LEN, true},
-    {"grad-checkpoint", NULL, TDM_OPT_BOOL, F, DST(trainer.grad_checkpoint), 0, 0, 0, 0, true, NULL,
-     "", "", "keep only each layer's input; recompute in backward", NOKEY, true},
+    ADAPTER_ROW("lr", "X", F, adapter.lr, TDM_ADAPTER_KEY_LEARNING_RATE, true),
+    {"weight-decay", "X", F, DST(adapter.weight_decay),
+     V(TDM_OPT_FLOAT, 0, INFINITY, 0, 0, 0, NULL, "0", "a number >= 0", "decoupled weight decay"),
+     NULL, true},
+    {"max-grad-norm", "X", F, DST(adapter.max_grad_norm),
+     V(TDM_OPT_FLOAT, 0, INFINITY, 0, 0, 0, NULL, "1", "a number >= 0 (0 = off)",
+       "per-adapter gradient clipping; 0 = off"),
+     NULL, true},
+    {"lr-schedule", "cosine|linear|constant", F, DST(adapter.lr_kind),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_lr_schedule, "cosine", "cosine, linear or constant",
+       "learning-rate schedule"),
+     NULL, true},
+    {"warmup-steps", "N", F, DST(adapter.warmup_steps),
+     V(TDM_OPT_INT, 0, BIG, 0, 0, 0, NULL, "0", "an integer >= 0",
+       "linear warmup over the adapter's first N steps"),
+     NULL, true},
+    ADAPTER_ROW("epochs", "N", F, adapter.epochs, TDM_ADAPTER_KEY_EPOCHS, true),
+    ADAPTER_ROW("batch-size", "N", F, adapter.batch_size, TDM_ADAPTER_KEY_BATCH_SIZE, true),
+    {"batch-size", "N", E, DST(eval_batch_size),
+     V(TDM_OPT_INT, 1, TDM_ADAPTER_BATCH_SIZE_MAX, 0, 0, 0, NULL, "8", "an integer 1..65536",
+       "sequences per forward pass"),
+     NULL, false},
+    {"grad-accum", "N", F, DST(adapter.grad_accum),
+     V(TDM_OPT_INT, 1, 64, 0, 0, 0, NULL, "1", "an integer 1..64",
+       "micro-batches per optimizer step"),
+     NULL, true},
+    ADAPTER_ROW("max-seq-len", "N", F | E, adapter.max_seq_len, TDM_ADAPTER_KEY_MAX_SEQ_LEN, true),
+    {"grad-checkpoint", NULL, F, DST(trainer.grad_checkpoint),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "keep only each layer's input; recompute in backward"),
+     NULL, true},
     /* data */
-    {"seed", "S", TDM_OPT_INT, F, DST(adapter.seed), 0, 0, 0, 0, 0, parse_seed, "42",
-     "a non-negative integer", "LoRA init, shuffling and the train/validation split", NOKEY, true},
-    {"no-shuffle", NULL, TDM_OPT_BOOL, F, DST(adapter.shuffle), 0, 0, 0, 0, false, NULL, "", "",
-     "file order every epoch", NOKEY, true},
-    {"val-split", "F", TDM_OPT_FLOAT, F, DST(adapter.val_split), 0, 1, 0, true, 0, NULL, "0.05",
-     "a fraction in [0, 1)", "fraction held out for validation", NOKEY, true},
-    {"chat-template", "chatml|llama3|none", TDM_OPT_ENUM, F | E, DST(adapter), 0, 0, 0, 0, 0,
-     parse_chat_template, "", "chatml, llama3 or none", "chat template (default: detected)", NOKEY,
-     true},
-    {"train-on-prompt", NULL, TDM_OPT_BOOL, F, DST(adapter.train_on_prompt), 0, 0, 0, 0, true, NULL,
-     "", "", "count the prompt's tokens in the loss too", NOKEY, true},
-    {"skip-bad-lines", NULL, TDM_OPT_BOOL, F, DST(adapter.skip_bad_lines), 0, 0, 0, 0, true, NULL,
-     "", "", "train on the good lines of a file with bad ones", NOKEY, true},
+    {"seed", "S", F, DST(adapter.seed),
+     V(TDM_OPT_INT, 0, 0, 0, 0, 0, parse_seed, "42", "a non-negative integer",
+       "LoRA init, shuffling and the train/validation split"),
+     NULL, true},
+    {"no-shuffle", NULL, F, DST(adapter.shuffle),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "", "file order every epoch"), NULL, true},
+    {"val-split", "F", F, DST(adapter.val_split),
+     V(TDM_OPT_FLOAT, 0, 1, 0, true, 0, NULL, "0.05", "a fraction in [0, 1)",
+       "fraction held out for validation"),
+     NULL, true},
+    {"chat-template", "chatml|llama3|none", F | E, DST(adapter),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_chat_template, "", "chatml, llama3 or none",
+       "chat template (default: detected)"),
+     NULL, true},
+    {"train-on-prompt", NULL, F, DST(adapter.train_on_prompt),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", "count the prompt's tokens in the loss too"),
+     NULL, true},
+    {"skip-bad-lines", NULL, F, DST(adapter.skip_bad_lines),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "train on the good lines of a file with bad ones"),
+     NULL, true},
     /* steps */
-    {"eval-every", "N", TDM_OPT_INT, F, DST(adapter.eval_every), 0, BIG, 0, 0, 0, NULL, "0",
-     "an integer >= 0", "validate every N global steps (0: at the end)", NOKEY, true},
-    {"save-every", "N", TDM_OPT_INT, F, DST(adapter.save_every), 0, BIG, 0, 0, 0, NULL, "500",
-     "an integer >= 0", "checkpoint every N global steps (0: at the end)", NOKEY, true},
-    {"save-total-limit", "N", TDM_OPT_INT, F, DST(trainer.save_total_limit), 0, 1000000, 0, 0, 0,
-     NULL, "0", "an integer >= 0", "keep each adapter's last N checkpoints, plus best/ (0: all)",
-     NOKEY, true},
-    {"log-every", "N", TDM_OPT_INT, F, DST(adapter.log_every), 1, BIG, 0, 0, 0, NULL, "10",
-     "an integer >= 1", "one log line per adapter per N global steps", NOKEY, true},
-    {"schedule", "synchronized|round-robin|priority-val-loss", TDM_OPT_ENUM, F,
-     DST(trainer.schedule), 0, 0, 0, 0, 0, parse_schedule, "synchronized",
-     "synchronized, round-robin or priority-val-loss", "how adapters share the fused passes", NOKEY,
-     true},
-    {"resume", NULL, TDM_OPT_BOOL, F, DST(trainer.resume), 0, 0, 0, 0, true, NULL, "", "",
-     "continue from the latest checkpoint every adapter has", NOKEY, true},
+    {"eval-every", "N", F, DST(adapter.eval_every),
+     V(TDM_OPT_INT, 0, BIG, 0, 0, 0, NULL, "0", "an integer >= 0",
+       "validate every N global steps (0: at the end)"),
+     NULL, true},
+    {"save-every", "N", F, DST(adapter.save_every),
+     V(TDM_OPT_INT, 0, BIG, 0, 0, 0, NULL, "500", "an integer >= 0",
+       "checkpoint every N global steps (0: at the end)"),
+     NULL, true},
+    {"save-total-limit", "N", F, DST(trainer.save_total_limit),
+     V(TDM_OPT_INT, 0, 1000000, 0, 0, 0, NULL, "0", "an integer >= 0",
+       "keep each adapter's last N checkpoints, plus best/ (0: all)"),
+     NULL, true},
+    {"log-every", "N", F, DST(adapter.log_every),
+     V(TDM_OPT_INT, 1, BIG, 0, 0, 0, NULL, "10", "an integer >= 1",
+       "one log line per adapter per N global steps"),
+     NULL, true},
+    {"schedule", "synchronized|round-robin|priority-val-loss", F, DST(trainer.schedule),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_schedule, "synchronized",
+       "synchronized, round-robin or priority-val-loss", "how adapters share the fused passes"),
+     NULL, true},
+    {"resume", NULL, F, DST(trainer.resume),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "continue from the latest checkpoint every adapter has"),
+     NULL, true},
     /* the device */
-    {"device", "auto|cpu|cuda", TDM_OPT_ENUM, F | E, DST(device.device), 0, 0, 0, 0, 0,
-     parse_device, "auto", "auto, cpu or cuda", "auto: CUDA when there is a GPU, else the CPU",
-     NOKEY, false},
-    {"vram", "GB|auto", TDM_OPT_SIZE, F | E, DST(device.vram_gib), 0, 1e6, true, 0, 0, NULL, "auto",
-     "a positive number of GiB or 'auto'", "GPU memory to reserve in the ledger", NOKEY, true},
-    {"no-wait-gpu", NULL, TDM_OPT_BOOL, F | E, DST(device.no_wait), 0, 0, 0, 0, true, NULL, "", "",
-     "fail at once when the GPU memory is not free", NOKEY, true},
-    {"wait-gpu", NULL, TDM_OPT_BOOL, F | E, DST(device.no_wait), 0, 0, 0, 0, false, NULL, "", "",
-     "wait for GPU memory (the default; undoes an earlier --no-wait-gpu)", NOKEY, true},
-    {"timeout", "SEC", TDM_OPT_FLOAT, F | E, DST(device.timeout_sec), 0, INFINITY, 0, 0, 0, NULL,
-     "3600", "seconds >= 0", "give up waiting for GPU memory after SEC (exit 75)", NOKEY, true},
-    {"experimental-mps", NULL, TDM_OPT_BOOL, F, DST(device.mps.enabled), 0, 0, 0, 0, true, NULL, "",
-     "", "run as a CUDA MPS client (as tandem gpu run)", NOKEY, true},
-    {"gpu-share", "PCT", TDM_OPT_INT, F, DST(device), 0, 0, 0, 0, 0, parse_gpu_share, "100",
-     "a percentage 1..100", "with --experimental-mps: the share of the GPU's threads", NOKEY, true},
+    {"device", "auto|cpu|cuda", F | E, DST(device.device),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_device, "auto", "auto, cpu or cuda",
+       "auto: CUDA when there is a GPU, else the CPU"),
+     NULL, false},
+    {"vram", "GB|auto", F | E, DST(device.vram_gib),
+     V(TDM_OPT_SIZE, 0, 1e6, true, 0, 0, NULL, "auto", "a positive number of GiB or 'auto'",
+       "GPU memory to reserve in the ledger"),
+     NULL, true},
+    {"no-wait-gpu", NULL, F | E, DST(device.no_wait),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "fail at once when the GPU memory is not free"),
+     NULL, true},
+    {"wait-gpu", NULL, F | E, DST(device.no_wait),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "",
+       "wait for GPU memory (the default; undoes an earlier --no-wait-gpu)"),
+     NULL, true},
+    {"timeout", "SEC", F | E, DST(device.timeout_sec),
+     V(TDM_OPT_FLOAT, 0, INFINITY, 0, 0, 0, NULL, "3600", "seconds >= 0",
+       "give up waiting for GPU memory after SEC (exit 75)"),
+     NULL, true},
+    {"experimental-mps", NULL, F, DST(device.mps.enabled),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "run as a CUDA MPS client (as tandem gpu run)"),
+     NULL, true},
+    {"gpu-share", "PCT", F, DST(device),
+     V(TDM_OPT_INT, 0, 0, 0, 0, 0, parse_gpu_share, "100", "a percentage 1..100",
+       "with --experimental-mps: the share of the GPU's threads"),
+     NULL, true},
     /* co-training (docs/co-training.md) */
-    {"join", "auto|require", TDM_OPT_ENUM, F, DST(join_require), 0, 0, 0, 0, 0, parse_join, "auto",
-     "auto or require",
-     "join a running finetune with the same base on the same device (require: or fail)", NOKEY,
-     false},
-    {"no-join", NULL, TDM_OPT_BOOL, F, DST(no_join), 0, 0, 0, 0, true, NULL, "", "",
-     "train in a process of its own: never join another finetune, nor host one", NOKEY, false},
-    {"profile-ops", NULL, TDM_OPT_BOOL, F, DST(profile_ops), 0, 0, 0, 0, true, NULL, "", "",
-     "print the time of every backend op at the end", NOKEY, true},
+    {"join", "auto|require", F, DST(join_require),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_join, "auto", "auto or require",
+       "join a running finetune with the same base on the same device (require: or fail)"),
+     NULL, false},
+    {"no-join", NULL, F, DST(no_join),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "train in a process of its own: never join another finetune, nor host one"),
+     NULL, false},
+    {"profile-ops", NULL, F, DST(profile_ops),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "print the time of every backend op at the end"),
+     NULL, true},
     /* output */
-    {"json", NULL, TDM_OPT_BOOL, E, DST(json), 0, 0, 0, 0, true, NULL, "", "",
-     "print {\"loss\", \"tokens\", \"perplexity\"} as JSON", NOKEY, false},
+    {"json", NULL, E, DST(json),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "print {\"loss\", \"tokens\", \"perplexity\"} as JSON"),
+     NULL, false},
     /* hidden: no help line, not in the docs */
-    {"list-options", NULL, TDM_OPT_BOOL, F | E, DST(list_options), 0, 0, 0, 0, true, NULL, "", "",
-     NULL, NOKEY, false},
-    {"help", NULL, TDM_OPT_BOOL, F | E, DST(help), 0, 0, 0, 0, true, NULL, "", "", NULL, NOKEY,
+    {"list-options", NULL, F | E, DST(list_options),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", NULL), NULL, false},
+    {"help", NULL, F | E, DST(help), V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", NULL), NULL,
      false},
 };
 
 #undef F
 #undef E
 #undef DST
-#undef NOKEY
+#undef V
+#undef ADAPTER_ROW
 #undef BIG
 
 enum { N_ROWS = sizeof table / sizeof *table };
@@ -273,6 +318,16 @@ const tdm_run_option *tdm_run_option_table(size_t *n)
 {
     *n = N_ROWS;
     return table;
+}
+
+const tdm_option_value *tdm_run_option_value(const tdm_run_option *r)
+{
+    return r->adapter ? &r->adapter->value : &r->value;
+}
+
+int tdm_run_option_key(const tdm_run_option *r)
+{
+    return r->adapter ? (int)(r->adapter - tdm_adapter_options) : -1;
 }
 
 const tdm_run_option *tdm_run_option_find(const char *flag, unsigned command)
@@ -285,7 +340,7 @@ const tdm_run_option *tdm_run_option_find(const char *flag, unsigned command)
 
 /* ---- setting one value ---------------------------------------------------------------------- */
 
-static bool in_range(const tdm_run_option *r, double v)
+static bool in_range(const tdm_option_value *r, double v)
 {
     if (r->min_open ? !(v > r->min) : !(v >= r->min)) return false;
     if (r->max_open ? !(v < r->max) : !(v <= r->max)) return false;
@@ -307,10 +362,11 @@ tdm_status tdm_run_option_set(tdm_run_opts *o, const tdm_run_option *r, const ch
                               tdm_error *err)
 {
     void *dst = (char *)o + r->offset;
-    const char *name = r->flag ? r->flag : tdm_adapter_key_name((tdm_adapter_key)r->toml_key);
-    if (r->parse) {
+    const char *name = r->flag ? r->flag : r->adapter->key;
+    const tdm_option_value *val = tdm_run_option_value(r);
+    if (val->parse) {
         tdm_error e = {0};
-        tdm_status st = r->parse(arg, dst, &e);
+        tdm_status st = val->parse(arg, dst, &e);
         if (st == TDM_ERR_NOMEM) return tdm_fail(err, st, "out of memory");
         if (st != TDM_OK) {
             /* "needs ..." messages read as one sentence after the flag; others follow a colon */
@@ -319,19 +375,21 @@ tdm_status tdm_run_option_set(tdm_run_opts *o, const tdm_run_option *r, const ch
         }
         return TDM_OK;
     }
-    switch (r->kind) {
+    switch (val->kind) {
     case TDM_OPT_BOOL:
-        *(bool *)dst = r->bool_value;
+        *(bool *)dst = val->bool_value;
         return TDM_OK;
     case TDM_OPT_PATH:
+    case TDM_OPT_LABEL:
         *(const char **)dst = *arg ? arg : NULL;
         return TDM_OK;
     case TDM_OPT_INT: {
         char *end;
         errno = 0;
         long long v = strtoll(arg, &end, 10);
-        if (errno || !*arg || *end || !in_range(r, (double)v) || store_int(dst, r->size, v))
-            return tdm_fail(err, TDM_ERR_INVALID, "--%s needs %s, not '%s'", name, r->accepts, arg);
+        if (errno || !*arg || *end || !in_range(val, (double)v) || store_int(dst, r->size, v))
+            return tdm_fail(err, TDM_ERR_INVALID, "--%s needs %s, not '%s'", name, val->accepts,
+                            arg);
         return TDM_OK;
     }
     case TDM_OPT_SIZE:
@@ -344,8 +402,9 @@ tdm_status tdm_run_option_set(tdm_run_opts *o, const tdm_run_option *r, const ch
         char *end;
         errno = 0;
         double v = strtod(arg, &end);
-        if (errno || !*arg || *end || !isfinite(v) || !in_range(r, v))
-            return tdm_fail(err, TDM_ERR_INVALID, "--%s needs %s, not '%s'", name, r->accepts, arg);
+        if (errno || !*arg || *end || !isfinite(v) || !in_range(val, v))
+            return tdm_fail(err, TDM_ERR_INVALID, "--%s needs %s, not '%s'", name, val->accepts,
+                            arg);
         *(double *)dst = v;
         return TDM_OK;
     }
@@ -363,19 +422,21 @@ void tdm_run_opts_default(tdm_run_opts *o, unsigned command)
     tdm_trainer_adapter_default(&o->adapter);
     for (size_t i = 0; i < N_ROWS; i++) {
         const tdm_run_option *r = &table[i];
-        if (!(r->commands & command) || r->kind == TDM_OPT_PATH) continue;
-        if (r->kind == TDM_OPT_BOOL) { /* the flag sets bool_value; without it, the other */
+        const tdm_option_value *v = tdm_run_option_value(r);
+        if (!(r->commands & command) || v->kind == TDM_OPT_PATH || v->kind == TDM_OPT_LABEL)
+            continue;
+        if (v->kind == TDM_OPT_BOOL) { /* the flag sets bool_value; without it, the other */
             /* two flags of one field (--no-wait-gpu, --wait-gpu): the first row's default */
             bool first = true;
             for (size_t k = 0; k < i && first; k++)
-                first = !(table[k].kind == TDM_OPT_BOOL && table[k].offset == r->offset &&
-                          (table[k].commands & command));
-            if (first) *(bool *)((char *)o + r->offset) = !r->bool_value;
+                first = !(tdm_run_option_value(&table[k])->kind == TDM_OPT_BOOL &&
+                          table[k].offset == r->offset && (table[k].commands & command));
+            if (first) *(bool *)((char *)o + r->offset) = !v->bool_value;
             continue;
         }
-        if (!*r->default_text && r->parse != parse_chat_template) continue;
+        if (!*v->default_text && v->parse != parse_chat_template) continue;
         tdm_error e = {0};
-        tdm_run_option_set(o, r, r->default_text, &e); /* the table's defaults are valid */
+        tdm_run_option_set(o, r, v->default_text, &e); /* the table's defaults are valid */
     }
     o->help = o->list_options = false;
     o->device.gpu_share_given = false; /* the default share is not one the user gave */
@@ -429,7 +490,7 @@ tdm_status tdm_run_opts_parse(tdm_run_opts *o, unsigned command, int argc, char 
         const char *names[N_ROWS];
         size_t k = 0;
         for (size_t i = 0; i < n; i++)
-            if (rows[i]->help) names[k++] = rows[i]->flag;
+            if (tdm_run_option_value(rows[i])->help) names[k++] = rows[i]->flag;
         const char *hint = *word ? tdm_suggest(word, names, k) : NULL;
         free(pos);
         if (ch == ':' || (optopt >= 1000 && optopt < 1000 + (int)n))
@@ -450,7 +511,7 @@ void tdm_run_options_usage(FILE *out, unsigned command)
     fputs("        ", out);
     for (size_t i = 0; i < N_ROWS; i++) {
         const tdm_run_option *r = &table[i];
-        if (!r->flag || !r->help || !(r->commands & command)) continue;
+        if (!r->flag || !tdm_run_option_value(r)->help || !(r->commands & command)) continue;
         char item[128];
         snprintf(item, sizeof item, " [--%s%s%s]", r->flag, r->metavar ? " " : "",
                  r->metavar ? r->metavar : "");
@@ -465,10 +526,11 @@ void tdm_run_options_usage(FILE *out, unsigned command)
     fputs("\n\n", out);
     for (size_t i = 0; i < N_ROWS; i++) {
         const tdm_run_option *r = &table[i];
-        if (!r->flag || !r->help || !(r->commands & command)) continue;
+        const tdm_option_value *v = tdm_run_option_value(r);
+        if (!r->flag || !v->help || !(r->commands & command)) continue;
         char def[48] = "";
-        if (*r->default_text) snprintf(def, sizeof def, " (default %s)", r->default_text);
-        fprintf(out, "  --%-18s %s%s\n", r->flag, r->help, def);
+        if (*v->default_text) snprintf(def, sizeof def, " (default %s)", v->default_text);
+        fprintf(out, "  --%-18s %s%s\n", r->flag, v->help, def);
     }
 }
 
@@ -476,9 +538,8 @@ void tdm_run_options_list(FILE *out, unsigned command)
 {
     for (size_t i = 0; i < N_ROWS; i++) {
         const tdm_run_option *r = &table[i];
-        if (!(r->commands & command) || (r->flag && !r->help)) continue;
-        const char *key =
-            r->toml_key >= 0 ? tdm_adapter_key_name((tdm_adapter_key)r->toml_key) : "-";
+        if (!(r->commands & command) || (r->flag && !tdm_run_option_value(r)->help)) continue;
+        const char *key = r->adapter ? r->adapter->key : "-";
         fprintf(out, "%s\t%s\t%s\n", r->flag ? r->flag : "-", key,
                 r->submit_passes ? "submit" : "-");
     }

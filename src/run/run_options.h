@@ -1,8 +1,10 @@
 /* run_options.h — every option of `tandem finetune` and `tandem eval`, declared once.
  *
- * One row of tdm_run_option_table() per option: its flag, kind, destination (a field of
- * tdm_run_opts, by offsetof), range, default, one-line help, the adapters.toml key that may set it
- * per adapter, and whether `tandem submit` passes it on to the nodes. From this table come the
+ * One row of tdm_run_option_table() per option: its flag, destination (a field of tdm_run_opts,
+ * by offsetof), kind, range, default, one-line help, and whether `tandem submit` passes it on to
+ * the nodes. The rows of per-adapter settings (those adapters.toml may set per adapter) take
+ * kind, range, default and help from train/adapter_options.h, the table adapters.toml is checked
+ * with, so the flag and the key cannot disagree. From this table come the
  * getopt_long table and the usage text of both commands, submit's pass-through list, the
  * defaults (tdm_run_opts_default, which `tandem data check` shares) and `finetune
  * --list-options`, which the test docs_options.sh compares with docs/finetune.md and
@@ -16,6 +18,7 @@
 #include <stdio.h>
 
 #include "run/device_open.h"
+#include "train/adapter_options.h"
 #include "train/adapters_config.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -41,38 +44,29 @@ typedef struct tdm_run_opts {
     bool json;
 } tdm_run_opts;
 
-typedef enum tdm_run_option_kind {
-    TDM_OPT_INT,   /* whole number in [min, max] */
-    TDM_OPT_FLOAT, /* finite number in the range (open ends marked) */
-    TDM_OPT_SIZE,  /* GiB (> 0) or "auto" (stored as 0) */
-    TDM_OPT_ENUM,  /* one of a few words */
-    TDM_OPT_BOOL,  /* a flag without value: stores bool_value */
-    TDM_OPT_PATH,  /* a file or directory name */
-    TDM_OPT_LIST,  /* comma-separated names, or a repeatable flag */
-} tdm_run_option_kind;
-
 /* Commands a row applies to. */
 enum { TDM_CMD_FINETUNE = 1u << 0, TDM_CMD_EVAL = 1u << 1 };
 
-/* adapters.toml keys that exist only in the file (no flag) use flag == NULL. */
+/* One option. A per-adapter setting (one adapters.toml may set per adapter: --rank, --lr, and
+ * data, output, label, weight, which have no flag) points at its row of
+ * train/adapter_options.c for kind, range, default, accepts and help; its own value is unused.
+ * Read both through tdm_run_option_value. */
 typedef struct tdm_run_option {
-    const char *flag;    /* without "--"; NULL for an adapters.toml-only key */
-    const char *metavar; /* "N", "X", ...; NULL for a flag without value */
-    tdm_run_option_kind kind;
-    unsigned commands; /* TDM_CMD_* */
-    size_t offset;     /* destination: offsetof(tdm_run_opts, ...) */
-    size_t size;       /* sizeof the destination (int, int64_t, double, bool, pointer) */
-    double min, max;   /* INT, FLOAT: inclusive range unless min_open/max_open */
-    bool min_open, max_open;
-    bool bool_value; /* BOOL: what the flag stores */
-    /* ENUM, LIST and special values: parses arg into the destination (NULL: generic) */
-    tdm_status (*parse)(const char *arg, void *dst, tdm_error *err);
-    const char *default_text; /* "" when none; parsed into the destination by the defaults */
-    const char *accepts;      /* for messages: "--rank needs <accepts>, not 'x'" */
-    const char *help;         /* one line for --help */
-    int toml_key;             /* tdm_adapter_key adapters.toml may set per adapter, or -1 */
-    bool submit_passes;       /* `tandem submit` passes the flag on to every node */
+    const char *flag;       /* without "--"; NULL for an adapters.toml-only key */
+    const char *metavar;    /* "N", "X", ...; NULL for a flag without value */
+    unsigned commands;      /* TDM_CMD_* */
+    size_t offset;          /* destination: offsetof(tdm_run_opts, ...) */
+    size_t size;            /* sizeof the destination (int, int64_t, double, bool, pointer) */
+    tdm_option_value value; /* kind, range, parser, default, accepts, help */
+    const tdm_adapter_option *adapter; /* a per-adapter setting's row, or NULL */
+    bool submit_passes;                /* `tandem submit` passes the flag on to every node */
 } tdm_run_option;
+
+/* The value description of a row: its adapter row's when it has one, else its own. */
+const tdm_option_value *tdm_run_option_value(const tdm_run_option *r);
+
+/* The tdm_adapter_key of a per-adapter row, or -1. */
+int tdm_run_option_key(const tdm_run_option *r);
 
 /* The table (n rows). */
 const tdm_run_option *tdm_run_option_table(size_t *n);

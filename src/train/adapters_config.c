@@ -12,51 +12,6 @@
 #include "util/path_identity.h"
 #include "util/toml.h"
 
-/* What a key holds, how it is checked, and whether it may be a file-wide default. */
-typedef enum key_kind { K_PATH, K_LABEL, K_INT, K_NUMBER, K_FRACTION, K_TARGETS } key_kind;
-
-typedef struct key_desc {
-    const char *name;
-    key_kind kind;
-    bool defaultable; /* may appear at the top level or in [defaults] */
-    int64_t max;      /* K_INT: inclusive range 1..max */
-    const char *example;
-} key_desc;
-
-static const key_desc keys[TDM_ADAPTER_KEY_COUNT] = {
-    [TDM_ADAPTER_KEY_DATA] = {"data", K_PATH, false, 0, "data = \"data/train.jsonl\""},
-    [TDM_ADAPTER_KEY_OUTPUT] = {"output", K_PATH, false, 0, "output = \"out/my-adapter\""},
-    [TDM_ADAPTER_KEY_LABEL] = {"label", K_LABEL, false, 0, "label = \"support-bot\""},
-    [TDM_ADAPTER_KEY_RANK] = {"rank", K_INT, true, TDM_ADAPTER_RANK_MAX, "rank = 16"},
-    [TDM_ADAPTER_KEY_ALPHA] = {"alpha", K_NUMBER, true, 0, "alpha = 32"},
-    [TDM_ADAPTER_KEY_TARGETS] = {"targets", K_TARGETS, true, 0,
-                                 "targets = [\"q_proj\", \"v_proj\"]"},
-    [TDM_ADAPTER_KEY_LEARNING_RATE] = {"learning_rate", K_NUMBER, true, 0,
-                                       "learning_rate = 2e-4"},
-    [TDM_ADAPTER_KEY_EPOCHS] = {"epochs", K_INT, true, TDM_ADAPTER_EPOCHS_MAX, "epochs = 3"},
-    [TDM_ADAPTER_KEY_BATCH_SIZE] = {"batch_size", K_INT, true, TDM_ADAPTER_BATCH_SIZE_MAX,
-                                    "batch_size = 8"},
-    [TDM_ADAPTER_KEY_MAX_SEQ_LEN] = {"max_seq_len", K_INT, true, TDM_ADAPTER_MAX_SEQ_LEN_MAX,
-                                     "max_seq_len = 1024"},
-    [TDM_ADAPTER_KEY_INIT_ADAPTER] = {"init_adapter", K_PATH, false, 0,
-                                      "init_adapter = \"out/previous\""},
-    [TDM_ADAPTER_KEY_WEIGHT] = {"weight", K_NUMBER, true, 0, "weight = 1.0"},
-    [TDM_ADAPTER_KEY_LORA_DROPOUT] = {"lora_dropout", K_FRACTION, true, 0, "lora_dropout = 0.05"},
-};
-
-const char *tdm_adapter_key_name(tdm_adapter_key key)
-{
-    return (unsigned)key < TDM_ADAPTER_KEY_COUNT ? keys[key].name : NULL;
-}
-
-static int find_key(const char *name)
-{
-    for (int k = 0; k < TDM_ADAPTER_KEY_COUNT; k++)
-        if (!strcmp(keys[k].name, name))
-            return k;
-    return -1;
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Targets                                                                                     */
 
@@ -207,43 +162,62 @@ static tdm_status set_string(char **field, const char *value, tdm_error *err)
     return TDM_OK;
 }
 
-/* Checks v as the value of key k and stores it in s (marking it set). */
+/* Checks a number against its row's range; the messages read "KEY must be ...". */
+static tdm_status check_int(const tdm_adapter_option *o, const tdm_toml_value *v, int64_t *i,
+                            tdm_error *err)
+{
+    tdm_status st = tdm_toml_as_int(v, o->key, i, err);
+    if (st != TDM_OK || (*i >= o->value.min && *i <= o->value.max))
+        return st;
+    if (o->value.min == 1)
+        return tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
+                                "%s must be a positive integer no larger than %.0f (got %lld)",
+                                o->key, o->value.max, (long long)*i);
+    return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be an integer %.0f..%.0f (got %lld)",
+                            o->key, o->value.min, o->value.max, (long long)*i);
+}
+
+static tdm_status check_number(const tdm_adapter_option *o, const tdm_toml_value *v, double *x,
+                               tdm_error *err)
+{
+    const tdm_option_value *r = &o->value;
+    tdm_status st = tdm_toml_as_number(v, o->key, x, err);
+    if (st != TDM_OK)
+        return st;
+    bool low = r->min_open ? !(*x > r->min) : !(*x >= r->min);
+    bool high = r->max_open ? !(*x < r->max) : !(*x <= r->max);
+    if (!low && !high)
+        return TDM_OK;
+    if (r->min == 0 && !r->min_open && r->max == 1 && r->max_open)
+        return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be a probability in [0, 1) (got %g)",
+                                o->key, *x);
+    if (low)
+        return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be %s %g (got %g)", o->key,
+                                r->min_open ? "greater than" : "at least", r->min, *x);
+    return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be %s %g (got %g)%s%s", o->key,
+                            r->max_open ? "less than" : "at most", r->max, *x,
+                            o->range_hint ? "; " : "", o->range_hint ? o->range_hint : "");
+}
+
+/* Checks v as the value of key k (by the kind and range of its row in adapter_options.c) and
+ * stores it in s (marking it set). */
 static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml_value *v,
                           tdm_error *err)
 {
-    const key_desc *d = &keys[k];
+    const tdm_adapter_option *o = &tdm_adapter_options[k];
     const char *str = NULL;
     int64_t i = 0;
     double x = 0;
     tdm_status st = TDM_OK;
-    switch (d->kind) {
-    case K_PATH: st = check_path(v, d->name, &str, err); break;
-    case K_LABEL: st = check_label(v, &str, err); break;
-    case K_INT:
-        st = tdm_toml_as_int(v, d->name, &i, err);
-        if (st == TDM_OK && (i < 1 || i > d->max))
-            st = tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
-                                  "%s must be a positive integer no larger than %lld (got %lld)",
-                                  d->name, (long long)d->max, (long long)i);
-        break;
-    case K_NUMBER:
-        st = tdm_toml_as_number(v, d->name, &x, err);
-        if (st == TDM_OK && !(x > 0))
-            st = tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be greater than 0 (got %g)",
-                                  d->name, x);
-        if (st == TDM_OK && k == TDM_ADAPTER_KEY_LEARNING_RATE && x > 1)
-            st = tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
-                                  "learning_rate must be at most 1 (got %g); typical LoRA rates "
-                                  "are 1e-5 to 1e-3",
-                                  x);
-        break;
-    case K_FRACTION:
-        st = tdm_toml_as_number(v, d->name, &x, err);
-        if (st == TDM_OK && !(x >= 0 && x < 1))
-            st = tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
-                                  "%s must be a probability in [0, 1) (got %g)", d->name, x);
-        break;
-    case K_TARGETS: st = check_targets(v, &s->targets, err); break;
+    switch (o->value.kind) {
+    case TDM_OPT_PATH: st = check_path(v, o->key, &str, err); break;
+    case TDM_OPT_LABEL: st = check_label(v, &str, err); break;
+    case TDM_OPT_INT: st = check_int(o, v, &i, err); break;
+    case TDM_OPT_FLOAT: st = check_number(o, v, &x, err); break;
+    case TDM_OPT_LIST: st = check_targets(v, &s->targets, err); break; /* targets: the only list */
+    case TDM_OPT_SIZE:
+    case TDM_OPT_ENUM:
+    case TDM_OPT_BOOL: st = tdm_fail(err, TDM_ERR_INVALID, "%s: no adapters.toml check", o->key);
     }
     if (st != TDM_OK)
         return st;
@@ -313,25 +287,38 @@ static void did_you_mean(const char *word, const char *const *cands, size_t n, c
         buf[0] = '\0';
 }
 
+/* "data, output, ..." into buf: the keys of the rows (only the defaultable ones if asked). */
+static void key_list(bool defaultable_only, char *buf, size_t size)
+{
+    const char *names[TDM_ADAPTER_KEY_COUNT];
+    size_t n = tdm_adapter_key_names(names, defaultable_only), at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%s", i ? ", " : "", names[i]);
+}
+
+/* "unknown key 'x'; did you mean 'y'? (WHICH: a, b, ...)" at e, suggesting among every key. */
+static tdm_status unknown_key(const tdm_toml_value *table, const tdm_toml_entry *e,
+                              const char *where, const char *which, bool defaultable_only,
+                              tdm_error *err)
+{
+    const char *names[TDM_ADAPTER_KEY_COUNT];
+    size_t n = tdm_adapter_key_names(names, false);
+    char hint[96], known[256];
+    did_you_mean(e->key, names, n, "'", "'", hint, sizeof hint);
+    key_list(defaultable_only, known, sizeof known);
+    return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, table, e, "unknown key '%.64s'%s%s (%s: %s)",
+                                e->key, where, hint, which, known);
+}
+
 /* A key of the top level or of [defaults] (defaults_line: where it was seen first, per key). */
 static tdm_status default_key(tdm_adapter_spec *defaults, const tdm_toml_value *table,
                               const tdm_toml_entry *e, tdm_error *err)
 {
-    int k = find_key(e->key);
-    if (k < 0) {
-        const char *names[TDM_ADAPTER_KEY_COUNT + 2];
-        size_t n = 0;
-        for (int j = 0; j < TDM_ADAPTER_KEY_COUNT; j++)
-            names[n++] = keys[j].name;
-        char hint[96];
-        did_you_mean(e->key, names, n, "'", "'", hint, sizeof hint);
-        return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, table, e,
-                                    "unknown key '%.64s'%s (defaults may set: rank, alpha, "
-                                    "targets, learning_rate, epochs, batch_size, max_seq_len, "
-                                    "weight, lora_dropout)",
-                                    e->key, hint);
-    }
-    if (!keys[k].defaultable)
+    int k = tdm_adapter_key_find(e->key);
+    if (k < 0)
+        return unknown_key(table, e, "", "defaults may set", true, err);
+    if (!tdm_adapter_options[k].defaultable)
         return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, table, e,
                                     "%s cannot be a default: each adapter sets its own; move it "
                                     "into an [[adapter]] table",
@@ -350,19 +337,11 @@ static tdm_status adapter_table(tdm_adapter_spec *s, const tdm_toml_value *t, si
     s->line = tdm_toml_line(t);
     for (size_t i = 0; i < tdm_toml_len(t); i++) {
         const tdm_toml_entry *e = tdm_toml_entry_at(t, i);
-        int k = find_key(e->key);
+        int k = tdm_adapter_key_find(e->key);
         if (k < 0) {
-            const char *names[TDM_ADAPTER_KEY_COUNT];
-            for (int j = 0; j < TDM_ADAPTER_KEY_COUNT; j++)
-                names[j] = keys[j].name;
-            char hint[96];
-            did_you_mean(e->key, names, TDM_ADAPTER_KEY_COUNT, "'", "'", hint, sizeof hint);
-            return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, t, e,
-                                        "unknown key '%.64s' in [[adapter]] #%zu%s (known: data, "
-                                        "output, label, rank, alpha, targets, learning_rate, "
-                                        "epochs, batch_size, max_seq_len, init_adapter, weight, "
-                                        "lora_dropout)",
-                                        e->key, number, hint);
+            char where[48];
+            snprintf(where, sizeof where, " in [[adapter]] #%zu", number);
+            return unknown_key(t, e, where, "known", false, err);
         }
         tdm_status st = set_key(s, (tdm_adapter_key)k, e->value, err);
         if (st != TDM_OK)
@@ -373,8 +352,9 @@ static tdm_status adapter_table(tdm_adapter_spec *s, const tdm_toml_value *t, si
         if (!s->key_line[required[r]])
             return tdm_fail(err, TDM_ERR_INVALID,
                             "%s:%u: [[adapter]] #%zu has no %s; add a line such as %s",
-                            tdm_toml_file(t), s->line, number, keys[required[r]].name,
-                            keys[required[r]].example);
+                            tdm_toml_file(t), s->line, number,
+                            tdm_adapter_options[required[r]].key,
+                            tdm_adapter_options[required[r]].example);
     return TDM_OK;
 }
 

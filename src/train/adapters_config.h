@@ -13,6 +13,7 @@
  *
  * Precedence, most specific first: a key in the [[adapter]] table, a default in the file, then
  * the command line / built-in defaults, which the caller applies to the fields left unset here.
+ * The keys, their kinds, ranges and help are the rows of train/adapter_options.h.
  * Paths are kept exactly as written; the caller resolves relative ones (against the directory of
  * the file or the working directory, its choice). Every error names FILE:LINE:COL and what to do.
  */
@@ -23,6 +24,7 @@
 #include <stdint.h>
 
 #include "model/lora_targets.h"
+#include "train/adapter_options.h"
 #include "util/error.h"
 
 /* The projection matrices a LoRA adapter can attach to, as a bit set: bit t is target t of
@@ -43,34 +45,6 @@ typedef enum tdm_adapter_target {
  * a bit set. Unknown names (with a suggestion), duplicates and empty lists are TDM_ERR_INVALID;
  * the message has no location, so the caller prefixes one ("--targets: ..."). */
 tdm_status tdm_adapter_targets_parse(const char *list, uint32_t *mask, tdm_error *err);
-
-/* The keys of an [[adapter]] table, for key_line[] and tdm_adapter_key_name. */
-typedef enum tdm_adapter_key {
-    TDM_ADAPTER_KEY_DATA,
-    TDM_ADAPTER_KEY_OUTPUT,
-    TDM_ADAPTER_KEY_LABEL,
-    TDM_ADAPTER_KEY_RANK,
-    TDM_ADAPTER_KEY_ALPHA,
-    TDM_ADAPTER_KEY_TARGETS,
-    TDM_ADAPTER_KEY_LEARNING_RATE,
-    TDM_ADAPTER_KEY_EPOCHS,
-    TDM_ADAPTER_KEY_BATCH_SIZE,
-    TDM_ADAPTER_KEY_MAX_SEQ_LEN,
-    TDM_ADAPTER_KEY_INIT_ADAPTER,
-    TDM_ADAPTER_KEY_WEIGHT,
-    TDM_ADAPTER_KEY_LORA_DROPOUT,
-    TDM_ADAPTER_KEY_COUNT
-} tdm_adapter_key;
-
-/* "data", "output", ... as written in the file. */
-const char *tdm_adapter_key_name(tdm_adapter_key key);
-
-/* Validated ranges (inclusive), also used by the command line for the same settings. */
-#define TDM_ADAPTER_RANK_MAX 4096
-#define TDM_ADAPTER_EPOCHS_MAX 100000
-#define TDM_ADAPTER_BATCH_SIZE_MAX 65536
-#define TDM_ADAPTER_MAX_SEQ_LEN_MAX 1048576
-#define TDM_ADAPTER_LABEL_MAX 64
 
 /* One adapter to train. Strings are owned by the spec (freed by tdm_adapters_config_free).
  * A has_* flag that is false means "not set in the file": the caller applies its default. */

@@ -183,8 +183,12 @@ static const bad_case bad_cases[] = {
     {ADAPTER "rnak = 4\n", "4:1", "unknown key 'rnak' in [[adapter]] #1; did you mean 'rank'?"},
     {ADAPTER "learnig_rate = 1e-4\n", "4:1", "did you mean 'learning_rate'?"},
     {ADAPTER "max_seq_length = 512\n", "4:1", "did you mean 'max_seq_len'?"},
-    {ADAPTER "colour = 'red'\n", "4:1", "unknown key 'colour' in [[adapter]] #1 (known: data"},
-    {"epoch = 3\n" ADAPTER, "1:1", "unknown key 'epoch'; did you mean 'epochs'?"},
+    {ADAPTER "colour = 'red'\n", "4:1",
+     "unknown key 'colour' in [[adapter]] #1 (known: data, output, label, rank, alpha, targets, "
+     "learning_rate, epochs, batch_size, max_seq_len, init_adapter, weight, lora_dropout)"},
+    {"epoch = 3\n" ADAPTER, "1:1",
+     "unknown key 'epoch'; did you mean 'epochs'? (defaults may set: rank, alpha, targets, "
+     "learning_rate, epochs, batch_size, max_seq_len, weight, lora_dropout)"},
     {"[defaults]\nbatchsize = 3\n" ADAPTER, "2:1", "did you mean 'batch_size'?"},
     {"data = 'x'\n" ADAPTER, "1:1", "data cannot be a default"},
     {"[defaults]\nlabel = 'x'\n" ADAPTER, "2:1", "label cannot be a default"},
@@ -199,10 +203,12 @@ static const bad_case bad_cases[] = {
     {ADAPTER "batch_size = 65537\n", "4:14", "batch_size must be a positive integer no larger "
                                              "than 65536"},
     {ADAPTER "max_seq_len = true\n", "4:15", "max_seq_len must be an integer, not a boolean"},
+    {ADAPTER "max_seq_len = 1\n", "4:15", "max_seq_len must be an integer 2..1048576 (got 1)"},
     {ADAPTER "alpha = 0\n", "4:9", "alpha must be greater than 0"},
     {ADAPTER "alpha = 'big'\n", "4:9", "alpha must be a number, not a string"},
     {ADAPTER "learning_rate = -1e-4\n", "4:17", "learning_rate must be greater than 0"},
-    {ADAPTER "learning_rate = 2\n", "4:17", "learning_rate must be at most 1"},
+    {ADAPTER "learning_rate = 2\n", "4:17",
+     "learning_rate must be at most 1 (got 2); typical LoRA rates are 1e-5 to 1e-3"},
     {ADAPTER "weight = 0.0\n", "4:10", "weight must be greater than 0"},
     {ADAPTER "weight = [1.0]\n", "4:10", "weight must be a number, not an array"},
     {ADAPTER "lora_dropout = 1.0\n", "4:16",

@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include <stdio.h>
+
 #include "run/run_options.h"
 
 static void test_every_toml_key_has_one_row(void **state)
@@ -21,13 +23,13 @@ static void test_every_toml_key_has_one_row(void **state)
     for (int k = 0; k < TDM_ADAPTER_KEY_COUNT; k++) {
         int rows = 0;
         for (size_t i = 0; i < n; i++)
-            rows += t[i].toml_key == k;
+            rows += tdm_run_option_key(&t[i]) == k;
         if (rows != 1) fail_msg("adapters.toml key %s has %d rows", tdm_adapter_key_name(k), rows);
     }
     for (size_t i = 0; i < n; i++) {
-        assert_true(t[i].flag || t[i].toml_key >= 0);
+        assert_true(t[i].flag || t[i].adapter);
         /* a per-adapter setting lives in the adapter's options */
-        if (t[i].toml_key >= 0)
+        if (t[i].adapter)
             assert_true(t[i].offset >= offsetof(tdm_run_opts, adapter) &&
                         t[i].offset <
                             offsetof(tdm_run_opts, adapter) + sizeof(tdm_trainer_adapter));
@@ -164,6 +166,52 @@ static void test_errors(void **state)
     }
 }
 
+/* Whether adapters.toml takes "key = text" in an [[adapter]] table. */
+static bool toml_takes(const char *key, const char *text)
+{
+    char doc[256];
+    snprintf(doc, sizeof doc, "[[adapter]]\ndata = \"d.jsonl\"\noutput = \"out/a\"\n%s = %s\n", key,
+             text);
+    tdm_adapters_config cfg;
+    tdm_error err = {0};
+    tdm_status st = tdm_adapters_config_parse(doc, strlen(doc), "adapters.toml", &cfg, &err);
+    if (st == TDM_OK) tdm_adapters_config_free(&cfg);
+    return st == TDM_OK;
+}
+
+/* A per-adapter setting has one range: at each end of every numeric row, and just outside it,
+ * the flag and the adapters.toml key accept or refuse alike. */
+static void test_flag_and_key_share_ranges(void **state)
+{
+    (void)state;
+    size_t n, checked = 0;
+    const tdm_run_option *t = tdm_run_option_table(&n);
+    for (size_t i = 0; i < n; i++) {
+        const tdm_option_value *v = tdm_run_option_value(&t[i]);
+        if (!t[i].adapter || (v->kind != TDM_OPT_INT && v->kind != TDM_OPT_FLOAT)) continue;
+        assert_ptr_equal(v, &t[i].adapter->value);
+        double probes[4] = {v->min, v->max, v->kind == TDM_OPT_INT ? v->min - 1 : -v->min - 1,
+                            v->kind == TDM_OPT_INT ? v->max + 1 : nextafter(v->max, INFINITY)};
+        for (int p = 0; p < 4; p++) {
+            if (!isfinite(probes[p])) continue;
+            char text[64];
+            snprintf(text, sizeof text, v->kind == TDM_OPT_INT ? "%.0f" : "%.17g", probes[p]);
+            tdm_run_opts o;
+            tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
+            tdm_error err = {0};
+            bool flag_ok = tdm_run_option_set(&o, &t[i], text, &err) == TDM_OK;
+            bool key_ok = toml_takes(t[i].adapter->key, text);
+            if (flag_ok != key_ok)
+                fail_msg("%s = %s: the flag %s it, adapters.toml %s it", t[i].adapter->key, text,
+                         flag_ok ? "takes" : "refuses", key_ok ? "takes" : "refuses");
+            bool inside = p < 2 && !(p == 0 && v->min_open) && !(p == 1 && v->max_open);
+            assert_true(flag_ok == inside);
+            checked++;
+        }
+    }
+    assert_true(checked >= 20); /* 4 integer and 4 number rows */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +220,7 @@ int main(void)
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_wait_gpu),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_flag_and_key_share_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
