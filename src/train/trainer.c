@@ -1341,43 +1341,58 @@ static int64_t largest_batch_rows(const adapter_state *s)
     return rows < cap ? rows : cap;
 }
 
-/* Each adapter as the memory plan sees it, its largest batch measured on its data (ads: n). */
-static void plan_adapters(const tdm_trainer *t, tdm_plan_adapter *ads)
+/* Each adapter as the memory plan sees it, its largest batch measured on its data, into ads (room
+ * for t->n); active_only: the unfinished ones only. Returns how many were written. */
+static int plan_adapters(const tdm_trainer *t, bool active_only, tdm_plan_adapter *ads)
 {
+    int k = 0;
     for (int a = 0; a < t->n; a++) {
         const adapter_state *s = &t->ad[a];
-        ads[a] = (tdm_plan_adapter){.rank = s->host.rank,
-                                    .targets = s->host.targets,
-                                    .batch_size = s->cfg.batch_size,
-                                    .max_seq_len = s->cfg.max_seq_len,
-                                    .weight = s->cfg.weight,
-                                    .largest_batch_rows = largest_batch_rows(s)};
+        if (active_only && s->done) continue;
+        ads[k++] = (tdm_plan_adapter){.rank = s->host.rank,
+                                      .targets = s->host.targets,
+                                      .batch_size = s->cfg.batch_size,
+                                      .max_seq_len = s->cfg.max_seq_len,
+                                      .weight = s->cfg.weight,
+                                      .largest_batch_rows = largest_batch_rows(s)};
     }
+    return k;
 }
 
-/* The largest step of this run (what tdm_model_reserve holds and --vram auto reserves). */
+/* The largest step of the unfinished adapters (what tdm_model_reserve holds; before a run that
+ * is every adapter, the step --vram auto reserves for). */
 static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm_error *err)
 {
-    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    tdm_plan_adapter *ads = calloc((size_t)t->n + 1, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    plan_adapters(t, ads);
-    tdm_memory_plan_build(t->mcfg_host, ads, t->n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
+    int n = plan_adapters(t, true, ads);
+    tdm_memory_plan_build(t->mcfg_host, ads, n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
     free(ads);
     return TDM_OK;
 }
 
-tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
+/* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's
+ * (NULL: none). */
+static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
+                              tdm_model_mem *out, tdm_error *err)
 {
-    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    int cap = t->n + (extra ? extra->n : 0);
+    tdm_plan_adapter *ads = calloc((size_t)cap + 1, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    plan_adapters(t, ads);
+    int n = plan_adapters(t, active_only, ads);
+    if (extra) n += plan_adapters(extra, false, ads + n);
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint};
-    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, t->n,
+    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, n,
                                             t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
     free(ads);
     return st;
+}
+
+tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
+{
+    return estimate_of(t, false, NULL, out, err);
 }
 
 /* Adapter a's trainer_state.json and checkpoint at its current position (the periodic save,
@@ -1799,15 +1814,26 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 
 /* ------------------------------------------------------- join and leave ---- */
 
-tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
-                                    int n_adapters, int *first, char **report, tdm_error *err)
+struct tdm_trainer_join {
+    tdm_trainer *nt; /* the joining adapters, validated and with their data read; no device */
+};
+
+void tdm_trainer_join_free(tdm_trainer_join *j)
 {
-    if (first) *first = t->n;
+    if (!j) return;
+    if (j->nt) j->nt->model = NULL; /* borrowed */
+    tdm_trainer_free(j->nt);
+    free(j);
+}
+
+tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                    int n_adapters, tdm_trainer_join **out, char **report,
+                                    tdm_error *err)
+{
+    *out = NULL;
     if (report) *report = NULL;
-    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
     /* Everything that can fail on the joiner's input happens in a trainer of its own, the way
-     * create validates a command's adapters; the running ones are not touched until it is all
-     * done. */
+     * create validates a command's adapters; the running ones are not touched. */
     tdm_trainer *nt = NULL;
     TDM_TRY(tdm_trainer_create(&nt, &t->o, adapters, n_adapters, report, err));
     tdm_status st = TDM_OK;
@@ -1819,6 +1845,33 @@ tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *a
                               "each adapter its own",
                               nt->ad[a].cfg.output);
     }
+    tdm_trainer_join *j = st == TDM_OK ? calloc(1, sizeof *j) : NULL;
+    if (st == TDM_OK && !j) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (st != TDM_OK) {
+        tdm_trainer_free(nt);
+        return st;
+    }
+    j->nt = nt;
+    *out = j;
+    return TDM_OK;
+}
+
+tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
+                                     tdm_model_mem *out, tdm_error *err)
+{
+    return estimate_of(t, true, j ? j->nt : NULL, out, err);
+}
+
+tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,
+                                   tdm_error *err)
+{
+    if (first) *first = t->n;
+    if (!t->model) {
+        tdm_trainer_join_free(j);
+        return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    }
+    tdm_trainer *nt = j->nt;
+    tdm_status st = TDM_OK;
     nt->be = t->be;
     nt->model = t->model;
     nt->mcfg = t->mcfg;
@@ -1839,8 +1892,7 @@ tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *a
     }
     if (st == TDM_OK) st = alloc_clip_scratch(t, t->n + nt->n, err);
     if (st != TDM_OK) {
-        nt->model = NULL; /* borrowed */
-        tdm_trainer_free(nt);
+        tdm_trainer_join_free(j);
         return st;
     }
     double now = now_ms();
@@ -1853,8 +1905,7 @@ tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *a
     int old_n = t->n;
     t->n += nt->n;
     nt->n = 0;
-    nt->model = NULL;
-    tdm_trainer_free(nt);
+    tdm_trainer_join_free(j);
     /* the fused step is larger now: hold its activations from here (as attach does) */
     tdm_model_mem_plan plan;
     st = memory_plan(t, &plan, err);
@@ -1872,6 +1923,32 @@ tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *a
         return st;
     }
     return TDM_OK;
+}
+
+tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                    int n_adapters, int *first, char **report, tdm_error *err)
+{
+    if (first) *first = t->n;
+    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    tdm_trainer_join *j = NULL;
+    TDM_TRY(tdm_trainer_join_prepare(t, adapters, n_adapters, &j, report, err));
+    return tdm_trainer_join_commit(t, j, first, err);
+}
+
+tdm_status tdm_trainer_shrink(tdm_trainer *t, tdm_error *err)
+{
+    if (!t->model) return TDM_OK;
+    for (int a = 0; a < t->n; a++) {
+        adapter_state *s = &t->ad[a];
+        if (!s->done) continue;
+        tdm_be_free(t->be, s->d_grad_saved);
+        s->d_grad_saved = NULL;
+        tdm_lora_free(s->dev);
+        s->dev = NULL;
+    }
+    tdm_model_mem_plan plan;
+    TDM_TRY(memory_plan(t, &plan, err));
+    return tdm_model_fit(t->model, &plan, err);
 }
 
 tdm_status tdm_trainer_detach_adapter(tdm_trainer *t, int a, tdm_error *err)
