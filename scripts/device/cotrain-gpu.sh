@@ -24,7 +24,8 @@ if [ -f .device-pack/device.tgz ]; then
     T=$R/.device/tandem
 else
     echo "== building with CUDA (build-device/)"
-    cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON >"$OUT/cmake.log" 2>&1 &&
+    cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90-real >"$OUT/cmake.log" 2>&1 &&
         cmake --build build-device -j 16 --target tandem >>"$OUT/cmake.log" 2>&1 ||
         { tail -n 30 "$OUT/cmake.log"; exit 1; }
     T=$R/build-device/tandem
