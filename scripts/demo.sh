@@ -3,7 +3,9 @@
 # (greet: any name -> "hi!"; last: a word -> its last letter; parity: a number -> odd or even),
 # trains three LoRA adapters FUSED on the CPU in one process (different ranks, targets and
 # learning rates), shows each one's training loss falling and its greedy answer to a prompt that
-# is NOT in its data beside the bare base model's (tandem generate), and its eval loss.
+# is NOT in its data beside the bare base model's (tandem generate), and its eval loss; the loss
+# curves go to one HTML page (tandem report, $TANDEM_DEMO_REPORT, default
+# /tmp/tandem-demo-report.html).
 # Then the GPU-sharing demo (scripts/demo-gpu-sharing.sh) on a simulated GPU.
 # What makes a random 3M-parameter base plus LoRA learn within the demo's ~100 steps: weights of
 # std 0.1 instead of 0.02 (--init-std; at 0.02 the tied embeddings keep every logit within about
@@ -75,25 +77,35 @@ for a in greet last parity; do
         "$(jq -s '[.[] | select(.loss)] | first.loss * 1000 | round / 1000' out/$a/metrics.jsonl)" \
         "$(jq -s '[.[] | select(.loss)] | last.loss * 1000 | round / 1000' out/$a/metrics.jsonl)"
 done
+report=${TANDEM_DEMO_REPORT:-/tmp/tandem-demo-report.html}
+echo; echo "== tandem report out -o $report   (loss curves + leaderboard, one offline HTML page;"
+echo "   the same values are in out/*/runs/ for tensorboard --logdir out)"
+"$TANDEM" report out -o "$report" | sed 's/^/   /'
 echo; echo "== tandem generate: greedy answers to prompts NOT in the data, bare base vs adapter"
+echo "   (one run: the three adapters and the base side by side, one batch, KV cache)"
 printf "   %-8s %-8s %-9s %-22s %s\n" adapter prompt expected "base model" "with the adapter"
-ok=0 n=0
-while IFS='|' read -r a prompt want; do
-    if grep -qF "\"instruction\": \"$prompt\"" "data/$a.jsonl"; then
-        echo "demo: '$prompt' is in data/$a.jsonl, not held out" >&2; exit 1
-    fi
-    gen() { "$TANDEM" generate tiny --chat-template none --prompt "$prompt" --max-new-tokens 8 --json "$@" | jq .text; }
-    base=$(gen) tuned=$(gen --adapter "out/$a")
-    n=$((n + 1)); mark="wrong"; [ "$tuned" = "\"$want\"" ] && { mark="right"; ok=$((ok + 1)); }
-    printf "   %-8s %-8s %-9s %-22s %s (%s)\n" "$a" "$prompt" "$want" "$base" "$tuned" "$mark"
-done <<'PROMPTS'
-greet|fiji|hi!
+HELD='greet|fiji|hi!
 greet|ceded|hi!
 last|bead|d
 last|jihg|g
 parity|56|even
-parity|37|odd
-PROMPTS
+parity|37|odd'
+: >held-out.jsonl
+while IFS='|' read -r a prompt want; do
+    if grep -qF "\"instruction\": \"$prompt\"" "data/$a.jsonl"; then
+        echo "demo: '$prompt' is in data/$a.jsonl, not held out" >&2; exit 1
+    fi
+    jq -cn --arg p "$prompt" --arg a "$a" '{prompt: $p, adapter: $a}, {prompt: $p, adapter: "base"}' >>held-out.jsonl
+done <<<"$HELD"
+"$TANDEM" generate tiny --device cpu --chat-template none --file held-out.jsonl --max-new-tokens 8 \
+    --adapter greet=out/greet --adapter last=out/last --adapter parity=out/parity --json >answers.jsonl ||
+    exit 1
+ok=0 n=0 i=0
+while IFS='|' read -r a prompt want; do
+    base=$(jq -s ".[$((2 * i + 1))].text" answers.jsonl) tuned=$(jq -s ".[$((2 * i))].text" answers.jsonl)
+    i=$((i + 1)); n=$((n + 1)); mark="wrong"; [ "$tuned" = "\"$want\"" ] && { mark="right"; ok=$((ok + 1)); }
+    printf "   %-8s %-8s %-9s %-22s %s (%s)\n" "$a" "$prompt" "$want" "$base" "$tuned" "$mark"
+done <<<"$HELD"
 echo "   $ok of $n right with the adapters (the base model has random weights: its answers are noise)"
 echo; echo "== tandem eval: mean loss on each dataset, bare base vs its adapter"
 for a in greet last parity; do

@@ -14,6 +14,7 @@ trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" .device-pack
 cp "$BUILD/tandem" "$STAGE/tandem"
 cp "$BUILD/tests/test_backend_cuda" "$STAGE/bin/" 2>/dev/null || true
+cp "$BUILD/tests/test_generate" "$STAGE/bin/" 2>/dev/null || true
 for p in "$BUILD"/dev/cuda/*; do [ -x "$p" ] && [ -f "$p" ] && cp "$p" "$STAGE/bin/"; done
 strip "$STAGE/tandem" "$STAGE"/bin/* 2>/dev/null || true
 # Shared libraries outside glibc / libstdc++ / CUDA (the GPU image has those).

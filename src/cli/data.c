@@ -21,8 +21,8 @@ static void data_defaults(tdm_dataset_opts *o)
     tdm_run_opts_default(&ro, TDM_CMD_FINETUNE);
     tdm_dataset_opts_default(o);
     o->max_seq_len = ro.adapter.max_seq_len;
-    o->val_split = ro.trainer.val_split;
-    o->seed = ro.trainer.seed;
+    o->val_split = ro.adapter.val_split;
+    o->seed = ro.adapter.seed;
 }
 
 static void check_usage(FILE *out)

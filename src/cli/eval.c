@@ -104,8 +104,8 @@ int tdm_cmd_eval(int argc, char **argv)
     const char *data = ro.eval_data, *adapter = ro.eval_adapter;
     if (!data) return tdm_cli_fail(TDM_EXIT_USAGE, "eval: --data FILE is required");
     bool nf4 = ro.trainer.nf4, dq = ro.trainer.double_quant, json = ro.json;
-    bool tmpl_given = ro.trainer.chat_template_given;
-    tdm_chat_template tmpl = ro.trainer.chat_template;
+    bool tmpl_given = ro.adapter.chat_template_given;
+    tdm_chat_template tmpl = ro.adapter.chat_template;
     long seqlen = ro.adapter.max_seq_len, batch = ro.eval_batch_size;
 
     tdm_model_config cfg;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cluster/shell_quote.h"
 #include "run/finetune_run.h"
 #include "train/trainer.h"
 #include "util/timeutil.h"
@@ -327,6 +328,18 @@ int tdm_cmd_finetune(int argc, char **argv)
         } else if (st == TDM_OK && ro.trainer.resume && pc.resumed > 0 && pc.resumed_done == pc.n) {
             printf("nothing to do: every adapter had already finished; the final adapters are in "
                    "their OUT_DIRs\n");
+        } else if (st == TDM_OK && pc.step) {
+            /* the way to the curves (docs/report.md) */
+            printf("report: tandem report");
+            for (int a = 0; a < pc.n; a++) {
+                const char *o = pc.outputs[a];
+                bool plain = *o && strspn(o, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                             "0123456789-_./:=,+@") == strlen(o);
+                char *q = plain ? NULL : tdm_shell_quote(o);
+                printf(" %s", q ? q : o);
+                free(q);
+            }
+            printf("\n");
         } else if (st != TDM_OK) {
             if (bad) {
                 fputs(bad, stderr);

@@ -76,6 +76,10 @@ static void print_plan(const tdm_submit_plan *p, void *user)
            "second adapter in the same process), %lld MiB on a CPU (%lld more).\n",
            (long long)params, (long long)b->gpu_mb[1], (long long)second_gpu,
            (long long)b->cpu_mb[1], (long long)second_cpu);
+    if (b->gpu_min_mb[b->n_adapters] < b->gpu_mb[b->n_adapters])
+        printf("A GPU with less room takes a process whose smallest plan fits it (--vram auto: "
+               "gradient checkpointing, micro-batches): %lld MiB for one adapter.\n",
+               (long long)b->gpu_min_mb[1]);
     printf("score = (free / budget) x speed x 1/(1 + active adapters)\n");
     for (size_t a = 0; a < ac->n_adapters; a++) {
         int chosen = plan->node_of[a];

@@ -16,6 +16,16 @@ void tdm_place_plan_free(tdm_place_plan *plan)
     memset(plan, 0, sizeof *plan);
 }
 
+/* What a process of k adapters reserves on a GPU with avail MiB free: the plan as asked, else
+ * the smallest plan --vram auto may choose; -1 when neither fits. */
+static int64_t gpu_plan_mb(const tdm_place_budget *b, int k, int64_t avail)
+{
+    if (k == 0) return 0;
+    if (b->gpu_mb[k] <= avail) return b->gpu_mb[k];
+    if (b->gpu_min_mb && b->gpu_min_mb[k] <= avail) return b->gpu_min_mb[k];
+    return -1;
+}
+
 /* Memory the plan already took on node n's chosen device. */
 static int64_t planned_mb(const tdm_place_plan *p, size_t n, bool cpu, const tdm_place_budget *b)
 {
@@ -67,26 +77,35 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
     int64_t need = b->gpu_mb[planned + 1] - b->gpu_mb[planned];
     int best = -1;
     double best_score = -1;
-    int64_t best_free = -1, most_free = -1;
+    int64_t best_free = -1, most_free = -1, best_need = need;
     for (size_t g = 0; g < node->n_gpus; g++) {
         if (planned && (int)g != p->device_of_node[n])
             continue; /* one process per node: later adapters join its GPU */
-        int64_t free_mb = node->gpus[g].free_mb - (planned ? planned_mb(p, n, false, b) : 0);
+        int64_t avail = node->gpus[g].free_mb;
+        int64_t before = gpu_plan_mb(b, planned, avail), after = gpu_plan_mb(b, planned + 1, avail);
+        if (before < 0) before = planned_mb(p, n, false, b);
+        int64_t free_mb = avail - before;
         if (free_mb > most_free) most_free = free_mb;
-        if (free_mb < need) continue;
+        if (after < 0) continue;
+        int64_t need_g = after - before > 0 ? after - before : 0;
         double s = (double)free_mb / (double)b->gpu_mb[1] * node->gpus[g].speed * share;
         if (s > best_score) {
             best_score = s;
             best = (int)g;
             best_free = free_mb;
+            best_need = need_g;
         }
     }
-    e->need_mb = need;
+    e->need_mb = best < 0 ? need : best_need;
     if (best < 0) {
         e->free_mb = most_free;
-        snprintf(e->why, sizeof e->why, "%s has %lld MiB free, needs %lld MiB",
-                 planned ? "its process's GPU" : "no GPU has room: the best", (long long)most_free,
-                 (long long)need);
+        int w = snprintf(e->why, sizeof e->why, "%s has %lld MiB free, needs %lld MiB",
+                         planned ? "its process's GPU" : "no GPU has room: the best",
+                         (long long)most_free, (long long)need);
+        if (b->gpu_min_mb && w > 0 && (size_t)w < sizeof e->why)
+            snprintf(e->why + w, sizeof e->why - (size_t)w,
+                     " (a process of %d adapter(s) at its smallest plan: %lld MiB)", planned + 1,
+                     (long long)b->gpu_min_mb[planned + 1]);
         return;
     }
     e->eligible = true;

@@ -14,10 +14,11 @@
  *          plan already placed there.
  * Adapters are placed one at a time in file order. A node's first adapter picks its best GPU and
  * needs room for base + adapter; the next ones join the same process (one base in memory) on the
- * same device and need room for one adapter. Excluded, with the reason kept: unreachable nodes,
- * nodes with GPUs whose tandem was built without CUDA (why_no_cuda), nodes at max_adapters,
- * devices without room, CPU-only nodes when the model has more parameters than cpu_max_params.
- * A node with GPUs never trains on its CPU.
+ * same device and need room for one adapter (with --vram auto, a GPU too small for the plan as
+ * asked but large enough for the smallest plan counts as having room: tdm_place_budget). Excluded,
+ * with the reason kept: unreachable nodes, nodes with GPUs whose tandem was built without CUDA
+ * (why_no_cuda), nodes at max_adapters, devices without room, CPU-only nodes when the model has
+ * more parameters than cpu_max_params. A node with GPUs never trains on its CPU.
  */
 #ifndef TANDEM_CLUSTER_PLACEMENT_H
 #define TANDEM_CLUSTER_PLACEMENT_H
@@ -57,6 +58,11 @@ typedef struct tdm_place_node {
 typedef struct tdm_place_budget {
     const int64_t *gpu_mb; /* (n_adapters + 1) on a GPU, the CUDA context included */
     const int64_t *cpu_mb; /* (n_adapters + 1) on a CPU-only node */
+    /* May be NULL. (n_adapters + 1) the smallest plan of a process of k adapters on a GPU (what
+     * --vram auto may shrink to: gradient checkpointing, micro-batch 1; <= gpu_mb[k]). A GPU
+     * whose free memory is below gpu_mb[k] but at least gpu_min_mb[k] still takes the process:
+     * its finetune fits its plan to it (docs/finetune.md, "Plans that fit"). */
+    const int64_t *gpu_min_mb;
 } tdm_place_budget;
 
 /* One node's standing when one adapter was placed. */

@@ -553,8 +553,8 @@ void tdm_cotrain_msg_free(tdm_cotrain_msg *msg)
     memset(msg, 0, sizeof *msg);
 }
 
-int tdm_cotrain_run_opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *b,
-                              char *buf, size_t size)
+static int opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *b, bool all,
+                     char *buf, size_t size)
 {
     int n = 0;
     size_t used = 0;
@@ -569,8 +569,11 @@ int tdm_cotrain_run_opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_r
             n++;                                                                                   \
         }                                                                                          \
     } while (0)
+    if (!all) goto run_wide;
     DIFF(strcmp(a->task ? a->task : "", b->task ? b->task : "") != 0, "task");
-    DIFF(a->chat_template != b->chat_template, "chat template");
+    DIFF(a->chat_template_given != b->chat_template_given ||
+             (a->chat_template_given && a->chat_template != b->chat_template),
+         "chat template");
     DIFF(a->train_on_prompt != b->train_on_prompt, "train-on-prompt");
     DIFF(a->skip_bad_lines != b->skip_bad_lines, "skip-bad-lines");
     DIFF(a->weight_decay != b->weight_decay, "weight-decay");
@@ -584,7 +587,20 @@ int tdm_cotrain_run_opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_r
     DIFF(a->eval_every != b->eval_every, "eval-every");
     DIFF(a->save_every != b->save_every, "save-every");
     DIFF(a->log_every != b->log_every, "log-every");
+run_wide:
     DIFF(a->schedule != b->schedule, "schedule");
 #undef DIFF
     return n;
+}
+
+int tdm_cotrain_run_opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *b,
+                              char *buf, size_t size)
+{
+    return opts_diff(a, b, true, buf, size);
+}
+
+int tdm_cotrain_run_wide_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *b,
+                              char *buf, size_t size)
+{
+    return opts_diff(a, b, false, buf, size);
 }

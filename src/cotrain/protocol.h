@@ -63,9 +63,10 @@ typedef struct tdm_cotrain_adapter {
     double weight;       /* finite, > 0 */
 } tdm_cotrain_adapter;
 
-/* The joiner's run-wide options (tdm_trainer_opts fields a run sets once). Its adapters train as
- * they would alone only if the host applies these to them; today's trainer holds them once per
- * process, so the host admits a join only when they equal its own (tdm_cotrain_run_opts_diff). */
+/* The joiner's options: its adapters' training options (tdm_trainer_adapter's, one set for the
+ * join: a command gives all its adapters the same), which the host applies to the joined
+ * adapters, and its run-wide ones (tdm_trainer_opts'): the schedule, which must equal the
+ * host's (tdm_cotrain_run_wide_diff), and resume/no_wait, the joiner's own. */
 typedef struct tdm_cotrain_run_opts {
     char *task; /* "instruct" */
     bool chat_template_given;
@@ -158,9 +159,13 @@ tdm_status tdm_cotrain_msg_encode(const tdm_cotrain_msg *msg, char **line, size_
 /* Frees the strings of msg and zeroes it; a zeroed msg is allowed. */
 void tdm_cotrain_msg_free(tdm_cotrain_msg *msg);
 
-/* The names of the run-wide options that differ between a and b, comma-separated, into buf
- * ("" when none; resume and no_wait are the joiner's own and never differ). Returns the count. */
+/* The names of the options that differ between a and b, comma-separated, into buf ("" when
+ * none; resume and no_wait are the joiner's own and never differ). Returns the count. */
 int tdm_cotrain_run_opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *b,
+                              char *buf, size_t size);
+/* The same for the options one fused trainer holds once, which a host and its joiner must
+ * share: the schedule. */
+int tdm_cotrain_run_wide_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *b,
                               char *buf, size_t size);
 
 /* Wire names of statuses and outcomes ("invalid", "parse", ...; "finished", ...). */

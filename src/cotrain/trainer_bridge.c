@@ -10,30 +10,52 @@
 
 #include "gpu/proc_identity.h"
 
-tdm_status tdm_cotrain_run_opts_from_trainer(const tdm_trainer_opts *o, tdm_cotrain_run_opts *out,
-                                             tdm_error *err)
+tdm_status tdm_cotrain_run_opts_from_trainer(const tdm_trainer_opts *o,
+                                             const tdm_trainer_adapter *a,
+                                             tdm_cotrain_run_opts *out, tdm_error *err)
 {
     memset(out, 0, sizeof *out);
-    out->task = strdup(o->task ? o->task : "instruct");
+    out->task = strdup(a->task ? a->task : "instruct");
     if (!out->task) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    out->chat_template_given = o->chat_template_given;
-    out->chat_template = o->chat_template;
-    out->train_on_prompt = o->train_on_prompt;
-    out->skip_bad_lines = o->skip_bad_lines;
-    out->weight_decay = o->weight_decay;
-    out->max_grad_norm = o->max_grad_norm;
-    out->lr_kind = o->lr_kind;
-    out->warmup_steps = o->warmup_steps;
-    out->grad_accum = o->grad_accum;
-    out->seed = o->seed;
-    out->shuffle = o->shuffle;
-    out->val_split = o->val_split;
-    out->eval_every = o->eval_every;
-    out->save_every = o->save_every;
-    out->log_every = o->log_every;
+    out->chat_template_given = a->chat_template_given;
+    out->chat_template = a->chat_template;
+    out->train_on_prompt = a->train_on_prompt;
+    out->skip_bad_lines = a->skip_bad_lines;
+    out->weight_decay = a->weight_decay;
+    out->max_grad_norm = a->max_grad_norm;
+    out->lr_kind = a->lr_kind;
+    out->warmup_steps = a->warmup_steps;
+    out->grad_accum = a->grad_accum;
+    out->seed = a->seed;
+    out->shuffle = a->shuffle;
+    out->val_split = a->val_split;
+    out->eval_every = a->eval_every;
+    out->save_every = a->save_every;
+    out->log_every = a->log_every;
     out->schedule = o->schedule;
     out->resume = o->resume;
     return TDM_OK;
+}
+
+/* The per-adapter training options of a join (strings borrowed from r) into a. */
+static void adapter_opts_from_msg(const tdm_cotrain_run_opts *r, tdm_trainer_adapter *a)
+{
+    a->task = r->task;
+    a->chat_template_given = r->chat_template_given;
+    a->chat_template = r->chat_template;
+    a->train_on_prompt = r->train_on_prompt;
+    a->skip_bad_lines = r->skip_bad_lines;
+    a->weight_decay = r->weight_decay;
+    a->max_grad_norm = r->max_grad_norm;
+    a->lr_kind = r->lr_kind;
+    a->warmup_steps = r->warmup_steps;
+    a->grad_accum = r->grad_accum;
+    a->seed = r->seed;
+    a->shuffle = r->shuffle;
+    a->val_split = r->val_split;
+    a->eval_every = r->eval_every;
+    a->save_every = r->save_every;
+    a->log_every = r->log_every;
 }
 
 void tdm_cotrain_run_opts_free(tdm_cotrain_run_opts *o)
@@ -122,7 +144,22 @@ tdm_status tdm_cotrain_join_from_trainer(const tdm_trainer_opts *o,
         goto out;
     }
     j->n_adapters = n;
-    if ((st = tdm_cotrain_run_opts_from_trainer(o, &j->opts, err)) != TDM_OK) goto out;
+    if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[0], &j->opts, err)) != TDM_OK)
+        goto out;
+    /* protocol v1 carries one set of training options per join (a command gives all its
+     * adapters the same) */
+    for (int i = 1; i < n && st == TDM_OK; i++) {
+        tdm_cotrain_run_opts other;
+        if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[i], &other, err)) != TDM_OK) break;
+        char diff[512];
+        if (tdm_cotrain_run_opts_diff(&j->opts, &other, diff, sizeof diff) > 0)
+            st = tdm_fail(err, TDM_ERR_INVALID,
+                          "adapters 0 and %d of one join differ in %s: a join carries one set "
+                          "of training options",
+                          i, diff);
+        tdm_cotrain_run_opts_free(&other);
+    }
+    if (st != TDM_OK) goto out;
     for (int i = 0; i < n && st == TDM_OK; i++) {
         const tdm_trainer_adapter *a = &adapters[i];
         tdm_cotrain_adapter *c = &j->adapters[i];
@@ -165,6 +202,7 @@ void tdm_cotrain_adapters_to_trainer(const tdm_cotrain_join *j, tdm_trainer_adap
                                        .batch_size = c->batch_size,
                                        .max_seq_len = c->max_seq_len,
                                        .weight = c->weight};
+        adapter_opts_from_msg(&j->opts, &out[i]);
     }
 }
 

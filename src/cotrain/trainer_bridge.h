@@ -3,7 +3,8 @@
  *
  *   joiner:  tdm_cotrain_join_from_trainer(&opts, adapters, n, identity, &msg)  -> send
  *   host:    tdm_cotrain_adapters_to_trainer(&msg.u.join, out)  -> add to the trainer
- *            tdm_cotrain_run_opts_from_trainer(&host_opts, &mine); tdm_cotrain_run_opts_diff(...)
+ *            tdm_cotrain_run_opts_from_trainer(&host_opts, &host_adapter, &mine);
+ *            tdm_cotrain_run_wide_diff(&mine, &msg.u.join.opts, ...): the schedule must agree
  *            tdm_cotrain_progress_from_trainer(progress, joiner_index, &msg) -> send
  *   joiner:  tdm_cotrain_progress_to_trainer(&msg.u.progress, label, &p) -> its own progress bar
  */
@@ -13,22 +14,26 @@
 #include "train/trainer.h"
 #include "util/error.h"
 
-/* The run-wide options of o (strings copied: free with tdm_cotrain_run_opts_free). */
-tdm_status tdm_cotrain_run_opts_from_trainer(const tdm_trainer_opts *o, tdm_cotrain_run_opts *out,
-                                             tdm_error *err);
+/* The options of a join: the run-wide ones of o, the training options of adapter a (strings
+ * copied: free with tdm_cotrain_run_opts_free). */
+tdm_status tdm_cotrain_run_opts_from_trainer(const tdm_trainer_opts *o,
+                                             const tdm_trainer_adapter *a,
+                                             tdm_cotrain_run_opts *out, tdm_error *err);
 void tdm_cotrain_run_opts_free(tdm_cotrain_run_opts *o);
 
 /* A join message for adapters[0..n) trained with o, from this process (pid, euid, user name).
  * Relative data, output and init_adapter paths are made absolute against the working directory
  * (lexically: "." and ".." components and doubled slashes removed, links not resolved, so an
  * output that does not exist yet is fine). The message owns its strings (tdm_cotrain_msg_free).
- * TDM_ERR_INVALID when n is outside 1..TDM_COTRAIN_MAX_ADAPTERS or a path is too long. */
+ * TDM_ERR_INVALID when n is outside 1..TDM_COTRAIN_MAX_ADAPTERS, a path is too long, or the
+ * adapters differ in a training option (the message carries one set: the join's opts). */
 tdm_status tdm_cotrain_join_from_trainer(const tdm_trainer_opts *o,
                                          const tdm_trainer_adapter *adapters, int n,
                                          const char *identity, tdm_cotrain_msg *out,
                                          tdm_error *err);
 
-/* The join's adapters as trainer adapters (strings borrowed from j: j must outlive them). */
+/* The join's adapters as trainer adapters, each with the join's training options (strings
+ * borrowed from j: j must outlive them). */
 void tdm_cotrain_adapters_to_trainer(const tdm_cotrain_join *j, tdm_trainer_adapter *out);
 
 /* A progress message for a trainer event of the joiner's adapter number adapter. */

@@ -127,18 +127,31 @@ tdm_status tdm_data_render(tdm_tokenizer *tok, const tdm_data_fields *f,
 tdm_status tdm_data_render_prompt(tdm_tokenizer *tok, tdm_chat_template chat_template,
                                   const char *text, size_t len, tdm_token_ids *ids, tdm_error *err)
 {
+    tdm_chat_message user = {.role = "user", .content = text, .content_len = len};
+    return tdm_data_render_messages_prompt(tok, chat_template, &user, 1, -1, ids, err);
+}
+
+tdm_status tdm_data_render_messages_prompt(tdm_tokenizer *tok, tdm_chat_template chat_template,
+                                           const tdm_chat_message *msgs, size_t n, int32_t eos_id,
+                                           tdm_token_ids *ids, tdm_error *err)
+{
     tdm_token_ids labels = {0}; /* the renderers write both; the prompt needs none */
     tdm_status st;
     if (chat_template == TDM_CHAT_NONE) {
-        if ((st = put_prefix(tok, false, ids, &labels, err)) == TDM_OK &&
-            (st = put_text(tok, text, len, false, ids, &labels, err)) == TDM_OK)
-            st = put_text(tok, "\n\n", 2, false, ids, &labels, err);
+        tdm_render_opts o = {.chat_template = TDM_CHAT_NONE, .eos_id = eos_id};
+        st = put_prefix(tok, false, ids, &labels, err);
+        for (size_t i = 0; st == TDM_OK && i < n; i++) {
+            bool answer = !strcmp(msgs[i].role, "assistant");
+            st = put_text(tok, msgs[i].content, msgs[i].content_len, false, ids, &labels, err);
+            if (st == TDM_OK)
+                st = answer ? put_eos(&o, ids, &labels, err)
+                            : put_text(tok, "\n\n", 2, false, ids, &labels, err);
+        }
         tdm_token_ids_free(&labels);
         return st;
     }
-    tdm_chat_message user = {.role = "user", .content = text, .content_len = len};
     tdm_chat_rendered r;
-    if ((st = tdm_chat_render(chat_template, &user, 1, true, &r, err)) != TDM_OK) return st;
+    if ((st = tdm_chat_render(chat_template, msgs, n, true, &r, err)) != TDM_OK) return st;
     st = tdm_chat_encode(tok, &r, ids, &labels, err);
     tdm_chat_rendered_free(&r);
     tdm_token_ids_free(&labels);

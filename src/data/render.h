@@ -49,6 +49,14 @@ tdm_status tdm_data_render(tdm_tokenizer *tok, const tdm_data_fields *f,
 tdm_status tdm_data_render_prompt(tdm_tokenizer *tok, tdm_chat_template chat_template,
                                   const char *text, size_t len, tdm_token_ids *ids, tdm_error *err);
 
+/* The same for a conversation msgs[0..n) (the last message normally the user's): rendered as the
+ * chat format renders it in training, then the assistant header (chatml/llama3), or with none
+ * PREFIX and each message's CONTENT followed by "\n\n" (system, user) or by eos_id (assistant;
+ * nothing when eos_id < 0). */
+tdm_status tdm_data_render_messages_prompt(tdm_tokenizer *tok, tdm_chat_template chat_template,
+                                           const tdm_chat_message *msgs, size_t n, int32_t eos_id,
+                                           tdm_token_ids *ids, tdm_error *err);
+
 /* The EOS id for a tokenizer: the "eos_token" of tokenizer_config.json in model_dir (a string or
  * {"content": ...}), else config.json's "eos_token_id" (an integer, or the first of a list), else
  * the first of <|endoftext|>, <|end_of_text|>, <|eot_id|>, <|im_end|> the tokenizer has, else -1.

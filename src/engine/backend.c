@@ -388,6 +388,42 @@ tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const voi
                                    scale, dq, dk, dv, err));
 }
 
+bool tdm_be_has_attention_kv(const tdm_backend *be)
+{
+    return be->vt->attention_kv != NULL;
+}
+
+tdm_status tdm_be_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs,
+                               int64_t m, const void *q, const void *k, const void *v,
+                               void *k_cache, void *v_cache, int64_t n_slots, int64_t cap,
+                               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                               void *out, tdm_error *err)
+{
+    CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+          "attention_kv: n_heads %lld not a multiple of n_kv_heads %lld", (long long)n_heads,
+          (long long)n_kv_heads);
+    CHECK(head_dim > 0 && dim_ok(m) && n_seqs >= 0 && n_slots > 0 && cap > 0,
+          "attention_kv: bad shape");
+    if (n_seqs == 0 || m == 0) return TDM_OK;
+    CHECK(seqs && q && k && v && k_cache && v_cache && out, "attention_kv: NULL pointer");
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const tdm_be_kv_seq *s = &seqs[i];
+        CHECK(s->row_begin >= 0 && s->n_new >= 0 && s->row_begin + s->n_new <= m,
+              "attention_kv: sequence %lld rows outside [0, %lld)", (long long)i, (long long)m);
+        CHECK(s->slot >= 0 && s->slot < n_slots, "attention_kv: sequence %lld slot %lld outside "
+              "[0, %lld)", (long long)i, (long long)s->slot, (long long)n_slots);
+        CHECK(s->start >= 0 && s->start + s->n_new <= cap,
+              "attention_kv: sequence %lld needs %lld positions, the cache holds %lld",
+              (long long)i, (long long)(s->start + s->n_new), (long long)cap);
+    }
+    if (!be->vt->attention_kv)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "attention_kv: not implemented by the %s backend",
+                        be->name);
+    DISPATCH(TDM_OP_ATTENTION_KV,
+             be->vt->attention_kv(be, seqs, n_seqs, m, q, k, v, k_cache, v_cache, n_slots, cap,
+                                  n_heads, n_kv_heads, head_dim, scale, out, err));
+}
+
 tdm_status tdm_be_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
                              void *h, tdm_error *err)
 {

@@ -279,6 +279,31 @@ tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const voi
                                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                                 void *dq, void *dk, void *dv, tdm_error *err);
 
+/* A KV cache of one layer as the decode path keeps it: n_slots slots of cap positions each,
+ * k_cache and v_cache (n_slots * cap, n_kv_heads * head_dim) act, slot s owning rows
+ * [s * cap, (s + 1) * cap); the key of position p of slot s (after RoPE) is row s * cap + p. */
+typedef struct tdm_be_kv_seq {
+    int64_t row_begin, n_new; /* the sequence's new rows [row_begin, row_begin + n_new) of q/k/v */
+    int64_t slot;             /* its cache slot, in [0, n_slots) */
+    int64_t start;            /* positions already cached (0..start); new row j has start + j */
+} tdm_be_kv_seq;
+
+/* Attention of new rows against the cache (generation's decode step; no backward, no lse).
+ * For every sequence of seqs (host, n_seqs entries, disjoint row ranges; the backend copies it):
+ * first writes the new keys and values k, v (m, n_kv_heads*head_dim) act into cache rows
+ * slot * cap + start + j, then computes for each new row j the causal attention of its query
+ * (q (m, n_heads*head_dim) act) over cached positions 0..start + j of its slot, into out
+ * (m, n_heads*head_dim) act. Same GQA mapping and scale as tdm_be_attention_fwd; the CPU
+ * backend computes each row exactly as its attention_fwd computes the same row. Rows outside
+ * every sequence are not touched. start + n_new <= cap. */
+tdm_status tdm_be_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs,
+                               int64_t m, const void *q, const void *k, const void *v,
+                               void *k_cache, void *v_cache, int64_t n_slots, int64_t cap,
+                               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                               void *out, tdm_error *err);
+/* Whether the backend implements tdm_be_attention_kv (otherwise it is TDM_ERR_UNSUPPORTED). */
+bool tdm_be_has_attention_kv(const tdm_backend *be);
+
 /* SwiGLU: h (m, n) act = silu(g) * u, silu(g) = g / (1 + exp(-g)); g, u (m, n) act. */
 tdm_status tdm_be_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
                              void *h, tdm_error *err);

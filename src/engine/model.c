@@ -547,7 +547,117 @@ typedef struct step {
     int64_t M, u_ld;
     tdm_lora_seg *segs; /* scratch: one table of n_segs entries */
     bool train;         /* a training step: the adapters' dropout applies */
+    struct kv_step *kv; /* generation with a KV cache (tdm_model_decode), else NULL */
 } step;
+
+/* ----------------------------------------------------------- KV cache ---- */
+
+struct tdm_kv_cache {
+    tdm_model *m;
+    int64_t n_slots, cap, kv_dim;
+    void *base;   /* one allocation: for each layer K then V, (n_slots * cap, kv_dim) act */
+    int64_t *len; /* (n_slots) host: positions cached */
+};
+
+/* What a decode step's layers need of the cache. */
+typedef struct kv_step {
+    tdm_kv_cache *kv;
+    tdm_be_kv_seq *seqs; /* (n_seqs) host: rows, slot and start of each fed sequence */
+    bool prefill;        /* every slot was empty: the training attention, then copy k, v */
+} kv_step;
+
+static void *kv_layer(tdm_kv_cache *kv, int l, int which)
+{
+    size_t es = tdm_be_dtype_size(kv->m->act);
+    size_t per = (size_t)(kv->n_slots * kv->cap * kv->kv_dim) * es;
+    return (char *)kv->base + ((size_t)l * 2 + (size_t)which) * per;
+}
+
+uint64_t tdm_kv_cache_bytes(const tdm_model_config *c, tdm_be_dtype act, int64_t n_slots,
+                            int64_t cap)
+{
+    return 2ull * (uint64_t)c->num_layers * (uint64_t)n_slots * (uint64_t)cap *
+           (uint64_t)(c->num_kv_heads * c->head_dim) * tdm_be_dtype_size(act);
+}
+
+tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m, int64_t n_slots, int64_t cap,
+                               tdm_error *err)
+{
+    *out = NULL;
+    if (n_slots < 1 || cap < 1)
+        return tdm_fail(err, TDM_ERR_INVALID, "KV cache: %lld slots of %lld positions",
+                        (long long)n_slots, (long long)cap);
+    tdm_kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv || !(kv->len = calloc((size_t)n_slots, sizeof *kv->len))) {
+        free(kv);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    kv->m = m, kv->n_slots = n_slots, kv->cap = cap;
+    kv->kv_dim = m->cfg.num_kv_heads * m->cfg.head_dim;
+    uint64_t bytes = tdm_kv_cache_bytes(&m->cfg, m->act, n_slots, cap);
+    tdm_status st = tdm_be_alloc(m->be, TDM_BE_U8, (int64_t)bytes, &kv->base, err);
+    if (st != TDM_OK) {
+        tdm_error_prefix(err, "KV cache of %lld x %lld positions (%.1f MiB)", (long long)n_slots,
+                         (long long)cap, (double)bytes / (1 << 20));
+        tdm_kv_cache_free(kv);
+        return st;
+    }
+    *out = kv;
+    return TDM_OK;
+}
+
+void tdm_kv_cache_free(tdm_kv_cache *kv)
+{
+    if (!kv) return;
+    tdm_be_free(kv->m->be, kv->base);
+    free(kv->len);
+    free(kv);
+}
+
+void tdm_kv_cache_reset(tdm_kv_cache *kv)
+{
+    memset(kv->len, 0, (size_t)kv->n_slots * sizeof *kv->len);
+}
+
+int64_t tdm_kv_cache_len(const tdm_kv_cache *kv, int64_t slot)
+{
+    return slot >= 0 && slot < kv->n_slots ? kv->len[slot] : 0;
+}
+
+static tdm_be_seqs seqs_of(step *s);
+
+/* Attention of layer l: the training forward over the packed sequences (and, when prefilling a
+ * cache, their keys and values copied into it), or the cached decode. */
+static tdm_status layer_attention(step *s, int l, acts *A, tdm_error *err)
+{
+    tdm_model *m = s->m;
+    const tdm_model_config *c = &m->cfg;
+    int64_t hd = c->head_dim, nh = c->num_heads, nkv = c->num_kv_heads;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    kv_step *ks = s->kv;
+    if (ks && !ks->prefill) {
+        tdm_kv_cache *kv = ks->kv;
+        return tdm_be_attention_kv(m->be, ks->seqs, s->b->n_seqs, s->M, A->q, A->k, A->v,
+                                   kv_layer(kv, l, 0), kv_layer(kv, l, 1), kv->n_slots, kv->cap,
+                                   nh, nkv, hd, scale, A->attn, err);
+    }
+    tdm_be_seqs sq = seqs_of(s);
+    TDM_TRY(tdm_be_attention_fwd(m->be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse,
+                                 err));
+    if (!ks) return TDM_OK;
+    tdm_kv_cache *kv = ks->kv;
+    size_t row = (size_t)kv->kv_dim * tdm_be_dtype_size(m->act);
+    for (int64_t i = 0; i < s->b->n_seqs; i++) {
+        const tdm_be_kv_seq *q = &ks->seqs[i];
+        size_t dst = (size_t)(q->slot * kv->cap + q->start) * row, src = (size_t)q->row_begin * row;
+        size_t bytes = (size_t)q->n_new * row;
+        TDM_TRY(tdm_be_copy(m->be, (char *)kv_layer(kv, l, 0) + dst, (const char *)A->k + src,
+                            bytes, err));
+        TDM_TRY(tdm_be_copy(m->be, (char *)kv_layer(kv, l, 1) + dst, (const char *)A->v + src,
+                            bytes, err));
+    }
+    return TDM_OK;
+}
 
 /* The segment table of (layer, target); returns how many segments carry LoRA (0: skip). */
 static int64_t build_segs(step *s, int l, int t)
@@ -637,10 +747,7 @@ static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, void *x_out,
     }
     TDM_TRY(tdm_be_rope(be, A->q, M, nh, hd, Q, m->ws.pos, m->inv_freq, false, err));
     TDM_TRY(tdm_be_rope(be, A->k, M, nkv, hd, K, m->ws.pos, m->inv_freq, false, err));
-    tdm_be_seqs sq = seqs_of(s);
-    float scale = (float)(1.0 / sqrt((double)hd));
-    TDM_TRY(
-        tdm_be_attention_fwd(be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse, err));
+    TDM_TRY(layer_attention(s, l, A, err));
     TDM_TRY(proj_fwd(s, l, TDM_LORA_O, A->attn, A->x_mid, A->U[TDM_LORA_O], err));
     TDM_TRY(tdm_be_axpy(be, A->x_mid, x, m->act, M * H, 1.0f, err));
     TDM_TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
@@ -810,7 +917,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
     if (st == TDM_OK) st = tdm_be_upload_f32(be, w->lw, TDM_BE_F32, lw, M, err);
     if (st != TDM_OK) goto done;
 
-    step s = {m, adapters, b, M, w->u_ld, segs, backward};
+    step s = {m, adapters, b, M, w->u_ld, segs, backward, NULL};
     /* forward */
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
     for (int64_t l = 0; st == TDM_OK && l < L; l++)
@@ -850,8 +957,11 @@ done:
     return st;
 }
 
-tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
-                                 const tdm_batch *b, float *logits, tdm_error *err)
+/* The forward of b without labels (from the slots' positions when kv is given, else from 0) and
+ * the logits of each sequence's last row into logits (host, (n_seqs, V)). */
+static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                                 const tdm_batch *b, tdm_kv_cache *kv, const int64_t *slots,
+                                 float *logits, tdm_error *err)
 {
     if (n_adapters < 1 || !adapters)
         return tdm_fail(err, TDM_ERR_INVALID, "logits: no adapter slots");
@@ -860,7 +970,7 @@ tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_
     TDM_TRY(check_batch(m, n_adapters, &checked, err));
     const tdm_model_config *c = &m->cfg;
     tdm_backend *be = m->be;
-    int64_t M = b->m, L = c->num_layers, H = c->hidden_size, V = c->vocab_size;
+    int64_t M = b->m, L = c->num_layers, H = c->hidden_size, V = c->vocab_size, S = b->n_seqs;
     int64_t u_ld = 1;
     unsigned tmask = 0;
     for (int i = 0; i < n_adapters; i++) {
@@ -870,44 +980,97 @@ tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_
         tmask |= adapters[i]->targets;
         if (adapters[i]->rank > u_ld) u_ld = adapters[i]->rank;
     }
-    workspace want = {.m = M, .cu_cap = b->n_seqs + 1, .u_ld = u_ld, .tmask = tmask, .n_sets = 1};
-    TDM_TRY(ws_ensure(m, &want, err));
+    kv_step ks = {.kv = kv, .prefill = true};
+    if (kv) {
+        if (kv->m != m)
+            return tdm_fail(err, TDM_ERR_INVALID, "decode: the cache is another model's");
+        if (!(ks.seqs = malloc((size_t)S * sizeof *ks.seqs)))
+            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        for (int64_t sq = 0; sq < S; sq++) {
+            int64_t slot = slots[sq], n = b->cu_seqlens[sq + 1] - b->cu_seqlens[sq];
+            bool dup = false;
+            for (int64_t o = 0; o < sq; o++)
+                dup |= slots[o] == slot;
+            if (slot < 0 || slot >= kv->n_slots || dup || kv->len[slot] + n > kv->cap) {
+                free(ks.seqs);
+                return tdm_fail(err, TDM_ERR_INVALID,
+                                "decode: sequence %lld: slot %lld %s (cache: %lld slots of %lld "
+                                "positions)",
+                                (long long)sq, (long long)slot,
+                                dup ? "fed twice" : "out of range or full", (long long)kv->n_slots,
+                                (long long)kv->cap);
+            }
+            ks.seqs[sq] = (tdm_be_kv_seq){b->cu_seqlens[sq], n, slot, kv->len[slot]};
+            if (kv->len[slot] > 0) ks.prefill = false;
+        }
+    }
+    workspace want = {.m = M, .cu_cap = S + 1, .u_ld = u_ld, .tmask = tmask, .n_sets = 1};
+    tdm_status st = ws_ensure(m, &want, err);
+    if (st != TDM_OK) {
+        free(ks.seqs);
+        return st;
+    }
     workspace *w = &m->ws;
     int32_t *pos = malloc((size_t)M * sizeof(int32_t));
     tdm_lora_seg *segs = malloc((size_t)b->n_segs * sizeof *segs);
-    void *row_logits = NULL; /* (V) act: one row of h W^T at a time */
-    tdm_status st = TDM_OK;
+    void *out_logits = NULL; /* (S, V) act: h W^T of the last rows */
     if (!pos || !segs) {
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int64_t sq = 0; sq < b->n_seqs; sq++)
+    bool last_rows_packed = true; /* every sequence one row: the last rows are rows 0..S */
+    for (int64_t sq = 0; sq < S; sq++) {
+        int64_t start = kv ? ks.seqs[sq].start : 0;
         for (int64_t i = b->cu_seqlens[sq]; i < b->cu_seqlens[sq + 1]; i++)
-            pos[i] = (int32_t)(i - b->cu_seqlens[sq]);
+            pos[i] = (int32_t)(start + i - b->cu_seqlens[sq]);
+        last_rows_packed &= b->cu_seqlens[sq + 1] == sq + 1;
+    }
     st = tdm_be_upload(be, w->tokens, b->tokens, (size_t)M * sizeof(int32_t), err);
     if (st == TDM_OK) st = tdm_be_upload(be, w->pos, pos, (size_t)M * sizeof(int32_t), err);
     if (st == TDM_OK)
-        st =
-            tdm_be_upload(be, w->cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof(int32_t), err);
-    if (st == TDM_OK) st = tdm_be_alloc(be, m->act, V, &row_logits, err);
+        st = tdm_be_upload(be, w->cu, b->cu_seqlens, (size_t)(S + 1) * sizeof(int32_t), err);
+    if (st == TDM_OK) st = tdm_be_alloc(be, m->act, S * V, &out_logits, err);
     if (st != TDM_OK) goto done;
-    step s = {m, adapters, &checked, M, w->u_ld, segs, false};
+    step s = {m, adapters, &checked, M, w->u_ld, segs, false, kv ? &ks : NULL};
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
     for (int64_t l = 0; st == TDM_OK && l < L; l++)
         st = layer_fwd(&s, (int)l, w->x[l], &w->sets[0], w->x[l + 1], true, err);
     if (st == TDM_OK)
         st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
                                 NULL, err);
+    /* the last row of each sequence, gathered into dxn (unused by a forward) unless packed */
     size_t row_bytes = (size_t)H * tdm_be_dtype_size(m->act);
-    for (int64_t sq = 0; st == TDM_OK && sq < b->n_seqs; sq++) {
-        const char *h_last = (const char *)w->hf + (size_t)(b->cu_seqlens[sq + 1] - 1) * row_bytes;
-        st = tdm_be_linear_fwd(be, &m->lm_head, h_last, 1, row_logits, 0.0f, err);
-        if (st == TDM_OK) st = tdm_be_download_f32(be, logits + sq * V, row_logits, m->act, V, err);
+    const void *h_last = w->hf;
+    if (!last_rows_packed) {
+        for (int64_t sq = 0; st == TDM_OK && sq < S; sq++)
+            st = tdm_be_copy(be, (char *)w->dxn + (size_t)sq * row_bytes,
+                             (const char *)w->hf + (size_t)(b->cu_seqlens[sq + 1] - 1) * row_bytes,
+                             row_bytes, err);
+        h_last = w->dxn;
     }
+    if (st == TDM_OK) st = tdm_be_linear_fwd(be, &m->lm_head, h_last, S, out_logits, 0.0f, err);
+    if (st == TDM_OK) st = tdm_be_download_f32(be, logits, out_logits, m->act, S * V, err);
+    if (st == TDM_OK && kv)
+        for (int64_t sq = 0; sq < S; sq++)
+            kv->len[ks.seqs[sq].slot] += ks.seqs[sq].n_new;
 done:
-    tdm_be_free(be, row_logits);
-    free(pos), free(segs);
+    tdm_be_free(be, out_logits);
+    free(pos), free(segs), free(ks.seqs);
     return st;
+}
+
+tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                                 const tdm_batch *b, float *logits, tdm_error *err)
+{
+    return forward_logits(m, adapters, n_adapters, b, NULL, NULL, logits, err);
+}
+
+tdm_status tdm_model_decode(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                            const tdm_batch *b, tdm_kv_cache *kv, const int64_t *slots,
+                            float *logits, tdm_error *err)
+{
+    if (!kv || !slots) return tdm_fail(err, TDM_ERR_INVALID, "decode: no cache");
+    return forward_logits(m, adapters, n_adapters, b, kv, slots, logits, err);
 }
 
 /* ------------------------------------------------------- memory estimate ---- */

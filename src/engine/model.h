@@ -135,11 +135,43 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
 
 /* Forward only, no labels and no loss: for each sequence s of the batch, the logits of its LAST
  * row (the distribution of the token that would follow it) into logits[s * vocab_size ..]
- * (host, f32, (n_seqs, vocab_size)). b->labels may be NULL. No dropout. What greedy decoding
- * (train/generate.h) runs over the whole sequence at every new token; a KV cache would keep the
- * keys and values instead and feed only the new rows. */
+ * (host, f32, (n_seqs, vocab_size)). b->labels may be NULL. No dropout. Every call starts the
+ * sequences afresh (position 0): generation without a cache, the reference the KV-cached decode
+ * (tdm_model_decode) is tested against. */
 tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
                                  const tdm_batch *b, float *logits, tdm_error *err);
+
+/* ----------------------------------------------------------- KV cache ---- */
+
+/* Each layer's keys (after RoPE) and values of up to n_slots sequences of up to cap positions,
+ * on the model's backend: 2 * num_layers * n_slots * cap * num_kv_heads * head_dim elements of
+ * the act dtype (tdm_kv_cache_bytes), allocated at once. A slot holds one sequence; its length
+ * (host) grows as tdm_model_decode feeds it. */
+typedef struct tdm_kv_cache tdm_kv_cache;
+
+tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m, int64_t n_slots, int64_t cap,
+                               tdm_error *err);
+void tdm_kv_cache_free(tdm_kv_cache *kv);
+/* Empties every slot (the memory is kept). */
+void tdm_kv_cache_reset(tdm_kv_cache *kv);
+/* Positions cached in a slot. */
+int64_t tdm_kv_cache_len(const tdm_kv_cache *kv, int64_t slot);
+/* Device bytes of a cache of that shape. */
+uint64_t tdm_kv_cache_bytes(const tdm_model_config *c, tdm_be_dtype act, int64_t n_slots,
+                            int64_t cap);
+
+/* Continues cached sequences: sequence s of b (its rows are new tokens, b->labels may be NULL)
+ * extends slot slots[s] (host, distinct), its rows taking positions len .. len + n - 1 where len
+ * is the slot's length, which grows by n. Writes the logits of each sequence's last row as
+ * tdm_model_last_logits does. When every slot fed is empty (the prompts: prefill) the layers run
+ * the training forward (tdm_be_attention_fwd over the packed prompts) and their keys and values
+ * are copied into the cache; otherwise (a decode step, typically one row per sequence)
+ * attention reads the cache (tdm_be_attention_kv, TDM_ERR_UNSUPPORTED on a backend without it).
+ * Adapters apply by segment as in tdm_model_step: several adapters in one call share the base.
+ * TDM_ERR_INVALID when a slot would pass cap. */
+tdm_status tdm_model_decode(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
+                            const tdm_batch *b, tdm_kv_cache *kv, const int64_t *slots,
+                            float *logits, tdm_error *err);
 
 /* ------------------------------------------------------ memory estimate ---- */
 

@@ -34,6 +34,7 @@ static const char *const op_names[TDM_OP_COUNT] = {
     [TDM_OP_SUMSQ] = "sumsq",
     [TDM_OP_CLIP_COEF] = "clip_coef",
     [TDM_OP_ADAMW] = "adamw",
+    [TDM_OP_ATTENTION_KV] = "attention_kv",
     [TDM_OP_SUB_MATMUL] = "cuBLASLt matmul",
     [TDM_OP_SUB_NF4_DEQUANT] = "NF4 dequantize",
     [TDM_OP_SUB_CONVERT] = "dtype convert",

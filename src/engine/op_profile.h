@@ -50,6 +50,7 @@ typedef enum tdm_op_id {
     TDM_OP_SUMSQ,
     TDM_OP_CLIP_COEF,
     TDM_OP_ADAMW,
+    TDM_OP_ATTENTION_KV,
     TDM_OP_N_TOP, /* the ops above are backend.h's; the ones below are parts of them */
     TDM_OP_SUB_MATMUL = TDM_OP_N_TOP, /* one cuBLASLt matmul (algorithm selection included) */
     TDM_OP_SUB_NF4_DEQUANT,           /* one NF4 tile dequantized */

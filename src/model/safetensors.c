@@ -507,9 +507,8 @@ tdm_status tdm_st_writer_open(tdm_st_writer **out, const char *path, const tdm_s
         free(w);
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (w->fd < 0) {
-        st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot create %s", w->tmp);
+    st = tdm_create_temp_exclusive(w->tmp, 0644, &w->fd, err);
+    if (st != TDM_OK) {
         free(header);
         tdm_st_writer_abort(w);
         return st;

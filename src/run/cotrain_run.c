@@ -59,7 +59,7 @@ struct tdm_cotrain_serving {
     void *progress_user;
     void (*note)(const char *line, void *user);
     void *note_user;
-    tdm_cotrain_run_opts mine; /* the host's run-wide options, to compare joins with */
+    tdm_cotrain_run_opts mine; /* the host's options, to compare a join's run-wide ones with */
     int n_own;
     joined_group *g;
     int n_groups, cap_groups;
@@ -247,14 +247,24 @@ out:
     return st;
 }
 
-static tdm_cotrain_serving *serving_new(const tdm_run_opts *o)
+/* A serving of o's run, its adapter ads[0]'s options kept to compare a join's run-wide ones
+ * with. */
+static tdm_status serving_new(const tdm_run_opts *o, const tdm_trainer_adapter *ads,
+                              tdm_cotrain_serving **out, tdm_error *err)
 {
+    *out = NULL;
     tdm_cotrain_serving *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
+    if (!s) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    tdm_status st = tdm_cotrain_run_opts_from_trainer(&o->trainer, &ads[0], &s->mine, err);
+    if (st != TDM_OK) {
+        free(s);
+        return st;
+    }
     s->note = o->device.note;
     s->note_user = o->device.note_user;
     s->model_dir = o->trainer.model_dir;
-    return s;
+    *out = s;
+    return TDM_OK;
 }
 
 /* A GPU run: the hosts on each GPU it could get, in the order it would get them (device open's
@@ -287,8 +297,8 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
         return tdm_fail(err, TDM_ERR_NOT_FOUND,
                         "--join require: no finetune of this base model runs on %s%s",
                         cand->uuid[0], cand->n > 1 ? " or the other GPUs this run could use" : "");
-    tdm_cotrain_serving *s = serving_new(o);
-    if (!s) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    tdm_cotrain_serving *s = NULL;
+    TDM_TRY(serving_new(o, ads, &s, err));
     s->elect_at_open = true;
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     s->base = *base;
@@ -366,13 +376,19 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                                 device, why && *why ? " (nearest differs in: " : "",
                                 why && *why ? why : "");
             }
-            tdm_cotrain_serving *s = serving_new(o);
-            if (!s) {
+            tdm_cotrain_serving *s = NULL;
+            if ((st = serving_new(o, ads, &s, err)) != TDM_OK) {
                 tdm_cotrain_host_stop(h);
-                return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+                return st;
             }
             s->host = h;
             *srv = s;
+            /* finetunes run here, but none of them can share its pass with this one */
+            if (why && *why)
+                note(s->note, s->note_user,
+                     "not joining: the finetunes running on %s train another base (the nearest "
+                     "differs in: %s); this one trains in its own process",
+                     device, why);
             return TDM_OK;
         }
         bool retry = false;
@@ -712,11 +728,11 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
 {
     tdm_cotrain_join *j = &rq->msg.u.join;
     char diff[512];
-    if (tdm_cotrain_run_opts_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
+    if (tdm_cotrain_run_wide_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
         char why[1024];
         snprintf(why, sizeof why,
-                 "run-wide options differ from this finetune's (%s): a joined adapter trains "
-                 "with the host's; run with the same values, or --no-join",
+                 "run-wide options differ from this finetune's (%s): one fused trainer runs "
+                 "one schedule; run with the same values, or --no-join",
                  diff);
         reject(s, rq->conn, TDM_ERR_INVALID, why);
         return;
@@ -848,8 +864,6 @@ void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts, in
     srv->n_own = n_own;
     srv->progress = opts->progress;
     srv->progress_user = opts->progress_user;
-    tdm_error e = {0};
-    (void)tdm_cotrain_run_opts_from_trainer(opts, &srv->mine, &e);
     opts->progress = on_progress;
     opts->progress_user = srv;
     opts->at_step_boundary = at_boundary;

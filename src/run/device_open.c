@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "gpu/guard.h"
+#include "train/memory_plan.h"
 
 static int64_t mib_up(uint64_t bytes)
 {
@@ -18,8 +19,7 @@ static int64_t mib_up(uint64_t bytes)
 
 int64_t tdm_device_reservation_mb(const tdm_model_mem *e)
 {
-    return mib_up(e->weights + e->activations + e->adapters + e->backend_scratch) +
-           TDM_CUDA_CONTEXT_MIB;
+    return tdm_memory_plan_mb(e, TDM_CUDA_CONTEXT_MIB);
 }
 
 static void note(const tdm_device_request *req, const char *fmt, ...)
@@ -60,6 +60,39 @@ static bool pid_in_ledger(const tdm_ledger_state *s, const char *gpu_uuid, uint3
     return false;
 }
 
+/* ---- the budget a run can get ---------------------------------------------------------------- */
+
+int64_t tdm_device_alone_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger, int64_t *outside_mb)
+{
+    tdm_ledger_state none;
+    tdm_ledger_state_init(&none);
+    tdm_guard_view v;
+    tdm_guard_view_of(gpu, ledger ? ledger : &none, &v);
+    /* what the ledger's holders hold: each reservation's holders as the GPU lists them, else
+     * its recorded actual use (none yet: its memory is still free) */
+    int64_t held = 0;
+    for (size_t r = 0; ledger && r < ledger->n_reservations; r++) {
+        const tdm_reservation *res = &ledger->reservations[r];
+        if (strcmp(res->gpu_uuid, gpu->uuid)) continue;
+        int64_t listed = 0;
+        bool any = false;
+        for (int h = 0; h < res->n_holders; h++) {
+            int64_t mb = tdm_gpu_process_used_mb(gpu, (uint32_t)res->holders[h].pid);
+            if (mb >= 0) {
+                listed += mb;
+                any = true;
+            }
+        }
+        held += any ? listed : (res->actual_mb > 0 ? res->actual_mb : 0);
+    }
+    int64_t used = gpu->used_mb > 0 ? gpu->used_mb : 0;
+    int64_t outside = used - held > 0 ? used - held : 0;
+    if (outside_mb) *outside_mb = outside;
+    int64_t alone = gpu->total_mb - outside;
+    if (alone > v.capacity_mb) alone = v.capacity_mb;
+    return alone > 0 ? alone : 0;
+}
+
 #define APPEND(...)                                                                                \
     do {                                                                                           \
         if (used < cap) used += (size_t)snprintf(buf + used, cap - used, __VA_ARGS__);             \
@@ -71,8 +104,10 @@ void tdm_device_describe_wait(char *buf, size_t cap, int64_t budget_mb, double e
     size_t used = 0;
     if (!cap) return;
     buf[0] = 0;
+    tdm_ledger_state none;
+    tdm_ledger_state_init(&none);
     tdm_guard_view v;
-    tdm_guard_view_of(gpu, ledger, &v);
+    tdm_guard_view_of(gpu, ledger ? ledger : &none, &v);
     APPEND("%s %lld MiB of GPU memory on %s (%s)",
            elapsed_sec < 0.5 ? "waiting for" : "still waiting for", (long long)budget_mb, gpu->uuid,
            gpu->name);
@@ -89,26 +124,44 @@ void tdm_device_describe_wait(char *buf, size_t cap, int64_t budget_mb, double e
                res->user, res->host,
                (long long)(res->actual_mb > res->budget_mb ? res->actual_mb : res->budget_mb));
     }
-    int64_t outside_mb = 0;
     int n_out = 0;
     for (size_t p = 0; p < gpu->n_processes; p++) {
         const tdm_gpu_process *gp = &gpu->processes[p];
         if (gp->pid == (uint32_t)getpid() || pid_in_ledger(ledger, gpu->uuid, gp->pid)) continue;
         char name[64];
         process_name(gp->pid, name, sizeof name);
-        if (gp->used_mb > 0) outside_mb += gp->used_mb;
         APPEND("%s pid %u %s %lld MiB", n_out++ ? "," : "; outside the ledger:", gp->pid, name,
                (long long)gp->used_mb);
     }
     if (!n_held && !n_out) APPEND("; no process holds it that tandem can see");
-    if (n_out && budget_mb > v.capacity_mb - outside_mb)
-        APPEND(". %lld MiB can only start when those processes outside the ledger exit "
-               "(reservable %lld MiB - %lld MiB they hold = %lld MiB)",
-               (long long)budget_mb, (long long)v.capacity_mb, (long long)outside_mb,
-               (long long)(v.capacity_mb - outside_mb));
+    /* the most the ledger admits once its own reservations end: what a run alone can get */
+    int64_t outside_mb;
+    int64_t alone_mb = tdm_device_alone_mb(gpu, ledger, &outside_mb);
+    if (outside_mb > 0 && budget_mb > alone_mb && budget_mb <= v.capacity_mb)
+        APPEND(". %lld MiB can only start when memory held outside the ledger is freed (at most "
+               "%lld MiB while it is held: total %lld MiB - %lld MiB outside the ledger, "
+               "reservable %lld MiB)",
+               (long long)budget_mb, (long long)alone_mb, (long long)gpu->total_mb,
+               (long long)outside_mb, (long long)v.capacity_mb);
 }
 
 #undef APPEND
+
+/* The ledger's live reservations now (st initialised by the caller); false when it cannot be
+ * read (no directory yet: nothing is reserved). */
+static bool ledger_now(tdm_ledger_state *st)
+{
+    tdm_ledger ledger;
+    tdm_error e = {0};
+    char dir[4096];
+    const char *env = getenv("TANDEM_LEDGER_DIR");
+    if (env && *env)
+        snprintf(dir, sizeof dir, "%s", env);
+    else if (tdm_ledger_default_dir(dir, sizeof dir, &e) != TDM_OK)
+        return false;
+    return tdm_ledger_open(&ledger, dir, &e) == TDM_OK &&
+           tdm_ledger_snapshot(&ledger, st, &e) == TDM_OK;
+}
 
 /* The wait report callback of the reservation: asks the inventory and the ledger afresh. */
 static void report_wait(const tdm_wait_report *r, void *user)
@@ -119,18 +172,9 @@ static void report_wait(const tdm_wait_report *r, void *user)
     if (tdm_inventory_query(&inv, &e) != TDM_OK) return;
     const tdm_gpu *g = tdm_inventory_find(&inv, r->gpu_uuid);
     if (!g && inv.n_gpus) g = &inv.gpus[0];
-    tdm_ledger ledger;
     tdm_ledger_state st;
     tdm_ledger_state_init(&st);
-    char dir[4096];
-    const char *env = getenv("TANDEM_LEDGER_DIR");
-    bool have = false;
-    if (env && *env)
-        snprintf(dir, sizeof dir, "%s", env);
-    else if (tdm_ledger_default_dir(dir, sizeof dir, &e) != TDM_OK)
-        dir[0] = 0;
-    if (dir[0] && tdm_ledger_open(&ledger, dir, &e) == TDM_OK)
-        have = tdm_ledger_snapshot(&ledger, &st, &e) == TDM_OK;
+    bool have = ledger_now(&st);
     if (g) {
         char line[1536];
         tdm_device_describe_wait(line, sizeof line, r->needed_mb, r->elapsed_sec, g,
@@ -185,21 +229,6 @@ static bool can_use_cuda(bool sim, tdm_error *why)
     return ok;
 }
 
-/* The ledger of the default directory, snapshotted; false when there is none to read. */
-static bool ledger_snapshot(tdm_ledger_state *st)
-{
-    tdm_ledger ledger;
-    tdm_error e = {0};
-    char dir[4096];
-    const char *env = getenv("TANDEM_LEDGER_DIR");
-    if (env && *env)
-        snprintf(dir, sizeof dir, "%s", env);
-    else if (tdm_ledger_default_dir(dir, sizeof dir, &e) != TDM_OK)
-        return false;
-    return tdm_ledger_open(&ledger, dir, &e) == TDM_OK &&
-           tdm_ledger_snapshot(&ledger, st, &e) == TDM_OK;
-}
-
 typedef struct ranked_gpu {
     size_t pos;
     int64_t available_mb;
@@ -234,7 +263,7 @@ tdm_status tdm_device_candidates_list(const tdm_device_request *req, tdm_device_
     TDM_TRY(tdm_inventory_query(&inv, err));
     tdm_ledger_state st;
     tdm_ledger_state_init(&st);
-    bool have = ledger_snapshot(&st);
+    bool have = ledger_now(&st);
     ranked_gpu *r = calloc(inv.n_gpus + 1, sizeof *r);
     out->uuid = calloc(inv.n_gpus + 1, sizeof *out->uuid);
     tdm_status rc = TDM_OK;
@@ -252,7 +281,7 @@ tdm_status tdm_device_candidates_list(const tdm_device_request *req, tdm_device_
             if (!res || strcmp(res->gpu_uuid, gpu->uuid)) continue;
         }
         tdm_guard_view v;
-        tdm_guard_view_of(gpu, have ? &st : NULL, &v);
+        tdm_guard_view_of(gpu, &st, &v); /* empty when unread */
         r[n++] = (ranked_gpu){.pos = g, .available_mb = v.available_mb};
     }
     qsort(r, n, sizeof *r, cmp_ranked);
@@ -272,6 +301,67 @@ void tdm_device_candidates_free(tdm_device_candidates *c)
     free(c->uuid);
     c->uuid = NULL;
     c->n = 0;
+}
+
+tdm_status tdm_device_budget_query(const tdm_device_request *req, tdm_device_budget *out,
+                                   tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->budget_mb = out->capacity_mb = -1;
+    if (req->device && !strcmp(req->device, "cpu")) return TDM_OK;
+    bool sim = false;
+    TDM_TRY(tdm_device_sim_compute(&sim, err));
+    tdm_error why = {0};
+    if (!can_use_cuda(sim, &why)) {
+        if (req->device && !strcmp(req->device, "cuda"))
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                            "--device cuda: %s (this tandem has no usable CUDA backend; use "
+                            "--device cpu)",
+                            why.message);
+        return TDM_OK;
+    }
+    out->gpu = true;
+    tdm_inventory inv;
+    TDM_TRY(tdm_inventory_query(&inv, err));
+    tdm_ledger_state st;
+    tdm_ledger_state_init(&st);
+    bool have = ledger_now(&st);
+    const char *adopted = getenv("TANDEM_RESERVATION_ID");
+    if (adopted && *adopted) {
+        /* under tandem gpu run: the reservation it holds is all this run gets */
+        out->adopted = true;
+        for (size_t r = 0; have && r < st.n_reservations; r++) {
+            const tdm_reservation *res = &st.reservations[r];
+            if (strcmp(res->id, adopted)) continue;
+            out->budget_mb = out->capacity_mb = res->budget_mb;
+            snprintf(out->gpu_uuid, sizeof out->gpu_uuid, "%s", res->gpu_uuid);
+            const tdm_gpu *g = tdm_inventory_find(&inv, res->gpu_uuid);
+            snprintf(out->gpu_name, sizeof out->gpu_name, "%s", g ? g->name : "?");
+        }
+    } else {
+        for (size_t i = 0; i < inv.n_gpus; i++) {
+            const tdm_gpu *g = &inv.gpus[i];
+            tdm_guard_view v;
+            tdm_guard_view_of(g, &st, &v);
+            int64_t outside;
+            int64_t alone = tdm_device_alone_mb(g, &st, &outside);
+            if (v.capacity_mb > out->capacity_mb) {
+                out->capacity_mb = v.capacity_mb;
+                out->capacity_total_mb = g->total_mb;
+                out->reserve_factor = v.reserve_factor;
+                snprintf(out->capacity_gpu, sizeof out->capacity_gpu, "%s (%s)", g->uuid, g->name);
+            }
+            if (alone > out->budget_mb) {
+                out->budget_mb = alone;
+                out->outside_mb = outside;
+                snprintf(out->gpu_uuid, sizeof out->gpu_uuid, "%s", g->uuid);
+                snprintf(out->gpu_name, sizeof out->gpu_name, "%s", g->name);
+            }
+        }
+    }
+    tdm_ledger_state_free(&st);
+    tdm_inventory_free(&inv);
+    return TDM_OK;
 }
 
 /* Reserves the plan's memory (or adopts gpu run's reservation) and points CUDA at that GPU. */
@@ -329,7 +419,10 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
 {
     memset(dev, 0, sizeof *dev);
     const char *device = req->device ? req->device : "auto";
-    const char *doing = req->task && !strcmp(req->task, "eval") ? "evaluating" : "training";
+    const char *doing = !req->task                       ? "training"
+                        : !strcmp(req->task, "eval")     ? "evaluating"
+                        : !strcmp(req->task, "generate") ? "generating"
+                                                         : "training";
     bool sim = false;
     if (strcmp(device, "cpu")) {
         TDM_TRY(tdm_device_sim_compute(&sim, err));

@@ -97,6 +97,35 @@ typedef struct tdm_device {
  * MiB, plus the CUDA context. Pure arithmetic; the same figure `tandem submit` places with. */
 int64_t tdm_device_reservation_mb(const tdm_model_mem *est);
 
+/* The budget a run can get (docs/finetune.md, "The budget a run can get"): on one GPU, the most
+ * the ledger would admit once every live reservation on it has ended, while the memory held
+ * outside the ledger stays held:
+ *     min(reservable capacity, total - held outside the ledger)
+ * held outside = the GPU's used memory - what the ledger's holders hold (their memory as the GPU
+ * lists it, else their recorded actual use). Live reservations are not subtracted: a run waits
+ * for them (in the FIFO queue) rather than shrink its plan for good. Pure; *outside_mb (may be
+ * NULL) receives the memory held outside. */
+int64_t tdm_device_alone_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger,
+                            int64_t *outside_mb);
+
+/* What --vram auto plans for, asked of the inventory and the ledger before any CUDA context. */
+typedef struct tdm_device_budget {
+    bool gpu;           /* the run would use a GPU; false: the CPU (nothing else is set) */
+    bool adopted;       /* under tandem gpu run: budget_mb = capacity_mb = its reservation's */
+    int64_t budget_mb;  /* the largest tdm_device_alone_mb over the candidate GPUs; -1 unknown */
+    int64_t outside_mb; /* held outside the ledger on that GPU */
+    char gpu_uuid[96], gpu_name[96]; /* the GPU budget_mb is on */
+    int64_t capacity_mb;       /* the largest reservable capacity (more never fits); -1 unknown */
+    int64_t capacity_total_mb; /* that GPU's total */
+    double reserve_factor;     /* and its reserve factor */
+    char capacity_gpu[200];    /* "UUID (name)" of that GPU */
+} tdm_device_budget;
+
+/* Fills *out for req (device "cpu", or no usable CUDA under "auto": gpu false). Errors: --device
+ * cuda without a usable GPU (TDM_ERR_UNSUPPORTED, as tdm_device_open), the inventory's. */
+tdm_status tdm_device_budget_query(const tdm_device_request *req, tdm_device_budget *out,
+                                   tdm_error *err);
+
 /* Opens the device req asks for. est is the run's memory plan on the CUDA backend (NULL when the
  * caller cannot make one: then --vram auto reserves TDM_CUDA_CONTEXT_MIB only... so pass one).
  * On success *dev holds a backend (and maybe a lease, released at exit as well). Errors:

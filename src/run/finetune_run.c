@@ -1,12 +1,14 @@
 /* finetune_run.c — the flow of one finetune run (finetune_run.h). */
 #include "run/finetune_run.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/op_profile.h"
 #include "run/cotrain_run.h"
 #include "train/adapters_config.h"
+#include "train/memory_plan.h"
 #include "util/path_identity.h"
 
 /* Strings this run allocates for the trainer's adapter list, freed together at the end. */
@@ -109,6 +111,76 @@ static tdm_status adapters_from_flags(tdm_run_opts *o, tdm_trainer_adapter *ads,
     return TDM_OK;
 }
 
+/* --vram auto on a GPU: the first plan of the run that fits the budget it can get
+ * (tdm_device_budget_query; train/memory_plan.h for the order), applied to the trainer and said
+ * in one line when it is not the plan as asked. When none fits that budget the smallest is
+ * taken and waits for the memory held outside the ledger; when the smallest exceeds every GPU's
+ * reservable capacity the run fails at once (TDM_ERR_NEVER_FITS, exit 1) naming the budget it
+ * would need. Under tandem gpu run the budget is its reservation, which the user chose: when
+ * nothing fits it the smallest plan is trained with a warning (gpu run reports the overrun), as
+ * the plan as asked was before plans were fitted. */
+static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_error *err)
+{
+    if (o->device.vram_gib > 0) return TDM_OK; /* --vram GB: the plan as asked, in GB */
+    tdm_device_budget b;
+    TDM_TRY(tdm_device_budget_query(&o->device, &b, err));
+    if (!b.gpu || b.budget_mb < 0) return TDM_OK;
+    tdm_memory_fit fit;
+    TDM_TRY(tdm_trainer_memory_fit(tr, b.budget_mb, TDM_CUDA_CONTEXT_MIB, &fit, err));
+    char chosen[256], smallest[256];
+    tdm_memory_plan_describe(&fit.chosen, chosen, sizeof chosen);
+    tdm_memory_plan_describe(&fit.smallest, smallest, sizeof smallest);
+    if (!fit.fits && b.adopted) {
+        if (o->device.note) {
+            char line[1024];
+            snprintf(line, sizeof line,
+                     "warning: --vram auto: this run needs at least %lld MiB (its smallest plan: "
+                     "%s), more than the %lld MiB of the reservation %s of tandem gpu run on %s; "
+                     "training the smallest plan over it (ask gpu run for --vram %.1f or more)",
+                     (long long)fit.smallest.mb, smallest, (long long)b.budget_mb,
+                     getenv("TANDEM_RESERVATION_ID"), b.gpu_uuid,
+                     ceil((double)fit.smallest.mb / 102.4) / 10.0);
+            o->device.note(line, o->device.note_user);
+        }
+    } else if (fit.smallest.mb > b.capacity_mb) {
+        return tdm_fail(err, TDM_ERR_NEVER_FITS,
+                        "--vram auto: this run needs at least %lld MiB (its smallest plan: %s), "
+                        "more than any GPU here may reserve: the largest, %s, has %lld MiB, of "
+                        "which tandem may reserve %.0f%% = %lld MiB. Lower --max-seq-len, "
+                        "--batch-size, --rank or the number of adapters, use a larger GPU, or "
+                        "raise TANDEM_RESERVE_FACTOR",
+                        (long long)fit.smallest.mb, smallest, b.capacity_gpu,
+                        (long long)b.capacity_total_mb, b.reserve_factor * 100,
+                        (long long)b.capacity_mb);
+    }
+    char where[400];
+    snprintf(where, sizeof where, "%lld MiB this run can get on %s (%s)%s", (long long)b.budget_mb,
+             b.gpu_uuid, b.gpu_name, b.adopted ? ", the reservation of tandem gpu run" : "");
+    if (b.outside_mb > 0 && !b.adopted) {
+        size_t l = strlen(where);
+        snprintf(where + l, sizeof where - l, " with %lld MiB held outside the ledger",
+                 (long long)b.outside_mb);
+    }
+    if (!fit.fits && !b.adopted) {
+        if (o->device.note) {
+            char line[1024];
+            snprintf(line, sizeof line,
+                     "--vram auto: no plan of this run fits the %s; its smallest, %s, needs %lld "
+                     "MiB: it can start only when memory held outside the ledger is freed",
+                     where, smallest, (long long)fit.smallest.mb);
+            o->device.note(line, o->device.note_user);
+        }
+    } else if (fit.fits && fit.chosen.rung != TDM_PLAN_AS_ASKED && o->device.note) {
+        char line[1024];
+        snprintf(line, sizeof line,
+                 "--vram auto: the plan as asked needs %lld MiB, more than the %s: using %s, "
+                 "%lld MiB",
+                 (long long)fit.asked.mb, where, chosen, (long long)fit.chosen.mb);
+        o->device.note(line, o->device.note_user);
+    }
+    return tdm_trainer_set_memory_plan(tr, fit.chosen.grad_checkpoint, fit.chosen.split, err);
+}
+
 /* Device open, attach, train, record the memory. Frees tr (before the backend it lives on);
  * ends the co-training service srv (NULL: none) while the trainer still exists. */
 static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, tdm_run_opts *o,
@@ -119,7 +191,8 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     tdm_model_mem est;
     tdm_status st = TDM_OK;
     bool cpu = o->device.device && !strcmp(o->device.device, "cpu");
-    if ((!cpu && (st = tdm_trainer_memory_estimate(tr, &est, err)) != TDM_OK) ||
+    if ((!cpu && (st = fit_memory_plan(tr, o, err)) != TDM_OK) ||
+        (!cpu && (st = tdm_trainer_memory_estimate(tr, &est, err)) != TDM_OK) ||
         (st = tdm_device_open(&dev, &o->device, cpu ? NULL : &est, err)) != TDM_OK) {
         tdm_cotrain_serve_end(srv, st, err);
         tdm_trainer_free(tr);

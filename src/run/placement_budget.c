@@ -52,8 +52,9 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
     out->n_adapters = n;
     out->gpu_mb = calloc(n + 1, sizeof *out->gpu_mb);
     out->cpu_mb = calloc(n + 1, sizeof *out->cpu_mb);
+    out->gpu_min_mb = calloc(n + 1, sizeof *out->gpu_min_mb);
     tdm_plan_adapter *ads = calloc(n ? n : 1, sizeof *ads);
-    if (!out->gpu_mb || !out->cpu_mb || !ads) {
+    if (!out->gpu_mb || !out->cpu_mb || !out->gpu_min_mb || !ads) {
         free(ads);
         tdm_run_budget_free(out);
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
@@ -80,13 +81,29 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
         out->gpu_mb[k] = ro->device.vram_gib > 0 ? (int64_t)ceil(ro->device.vram_gib * 1024.0)
                                                  : tdm_device_reservation_mb(&gpu);
         out->cpu_mb[k] = mib_up(cpu.weights + cpu.activations + cpu.adapters) + TDM_CPU_PROCESS_MIB;
+        out->gpu_min_mb[k] = out->gpu_mb[k];
+        if (ro->device.vram_gib > 0) continue;
+        /* the smallest plan --vram auto may take on a GPU too small for this one */
+        tdm_memory_fit_request req = {.config = mc,
+                                      .opts = mo,
+                                      .act = TDM_BE_BF16,
+                                      .adapters = ads,
+                                      .n_adapters = (int)k,
+                                      .synchronized = sync,
+                                      .grad_accum = ro->adapter.grad_accum,
+                                      .context_mb = TDM_CUDA_CONTEXT_MIB,
+                                      .budget_mb = 0};
+        tdm_memory_fit fit;
+        if ((st = tdm_memory_plan_fit(&req, &fit, err)) != TDM_OK) break;
+        out->gpu_min_mb[k] = fit.smallest.mb;
     }
     free(ads);
     if (st != TDM_OK) {
         tdm_run_budget_free(out);
         return st;
     }
-    out->place = (tdm_place_budget){.gpu_mb = out->gpu_mb, .cpu_mb = out->cpu_mb};
+    out->place = (tdm_place_budget){
+        .gpu_mb = out->gpu_mb, .cpu_mb = out->cpu_mb, .gpu_min_mb = out->gpu_min_mb};
     return TDM_OK;
 }
 
@@ -94,5 +111,6 @@ void tdm_run_budget_free(tdm_run_budget *b)
 {
     free(b->gpu_mb);
     free(b->cpu_mb);
+    free(b->gpu_min_mb);
     memset(b, 0, sizeof *b);
 }

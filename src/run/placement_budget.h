@@ -10,7 +10,9 @@
  * file (over the flags), the union of their targets, and a partial-gradient copy for all but one
  * when their weights differ; every sample is taken max_seq_len tokens long (submit does not read
  * the data). A process whose adapters are alike and whose samples reach max_seq_len therefore
- * reserves exactly [k]. */
+ * reserves exactly [k]. gpu_min_mb[k] is the smallest plan --vram auto may shrink that process to
+ * (tdm_memory_plan_fit: gradient checkpointing, micro-batch 1), so placement also takes a GPU too
+ * small for [k] as asked; with --vram GB it is [k]. */
 #ifndef TANDEM_RUN_PLACEMENT_BUDGET_H
 #define TANDEM_RUN_PLACEMENT_BUDGET_H
 #include <stddef.h>
@@ -28,8 +30,9 @@
 
 typedef struct tdm_run_budget {
     int64_t *gpu_mb, *cpu_mb; /* (n_adapters + 1): [k] for a process training k adapters */
+    int64_t *gpu_min_mb;      /* (n_adapters + 1): [k], the smallest plan */
     size_t n_adapters;
-    tdm_place_budget place; /* views of gpu_mb, cpu_mb for tdm_place */
+    tdm_place_budget place; /* views of gpu_mb, cpu_mb, gpu_min_mb for tdm_place */
 } tdm_run_budget;
 
 /* Fills *out for the adapters of ac trained with the options ro (the flags submit passes on)

@@ -48,10 +48,10 @@ static tdm_status parse_schedule(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
-/* dst: the whole tdm_trainer_opts (the template and whether one was given). */
+/* dst: the whole tdm_trainer_adapter (the template and whether one was given). */
 static tdm_status parse_chat_template(const char *arg, void *dst, tdm_error *err)
 {
-    tdm_trainer_opts *t = dst;
+    tdm_trainer_adapter *t = dst;
     if (!*arg) { /* the default: detected from the tokenizer */
         t->chat_template_given = false;
         return TDM_OK;
@@ -148,7 +148,7 @@ static const tdm_run_option table[] = {
     {"no-double-quant", NULL, TDM_OPT_BOOL, F | E, DST(trainer.double_quant), 0, 0, 0, 0, false,
      NULL, "", "", "qlora: fp32 absmax per block instead of 8-bit double quantization", NOKEY,
      true},
-    {"task", "instruct", TDM_OPT_ENUM, F, DST(trainer.task), 0, 0, 0, 0, 0, parse_task, "instruct",
+    {"task", "instruct", TDM_OPT_ENUM, F, DST(adapter.task), 0, 0, 0, 0, 0, parse_task, "instruct",
      "instruct", "the only task today", NOKEY, true},
     /* the adapter */
     {"rank", "N", TDM_OPT_INT, F, DST(adapter.rank), 1, TDM_ADAPTER_RANK_MAX, 0, 0, 0, NULL, "16",
@@ -172,14 +172,14 @@ static const tdm_run_option table[] = {
     /* optimisation */
     {"lr", "X", TDM_OPT_FLOAT, F, DST(adapter.lr), 0, 1, true, 0, 0, NULL, "2e-4",
      "a number in (0, 1]", "peak learning rate (AdamW)", TDM_ADAPTER_KEY_LEARNING_RATE, true},
-    {"weight-decay", "X", TDM_OPT_FLOAT, F, DST(trainer.weight_decay), 0, INFINITY, 0, 0, 0, NULL,
+    {"weight-decay", "X", TDM_OPT_FLOAT, F, DST(adapter.weight_decay), 0, INFINITY, 0, 0, 0, NULL,
      "0", "a number >= 0", "decoupled weight decay", NOKEY, true},
-    {"max-grad-norm", "X", TDM_OPT_FLOAT, F, DST(trainer.max_grad_norm), 0, INFINITY, 0, 0, 0, NULL,
+    {"max-grad-norm", "X", TDM_OPT_FLOAT, F, DST(adapter.max_grad_norm), 0, INFINITY, 0, 0, 0, NULL,
      "1", "a number >= 0 (0 = off)", "per-adapter gradient clipping; 0 = off", NOKEY, true},
-    {"lr-schedule", "cosine|linear|constant", TDM_OPT_ENUM, F, DST(trainer.lr_kind), 0, 0, 0, 0, 0,
+    {"lr-schedule", "cosine|linear|constant", TDM_OPT_ENUM, F, DST(adapter.lr_kind), 0, 0, 0, 0, 0,
      parse_lr_schedule, "cosine", "cosine, linear or constant", "learning-rate schedule", NOKEY,
      true},
-    {"warmup-steps", "N", TDM_OPT_INT, F, DST(trainer.warmup_steps), 0, BIG, 0, 0, 0, NULL, "0",
+    {"warmup-steps", "N", TDM_OPT_INT, F, DST(adapter.warmup_steps), 0, BIG, 0, 0, 0, NULL, "0",
      "an integer >= 0", "linear warmup over the adapter's first N steps", NOKEY, true},
     {"epochs", "N", TDM_OPT_INT, F, DST(adapter.epochs), 1, TDM_ADAPTER_EPOCHS_MAX, 0, 0, 0, NULL,
      "3", "an integer 1..100000", "passes over the adapter's training split",
@@ -189,7 +189,7 @@ static const tdm_run_option table[] = {
      TDM_ADAPTER_KEY_BATCH_SIZE, true},
     {"batch-size", "N", TDM_OPT_INT, E, DST(eval_batch_size), 1, TDM_ADAPTER_BATCH_SIZE_MAX, 0, 0,
      0, NULL, "8", "an integer 1..65536", "sequences per forward pass", NOKEY, false},
-    {"grad-accum", "N", TDM_OPT_INT, F, DST(trainer.grad_accum), 1, 64, 0, 0, 0, NULL, "1",
+    {"grad-accum", "N", TDM_OPT_INT, F, DST(adapter.grad_accum), 1, 64, 0, 0, 0, NULL, "1",
      "an integer 1..64", "micro-batches per optimizer step", NOKEY, true},
     {"max-seq-len", "N", TDM_OPT_INT, F | E, DST(adapter.max_seq_len), 2,
      TDM_ADAPTER_MAX_SEQ_LEN_MAX, 0, 0, 0, NULL, "512", "an integer 2..1048576",
@@ -197,25 +197,25 @@ static const tdm_run_option table[] = {
     {"grad-checkpoint", NULL, TDM_OPT_BOOL, F, DST(trainer.grad_checkpoint), 0, 0, 0, 0, true, NULL,
      "", "", "keep only each layer's input; recompute in backward", NOKEY, true},
     /* data */
-    {"seed", "S", TDM_OPT_INT, F, DST(trainer.seed), 0, 0, 0, 0, 0, parse_seed, "42",
+    {"seed", "S", TDM_OPT_INT, F, DST(adapter.seed), 0, 0, 0, 0, 0, parse_seed, "42",
      "a non-negative integer", "LoRA init, shuffling and the train/validation split", NOKEY, true},
-    {"no-shuffle", NULL, TDM_OPT_BOOL, F, DST(trainer.shuffle), 0, 0, 0, 0, false, NULL, "", "",
+    {"no-shuffle", NULL, TDM_OPT_BOOL, F, DST(adapter.shuffle), 0, 0, 0, 0, false, NULL, "", "",
      "file order every epoch", NOKEY, true},
-    {"val-split", "F", TDM_OPT_FLOAT, F, DST(trainer.val_split), 0, 1, 0, true, 0, NULL, "0.05",
+    {"val-split", "F", TDM_OPT_FLOAT, F, DST(adapter.val_split), 0, 1, 0, true, 0, NULL, "0.05",
      "a fraction in [0, 1)", "fraction held out for validation", NOKEY, true},
-    {"chat-template", "chatml|llama3|none", TDM_OPT_ENUM, F | E, DST(trainer), 0, 0, 0, 0, 0,
+    {"chat-template", "chatml|llama3|none", TDM_OPT_ENUM, F | E, DST(adapter), 0, 0, 0, 0, 0,
      parse_chat_template, "", "chatml, llama3 or none", "chat template (default: detected)", NOKEY,
      true},
-    {"train-on-prompt", NULL, TDM_OPT_BOOL, F, DST(trainer.train_on_prompt), 0, 0, 0, 0, true, NULL,
+    {"train-on-prompt", NULL, TDM_OPT_BOOL, F, DST(adapter.train_on_prompt), 0, 0, 0, 0, true, NULL,
      "", "", "count the prompt's tokens in the loss too", NOKEY, true},
-    {"skip-bad-lines", NULL, TDM_OPT_BOOL, F, DST(trainer.skip_bad_lines), 0, 0, 0, 0, true, NULL,
+    {"skip-bad-lines", NULL, TDM_OPT_BOOL, F, DST(adapter.skip_bad_lines), 0, 0, 0, 0, true, NULL,
      "", "", "train on the good lines of a file with bad ones", NOKEY, true},
     /* steps */
-    {"eval-every", "N", TDM_OPT_INT, F, DST(trainer.eval_every), 0, BIG, 0, 0, 0, NULL, "0",
+    {"eval-every", "N", TDM_OPT_INT, F, DST(adapter.eval_every), 0, BIG, 0, 0, 0, NULL, "0",
      "an integer >= 0", "validate every N global steps (0: at the end)", NOKEY, true},
-    {"save-every", "N", TDM_OPT_INT, F, DST(trainer.save_every), 0, BIG, 0, 0, 0, NULL, "500",
+    {"save-every", "N", TDM_OPT_INT, F, DST(adapter.save_every), 0, BIG, 0, 0, 0, NULL, "500",
      "an integer >= 0", "checkpoint every N global steps (0: at the end)", NOKEY, true},
-    {"log-every", "N", TDM_OPT_INT, F, DST(trainer.log_every), 1, BIG, 0, 0, 0, NULL, "10",
+    {"log-every", "N", TDM_OPT_INT, F, DST(adapter.log_every), 1, BIG, 0, 0, 0, NULL, "10",
      "an integer >= 1", "one log line per adapter per N global steps", NOKEY, true},
     {"schedule", "synchronized|round-robin|priority-val-loss", TDM_OPT_ENUM, F,
      DST(trainer.schedule), 0, 0, 0, 0, 0, parse_schedule, "synchronized",
@@ -355,6 +355,7 @@ void tdm_run_opts_default(tdm_run_opts *o, unsigned command)
 {
     memset(o, 0, sizeof *o);
     tdm_trainer_opts_default(&o->trainer); /* the fields no option sets */
+    tdm_trainer_adapter_default(&o->adapter);
     for (size_t i = 0; i < N_ROWS; i++) {
         const tdm_run_option *r = &table[i];
         if (!(r->commands & command) || r->kind == TDM_OPT_PATH) continue;

@@ -23,7 +23,8 @@
 /* What `tandem finetune` or `tandem eval` was asked to do, once parsed. */
 typedef struct tdm_run_opts {
     tdm_trainer_opts trainer;    /* run-wide training options */
-    tdm_trainer_adapter adapter; /* every adapter's settings unless adapters.toml sets them */
+    tdm_trainer_adapter adapter; /* every adapter's settings (training options included)
+                                    unless adapters.toml sets them */
     tdm_device_request device;   /* --device, --vram, waiting, MPS */
     const char **adapter_args;   /* (n_adapter_args) --adapter DATA:OUT as given (argv strings) */
     size_t n_adapter_args;

@@ -1,6 +1,10 @@
 /* memory_plan.c — the run's largest step and its memory (memory_plan.h). */
 #include "train/memory_plan.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "train/lora.h"
 
 int64_t tdm_plan_adapter_params(const tdm_model_config *c, const tdm_plan_adapter *a)
@@ -15,9 +19,23 @@ int64_t tdm_plan_adapter_params(const tdm_model_config *c, const tdm_plan_adapte
     return per_layer * c->num_layers;
 }
 
+/* Sequences of the adapter's largest pass: its micro-batch. */
+static int64_t pass_seqs(const tdm_plan_adapter *a)
+{
+    return a->micro_batch > 0 && a->micro_batch < a->batch_size ? a->micro_batch : a->batch_size;
+}
+
+/* Rows of the adapter's largest pass: its micro-batch's longest samples. */
 static int64_t batch_rows(const tdm_plan_adapter *a)
 {
-    int64_t cap = (int64_t)a->batch_size * a->max_seq_len;
+    int64_t m = pass_seqs(a);
+    int64_t cap = m * a->max_seq_len;
+    if (a->longest) {
+        int64_t rows = 0;
+        for (int i = 0; i < a->n_longest && i < m; i++)
+            rows += a->longest[i];
+        return rows < cap ? rows : cap;
+    }
     return a->largest_batch_rows > 0 && a->largest_batch_rows < cap ? a->largest_batch_rows : cap;
 }
 
@@ -29,9 +47,9 @@ void tdm_memory_plan_build(const tdm_model_config *c, const tdm_plan_adapter *ad
     for (int a = 0; a < n; a++) {
         int64_t rows = batch_rows(&ads[a]);
         p.rows += rows;
-        p.n_seqs += ads[a].batch_size;
+        p.n_seqs += pass_seqs(&ads[a]);
         if (rows > max_rows) max_rows = rows;
-        if (ads[a].batch_size > max_seqs) max_seqs = ads[a].batch_size;
+        if (pass_seqs(&ads[a]) > max_seqs) max_seqs = pass_seqs(&ads[a]);
         if (ads[a].rank > p.max_rank) p.max_rank = ads[a].rank;
         p.targets |= ads[a].targets;
         p.lora_params += tdm_plan_adapter_params(c, &ads[a]);
@@ -71,4 +89,125 @@ tdm_status tdm_run_memory_estimate(const tdm_model_config *c, const tdm_model_op
         if (ads[a].weight < max_weight)
             out->adapters += (uint64_t)tdm_plan_adapter_params(c, &ads[a]) * sizeof(float);
     return TDM_OK;
+}
+
+int64_t tdm_memory_plan_mb(const tdm_model_mem *e, int64_t context_mb)
+{
+    uint64_t bytes = e->weights + e->activations + e->adapters + e->backend_scratch;
+    return (int64_t)((bytes + (1u << 20) - 1) >> 20) + context_mb;
+}
+
+/* ---- the plan that fits ------------------------------------------------------------------ */
+
+static int micro_of(int batch_size, int split)
+{
+    return (batch_size + split - 1) / split;
+}
+
+/* The estimate of one plan: grad checkpointing gc, every adapter's micro-batch at split k. */
+static tdm_status plan_at(const tdm_memory_fit_request *req, tdm_plan_adapter *ads, bool gc,
+                          int split, tdm_plan_rung rung, tdm_memory_plan_choice *out,
+                          tdm_error *err)
+{
+    for (int a = 0; a < req->n_adapters; a++)
+        ads[a].micro_batch = micro_of(ads[a].batch_size, split);
+    tdm_model_opts mo = req->opts;
+    mo.grad_checkpoint = gc;
+    memset(out, 0, sizeof *out);
+    TDM_TRY(tdm_run_memory_estimate(req->config, &mo, req->act, ads, req->n_adapters,
+                                    req->synchronized, &out->est, err));
+    out->rung = rung;
+    out->grad_checkpoint = gc;
+    out->split = split;
+    out->micro_batch = ads[0].micro_batch;
+    out->batch_size = ads[0].batch_size;
+    out->alike = true;
+    for (int a = 1; a < req->n_adapters; a++)
+        out->alike = out->alike && ads[a].batch_size == ads[0].batch_size;
+    out->grad_accum = req->grad_accum * split;
+    out->mb = tdm_memory_plan_mb(&out->est, req->context_mb);
+    return TDM_OK;
+}
+
+tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit *out,
+                               tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (req->n_adapters < 1 || !req->adapters || req->grad_accum < 1)
+        return tdm_fail(err, TDM_ERR_INVALID, "memory plan: no adapter, or grad_accum < 1");
+    tdm_plan_adapter *ads = malloc((size_t)req->n_adapters * sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    memcpy(ads, req->adapters, (size_t)req->n_adapters * sizeof *ads);
+    int max_batch = 1;
+    for (int a = 0; a < req->n_adapters; a++)
+        if (ads[a].batch_size > max_batch) max_batch = ads[a].batch_size;
+    tdm_status st;
+    tdm_memory_plan_choice c;
+    bool user_gc = req->opts.grad_checkpoint;
+    /* 1. as asked */
+    if ((st = plan_at(req, ads, user_gc, 1, TDM_PLAN_AS_ASKED, &c, err)) != TDM_OK) goto done;
+    out->asked = c;
+    out->n_tried = 1;
+    if (c.mb <= req->budget_mb) {
+        out->fits = true;
+        out->chosen = c;
+    }
+    /* 2. gradient checkpointing */
+    if (!user_gc) {
+        if ((st = plan_at(req, ads, true, 1, TDM_PLAN_GRAD_CHECKPOINT, &c, err)) != TDM_OK)
+            goto done;
+        out->n_tried++;
+        if (!out->fits && c.mb <= req->budget_mb) {
+            out->fits = true;
+            out->chosen = c;
+        }
+    }
+    /* 3. micro-batches, down to 1 sequence each; the smallest plan is the last one (always
+     * computed: it is what an admission that does not fit reports) */
+    for (int k = 2; k <= max_batch; k++) {
+        bool same = true; /* k - 1 gave the same micro-batches */
+        for (int a = 0; a < req->n_adapters && same; a++)
+            same = micro_of(ads[a].batch_size, k) == micro_of(ads[a].batch_size, k - 1);
+        if (same) continue;
+        if (out->fits && k < max_batch) {
+            /* jump to the smallest plan: nothing between matters any more */
+            k = max_batch - 1;
+            continue;
+        }
+        if ((st = plan_at(req, ads, true, k, TDM_PLAN_MICRO_BATCH, &c, err)) != TDM_OK) goto done;
+        out->n_tried++;
+        if (!out->fits && c.mb <= req->budget_mb) {
+            out->fits = true;
+            out->chosen = c;
+        }
+    }
+    out->smallest = c;
+    if (!out->fits) out->chosen = out->smallest;
+    st = TDM_OK;
+done:
+    free(ads);
+    return st;
+}
+
+void tdm_memory_plan_describe(const tdm_memory_plan_choice *c, char *buf, size_t cap)
+{
+    if (!cap) return;
+    if (c->rung == TDM_PLAN_AS_ASKED) {
+        snprintf(buf, cap, "the plan as asked%s", c->grad_checkpoint ? " (--grad-checkpoint)" : "");
+        return;
+    }
+    if (c->split <= 1) {
+        snprintf(buf, cap, "gradient checkpointing");
+        return;
+    }
+    if (c->alike)
+        snprintf(buf, cap,
+                 "gradient checkpointing and micro-batch %d x accumulation %d (optimizer batch %d "
+                 "x %d unchanged)",
+                 c->micro_batch, c->grad_accum, c->batch_size, c->grad_accum / c->split);
+    else
+        snprintf(buf, cap,
+                 "gradient checkpointing and micro-batches of batch_size / %d x accumulation %d "
+                 "(optimizer batches unchanged)",
+                 c->split, c->grad_accum);
 }

@@ -14,6 +14,7 @@
 #ifndef TANDEM_TRAIN_MEMORY_PLAN_H
 #define TANDEM_TRAIN_MEMORY_PLAN_H
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/model.h"
@@ -30,6 +31,15 @@ typedef struct tdm_plan_adapter {
     /* rows of its largest batch (its batch_size longest samples, measured on the data); 0: the
      * worst case batch_size x max_seq_len */
     int64_t largest_batch_rows;
+    /* May be NULL. Its longest samples' lengths in tokens, longest first (n_longest of them, at
+     * most batch_size: the data's samples when fewer): the rows of a micro-batch of m sequences
+     * are then the sum of the first m, at most m x max_seq_len. NULL: min(largest_batch_rows,
+     * m x max_seq_len), the worst case when largest_batch_rows is 0. */
+    const int32_t *longest;
+    int n_longest;
+    /* sequences per pass (the micro-batch), 1..batch_size; 0: batch_size. tdm_memory_plan_fit
+     * sets it to ceil(batch_size / split). */
+    int micro_batch;
 } tdm_plan_adapter;
 
 /* LoRA parameters of one adapter: num_layers x sum over its targets of rank x (in + out). */
@@ -48,5 +58,72 @@ void tdm_memory_plan_build(const tdm_model_config *c, const tdm_plan_adapter *ad
 tdm_status tdm_run_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
                                    tdm_be_dtype act, const tdm_plan_adapter *ads, int n,
                                    bool synchronized, tdm_model_mem *out, tdm_error *err);
+
+/* The MiB a run of memory e reserves: every owner rounded up to MiB, plus context_mb (the CUDA
+ * context, TDM_CUDA_CONTEXT_MIB in run/device_open.h: tdm_device_reservation_mb). */
+int64_t tdm_memory_plan_mb(const tdm_model_mem *e, int64_t context_mb);
+
+/* ---- a plan that fits a budget (--vram auto; co-training's admission) ----------------------
+ *
+ * A run's plans, in the order tdm_memory_plan_fit tries them:
+ *   1. as asked: grad checkpointing as the options say, every adapter's micro-batch its
+ *      batch_size;
+ *   2. gradient checkpointing (skipped when the options already ask for it);
+ *   3. gradient checkpointing and split k = 2, 3, ...: every adapter's micro-batch
+ *      ceil(batch_size / k), and up to grad_accum x k passes per optimizer step, so each
+ *      optimizer batch (batch_size x grad_accum sequences) is the same, only computed in smaller
+ *      pieces (the trainer's result is equal to float rounding; with LoRA dropout the masks
+ *      differ); a k whose micro-batches equal the previous k's is skipped, down to k =
+ *      max batch_size (micro-batch 1 everywhere): the smallest plan.
+ * The first whose MiB (tdm_memory_plan_mb) is at most budget_mb is chosen. */
+typedef enum tdm_plan_rung {
+    TDM_PLAN_AS_ASKED = 0,
+    TDM_PLAN_GRAD_CHECKPOINT = 1,
+    TDM_PLAN_MICRO_BATCH = 2,
+} tdm_plan_rung;
+
+typedef struct tdm_memory_fit_request {
+    const tdm_model_config *config;
+    tdm_model_opts opts; /* nf4, double_quant; grad_checkpoint: the user's (--grad-checkpoint) */
+    tdm_be_dtype act;    /* TDM_BE_BF16 on CUDA */
+    const tdm_plan_adapter *adapters; /* their micro_batch is ignored */
+    int n_adapters;
+    bool synchronized;
+    int grad_accum;     /* the run's --grad-accum (>= 1) */
+    int64_t context_mb; /* added to every plan (TDM_CUDA_CONTEXT_MIB on a GPU) */
+    int64_t budget_mb;  /* what the run can get */
+} tdm_memory_fit_request;
+
+typedef struct tdm_memory_plan_choice {
+    tdm_plan_rung rung;
+    bool grad_checkpoint;
+    int split;       /* k: every micro-batch is ceil(batch_size / k); 1: none */
+    int micro_batch; /* adapter 0's micro-batch, ceil(batch_size / split) */
+    int batch_size;  /* adapter 0's batch_size */
+    bool alike;      /* every adapter has that batch_size */
+    int grad_accum;  /* passes per optimizer step at most: the run's grad_accum x split */
+    int64_t mb;      /* tdm_memory_plan_mb of est */
+    tdm_model_mem est;
+} tdm_memory_plan_choice;
+
+typedef struct tdm_memory_fit {
+    bool fits;                       /* a plan of at most budget_mb exists: chosen is it */
+    tdm_memory_plan_choice chosen;   /* fits: the first that fits; else the smallest */
+    tdm_memory_plan_choice asked;    /* the plan as asked (rung 0) */
+    tdm_memory_plan_choice smallest; /* grad checkpointing, micro-batch 1: the least it needs */
+    int n_tried;                     /* plans whose MiB was computed */
+} tdm_memory_fit;
+
+/* Chooses the plan (above) for req->budget_mb. Pure arithmetic, no device: the co-training host
+ * calls it with its adapters and a joiner's for admission. Errors: the estimate's
+ * (TDM_ERR_INVALID for impossible shapes); a budget that nothing fits is not an error (fits
+ * false, smallest.mb the budget it would need). */
+tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit *out,
+                               tdm_error *err);
+
+/* A phrase for one line of output, written to buf (cap bytes): "the plan as asked", "gradient
+ * checkpointing", "gradient checkpointing and micro-batch 2 x accumulation 4 (optimizer batch 4
+ * x 2 unchanged)" (adapters of different batch sizes: "micro-batches of batch_size / 2"). */
+void tdm_memory_plan_describe(const tdm_memory_plan_choice *c, char *buf, size_t cap);
 
 #endif

@@ -1,17 +1,13 @@
 #include "train/run_records.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "util/append_file.h"
 #include "util/atomic_file.h"
 #include "util/json_file.h"
-#include "util/fault.h"
 
 static json_t *num_or_null(double v)
 {
@@ -225,65 +221,13 @@ json_t *tdm_metrics_line_to_json(const tdm_metrics_line *m)
     return o;
 }
 
-/* Writes all n bytes of p to fd. A full disk first writes what fits (a short count) and fails
- * the next call with ENOSPC: looping reports that real errno instead of a made-up EIO. Returns 0
- * or the errno of the failing call. The fault point "metrics.enospc" writes the first half for
- * real and then fails with ENOSPC, as a disk that fills up mid-line does. */
-static int write_all(int fd, const char *p, size_t n)
-{
-    if (tdm_fault("metrics.write")) return EIO;
-    if (tdm_fault("metrics.enospc")) {
-        if (write(fd, p, n / 2) < 0) return errno;
-        return ENOSPC;
-    }
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return errno;
-        if (w == 0) return EIO; /* no progress and no errno: do not spin */
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 tdm_status tdm_metrics_append(const char *path, const tdm_metrics_line *m, tdm_error *err)
 {
     json_t *o = tdm_metrics_line_to_json(m);
     char *line = tdm_json_dumps_line(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!line) return tdm_fail(err, TDM_ERR_NOMEM, "cannot encode a metrics line");
-    size_t len = strlen(line);
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(line);
-        return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot open %s", path);
-    }
-    tdm_status st = TDM_OK;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot stat %s", path);
-        goto done;
-    }
-    int e = write_all(fd, line, len);
-    const char *what = "append to";
-    if (e == 0 && fsync(fd) != 0) { /* a delayed allocation can fail here with ENOSPC too */
-        e = errno;
-        what = "fsync";
-    }
-    if (e != 0) {
-        /* Take back the part that was written, so that the file still ends with the last whole
-         * line (a reader, `tandem report` or a resume, never meets half a line). */
-        if (ftruncate(fd, sb.st_size) != 0)
-            st = tdm_fail_errno(err, TDM_ERR_IO, e,
-                                "cannot %s %s (and cutting the partial line off failed too: "
-                                "%s; its last line is torn)",
-                                what, path, strerror(errno));
-        else
-            st = tdm_fail_errno(err, TDM_ERR_IO, e, "cannot %s %s", what, path);
-    }
-done:
-    close(fd);
+    tdm_status st = tdm_append_whole(path, line, strlen(line), "metrics", err);
     free(line);
     return st;
 }

@@ -21,6 +21,7 @@
 #include "train/memory_plan.h"
 #include "train/peft_io.h"
 #include "train/run_records.h"
+#include "train/tfevents.h"
 #include "train/train_cursor.h"
 #include "util/atomic_dir.h"
 #include "util/fault.h"
@@ -48,18 +49,29 @@ bool tdm_train_schedule_parse(const char *name, tdm_train_schedule *out)
 void tdm_trainer_opts_default(tdm_trainer_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->task = "instruct";
     o->nf4 = true;
     o->double_quant = true;
-    o->max_grad_norm = 1.0;
-    o->lr_kind = TDM_LR_COSINE;
-    o->grad_accum = 1;
-    o->seed = 42;
-    o->shuffle = true;
-    o->val_split = 0.05;
-    o->save_every = 500;
-    o->log_every = 10;
     o->schedule = TDM_SCHEDULE_SYNCHRONIZED;
+}
+
+void tdm_trainer_adapter_default(tdm_trainer_adapter *a)
+{
+    a->task = "instruct";
+    a->chat_template_given = false;
+    a->chat_template = TDM_CHAT_NONE;
+    a->train_on_prompt = false;
+    a->skip_bad_lines = false;
+    a->seed = 42;
+    a->shuffle = true;
+    a->val_split = 0.05;
+    a->grad_accum = 1;
+    a->weight_decay = 0;
+    a->max_grad_norm = 1.0;
+    a->lr_kind = TDM_LR_COSINE;
+    a->warmup_steps = 0;
+    a->eval_every = 0;
+    a->save_every = 500;
+    a->log_every = 10;
 }
 
 /* ------------------------------------------------------------------ state ---- */
@@ -100,6 +112,10 @@ typedef struct adapter_state {
     double log_loss_sum;
     int64_t log_tokens;
     int64_t metrics_lines; /* lines in metrics.jsonl */
+    /* this process's TensorBoard event file (train/tfevents.h), created at the adapter's first
+     * log or evaluation; its SessionLog START is at tb_start, the first step it can log */
+    tdm_tfevents tb;
+    int64_t tb_start;
     /* wall clock (not state) */
     double train_ms, epoch_start_ms, last_epoch_ms;
     int64_t run_tokens;
@@ -130,8 +146,19 @@ struct tdm_trainer {
     float *d_sumsq, *d_coef, *d_norm; /* (n) f32 device */
     double t0_ms;         /* monotonic ms when this process's run began (elapsed_ms is since) */
     bool warned_schedule; /* --resume under another --schedule: warned once */
+    /* the memory plan (tdm_trainer_set_memory_plan): every adapter's pass takes at most
+     * ceil(batch_size / split) sequences of its batch, in up to grad_accum x split passes per
+     * global step; the optimizer batches are those of split 1 */
+    int split;
     char base_id[TDM_BASE_IDENTITY_LEN]; /* the base model's identity, for metadata.json */
 };
+
+/* Sequences adapter s puts in one pass at most: its micro-batch under the memory plan. */
+static int micro_batch(const tdm_trainer *t, const adapter_state *s)
+{
+    int k = t->split > 1 ? t->split : 1;
+    return (s->cfg.batch_size + k - 1) / k;
+}
 
 /* An optimizer batch is in progress (drawn, not yet stepped). */
 static bool in_batch(const adapter_state *s)
@@ -205,26 +232,28 @@ void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int
     if (total_steps) *total_steps = s->total_steps;
 }
 
-static tdm_status check_opts(const tdm_trainer_opts *o, const tdm_trainer_adapter *ads, int n,
-                             tdm_error *err)
+/* Every adapter's settings and training options (the run-wide ones need no check). */
+static tdm_status check_adapters(const tdm_trainer_adapter *ads, int n, tdm_error *err)
 {
     if (n < 1) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to train");
-    if (o->grad_accum < 1 || o->grad_accum > 64)
-        return tdm_fail(err, TDM_ERR_INVALID, "--grad-accum %d: must be 1..64", o->grad_accum);
-    if (!(o->val_split >= 0 && o->val_split < 1))
-        return tdm_fail(err, TDM_ERR_INVALID, "--val-split %g: must be in [0, 1)", o->val_split);
-    if (o->log_every < 1) return tdm_fail(err, TDM_ERR_INVALID, "--log-every must be >= 1");
-    if (o->eval_every < 0 || o->save_every < 0 || o->warmup_steps < 0)
-        return tdm_fail(err, TDM_ERR_INVALID, "negative --eval-every/--save-every/--warmup-steps");
-    if (!(o->max_grad_norm >= 0) || !isfinite(o->max_grad_norm))
-        return tdm_fail(err, TDM_ERR_INVALID, "--max-grad-norm must be >= 0");
-    tdm_adamw_config ac = tdm_adamw_defaults();
-    ac.weight_decay = o->weight_decay;
-    TDM_TRY(tdm_adamw_config_check(&ac, err));
     for (int a = 0; a < n; a++) {
         const tdm_trainer_adapter *c = &ads[a];
         if (!c->data || !c->output)
             return tdm_fail(err, TDM_ERR_INVALID, "adapter %d: data and output are required", a);
+        if (c->grad_accum < 1 || c->grad_accum > 64)
+            return tdm_fail(err, TDM_ERR_INVALID, "--grad-accum %d: must be 1..64", c->grad_accum);
+        if (!(c->val_split >= 0 && c->val_split < 1))
+            return tdm_fail(err, TDM_ERR_INVALID, "--val-split %g: must be in [0, 1)",
+                            c->val_split);
+        if (c->log_every < 1) return tdm_fail(err, TDM_ERR_INVALID, "--log-every must be >= 1");
+        if (c->eval_every < 0 || c->save_every < 0 || c->warmup_steps < 0)
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "negative --eval-every/--save-every/--warmup-steps");
+        if (!(c->max_grad_norm >= 0) || !isfinite(c->max_grad_norm))
+            return tdm_fail(err, TDM_ERR_INVALID, "--max-grad-norm must be >= 0");
+        tdm_adamw_config ac = tdm_adamw_defaults();
+        ac.weight_decay = c->weight_decay;
+        TDM_TRY(tdm_adamw_config_check(&ac, err));
         if (c->batch_size < 1 || c->epochs < 1 || c->max_seq_len < 2 || !(c->weight > 0) ||
             !(c->lr > 0))
             return tdm_fail(err, TDM_ERR_INVALID,
@@ -248,11 +277,12 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
 {
     *out = NULL;
     if (report) *report = NULL;
-    TDM_TRY(check_opts(opts, adapters, n_adapters, err));
+    TDM_TRY(check_adapters(adapters, n_adapters, err));
     tdm_trainer *t = calloc(1, sizeof *t);
     if (!t) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     t->o = *opts;
     t->n = n_adapters;
+    t->split = 1;
     t->ad = calloc((size_t)n_adapters, sizeof *t->ad);
     if (!t->ad) {
         free(t);
@@ -276,19 +306,17 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     const tdm_model_config cfg = *t->mcfg_host;
     if ((st = tdm_base_model_identity(opts->model_dir, t->base_id, err)) != TDM_OK) goto fail;
 
-    /* 1. every data file, completely, before anything else */
+    /* 1. every data file, completely, before anything else, each rendered and split with its
+     * adapter's options */
     tdm_dataset_opts dopt;
     tdm_dataset_opts_default(&dopt);
-    if (opts->chat_template_given) dopt.chat_template = opts->chat_template;
-    dopt.train_on_prompt = opts->train_on_prompt;
-    /* ids below config.json's vocab_size; no tokenizer needed for pre-tokenized data */
+    /* ids below config.json's vocab_size; no tokenizer needed for pre-tokenized data; the
+     * template the tokenizer implies, for the adapters that give none */
     tdm_data_model dm;
-    if ((st = tdm_data_model_open(&dm, opts->model_dir, cfg.vocab_size, opts->chat_template_given,
-                                  &dopt, err)) != TDM_OK)
+    if ((st = tdm_data_model_open(&dm, opts->model_dir, cfg.vocab_size, false, &dopt, err)) !=
+        TDM_OK)
         goto fail;
-    dopt.val_split = opts->val_split;
-    dopt.seed = opts->seed;
-    dopt.skip_bad_lines = opts->skip_bad_lines;
+    const tdm_chat_template detected = dopt.chat_template;
     char *bad = NULL;
     size_t bad_len = 0;
     tdm_status first_bad = TDM_OK;
@@ -296,6 +324,11 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     for (int a = 0; a < n_adapters; a++) {
         adapter_state *s = &t->ad[a];
         dopt.max_seq_len = s->cfg.max_seq_len;
+        dopt.chat_template = s->cfg.chat_template_given ? s->cfg.chat_template : detected;
+        dopt.train_on_prompt = s->cfg.train_on_prompt;
+        dopt.val_split = s->cfg.val_split;
+        dopt.seed = s->cfg.seed;
+        dopt.skip_bad_lines = s->cfg.skip_bad_lines;
         if (s->cfg.max_seq_len > cfg.max_position_embeddings)
             tdm_warn("adapter %d (%s): max_seq_len %d is above %s/config.json's "
                      "max_position_embeddings %lld: positions beyond it were never trained and "
@@ -372,19 +405,20 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
         if ((st = tdm_adamw_state_init(&s->opt, s->host.n_params, err)) != TDM_OK) goto fail;
         int64_t n = s->ds.n_train, bs = s->cfg.batch_size;
         s->micro_per_epoch = (n + bs - 1) / bs;
-        s->steps_per_epoch = (s->micro_per_epoch + opts->grad_accum - 1) / opts->grad_accum;
+        int64_t ga = s->cfg.grad_accum;
+        s->steps_per_epoch = (s->micro_per_epoch + ga - 1) / ga;
         s->total_steps = s->steps_per_epoch * s->cfg.epochs;
-        s->sched.kind = opts->lr_kind;
+        s->sched.kind = s->cfg.lr_kind;
         s->sched.peak_lr = s->cfg.lr;
-        s->sched.warmup_steps = opts->warmup_steps;
+        s->sched.warmup_steps = s->cfg.warmup_steps;
         s->sched.total_steps = s->total_steps;
         if ((st = tdm_lr_schedule_check(&s->sched, err)) != TDM_OK) goto fail;
-        s->idx = malloc((size_t)opts->grad_accum * (size_t)bs * sizeof *s->idx);
+        s->idx = malloc((size_t)ga * (size_t)bs * sizeof *s->idx);
         if (!s->idx) {
             st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
             goto fail;
         }
-        if ((st = tdm_train_cursor_create(&s->cur, s->ds.n_train, opts->seed, opts->shuffle,
+        if ((st = tdm_train_cursor_create(&s->cur, s->ds.n_train, s->cfg.seed, s->cfg.shuffle,
                                           err)) != TDM_OK)
             goto fail;
         if ((st = tdm_trainer_state_init(&s->ts, err)) != TDM_OK) goto fail;
@@ -634,9 +668,10 @@ static tdm_status eval_adapter(tdm_trainer *t, adapter_state *s, double *val, td
     double sum = 0;
     int64_t tok = 0;
     tdm_status st = TDM_OK;
-    for (uint32_t i = 0; i < s->ds.n_val; i += (uint32_t)s->cfg.batch_size) {
+    uint32_t mb = (uint32_t)micro_batch(t, s);
+    for (uint32_t i = 0; i < s->ds.n_val; i += mb) {
         uint32_t left = s->ds.n_val - i;
-        int k = (int)(left < (uint32_t)s->cfg.batch_size ? left : (uint32_t)s->cfg.batch_size);
+        int k = (int)(left < mb ? left : mb);
         fused_clear(&f);
         if ((st = fused_add(&f, &s->ds, s->ds.val + i, k, 0, err)) != TDM_OK) break;
         tdm_batch b = fused_view(&f);
@@ -660,9 +695,10 @@ static tdm_status eval_adapter(tdm_trainer *t, adapter_state *s, double *val, td
 static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
 {
     int64_t in_epoch = s->step % s->steps_per_epoch;
-    int64_t first_micro = in_epoch * t->o.grad_accum;
+    (void)t;
+    int64_t first_micro = in_epoch * s->cfg.grad_accum;
     int64_t micros = s->micro_per_epoch - first_micro;
-    if (micros > t->o.grad_accum) micros = t->o.grad_accum;
+    if (micros > s->cfg.grad_accum) micros = s->cfg.grad_accum;
     s->step_counted = 0;
     s->step_loss_sum = 0;
     int64_t used = 0;
@@ -697,19 +733,21 @@ static tdm_status begin_batch(tdm_trainer *t, adapter_state *s, tdm_error *err)
 
 /* How many of its batch's remaining sequences adapter s puts in the next pass, at share ratio
  * (weight / max weight, 1 for the max-weight adapter and for the one-adapter schedules). At 1 it
- * is a whole micro-batch, so the batch completes within the global step exactly as a
- * micro-batch loop would run it. Below 1 the pass adds ratio * batch_size to the adapter's credit
+ * is a whole micro-batch (batch_size, or ceil(batch_size / split) under a memory plan that
+ * splits), so the batch completes within the global step exactly as a micro-batch loop would
+ * run it. Below 1 the pass adds ratio * micro-batch to the adapter's credit
  * and takes its whole part; a piece never crosses the batch's end, and credit the end leaves
  * unused is dropped (the fraction carries over), so the credit stays below 1 between passes. */
-static int piece_size(adapter_state *s, double ratio)
+static int piece_size(const tdm_trainer *t, adapter_state *s, double ratio)
 {
     int left = s->batch_seqs - s->seqs_done;
+    int micro = micro_batch(t, s);
     if (left <= 0) return 0;
     if (ratio >= 1) {
         s->credit = 0;
-        return left < s->cfg.batch_size ? left : s->cfg.batch_size;
+        return left < micro ? left : micro;
     }
-    s->credit += ratio * s->cfg.batch_size;
+    s->credit += ratio * micro;
     double whole = floor(s->credit + 1e-9); /* 0.3 * 10 is 2.9999999999999996 */
     s->credit -= whole;
     return whole < left ? (int)whole : left;
@@ -736,6 +774,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
     tdm_adamw_tensor *ten = calloc((size_t)np, sizeof *ten);
     float *norms = calloc((size_t)np, sizeof *norms);
     tdm_status st = TDM_OK;
+    int passes = 1;
     if (!slots || !w || !ls || !tk || !pass_seqs || !pass_rows || !q || !vecs || !maxn || !ten ||
         !norms) {
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
@@ -752,21 +791,24 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
             goto done;
         }
         w[part[p]] = s->step_counted > 0 ? 1.0 / (double)s->step_counted : 0.0;
+        /* passes: enough for the full-share adapters' micro-batches; each stops at its own */
+        if (ratio[p] >= 1 && s->cfg.grad_accum > passes) passes = s->cfg.grad_accum;
     }
-    for (int j = 0, pass = 0; j < t->o.grad_accum; j++) {
+    /* under a memory plan that splits (t->split), each micro-batch takes split passes */
+    for (int j = 0, pass = 0; j < passes * t->split; j++) {
         fused_clear(f);
         memset(pass_seqs, 0, (size_t)n * sizeof *pass_seqs);
         memset(pass_rows, 0, (size_t)n * sizeof *pass_rows);
         for (int p = 0; p < np; p++) {
             adapter_state *s = &t->ad[part[p]];
-            int k = piece_size(s, ratio[p]);
+            int k = piece_size(t, s, ratio[p]);
             if (k == 0) continue;
             int64_t begin = f->m;
             if ((st = fused_add(f, &s->ds, s->idx + s->seqs_done, k, part[p], err)) != TDM_OK)
                 goto done;
             /* the dropout masks of this piece: from the adapter's own step and the sequences of
              * its batch done before it (restored on resume, independent of the other adapters) */
-            s->dev->dropout_seed = tdm_lora_dropout_seed(t->o.seed, s->step, (int)s->seqs_done);
+            s->dev->dropout_seed = tdm_lora_dropout_seed(s->cfg.seed, s->step, (int)s->seqs_done);
             s->seqs_done += k;
             pass_seqs[part[p]] = k;
             pass_rows[part[p]] = f->m - begin;
@@ -805,7 +847,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
     for (int i = 0; i < nq; i++) {
         adapter_state *s = &t->ad[q[i]];
         vecs[i] = (tdm_be_vec){s->dev->grads, s->dev->n_params, i};
-        maxn[i] = (float)t->o.max_grad_norm;
+        maxn[i] = (float)s->cfg.max_grad_norm;
     }
     if ((st = tdm_be_sumsq(t->be, vecs, nq, nq, t->d_sumsq, err)) != TDM_OK) goto done;
     if ((st = tdm_be_clip_coef(t->be, t->d_sumsq, maxn, nq, t->d_coef, t->d_norm, err)) != TDM_OK)
@@ -819,12 +861,12 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
                                     .m = s->dev->adam_m,
                                     .v = s->dev->adam_v,
                                     .n = s->dev->n_params,
-                                    .grad_scale = t->o.max_grad_norm > 0 ? t->d_coef + i : NULL,
+                                    .grad_scale = s->cfg.max_grad_norm > 0 ? t->d_coef + i : NULL,
                                     .lr = lr, /* doubles, as torch computes its constants */
                                     .beta1 = 0.9,
                                     .beta2 = 0.999,
                                     .eps = 1e-8,
-                                    .weight_decay = t->o.weight_decay,
+                                    .weight_decay = s->cfg.weight_decay,
                                     .step = s->step + 1};
     }
     if ((st = tdm_be_adamw(t->be, ten, nq, err)) != TDM_OK) goto done;
@@ -921,6 +963,16 @@ static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
     return tdm_run_metadata_save(&md, path, err);
 }
 
+/* Appends one event of adapter s at its step to its TensorBoard file, creating the file at the
+ * first call of this process (the same values as its metrics.jsonl line). */
+static tdm_status tb_write(adapter_state *s, const tdm_tfevents_value *v, int n, tdm_error *err)
+{
+    if (!s->tb.path[0]) TDM_TRY(tdm_tfevents_open(&s->tb, s->cfg.output, s->tb_start, err));
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return tdm_tfevents_write(&s->tb, s->step, (double)ts.tv_sec + ts.tv_nsec / 1e9, v, n, err);
+}
+
 static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
@@ -945,6 +997,13 @@ static tdm_status log_point(tdm_trainer *t, int a, tdm_error *err)
                            .label = s->cfg.label};
     TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
+    tdm_tfevents_value tv[] = {{"train/loss", ml.loss},
+                               {"train/learning_rate", ml.learning_rate},
+                               {"train/grad_norm", ml.grad_norm},
+                               {"train/tokens_per_sec", ml.tokens_per_sec},
+                               {"train/tokens_seen", (double)s->tokens_seen},
+                               {"train/epoch", ml.epoch}};
+    TDM_TRY(tb_write(s, tv, (int)(sizeof tv / sizeof tv[0]), err));
     s->log_loss_sum = 0;
     s->log_tokens = 0;
     report(t, a, TDM_TRAINER_EVENT_LOG, loss);
@@ -984,6 +1043,8 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
                            .label = s->cfg.label};
     TDM_TRY(tdm_metrics_append(path, &ml, err));
     s->metrics_lines++;
+    tdm_tfevents_value tv[] = {{"eval/loss", v}};
+    TDM_TRY(tb_write(s, tv, 1, err));
     if (is_best) {
         TDM_TRY(download_state(t, s, false, err));
         TDM_TRY(tdm_checkpoint_save_best(s->cfg.output, &s->host, &s->meta, s->step, "eval_loss", v,
@@ -1184,6 +1245,9 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
         /* the lines written up to the checkpoint */
         st = tdm_metrics_truncate_lines(mp, s->step, info.trainer.metrics_lines, &s->metrics_lines,
                                         err);
+        /* a new event file; its START drops what older ones logged after this step */
+        s->tb.path[0] = '\0';
+        s->tb_start = s->step + 1;
     }
     free(cj);
     tdm_lora_params_free(&l);
@@ -1323,40 +1387,49 @@ static int cmp_len_desc(const void *x, const void *y)
     return (a < b) - (a > b);
 }
 
-/* Rows of adapter s's largest batch: its batch_size longest samples (the shuffle may put them
- * together), never more than batch_size * max_seq_len. */
-static int64_t largest_batch_rows(const adapter_state *s)
+/* Adapter s's batch_size longest sample lengths (every sample counts: the shuffle may put the
+ * longest together, and validation batches are as large), longest first, into a malloc'd array
+ * of *n; NULL when out of memory (then the plan takes the worst case, max_seq_len each). */
+static int32_t *longest_samples(const adapter_state *s, int *n_out)
 {
-    int64_t cap = (int64_t)s->cfg.batch_size * s->cfg.max_seq_len;
+    *n_out = 0;
     uint32_t n = s->ds.n_samples;
-    int32_t *len = malloc((size_t)n * sizeof *len);
-    if (!len) return cap;
+    int32_t *len = malloc((size_t)(n ? n : 1) * sizeof *len);
+    if (!len) return NULL;
     for (uint32_t i = 0; i < n; i++)
         len[i] = s->ds.samples[i].len;
     qsort(len, n, sizeof *len, cmp_len_desc);
-    int64_t rows = 0;
-    for (uint32_t i = 0; i < n && i < (uint32_t)s->cfg.batch_size; i++)
-        rows += len[i];
-    free(len);
-    return rows < cap ? rows : cap;
+    *n_out = n < (uint32_t)s->cfg.batch_size ? (int)n : s->cfg.batch_size;
+    return len;
 }
 
-/* Each adapter as the memory plan sees it, its largest batch measured on its data, into ads (room
- * for t->n); active_only: the unfinished ones only. Returns how many were written. */
-static int plan_adapters(const tdm_trainer *t, bool active_only, tdm_plan_adapter *ads)
+/* Each adapter of t as the memory plan sees it, its passes measured on its data, at split (the
+ * split of the trainer it trains in: a joiner's is the host's), into ads (room for t->n);
+ * active_only: the unfinished ones only. Returns how many were written (free with
+ * free_plan_adapters). */
+static int plan_adapters(const tdm_trainer *t, int split, bool active_only, tdm_plan_adapter *ads)
 {
-    int k = 0;
+    int k = 0, div = split > 1 ? split : 1;
     for (int a = 0; a < t->n; a++) {
         const adapter_state *s = &t->ad[a];
         if (active_only && s->done) continue;
-        ads[k++] = (tdm_plan_adapter){.rank = s->host.rank,
-                                      .targets = s->host.targets,
-                                      .batch_size = s->cfg.batch_size,
-                                      .max_seq_len = s->cfg.max_seq_len,
-                                      .weight = s->cfg.weight,
-                                      .largest_batch_rows = largest_batch_rows(s)};
+        ads[k] = (tdm_plan_adapter){.rank = s->host.rank,
+                                    .targets = s->host.targets,
+                                    .batch_size = s->cfg.batch_size,
+                                    .max_seq_len = s->cfg.max_seq_len,
+                                    .weight = s->cfg.weight,
+                                    .micro_batch = (s->cfg.batch_size + div - 1) / div};
+        ads[k].longest = longest_samples(s, &ads[k].n_longest);
+        k++;
     }
     return k;
+}
+
+static void free_plan_adapters(tdm_plan_adapter *ads, int n)
+{
+    for (int a = 0; ads && a < n; a++)
+        free((void *)ads[a].longest);
+    free(ads);
 }
 
 /* The largest step of the unfinished adapters (what tdm_model_reserve holds; before a run that
@@ -1365,34 +1438,86 @@ static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm
 {
     tdm_plan_adapter *ads = calloc((size_t)t->n + 1, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    int n = plan_adapters(t, true, ads);
+    int n = plan_adapters(t, t->split, true, ads);
     tdm_memory_plan_build(t->mcfg_host, ads, n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
-    free(ads);
+    free_plan_adapters(ads, n);
     return TDM_OK;
 }
 
+static tdm_model_opts model_opts(const tdm_trainer *t)
+{
+    return (tdm_model_opts){.nf4 = t->o.nf4,
+                            .double_quant = t->o.double_quant,
+                            .grad_checkpoint = t->o.grad_checkpoint};
+}
+
 /* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's
- * (NULL: none). */
+ * (NULL: none; they train at t's split). */
 static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
                               tdm_model_mem *out, tdm_error *err)
 {
     int cap = t->n + (extra ? extra->n : 0);
     tdm_plan_adapter *ads = calloc((size_t)cap + 1, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    int n = plan_adapters(t, active_only, ads);
-    if (extra) n += plan_adapters(extra, false, ads + n);
-    tdm_model_opts mo = {.nf4 = t->o.nf4,
-                         .double_quant = t->o.double_quant,
-                         .grad_checkpoint = t->o.grad_checkpoint};
+    int n = plan_adapters(t, t->split, active_only, ads);
+    if (extra) n += plan_adapters(extra, t->split, false, ads + n);
+    tdm_model_opts mo = model_opts(t);
     tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, n,
                                             t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
-    free(ads);
+    free_plan_adapters(ads, n);
     return st;
 }
 
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
 {
     return estimate_of(t, false, NULL, out, err);
+}
+
+/* The most micro-batches any adapter accumulates per step (grad_accum is per adapter). */
+static int max_grad_accum(const tdm_trainer *t)
+{
+    int g = 1;
+    for (int a = 0; a < t->n; a++)
+        if (t->ad[a].cfg.grad_accum > g) g = t->ad[a].cfg.grad_accum;
+    return g;
+}
+
+tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
+                                  tdm_memory_fit *out, tdm_error *err)
+{
+    tdm_plan_adapter *ads = calloc((size_t)t->n + 1, sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    int n = plan_adapters(t, t->split, false, ads);
+    tdm_memory_fit_request req = {.config = t->mcfg_host,
+                                  .opts = model_opts(t),
+                                  .act = TDM_BE_BF16,
+                                  .adapters = ads,
+                                  .n_adapters = n,
+                                  .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
+                                  .grad_accum = max_grad_accum(t),
+                                  .context_mb = context_mb,
+                                  .budget_mb = budget_mb};
+    tdm_status st = tdm_memory_plan_fit(&req, out, err);
+    free_plan_adapters(ads, n);
+    return st;
+}
+
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
+                                       tdm_error *err)
+{
+    if (split < 1 || split > 65536)
+        return tdm_fail(err, TDM_ERR_INVALID, "memory plan: split %d not in 1..65536", split);
+    if (t->model && grad_checkpoint != t->o.grad_checkpoint)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "memory plan: gradient checkpointing is chosen before the model is loaded");
+    t->o.grad_checkpoint = grad_checkpoint;
+    t->split = split;
+    return TDM_OK;
+}
+
+int tdm_trainer_split(const tdm_trainer *t)
+{
+    return t->split;
 }
 
 /* Adapter a's trainer_state.json and checkpoint at its current position (the periodic save,
@@ -1548,6 +1673,14 @@ static bool any_unfinished(const tdm_trainer *t)
     return false;
 }
 
+/* Adapter s's checkpoint interval in its own global steps (0: only at its end), capped by
+ * opts.max_checkpoint_interval (MPS). */
+static int64_t save_interval(const tdm_trainer *t, const adapter_state *s)
+{
+    int64_t every = s->cfg.save_every, cap = t->o.max_checkpoint_interval;
+    return cap > 0 && (every == 0 || every > cap) ? cap : every;
+}
+
 /* Adapter a's OUT_DIR exists and holds no half-written checkpoint; its position is step 0. */
 static tdm_status prepare_adapter(tdm_trainer *t, int a, tdm_error *err)
 {
@@ -1579,17 +1712,20 @@ static tdm_status refuse_old_checkpoints(const tdm_trainer *t, int a, tdm_error 
 static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
-    tdm_rng_seed(&s->rng, t->o.seed);
+    tdm_rng_seed(&s->rng, s->cfg.seed);
     if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
     TDM_TRY(upload_state(t, s, false, err));
     char mp[4096];
     snprintf(mp, sizeof mp, "%s/%s", s->cfg.output, TDM_METRICS_FILE);
     TDM_TRY(tdm_metrics_truncate_after(mp, -1, NULL, err));
+    TDM_TRY(tdm_tfevents_remove(s->cfg.output, err));
+    s->tb.path[0] = '\0';
+    s->tb_start = s->step + 1;
     s->ts.num_train_epochs = s->cfg.epochs;
     s->ts.max_steps = s->total_steps;
-    s->ts.logging_steps = t->o.log_every;
-    s->ts.eval_steps = t->o.eval_every;
-    s->ts.save_steps = t->o.save_every;
+    s->ts.logging_steps = s->cfg.log_every;
+    s->ts.eval_steps = s->cfg.eval_every;
+    s->ts.save_steps = s->cfg.save_every;
     s->ts.train_batch_size = s->cfg.batch_size;
     return TDM_OK;
 }
@@ -1675,11 +1811,6 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         for (int a = 0; a < n; a++)
             TDM_TRY(start_fresh(t, a, err));
     }
-    int64_t save_every = t->o.save_every;
-    if (t->o.max_checkpoint_interval > 0 &&
-        (save_every == 0 || save_every > t->o.max_checkpoint_interval))
-        save_every = t->o.max_checkpoint_interval;
-
     /* elapsed_ms counts from here: the first measurement below is part of the run */
     t->t0_ms = now_ms();
     for (int a = 0; a < n; a++)
@@ -1761,7 +1892,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         }
         double dt = now_ms() - ts0;
         for (int a = 0; a < n; a++)
-            if (own_global(t, &t->ad[a]) % t->o.log_every == 0) t->ad[a].log_due = !t->ad[a].done;
+            if (own_global(t, &t->ad[a]) % t->ad[a].cfg.log_every == 0)
+                t->ad[a].log_due = !t->ad[a].done;
         for (int p = 0; p < np && st == TDM_OK; p++) {
             int a = part[p];
             adapter_state *s = &t->ad[a];
@@ -1797,11 +1929,12 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             /* an adapter that has not stepped since its latest validation (another adapter
              * trained, or its batch spans global steps) would only measure the same loss */
             if (s->done || s->step == s->eval_step) continue;
-            if (t->o.eval_every > 0 && g % t->o.eval_every == 0) st = eval_point(t, a, err);
+            if (s->cfg.eval_every > 0 && g % s->cfg.eval_every == 0) st = eval_point(t, a, err);
         }
         for (int a = 0; a < n && st == TDM_OK; a++) {
             adapter_state *s = &t->ad[a];
-            if (s->done || !(save_every > 0 && own_global(t, s) % save_every == 0)) continue;
+            int64_t every = save_interval(t, s);
+            if (s->done || !(every > 0 && own_global(t, s) % every == 0)) continue;
             st = save_adapter(t, a, err);
         }
         if (st != TDM_OK) break;

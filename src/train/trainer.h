@@ -4,10 +4,12 @@
  * lora) and trains N LoRA adapters, each with its own data, hyper-parameters, AdamW state, LR
  * schedule, clipping, step counter, data cursor and RNG. Per global step the schedule picks the
  * adapters that train:
- *   synchronized       every active adapter, fused into up to grad_accum passes (one model step
- *                      each), each adapter with a share of weight / max weight (among the active
+ *   synchronized       every active adapter, fused into up to G passes (one model step
+ *                      each; G: the largest grad_accum among the adapters at the largest
+ *                      weight), each adapter with a share of weight / max weight (among the active
  *                      adapters) of its optimizer batch per global step: the max-weight adapters
- *                      put one micro-batch in each pass and step every global step; a lighter
+ *                      put one micro-batch in each pass (in the first grad_accum of them: their
+ *                      own) and step every global step; a lighter
  *                      adapter draws its whole batch at once, puts a credit-based piece of it in
  *                      each pass (credit += share * batch_size per pass, the whole part taken),
  *                      accumulates the gradient over global steps and steps when the batch is
@@ -60,7 +62,7 @@ typedef struct tdm_trainer_adapter {
     uint32_t targets; /* tdm_adapter_target bits */
     /* LoRA dropout p in [0, 1) on every targeted module's input, training steps only (PEFT's
      * lora_dropout; 0: none). The mask of the piece of optimizer step k that follows the
-     * batch's first d sequences is drawn from tdm_lora_dropout_seed(opts.seed, k, d): a pure
+     * batch's first d sequences is drawn from tdm_lora_dropout_seed(seed, k, d): a pure
      * function, so fused = alone and --resume repeat it without any stored state (and two
      * adapters at the same step and position draw the same masks, over their own data).
      * Recorded in adapter_config.json. */
@@ -70,7 +72,31 @@ typedef struct tdm_trainer_adapter {
     int batch_size;
     int max_seq_len;
     double weight; /* > 0, synchronized schedule's share of each pass (relative to the largest) */
+    /* Training options an adapter holds for itself (a finetune command gives all its adapters
+     * the same; a joined adapter keeps its own command's, so it trains exactly as it would
+     * alone). Defaults: tdm_trainer_adapter_default. */
+    const char *task;         /* "instruct" */
+    bool chat_template_given; /* false: detected from the base model's tokenizer */
+    tdm_chat_template chat_template;
+    bool train_on_prompt;
+    bool skip_bad_lines;
+    uint64_t seed;    /* LoRA init, data order, train/validation split, dropout masks */
+    bool shuffle;     /* false: file order every epoch */
+    double val_split; /* [0, 1) */
+    int grad_accum;   /* micro-batches per optimizer step, 1..64 */
+    double weight_decay;
+    double max_grad_norm; /* 0 = no clipping */
+    tdm_lr_kind lr_kind;
+    int64_t warmup_steps;
+    /* counted in the adapter's own global steps (from the boundary where it joined) */
+    int64_t eval_every; /* 0 = only when it finishes */
+    int64_t save_every; /* 0 = only when it finishes (capped by opts.max_checkpoint_interval) */
+    int64_t log_every;  /* >= 1 */
 } tdm_trainer_adapter;
+
+/* The defaults of `tandem finetune` for the training options above (docs/finetune.md); the
+ * other fields are left as they are. */
+void tdm_trainer_adapter_default(tdm_trainer_adapter *a);
 
 /* What the trainer reports to its caller (the CLI draws progress from it). */
 typedef enum tdm_trainer_event {
@@ -106,7 +132,7 @@ typedef void (*tdm_trainer_progress_fn)(const tdm_trainer_progress *p, void *use
  * the synchronized schedule's shares with it). */
 typedef struct tdm_trainer_pass {
     int64_t global_step; /* the global step the pass belongs to, from 1 */
-    int pass;            /* index within the global step, from 0 (at most grad_accum passes) */
+    int pass;            /* index within the global step, from 0 (at most G passes, above) */
     int n_adapters;
     const int *seqs;     /* (n_adapters) sequences each adapter put in the pass */
     const int64_t *rows; /* (n_adapters) rows (tokens) each adapter put in the pass */
@@ -117,27 +143,13 @@ typedef void (*tdm_trainer_pass_fn)(const tdm_trainer_pass *p, void *user);
 struct tdm_trainer;
 
 typedef struct tdm_trainer_opts {
+    /* run-wide: what one fused trainer cannot hold per adapter (the per-adapter training
+     * options are in tdm_trainer_adapter) */
     const char *model_dir;
-    const char *task;  /* "instruct" */
     bool nf4;          /* --method qlora */
     bool double_quant; /* with nf4 */
     bool grad_checkpoint;
-    double weight_decay;
-    double max_grad_norm; /* 0 = no clipping */
-    tdm_lr_kind lr_kind;
-    int64_t warmup_steps;
-    int grad_accum;
-    uint64_t seed;
-    bool shuffle;
-    double val_split;
-    int64_t eval_every; /* global steps; 0 = only when an adapter finishes */
-    int64_t save_every; /* global steps; 0 = only when an adapter finishes */
-    int64_t log_every;  /* global steps, >= 1 */
     tdm_train_schedule schedule;
-    bool chat_template_given; /* false: detected from the tokenizer */
-    tdm_chat_template chat_template;
-    bool train_on_prompt;
-    bool skip_bad_lines;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
     tdm_trainer_progress_fn progress;
@@ -180,6 +192,27 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
  * and the backend's scratch. The CUDA context is not included. */
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err);
 
+/* The memory plan (train/memory_plan.h) that fits budget_mb (MiB, context_mb included), for this
+ * trainer's adapters measured on their data, its options (--grad-checkpoint as the user gave it)
+ * and its --grad-accum: tdm_memory_plan_fit. Call it before tdm_trainer_set_memory_plan. */
+struct tdm_memory_fit;
+tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
+                                  struct tdm_memory_fit *out, tdm_error *err);
+
+/* Applies a memory plan: gradient checkpointing (before tdm_trainer_attach only: it is the
+ * model's) and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
+ * of its optimizer batch, in up to grad_accum x k passes per global step (training and
+ * validation). The optimizer batches, the data order, the steps, the schedule, the checkpoints
+ * and records are those of k = 1; the gradient of a batch is the same sum over its tokens, so
+ * the result equals k = 1 to float rounding (with LoRA dropout the masks of the pieces differ:
+ * each piece draws from its position in the batch). tdm_trainer_memory_estimate and the
+ * workspace attach reserves follow the plan. TDM_ERR_INVALID for k out of range or a change of
+ * checkpointing after attach. */
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
+                                       tdm_error *err);
+/* The split in use (1 unless tdm_trainer_set_memory_plan chose another). */
+int tdm_trainer_split(const tdm_trainer *t);
+
 /* Loads the frozen base onto be (which must outlive the trainer) and allocates every adapter's
  * device state. The first call that allocates device memory. */
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err);
@@ -214,7 +247,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err);
  * order, epochs, schedule position from 0, optimizer, dropout masks, checkpoints, records and
  * PEFT output; its log/eval/save points and the global step its checkpoints record count from
  * the boundary where it joined, so --resume of it alone continues it. Their indices are
- * *first.. *first + n_adapters - 1; run-wide options (opts) are the trainer's. The activation
+ * *first.. *first + n_adapters - 1; they keep their own training options (seed, grad_accum, LR
+ * schedule, ...: tdm_trainer_adapter), run-wide ones (opts) are the trainer's. The activation
  * workspace grows to the larger fused step (tdm_model_reserve): TDM_ERR_NOMEM when that does
  * not fit (the new adapters are then detached, untrained). */
 tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,

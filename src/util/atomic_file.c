@@ -65,6 +65,19 @@ static int create_temp(const char *tmp, mode_t mode)
     return open(tmp, flags, mode);
 }
 
+tdm_status tdm_create_temp_exclusive(const char *tmp, mode_t mode, int *fd, tdm_error *err)
+{
+    *fd = create_temp(tmp, mode);
+    if (*fd >= 0)
+        return TDM_OK;
+    if (errno == EEXIST)
+        return tdm_fail(err, TDM_ERR_IO,
+                        "cannot create %s: a file that is not a stale temp file of ours is there "
+                        "(another user's, a link, or not a regular file); remove it",
+                        tmp);
+    return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot create %s", tmp);
+}
+
 tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode_t mode,
                             tdm_error *err)
 {
@@ -76,15 +89,10 @@ tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode
     const char *base = basename(base_buf);
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", dir, base, (long)getpid());
 
-    int fd = tdm_fault("atomic_write.open") ? (errno = EIO, -1) : create_temp(tmp, mode);
-    if (fd < 0) {
-        if (errno == EEXIST)
-            return tdm_fail(err, TDM_ERR_IO,
-                            "cannot create %s: a file that is not a stale temp file of ours is "
-                            "there (another user's, a link, or not a regular file); remove it",
-                            tmp);
-        return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot create %s", tmp);
-    }
+    int fd = -1;
+    if (tdm_fault("atomic_write.open"))
+        return tdm_fail_errno(err, TDM_ERR_IO, EIO, "cannot create %s", tmp);
+    TDM_TRY(tdm_create_temp_exclusive(tmp, mode, &fd, err));
     tdm_status st = write_all(fd, tmp, data, len, err);
     if (st == TDM_OK && fchmod(fd, mode) != 0) /* umask may have narrowed or widened it */
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot chmod %s", tmp);

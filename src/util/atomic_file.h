@@ -23,6 +23,13 @@
 tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode_t mode,
                             tdm_error *err);
 
+/* Creates the temp file tmp for writing (O_CREAT|O_EXCL|O_NOFOLLOW, mode before the umask), the way
+ * tdm_atomic_write does: a file already at tmp is removed first only when it is a leftover of ours
+ * (a regular file we own with one link); anything else (a planted hard or symbolic link, another
+ * user's file) stays and the call fails (TDM_ERR_IO naming tmp). For writers that stream their
+ * temp file instead of writing one buffer (safetensors). */
+tdm_status tdm_create_temp_exclusive(const char *tmp, mode_t mode, int *fd, tdm_error *err);
+
 /* Reads a whole file into a NUL-terminated malloc'd buffer (len excludes the NUL). Only a regular
  * file is read: a FIFO, device or directory is refused at once (util/regular_file.h). */
 tdm_status tdm_read_file(const char *path, char **out, size_t *len, tdm_error *err);

@@ -11,35 +11,11 @@
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 M="$WORK/tiny"
 "$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
-"$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 32
+"$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 16 # reverse 16, add 24 lines
 cd "$WORK" || exit 1
 printf '%s\n' '{"instruction": "add 1 2", "response": "3"}' '{"instruction": ' >data/bad.jsonl
-COMMON=(--batch-size 2 --epochs 3 --val-split 0 --log-every 1 --save-every 4
+COMMON=(--batch-size 2 --epochs 2 --val-split 0 --log-every 1 --save-every 4
         --lr-schedule constant --max-seq-len 64 --seed 7 --device cpu)
-
-# close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==
-# alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor
-close_adapters() {
-    python3 - "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); out = {}
-    for k, v in h.items():
-        if k == "__metadata__": continue
-        assert v["dtype"] == "F32", v["dtype"]
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert a.keys() == b.keys(), "different tensors"
-md = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
-mx = max(abs(y) for k in b for y in b[k])
-print("max rel diff %.3g" % (md / (1e-3 + mx)))
-sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
-PY
-}
 
 # references: each alone, in a process of its own
 expect_exit 0 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/reverse "${COMMON[@]}" --no-join
@@ -74,7 +50,7 @@ cmp -s ref/reverse/adapter_model.safetensors bad/reverse/adapter_model.safetenso
     close_adapters ref/reverse bad/reverse || fail "the host was disturbed by a refused join"
 
 # Ctrl-C on a joiner: checkpoint, exit 130 with the resume command; --resume finishes it
-"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 6 \
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 4 \
     >host3.out 2>host3.err &
 host=$!
 sleep 0.5
@@ -96,10 +72,11 @@ grep -q "handed back" host3.err || fail "the host did not say it handed the adap
 # --join require without a host; --no-join runs never join
 expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:req/add "${COMMON[@]}" --join require
 grep -q "no finetune of this base model" "$WORK/last.err" || fail "--join require: no reason"
-"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:sep/reverse "${COMMON[@]}" --no-join >sep1.out 2>sep1.err &
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:sep/reverse "${COMMON[@]}" --epochs 1 --no-join \
+    >sep1.out 2>sep1.err &
 p1=$!
 sleep 0.5
-expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:sep/add "${COMMON[@]}" --no-join
+expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:sep/add "${COMMON[@]}" --epochs 1 --no-join
 wait $p1 || fail "--no-join run exited $?"
 grep -q "joined" "$WORK/last.err" sep1.err && fail "--no-join runs joined"
 finish

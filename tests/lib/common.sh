@@ -72,3 +72,27 @@ same_run() {
 ledger_count() {
     "$TANDEM" gpu status --json | jq '[.gpus[] | (.reservations | length) + (.queue | length)] | add // 0'
 }
+
+# close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==
+# alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor (co-training tests)
+close_adapters() {
+    python3 - "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        assert v["dtype"] == "F32", v["dtype"]
+        s, e = v["data_offsets"]
+        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys(), "different tensors"
+md = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+mx = max(abs(y) for k in b for y in b[k])
+print("max rel diff %.3g" % (md / (1e-3 + mx)))
+sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
+PY
+}

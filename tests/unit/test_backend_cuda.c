@@ -479,6 +479,51 @@ static void test_attention(void **state)
 }
 
 /* 17 x 300: the scalar kernels (5100 elements, not a multiple of 8); 16 x 304: the 8-wide ones */
+/* Generation's decode attention over a KV cache: sequences with cached prefixes of different
+ * lengths (0 included) in non-consecutive slots, one and several new rows; the output and the
+ * cache after the append. */
+static void attention_kv_case(int64_t H, int64_t KVH, int64_t D)
+{
+    const tdm_be_kv_seq seqs[3] = {{0, 1, 2, 40}, {1, 3, 0, 10}, {4, 1, 1, 0}};
+    int64_t m = 5, n_slots = 3, cap = 80, nq = m * H * D, nk = m * KVH * D;
+    int64_t nc = n_slots * cap * KVH * D;
+    float scale = 1.0f / sqrtf((float)D);
+    float *Q = rndb(nq, 1), *K = rndb(nk, 1), *V = rndb(nk, 1), *KC = rndb(nc, 1),
+          *VC = rndb(nc, 1);
+    tdm_backend *bes[2] = {gpu, cpu};
+    void *o[2], *kc[2], *vc[2], *in[2][3];
+    for (int i = 0; i < 2; i++) {
+        tdm_backend *be = bes[i];
+        in[i][0] = put_act(be, Q, nq), in[i][1] = put_act(be, K, nk), in[i][2] = put_act(be, V, nk);
+        kc[i] = put_act(be, KC, nc), vc[i] = put_act(be, VC, nc);
+        o[i] = put_act(be, NULL, nq);
+        if (be == gpu) poison(be, o[i], TDM_BE_BF16, nq);
+        OK(tdm_be_attention_kv(be, seqs, 3, m, in[i][0], in[i][1], in[i][2], kc[i], vc[i], n_slots,
+                               cap, H, KVH, D, scale, o[i], err));
+    }
+    char name[128];
+    snprintf(name, sizeof name, "attention_kv out (H %lld KVH %lld D %lld)", (long long)H,
+             (long long)KVH, (long long)D);
+    cmp_act(name, o[0], o[1], nq, BF_TOL);
+    snprintf(name, sizeof name, "attention_kv cache k, v (H %lld KVH %lld D %lld)", (long long)H,
+             (long long)KVH, (long long)D);
+    cmp_act(name, kc[0], kc[1], nc, 0);
+    cmp_act(name, vc[0], vc[1], nc, 0);
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 3; j++)
+            tdm_be_free(bes[i], in[i][j]);
+        tdm_be_free(bes[i], o[i]), tdm_be_free(bes[i], kc[i]), tdm_be_free(bes[i], vc[i]);
+    }
+    free(Q), free(K), free(V), free(KC), free(VC);
+}
+
+static void test_attention_kv(void **state)
+{
+    attention_kv_case(14, 2, 64);
+    attention_kv_case(4, 4, 128);
+    attention_kv_case(6, 2, 80); /* head_dim not a multiple of 32 */
+}
+
 static void swiglu_case(int64_t m, int64_t n)
 {
     int64_t t = m * n;
@@ -1058,6 +1103,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_attention_kv),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm),

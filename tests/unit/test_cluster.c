@@ -208,6 +208,37 @@ static void test_place_one_process_per_node_and_exclusions(void **state)
     tdm_place_plan_free(&p);
 }
 
+/* With the smallest plans --vram auto may shrink to (gpu_min_mb), a GPU too small for the plan
+ * as asked still takes the process, reserving the smallest plan; without them it is excluded. */
+static void test_place_smaller_plan(void **state)
+{
+    static const int64_t MIN_MB[] = {0, 700, 800, 900, 1000};
+    const tdm_place_budget bm = {.gpu_mb = GPU_MB, .cpu_mb = CPU_MB, .gpu_min_mb = MIN_MB};
+    tdm_place_gpu small = {"GPU-s", "RTX 4090", 1.0, 850};
+    tdm_place_node node = {.name = "small", .reachable = true, .gpus = &small, .n_gpus = 1,
+                           .max_adapters = 8};
+    tdm_place_plan p;
+    tdm_error err = {0};
+    assert_int_equal(tdm_place(&node, 1, 1, &B, 1000, &p, &err), TDM_ERR_NEVER_FITS);
+    tdm_place_plan_free(&p);
+    /* 850 MiB: one adapter at its smallest plan (700), two (800) too; three (900) do not */
+    assert_int_equal(tdm_place(&node, 1, 3, &bm, 1000, &p, &err), TDM_ERR_NEVER_FITS);
+    assert_int_equal(p.node_of[0], 0);
+    assert_int_equal(p.evals[0].need_mb, 700);
+    assert_int_equal(p.node_of[1], 0);
+    assert_int_equal(p.evals[1].need_mb, 100);
+    assert_int_equal(p.node_of[2], -1);
+    assert_string_equal(p.evals[2].why, "its process's GPU has 50 MiB free, needs 200 MiB (a "
+                                        "process of 3 adapter(s) at its smallest plan: 900 MiB)");
+    tdm_place_plan_free(&p);
+    /* a GPU with room for the plan as asked reserves it */
+    small.free_mb = 5000;
+    assert_int_equal(tdm_place(&node, 1, 2, &bm, 1000, &p, &err), TDM_OK);
+    assert_int_equal(p.evals[0].need_mb, 1000);
+    assert_int_equal(p.evals[1].need_mb, 200);
+    tdm_place_plan_free(&p);
+}
+
 static void test_val_loss(void **state)
 {
     double v = 0;
@@ -259,6 +290,7 @@ int main(void)
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_place_score_formula),
         cmocka_unit_test(test_place_one_process_per_node_and_exclusions),
+        cmocka_unit_test(test_place_smaller_plan),
         cmocka_unit_test(test_val_loss),
         cmocka_unit_test(test_leaderboard),
     };

@@ -375,8 +375,6 @@ static void test_trainer_bridge(void **state)
 
     tdm_trainer_opts o;
     tdm_trainer_opts_default(&o);
-    o.seed = 7;
-    o.grad_accum = 3;
     tdm_trainer_adapter ads[2] = {
         {.data = "data/a.jsonl",
          .output = "out/a",
@@ -403,7 +401,19 @@ static void test_trainer_bridge(void **state)
          .max_seq_len = 64,
          .weight = 1},
     };
+    for (int i = 0; i < 2; i++) {
+        tdm_trainer_adapter_default(&ads[i]);
+        ads[i].seed = 7;
+        ads[i].grad_accum = 3;
+        ads[i].lr_kind = TDM_LR_LINEAR;
+    }
     tdm_cotrain_msg j;
+    /* one set of training options per join: adapters that differ are refused, naming it */
+    ads[1].seed = 8;
+    assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err),
+                     TDM_ERR_INVALID);
+    assert_non_null(strstr(err.message, "differ in seed"));
+    ads[1].seed = 7;
     assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err), TDM_OK);
     /* Through the wire and back. */
     char *line;
@@ -435,16 +445,32 @@ static void test_trainer_bridge(void **state)
         assert_int_equal(back[i].batch_size, ads[i].batch_size);
         assert_int_equal(back[i].max_seq_len, ads[i].max_seq_len);
         assert_true(back[i].weight == ads[i].weight);
+        /* the training options arrive with every adapter */
+        assert_true(back[i].seed == 7 && back[i].grad_accum == 3);
+        assert_int_equal(back[i].lr_kind, TDM_LR_LINEAR);
+        assert_true(back[i].val_split == ads[i].val_split && back[i].shuffle == ads[i].shuffle);
+        assert_true(back[i].log_every == ads[i].log_every &&
+                    back[i].save_every == ads[i].save_every);
+        assert_string_equal(back[i].task, "instruct");
     }
     tdm_cotrain_run_opts mine;
-    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &mine, &err), TDM_OK);
+    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &ads[0], &mine, &err), TDM_OK);
     char diff[256];
     assert_int_equal(tdm_cotrain_run_opts_diff(&mine, &p.u.join.opts, diff, sizeof diff), 0);
-    o.seed = 8;
     tdm_cotrain_run_opts_free(&mine);
-    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &mine, &err), TDM_OK);
+    /* a host with another seed still admits the join (each adapter keeps its own); another
+     * schedule is the one run-wide difference */
+    tdm_trainer_adapter host_ad = ads[0];
+    host_ad.seed = 8;
+    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &host_ad, &mine, &err), TDM_OK);
     assert_int_equal(tdm_cotrain_run_opts_diff(&mine, &p.u.join.opts, diff, sizeof diff), 1);
     assert_string_equal(diff, "seed");
+    assert_int_equal(tdm_cotrain_run_wide_diff(&mine, &p.u.join.opts, diff, sizeof diff), 0);
+    tdm_cotrain_run_opts_free(&mine);
+    o.schedule = TDM_SCHEDULE_ROUND_ROBIN;
+    assert_int_equal(tdm_cotrain_run_opts_from_trainer(&o, &host_ad, &mine, &err), TDM_OK);
+    assert_int_equal(tdm_cotrain_run_wide_diff(&mine, &p.u.join.opts, diff, sizeof diff), 1);
+    assert_string_equal(diff, "schedule");
     tdm_cotrain_run_opts_free(&mine);
 
     /* Progress both ways. */

@@ -2,7 +2,10 @@
  * (train/memory_plan.h, run/placement_budget.h): for the same flags and adapters.toml, the MiB
  * submit places a process of k adapters with equals what that finetune process reserves
  * (tdm_trainer_memory_estimate + the CUDA context, device_open's --vram auto) when every sample
- * reaches max_seq_len; and --grad-checkpoint, which shrinks the activations, shrinks both. */
+ * reaches max_seq_len; and --grad-checkpoint, which shrinks the activations, shrinks both.
+ * The plan that fits a budget (tdm_memory_plan_fit), on the real shapes of Qwen2.5-7B and a
+ * 24 GiB card: the order as asked -> gradient checkpointing -> micro-batches, the smallest plan
+ * when nothing fits, and the trainer's fit equal to what its estimate then reserves. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +18,7 @@
 #include <cmocka.h>
 
 #include "model/init_model.h"
+#include "model/presets.h"
 #include "run/device_open.h"
 #include "run/placement_budget.h"
 #include "train/memory_plan.h"
@@ -60,7 +64,7 @@ static void parse_flags(tdm_run_opts *ro, const char *const *flags)
 {
     tdm_run_opts_default(ro, TDM_CMD_FINETUNE);
     ro->trainer.model_dir = model;
-    ro->trainer.val_split = 0;
+    ro->adapter.val_split = 0;
     tdm_error err = {0};
     for (int i = 0; flags[i]; i += 2) {
         const tdm_run_option *row = tdm_run_option_find(flags[i], TDM_CMD_FINETUNE);
@@ -119,6 +123,9 @@ static void check_equal(const char *const *flags, int64_t *one_adapter_mb)
             fail_msg("%s ...: %d adapter(s): submit places with %lld MiB, finetune reserves %lld",
                      flags[0], k, (long long)b.gpu_mb[k], (long long)reserved);
         assert_true(k == 1 || b.gpu_mb[k] > b.gpu_mb[k - 1]);
+        /* the smallest plan a GPU too small for this one may still take */
+        assert_true(b.gpu_min_mb[k] <= b.gpu_mb[k]);
+        assert_true(k == 1 || b.gpu_min_mb[k] > b.gpu_min_mb[k - 1]);
         assert_true(b.cpu_mb[k] > TDM_CPU_PROCESS_MIB);
     }
     if (one_adapter_mb) *one_adapter_mb = b.gpu_mb[1];
@@ -154,12 +161,203 @@ static void test_explicit_vram(void **state)
     assert_int_equal(b.gpu_mb[0], 0);
     assert_int_equal(b.gpu_mb[1], 3072);
     assert_int_equal(b.gpu_mb[2], 3072);
+    assert_int_equal(b.gpu_min_mb[1], 3072); /* --vram GB: no smaller plan */
     tdm_run_budget_free(&b);
+}
+
+/* ---- the plan that fits ------------------------------------------------------------------ */
+
+/* 7B QLoRA adapters with finetune's defaults and flags, every sample max_seq_len long. */
+static tdm_memory_fit fit_7b(const char *const *flags, int n, int64_t budget_mb,
+                             tdm_plan_adapter *ads, tdm_memory_fit_request *req)
+{
+    static tdm_model_config cfg;
+    tdm_error err = {0};
+    if (tdm_preset_config("qwen2.5-7b", &cfg, &err) != TDM_OK) fail_msg("%s", err.message);
+    tdm_run_opts ro;
+    parse_flags(&ro, flags);
+    for (int a = 0; a < n; a++)
+        ads[a] = (tdm_plan_adapter){.rank = ro.adapter.rank,
+                                    .targets = ro.adapter.targets,
+                                    .batch_size = ro.adapter.batch_size,
+                                    .max_seq_len = ro.adapter.max_seq_len,
+                                    .weight = 1};
+    *req =
+        (tdm_memory_fit_request){.config = &cfg,
+                                 .opts = {.nf4 = ro.trainer.nf4,
+                                          .double_quant = ro.trainer.double_quant,
+                                          .grad_checkpoint = ro.trainer.grad_checkpoint},
+                                 .act = TDM_BE_BF16,
+                                 .adapters = ads,
+                                 .n_adapters = n,
+                                 .synchronized = ro.trainer.schedule == TDM_SCHEDULE_SYNCHRONIZED,
+                                 .grad_accum = ro.adapter.grad_accum,
+                                 .context_mb = TDM_CUDA_CONTEXT_MIB,
+                                 .budget_mb = budget_mb};
+    tdm_memory_fit f;
+    if (tdm_memory_plan_fit(req, &f, &err) != TDM_OK) fail_msg("fit: %s", err.message);
+    return f;
+}
+
+#define CARD_24G_MIB 24576
+
+/* The issue's aim: three 7B QLoRA jobs, B4, max-seq-len 512, on a 24 GiB card. One alone fits
+ * as asked; the three fused do not, and gradient checkpointing makes them fit; at max-seq-len
+ * 2048 one alone needs more than the card and fits by the same rungs. */
+static void test_fit_7b_on_24g(void **state)
+{
+    (void)state;
+    static const char *const b4[] = {"max-seq-len", "512", "batch-size", "4", NULL};
+    static const char *const s2048[] = {"max-seq-len", "2048", "batch-size", "4", NULL};
+    tdm_plan_adapter ads[3];
+    tdm_memory_fit_request req;
+    tdm_memory_fit one = fit_7b(b4, 1, CARD_24G_MIB, ads, &req);
+    tdm_memory_fit three = fit_7b(b4, 3, CARD_24G_MIB, ads, &req);
+    char what[256];
+    tdm_memory_plan_describe(&three.chosen, what, sizeof what);
+    print_message("7B B4x512: one adapter %lld MiB as asked; three %lld MiB as asked, %s: %lld "
+                  "MiB; smallest %lld MiB\n",
+                  (long long)one.asked.mb, (long long)three.asked.mb, what,
+                  (long long)three.chosen.mb, (long long)three.smallest.mb);
+    assert_true(one.fits);
+    assert_int_equal(one.chosen.rung, TDM_PLAN_AS_ASKED);
+    assert_false(one.chosen.grad_checkpoint);
+    assert_int_equal(one.chosen.split, 1);
+    assert_true(three.asked.mb > CARD_24G_MIB);
+    assert_true(three.fits);
+    assert_int_equal(three.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    assert_true(three.chosen.mb <= CARD_24G_MIB);
+    /* the weights are counted once: three adapters cost far less than three processes */
+    assert_true(three.chosen.mb < 2 * one.asked.mb);
+    tdm_memory_fit longer = fit_7b(s2048, 1, CARD_24G_MIB, ads, &req);
+    tdm_memory_plan_describe(&longer.chosen, what, sizeof what);
+    print_message("7B B4x2048: %lld MiB as asked, %s: %lld MiB\n", (long long)longer.asked.mb, what,
+                  (long long)longer.chosen.mb);
+    assert_true(longer.asked.mb > CARD_24G_MIB);
+    assert_true(longer.fits);
+    assert_true(longer.chosen.rung != TDM_PLAN_AS_ASKED);
+    assert_true(longer.chosen.mb <= CARD_24G_MIB);
+}
+
+/* The order, each rung chosen exactly when the ones before do not fit: budgets just below each
+ * rung's MiB walk down as asked -> checkpointing -> micro-batch 2 x 2 -> micro-batch 1 x 4 ->
+ * nothing (the smallest reported). With --grad-checkpoint the checkpointing rung is the plan as
+ * asked and the next is micro-batching. */
+static void test_fit_order(void **state)
+{
+    (void)state;
+    static const char *const b4[] = {"max-seq-len", "512", "batch-size", "4", NULL};
+    tdm_plan_adapter ads[3];
+    tdm_memory_fit_request req;
+    tdm_memory_fit f = fit_7b(b4, 3, INT64_MAX / 2, ads, &req);
+    assert_true(f.fits);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_AS_ASKED);
+    int64_t asked = f.chosen.mb;
+    assert_int_equal(f.smallest.split, 4);
+    assert_int_equal(f.smallest.micro_batch, 1);
+    assert_true(f.smallest.grad_checkpoint);
+    f = fit_7b(b4, 3, asked - 1, ads, &req);
+    assert_true(f.fits);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    assert_true(f.chosen.grad_checkpoint);
+    assert_int_equal(f.chosen.split, 1);
+    assert_int_equal(f.chosen.grad_accum, 1);
+    int64_t gc = f.chosen.mb;
+    assert_true(gc < asked);
+    f = fit_7b(b4, 3, gc - 1, ads, &req);
+    assert_true(f.fits);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
+    assert_true(f.chosen.grad_checkpoint);
+    assert_int_equal(f.chosen.split, 2);
+    assert_int_equal(f.chosen.micro_batch, 2);
+    assert_int_equal(f.chosen.grad_accum, 2);
+    char what[256];
+    tdm_memory_plan_describe(&f.chosen, what, sizeof what);
+    assert_string_equal(what, "gradient checkpointing and micro-batch 2 x accumulation 2 "
+                              "(optimizer batch 4 x 1 unchanged)");
+    int64_t k2 = f.chosen.mb;
+    assert_true(k2 < gc);
+    f = fit_7b(b4, 3, k2 - 1, ads, &req);
+    assert_true(f.fits);
+    assert_int_equal(f.chosen.split, 4); /* k = 3 gives micro-batch 2 again: skipped */
+    assert_int_equal(f.chosen.micro_batch, 1);
+    assert_int_equal(f.chosen.grad_accum, 4);
+    int64_t k4 = f.chosen.mb;
+    assert_true(k4 < k2);
+    assert_int_equal(k4, f.smallest.mb);
+    f = fit_7b(b4, 3, k4 - 1, ads, &req);
+    assert_false(f.fits);
+    assert_int_equal(f.smallest.mb, k4);
+    assert_int_equal(f.chosen.mb, k4); /* the smallest, for a run that waits for it */
+    print_message("7B, three adapters B4x512: as asked %lld, checkpointing %lld, micro-batch 2 "
+                  "%lld, micro-batch 1 %lld MiB\n",
+                  (long long)asked, (long long)gc, (long long)k2, (long long)k4);
+    /* --grad-checkpoint given: no checkpointing rung, micro-batches next */
+    static const char *const b4gc[] = {"max-seq-len",     "512", "batch-size", "4",
+                                       "grad-checkpoint", NULL};
+    f = fit_7b(b4gc, 3, gc, ads, &req);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_AS_ASKED);
+    assert_int_equal(f.chosen.mb, gc);
+    tdm_memory_plan_describe(&f.chosen, what, sizeof what);
+    assert_string_equal(what, "the plan as asked (--grad-checkpoint)");
+    f = fit_7b(b4gc, 3, gc - 1, ads, &req);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
+    assert_int_equal(f.chosen.mb, k2);
+    /* adapters of different batch sizes share the split */
+    f = fit_7b(b4, 2, 0, ads, &req);
+    ads[1].batch_size = 6;
+    tdm_error err = {0};
+    assert_int_equal(tdm_memory_plan_fit(&req, &f, &err), TDM_OK);
+    assert_false(f.fits);
+    assert_int_equal(f.smallest.split, 6); /* micro-batch 1 for both */
+    tdm_memory_plan_describe(&f.smallest, what, sizeof what);
+    assert_string_equal(what, "gradient checkpointing and micro-batches of batch_size / 6 x "
+                              "accumulation 6 (optimizer batches unchanged)");
+}
+
+/* The trainer's fit is made of its data (each adapter's longest samples), and what its estimate
+ * reserves after tdm_trainer_set_memory_plan is the chosen plan's MiB: one estimate. */
+static void test_trainer_fit_is_what_it_reserves(void **state)
+{
+    (void)state;
+    tdm_run_opts ro;
+    static const char *const flags[] = {"max-seq-len", "96", "batch-size", "4", NULL};
+    parse_flags(&ro, flags);
+    tdm_trainer_adapter ad = ro.adapter;
+    ad.data = data;
+    ad.output = outs[0];
+    tdm_trainer *t = NULL;
+    tdm_error err = {0};
+    if (tdm_trainer_create(&t, &ro.trainer, &ad, 1, NULL, &err) != TDM_OK)
+        fail_msg("create: %s", err.message);
+    tdm_memory_fit big, f;
+    assert_int_equal(tdm_trainer_memory_fit(t, INT64_MAX / 2, TDM_CUDA_CONTEXT_MIB, &big, &err),
+                     TDM_OK);
+    tdm_model_mem est;
+    assert_int_equal(tdm_trainer_memory_estimate(t, &est, &err), TDM_OK);
+    assert_int_equal(tdm_device_reservation_mb(&est), big.asked.mb);
+    /* a budget below the plan as asked and the checkpointing one: micro-batches */
+    assert_int_equal(tdm_trainer_memory_fit(t, big.asked.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
+                     TDM_OK);
+    int64_t gc_mb = f.chosen.mb;
+    assert_int_equal(tdm_trainer_memory_fit(t, gc_mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err), TDM_OK);
+    assert_true(f.fits);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
+    assert_int_equal(tdm_trainer_set_memory_plan(t, f.chosen.grad_checkpoint, f.chosen.split, &err),
+                     TDM_OK);
+    assert_int_equal(tdm_trainer_split(t), f.chosen.split);
+    assert_int_equal(tdm_trainer_memory_estimate(t, &est, &err), TDM_OK);
+    assert_int_equal(tdm_device_reservation_mb(&est), f.chosen.mb);
+    assert_true(f.chosen.mb < gc_mb);
+    tdm_trainer_free(t);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fit_7b_on_24g),
+        cmocka_unit_test(test_fit_order),
+        cmocka_unit_test(test_trainer_fit_is_what_it_reserves),
         cmocka_unit_test(test_submit_places_with_what_finetune_reserves),
         cmocka_unit_test(test_explicit_vram),
     };

@@ -47,23 +47,27 @@ static void test_defaults(void **state)
     assert_int_equal(o.adapter.batch_size, 4);
     assert_int_equal(o.adapter.max_seq_len, 512);
     assert_true(o.adapter.weight == 1.0);
-    assert_true(o.trainer.nf4 && o.trainer.double_quant && o.trainer.shuffle);
+    assert_true(o.trainer.nf4 && o.trainer.double_quant && o.adapter.shuffle);
     assert_false(o.trainer.resume || o.trainer.grad_checkpoint || o.adapter.use_rslora);
-    assert_true(o.trainer.val_split == 0.05);
-    assert_int_equal(o.trainer.seed, 42);
-    assert_int_equal(o.trainer.save_every, 500);
-    assert_int_equal(o.trainer.log_every, 10);
-    assert_true(o.trainer.max_grad_norm == 1.0);
-    assert_false(o.trainer.chat_template_given);
+    assert_true(o.adapter.val_split == 0.05);
+    assert_int_equal(o.adapter.seed, 42);
+    assert_int_equal(o.adapter.save_every, 500);
+    assert_int_equal(o.adapter.log_every, 10);
+    assert_true(o.adapter.max_grad_norm == 1.0);
+    assert_false(o.adapter.chat_template_given);
+    assert_string_equal(o.adapter.task, "instruct");
     assert_string_equal(o.device.device, "auto");
     assert_true(o.device.vram_gib == 0 && o.device.timeout_sec == 3600);
     assert_false(o.device.gpu_share_given);
     /* the trainer's own defaults agree with the table where both set a field */
-    tdm_trainer_opts t;
-    tdm_trainer_opts_default(&t);
-    assert_true(t.seed == o.trainer.seed && t.val_split == o.trainer.val_split &&
-                t.save_every == o.trainer.save_every && t.log_every == o.trainer.log_every &&
-                t.grad_accum == o.trainer.grad_accum && t.lr_kind == o.trainer.lr_kind);
+    tdm_trainer_adapter t;
+    memset(&t, 0, sizeof t);
+    tdm_trainer_adapter_default(&t);
+    assert_true(t.seed == o.adapter.seed && t.val_split == o.adapter.val_split &&
+                t.save_every == o.adapter.save_every && t.log_every == o.adapter.log_every &&
+                t.grad_accum == o.adapter.grad_accum && t.lr_kind == o.adapter.lr_kind &&
+                t.max_grad_norm == o.adapter.max_grad_norm && t.shuffle == o.adapter.shuffle &&
+                t.eval_every == o.adapter.eval_every && !strcmp(t.task, o.adapter.task));
     tdm_run_opts_default(&o, TDM_CMD_EVAL);
     assert_int_equal(o.eval_batch_size, 8);
     assert_int_equal(o.adapter.max_seq_len, 512);
@@ -87,7 +91,7 @@ static void test_parse(void **state)
     assert_int_equal(npos, 1);
     assert_string_equal(pos[0], "model");
     assert_int_equal(o.adapter.rank, 8);
-    assert_false(o.trainer.shuffle);
+    assert_false(o.adapter.shuffle);
     assert_int_equal(o.adapter.targets, TDM_ADAPTER_TARGET_Q_PROJ | TDM_ADAPTER_TARGET_K_PROJ);
     assert_true(o.device.vram_gib == 2.5);
     assert_int_equal(o.n_adapter_args, 2);

@@ -374,6 +374,42 @@ static void test_writer_checks_and_faults(void **state)
     free(after);
 }
 
+/* A hard link planted at the writer's temp name (to make it truncate and rewrite another file) is
+ * never written through: the open fails naming the temp file and the victim keeps its bytes and
+ * mode. A stale temp file of ours (a regular file we own, one link) is replaced. */
+static void test_writer_refuses_planted_temp(void **state)
+{
+    char path[512], tmp[600], victim[512];
+    snprintf(path, sizeof path, "%s/planted.safetensors", tmpdir);
+    snprintf(tmp, sizeof tmp, "%s/.planted.safetensors.tmp-%ld", tmpdir, (long)getpid());
+    snprintf(victim, sizeof victim, "%s/victim.txt", tmpdir);
+    tdm_error err = {0};
+    assert_int_equal(tdm_atomic_write(victim, "precious\n", 9, 0600, &err), TDM_OK);
+    assert_int_equal(link(victim, tmp), 0);
+    tdm_st_spec one[] = {{"x", TDM_DTYPE_F32, 1, {4}}};
+    float v[4] = {1, 2, 3, 4};
+    const void *data[] = {v};
+    assert_int_equal(tdm_st_save(path, one, data, 1, NULL, 0, &err), TDM_ERR_IO);
+    assert_non_null(strstr(err.message, tmp));
+    char *content;
+    size_t len;
+    assert_int_equal(tdm_read_file(victim, &content, &len, &err), TDM_OK);
+    assert_int_equal(len, 9);
+    assert_memory_equal(content, "precious\n", 9);
+    free(content);
+    struct stat st;
+    assert_int_equal(stat(victim, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(unlink(tmp), 0);
+
+    /* A leftover of ours at the name is no obstacle. */
+    assert_int_equal(tdm_atomic_write(tmp, "stale", 5, 0644, &err), TDM_OK);
+    assert_int_equal(tdm_st_save(path, one, data, 1, NULL, 0, &err), TDM_OK);
+    assert_int_not_equal(access(tmp, F_OK), 0);
+    unlink(path);
+    unlink(victim);
+}
+
 /* Streaming: bytes given in odd-sized pieces straddling tensors give the same file as one call. */
 static void test_streaming_pieces(void **state)
 {
@@ -602,6 +638,7 @@ int main(void)
         cmocka_unit_test(test_truncations_and_corruptions),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_writer_checks_and_faults),
+        cmocka_unit_test(test_writer_refuses_planted_temp),
         cmocka_unit_test(test_streaming_pieces),
         cmocka_unit_test(test_sharded),
         cmocka_unit_test(test_golden_python_file),

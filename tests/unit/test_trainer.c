@@ -109,6 +109,7 @@ static tdm_trainer_adapter spec(int k, const char *out_name)
                              .batch_size = 3,
                              .max_seq_len = 64,
                              .weight = 1};
+    tdm_trainer_adapter_default(&a);
     return a;
 }
 
@@ -129,18 +130,23 @@ static tdm_status run(const tdm_trainer_adapter *ads, int n, const run_cfg *r, t
     snprintf(model, sizeof model, "%s/tiny", dir);
     o.model_dir = model;
     o.schedule = r->sched;
-    o.val_split = 0;
-    o.save_every = r->save_every;
-    o.log_every = r->log_every > 0 ? r->log_every : 1000;
-    o.grad_accum = r->grad_accum;
-    o.lr_kind = TDM_LR_COSINE;
-    o.warmup_steps = 1;
-    o.seed = 3;
     o.resume = r->resume;
     o.on_pass = r->on_pass;
     o.on_pass_user = r->on_pass_user;
+    tdm_trainer_adapter with[8];
+    assert_true(n <= 8);
+    for (int a = 0; a < n; a++) { /* the training options of this run, for every adapter */
+        with[a] = ads[a];
+        with[a].val_split = 0;
+        with[a].save_every = r->save_every;
+        with[a].log_every = r->log_every > 0 ? r->log_every : 1000;
+        with[a].grad_accum = r->grad_accum;
+        with[a].lr_kind = TDM_LR_COSINE;
+        with[a].warmup_steps = 1;
+        with[a].seed = 3;
+    }
     tdm_trainer *t = NULL;
-    tdm_status st = tdm_trainer_create(&t, &o, ads, n, NULL, err);
+    tdm_status st = tdm_trainer_create(&t, &o, with, n, NULL, err);
     if (st != TDM_OK) fail_msg("create: %s", err->message);
     tdm_backend *be = NULL;
     assert_int_equal(tdm_backend_create(&be, "cpu", NULL, err), TDM_OK);

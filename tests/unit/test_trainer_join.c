@@ -101,6 +101,14 @@ static tdm_trainer_adapter spec(int k, const char *out_name)
                              .batch_size = 3,
                              .max_seq_len = 64,
                              .weight = 1};
+    tdm_trainer_adapter_default(&a);
+    a.val_split = 0;
+    a.save_every = 2;
+    a.log_every = 3;
+    a.grad_accum = 2;
+    a.lr_kind = TDM_LR_COSINE;
+    a.warmup_steps = 1;
+    a.seed = 3;
     return a;
 }
 
@@ -116,6 +124,7 @@ typedef struct plan {
     int detach_idx;
     int joined_first;
     int boundaries;
+    tdm_train_schedule schedule;
     /* two_phase: join through prepare / estimate / commit, recording the plan without and with
      * the joiner and after the commit; the detach is followed by tdm_trainer_shrink, recording
      * the backend's memory and the plan before and after */
@@ -188,13 +197,7 @@ static tdm_status run(const tdm_trainer_adapter *ads, int n, plan *p, bool resum
     char model[512];
     snprintf(model, sizeof model, "%s/tiny", dir);
     o.model_dir = model;
-    o.val_split = 0;
-    o.save_every = 2;
-    o.log_every = 3;
-    o.grad_accum = 2;
-    o.lr_kind = TDM_LR_COSINE;
-    o.warmup_steps = 1;
-    o.seed = 3;
+    o.schedule = p ? p->schedule : TDM_SCHEDULE_SYNCHRONIZED;
     o.resume = resume;
     if (p) {
         o.at_step_boundary = at_boundary;
@@ -309,6 +312,68 @@ static void test_join_equals_alone(void **state)
     assert_true(count_lines(joiner.output, "metrics.jsonl") > 0);
 }
 
+/* An adapter whose training options all differ from the host's (seed: its LoRA init, data
+ * order and dropout masks; grad accumulation; LR schedule and warmup; weight decay, clipping;
+ * a validation split; its save, log and eval points) joins at global step 2 and ends equal to
+ * training it alone with those options, with the checkpoints and records of its alone run
+ * (test_join_equals_alone checks the host's adapter). Under synchronized and
+ * priority-val-loss (which evaluates a joined adapter first); integration.cotrain_options runs
+ * round-robin too. */
+static void test_join_own_options(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter own = spec(1, "own_alone");
+    own.seed = 11;
+    own.grad_accum = 3;
+    own.lr_kind = TDM_LR_LINEAR;
+    own.warmup_steps = 2;
+    own.weight_decay = 0.01;
+    own.max_grad_norm = 0.5;
+    own.lora_dropout = 0.1;
+    own.val_split = 0.3;
+    own.eval_every = 1;
+    own.save_every = 1;
+    own.log_every = 1;
+    own.batch_size = 1;
+    assert_int_equal(run(&own, 1, NULL, false, &err), TDM_OK);
+    char ca[512];
+    checkpoints_of(own.output, ca, sizeof ca);
+
+    static const tdm_train_schedule scheds[2] = {TDM_SCHEDULE_SYNCHRONIZED,
+                                                 TDM_SCHEDULE_PRIORITY_VAL_LOSS};
+    static const char *names[2] = {"sync", "prio"};
+    for (int k = 0; k < 2; k++) {
+        char hn[64], jn[64];
+        snprintf(hn, sizeof hn, "own_host_%s", names[k]);
+        snprintf(jn, sizeof jn, "own_joined_%s", names[k]);
+        tdm_trainer_adapter host = spec(0, hn);
+        tdm_trainer_adapter joiner = own;
+        joiner.output = spec(1, jn).output;
+        plan pj = {.join_at = 2,
+                   .join = &joiner,
+                   .n_join = 1,
+                   .join_status = TDM_OK,
+                   .schedule = scheds[k]};
+        assert_int_equal(run(&host, 1, &pj, false, &err), TDM_OK);
+        double dj = rel_diff(joiner.output, own.output);
+        print_message("%s: joined with its own seed, grad-accum 3, linear schedule, warmup 2 vs "
+                      "alone %.3g\n",
+                      names[k], dj);
+        assert_true(dj < 1e-3);
+        if (scheds[k] != TDM_SCHEDULE_SYNCHRONIZED) continue;
+        /* its own save_every 1 and log_every 1, counted from its join (the host saves every 2,
+         * logs every 3); priority-val-loss interleaves the host's steps, so the records are
+         * checked only here */
+        char cj[512];
+        checkpoints_of(joiner.output, cj, sizeof cj);
+        print_message("checkpoints alone %s joined %s\n", ca, cj);
+        assert_string_equal(ca, cj);
+        assert_int_equal(count_lines(joiner.output, "metrics.jsonl"),
+                         count_lines(own.output, "metrics.jsonl"));
+    }
+}
+
 static void test_detach_then_resume(void **state)
 {
     (void)state;
@@ -360,6 +425,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_join_equals_alone),
+        cmocka_unit_test(test_join_own_options),
         cmocka_unit_test(test_detach_then_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

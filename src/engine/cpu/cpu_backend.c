@@ -433,6 +433,7 @@ static const tdm_backend_vtable cpu_vtable = {
     .sumsq = cpu_sumsq,
     .clip_coef = cpu_clip_coef,
     .adamw = cpu_adamw,
+    .attention_kv = cpu_attention_kv,
 };
 
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)

@@ -107,6 +107,34 @@ static double dotf(const float *a, const float *b, int64_t n)
     return s;
 }
 
+/* One query row qi (D) against keys k0[j * kld] and values v0[j * kld], j < n_keys: scores,
+ * max, exp-sum (double), output oi (D) = softmax-weighted values; returns the log-sum-exp. p
+ * (n_keys) and acc (D) are the caller's scratch. attention_fwd and attention_kv both run it, so a
+ * decode step computes a row exactly as the full forward does. */
+static double attend_row(const float *qi, const float *k0, const float *v0, int64_t kld,
+                         int64_t n_keys, int64_t D, float scale, double *p, double *acc, float *oi)
+{
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < n_keys; j++) {
+        p[j] = (double)scale * dotf(qi, k0 + j * kld, D);
+        if (p[j] > mx) mx = p[j];
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n_keys; j++)
+        sum += exp(p[j] - mx);
+    double l = mx + log(sum);
+    memset(acc, 0, (size_t)D * sizeof(double));
+    for (int64_t j = 0; j < n_keys; j++) {
+        double pj = exp(p[j] - l);
+        const float *vj = v0 + j * kld;
+        for (int64_t e = 0; e < D; e++)
+            acc[e] += pj * vj[e];
+    }
+    for (int64_t e = 0; e < D; e++)
+        oi[e] = (float)acc[e];
+    return l;
+}
+
 /* One task per (sequence, query head); each query row of the task is computed in full by the
  * task's thread: scores against keys 0..i of its sequence, max, exp-sum (double), lse, output. */
 tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv, const void *kv,
@@ -141,34 +169,70 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
             if (!p || !acc) continue;
             int64_t sq = t / n_heads, h = t % n_heads, kvh = h / group;
             int64_t base = cu[sq], len = cu[sq + 1] - cu[sq];
-            for (int64_t i = 0; i < len; i++) {
-                const float *qi = q + (base + i) * qld + h * D;
-                double mx = -INFINITY;
-                for (int64_t j = 0; j <= i; j++) {
-                    p[j] = (double)scale * dotf(qi, k + (base + j) * kld + kvh * D, D);
-                    if (p[j] > mx) mx = p[j];
-                }
-                double sum = 0;
-                for (int64_t j = 0; j <= i; j++)
-                    sum += exp(p[j] - mx);
-                double l = mx + log(sum);
-                memset(acc, 0, (size_t)D * sizeof(double));
-                for (int64_t j = 0; j <= i; j++) {
-                    double pj = exp(p[j] - l);
-                    const float *vj = v + (base + j) * kld + kvh * D;
-                    for (int64_t e = 0; e < D; e++)
-                        acc[e] += pj * vj[e];
-                }
-                float *oi = out + (base + i) * qld + h * D;
-                for (int64_t e = 0; e < D; e++)
-                    oi[e] = (float)acc[e];
-                lse[h * s->m + base + i] = (float)l;
-            }
+            for (int64_t i = 0; i < len; i++)
+                lse[h * s->m + base + i] =
+                    (float)attend_row(q + (base + i) * qld + h * D, k + base * kld + kvh * D,
+                                      v + base * kld + kvh * D, kld, i + 1, D, scale, p, acc,
+                                      out + (base + i) * qld + h * D);
         }
         free(p);
         free(acc);
     }
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
+    return TDM_OK;
+}
+
+/* The new keys and values go into their slots first; then one task per (sequence, query head)
+ * computes each new row with attend_row, as cpu_attention_fwd computes the row at that position,
+ * so a decode step gives the bits the full forward gives when the cached keys and values are the
+ * same. */
+tdm_status cpu_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs, int64_t m,
+                            const void *qv, const void *kv, const void *vv, void *kcv, void *vcv,
+                            int64_t n_slots, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                            int64_t head_dim, float scale, void *outv, tdm_error *err)
+{
+    (void)m, (void)n_slots;
+    const float *q = qv, *k = kv, *v = vv;
+    float *kc = kcv, *vc = vcv, *out = outv;
+    int64_t D = head_dim, qld = n_heads * D, kld = n_kv_heads * D, group = n_heads / n_kv_heads;
+    int64_t maxlen = 1, work = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const tdm_be_kv_seq *s = &seqs[i];
+        size_t bytes = (size_t)(s->n_new * kld) * sizeof(float);
+        int64_t dst = s->slot * cap + s->start;
+        if (bytes) {
+            memcpy(kc + dst * kld, k + s->row_begin * kld, bytes);
+            memcpy(vc + dst * kld, v + s->row_begin * kld, bytes);
+        }
+        if (s->start + s->n_new > maxlen) maxlen = s->start + s->n_new;
+        work += s->n_new * (s->start + s->n_new);
+    }
+    int64_t n_tasks = n_seqs * n_heads;
+    int nt = cpu_of(be)->n_threads;
+    bool oom = false;
+#pragma omp parallel num_threads(nt) if (work * n_heads * head_dim > TDM_CPU_PAR_MIN)
+    {
+        double *p = malloc((size_t)maxlen * sizeof(double));
+        double *acc = malloc((size_t)D * sizeof(double));
+        if (!p || !acc) {
+#pragma omp atomic write
+            oom = true;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n_tasks; t++) {
+            if (!p || !acc) continue;
+            const tdm_be_kv_seq *s = &seqs[t / n_heads];
+            int64_t h = t % n_heads, kvh = h / group;
+            const float *ks = kc + s->slot * cap * kld, *vs = vc + s->slot * cap * kld;
+            for (int64_t r = 0; r < s->n_new; r++) /* position start + r: keys 0..start + r */
+                attend_row(q + (s->row_begin + r) * qld + h * D, ks + kvh * D, vs + kvh * D, kld,
+                           s->start + r + 1, D, scale, p, acc,
+                           out + (s->row_begin + r) * qld + h * D);
+        }
+        free(p);
+        free(acc);
+    }
+    if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_kv: out of memory");
     return TDM_OK;
 }
 

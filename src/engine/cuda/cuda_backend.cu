@@ -919,7 +919,7 @@ static const tdm_backend_vtable cuda_vtable = {
     cuda_attention_bwd,  cuda_swiglu_fwd,  cuda_swiglu_bwd,   cuda_cross_entropy,
     cuda_lora_fwd,       cuda_lora_bwd,    cuda_sumsq,        cuda_clip_coef,
     cuda_adamw,          cuda_prof_begin,  cuda_prof_end,     cuda_prof_collect,
-    cuda_prof_reset,     cuda_reserve_scratch,
+    cuda_prof_reset,     cuda_reserve_scratch, cuda_attention_kv,
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)

@@ -154,6 +154,11 @@ tdm_status cuda_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void 
                               const void *v, const void *out, const float *lse, const void *dout,
                               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                               void *dq, void *dk, void *dv, tdm_error *err);
+tdm_status cuda_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs, int64_t m,
+                             const void *q, const void *k, const void *v, void *k_cache,
+                             void *v_cache, int64_t n_slots, int64_t cap, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim, float scale, void *out,
+                             tdm_error *err);
 tdm_status cuda_swiglu_fwd(tdm_backend *be, const void *g, const void *u, int64_t m, int64_t n,
                            void *h, tdm_error *err);
 tdm_status cuda_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const void *dh,

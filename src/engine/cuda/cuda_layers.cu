@@ -259,3 +259,119 @@ tdm_status cuda_swiglu_bwd(tdm_backend *be, const void *g, const void *u, const 
     CU_LAUNCHED("swiglu_bwd_v8_kernel / swiglu_bwd_kernel");
     return TDM_OK;
 }
+
+/* ------------------------------------------------------- attention over a KV cache ---- */
+
+/* The sequence table of tdm_be_attention_kv as the kernels read it. */
+struct kv_seq_dev {
+    int32_t row_begin, n_new, slot, start;
+};
+
+#define KV_MAX_D 256 /* head_dim: 8 f32 accumulators per lane */
+#define KV_WARPS 4
+
+/* The new keys and values of every sequence into its slot: block = one sequence. */
+__global__ void kv_append_kernel(const kv_seq_dev *tab, const bf16 *k, const bf16 *v, bf16 *kc,
+                                 bf16 *vc, int64_t cap, int64_t kld)
+{
+    kv_seq_dev s = tab[blockIdx.x];
+    int64_t n = (int64_t)s.n_new * kld, src = (int64_t)s.row_begin * kld;
+    int64_t dst = ((int64_t)s.slot * cap + s.start) * kld;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        kc[dst + i] = k[src + i];
+        vc[dst + i] = v[src + i];
+    }
+}
+
+/* One block per (sequence, query head, new row): each warp runs an online softmax over every
+ * KV_WARPS-th cached key (the dot product split over lanes, f32), then the warps' partial sums
+ * are combined in warp order. Decoding reads each key once per query head: memory bound, as a
+ * decode step is. */
+__global__ void kv_attention_kernel(const kv_seq_dev *tab, const bf16 *q, const bf16 *kc,
+                                    const bf16 *vc, bf16 *out, int64_t cap, int nh, int nkv, int D,
+                                    float scale)
+{
+    int si = blockIdx.x / nh, h = blockIdx.x % nh, r = blockIdx.y;
+    kv_seq_dev s = tab[si];
+    if (r >= s.n_new) return;
+    int kvh = h / (nh / nkv), lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D;
+    int pos = s.start + r; /* keys 0..pos */
+    __shared__ float qs[KV_MAX_D], wm[KV_WARPS], wl[KV_WARPS], wacc[KV_WARPS][KV_MAX_D];
+    const bf16 *qi = q + ((int64_t)s.row_begin + r) * qld + (int64_t)h * D;
+    for (int e = threadIdx.x; e < D; e += blockDim.x)
+        qs[e] = __bfloat162float(qi[e]);
+    __syncthreads();
+    float m = -INFINITY, l = 0, acc[KV_MAX_D / 32];
+    for (int t = 0; t < KV_MAX_D / 32; t++)
+        acc[t] = 0;
+    const bf16 *ks = kc + (int64_t)s.slot * cap * kld + (int64_t)kvh * D;
+    const bf16 *vs = vc + (int64_t)s.slot * cap * kld + (int64_t)kvh * D;
+    for (int j = w; j <= pos; j += KV_WARPS) {
+        const bf16 *kj = ks + (int64_t)j * kld, *vj = vs + (int64_t)j * kld;
+        float d = 0;
+        for (int e = lane; e < D; e += 32)
+            d += qs[e] * __bfloat162float(kj[e]);
+        for (int o = 16; o > 0; o /= 2)
+            d += __shfl_xor_sync(0xffffffffu, d, o);
+        float sc = d * scale, mn = fmaxf(m, sc), corr = expf(m - mn), p = expf(sc - mn);
+        l = l * corr + p;
+        for (int t = 0, e = lane; e < D; t++, e += 32)
+            acc[t] = acc[t] * corr + p * __bfloat162float(vj[e]);
+        m = mn;
+    }
+    if (lane == 0) wm[w] = m, wl[w] = l;
+    for (int t = 0, e = lane; e < D; t++, e += 32)
+        wacc[w][e] = acc[t];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int i = 0; i < KV_WARPS; i++)
+        M = fmaxf(M, wm[i]);
+    float L = 0;
+    for (int i = 0; i < KV_WARPS; i++)
+        L += wl[i] * expf(wm[i] - M); /* a warp without keys: l 0, m -inf: adds 0 */
+    bf16 *oi = out + ((int64_t)s.row_begin + r) * qld + (int64_t)h * D;
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float o = 0;
+        for (int i = 0; i < KV_WARPS; i++)
+            o += wm[i] == -INFINITY ? 0.0f : wacc[i][e] * expf(wm[i] - M);
+        oi[e] = __float2bfloat16_rn(o / L);
+    }
+}
+
+tdm_status cuda_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs, int64_t m,
+                             const void *q, const void *k, const void *v, void *k_cache,
+                             void *v_cache, int64_t n_slots, int64_t cap, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim, float scale, void *out,
+                             tdm_error *err)
+{
+    (void)m, (void)n_slots;
+    cuda_backend *cb = cuda_of(be);
+    if (head_dim > KV_MAX_D)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "attention_kv: head_dim %lld > %d",
+                        (long long)head_dim, KV_MAX_D);
+    kv_seq_dev *host = (kv_seq_dev *)calloc((size_t)n_seqs, sizeof *host);
+    if (!host) return tdm_fail(err, TDM_ERR_NOMEM, "attention_kv: out of memory");
+    int64_t max_new = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        host[i] = {(int32_t)seqs[i].row_begin, (int32_t)seqs[i].n_new, (int32_t)seqs[i].slot,
+                   (int32_t)seqs[i].start};
+        if (seqs[i].n_new > max_new) max_new = seqs[i].n_new;
+    }
+    void *tab = NULL;
+    tdm_status st = cuda_table_upload(cb, host, (size_t)n_seqs * sizeof *host, &tab, err);
+    free(host);
+    TDM_TRY(st);
+    if (max_new == 0) return TDM_OK;
+    int64_t kld = n_kv_heads * head_dim;
+    kv_append_kernel<<<(unsigned)n_seqs, EW_THREADS, 0, cb->stream>>>(
+        (const kv_seq_dev *)tab, (const bf16 *)k, (const bf16 *)v, (bf16 *)k_cache,
+        (bf16 *)v_cache, cap, kld);
+    CU_LAUNCHED("kv_append_kernel");
+    dim3 grid((unsigned)(n_seqs * n_heads), (unsigned)max_new);
+    kv_attention_kernel<<<grid, 32 * KV_WARPS, 0, cb->stream>>>(
+        (const kv_seq_dev *)tab, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache,
+        (bf16 *)out, cap, (int)n_heads, (int)n_kv_heads, (int)head_dim, scale);
+    CU_LAUNCHED("kv_attention_kernel");
+    return TDM_OK;
+}
