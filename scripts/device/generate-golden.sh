@@ -22,11 +22,11 @@ timeout 120 python3 tests/fixtures/generate/gen_golden.py --out "$OUT/generate-g
 GEN=$?
 tdm() { env LD_LIBRARY_PATH="$DEVICE_LD" TANDEM_SOURCE_DIR="$PWD" TANDEM_GENERATE_GOLDEN="$OUT/generate-golden" "$@"; }
 echo "== 2. test_generate, CPU backend"
-timeout 150 tdm .device/bin/test_generate >"$OUT/test_generate_cpu.log" 2>&1
+tdm timeout 150 .device/bin/test_generate >"$OUT/test_generate_cpu.log" 2>&1
 CPU=$?
 grep -E "GENERATE OK|cached ==|differ|FAIL|SKIP" "$OUT/test_generate_cpu.log"
 echo "== 3. test_generate golden, CUDA backend"
-TANDEM_GENERATE_BACKEND=cuda TANDEM_GENERATE_ONLY=golden timeout 60 tdm .device/bin/test_generate \
+TANDEM_GENERATE_BACKEND=cuda TANDEM_GENERATE_ONLY=golden tdm timeout 60 .device/bin/test_generate \
     >"$OUT/test_generate_cuda.log" 2>&1
 CUDA=$?
 grep -E "GENERATE OK|prompt|FAIL|ERROR" "$OUT/test_generate_cuda.log" | head -20

@@ -1,4 +1,4 @@
-/* tandem cluster status|run|watch|pull — the nodes of cluster.yaml and the jobs on them. */
+/* tandem cluster status|run|watch|pull (logs|cancel: cluster_jobs.c) — the nodes of cluster.yaml and the jobs on them. */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -687,6 +687,8 @@ static const tdm_command cluster_commands[] = {
     {"run", cmd_run, "start any command detached on a node, tracked as a job"},
     {"watch", cmd_watch, "poll jobs, mark dead ones failed, print the leaderboard"},
     {"pull", cmd_pull, "fetch the best (or all) finished adapters"},
+    {"logs", tdm_cmd_cluster_logs, "print a job's log; --follow it while it runs"},
+    {"cancel", tdm_cmd_cluster_cancel, "stop a job gracefully (a finetune checkpoints first)"},
     {NULL, NULL, NULL},
 };
 

@@ -18,4 +18,8 @@ void tdm_cli_print_leaderboard(FILE *out, json_t *board);
 /* The jobs of one submission (NULL: all), borrowed references in a new array. */
 json_t *tdm_cli_filter_jobs(json_t *jobs, const char *submission);
 
+/* tandem cluster logs JOB [--follow], tandem cluster cancel JOB (cluster_jobs.c). */
+int tdm_cmd_cluster_logs(int argc, char **argv);
+int tdm_cmd_cluster_cancel(int argc, char **argv);
+
 #endif

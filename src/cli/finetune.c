@@ -127,12 +127,13 @@ static char *command_line(int argc, char **argv)
 typedef struct progress_ctx {
     bool tty;
     int n;
-    bool drawn;
+    int n_drawn; /* lines drawn last time (a host's joined adapters add lines) */
+    int n_lines; /* lines[]: one per adapter shown, the host's joined ones included */
     char **lines;
     int64_t last_draw_ns;
-    /* for the stop report: each adapter's OUT_DIR (borrowed from the run options), steps
-     * taken and total, finished; --resume: adapters loaded from a checkpoint, finished ones */
-    const char **outputs;
+    /* for the stop report: each adapter's OUT_DIR, steps taken and total, finished; --resume:
+     * adapters loaded from a checkpoint, finished ones */
+    char **outputs; /* copies: an adapters.toml run's strings are freed before the report */
     int64_t *step, *total;
     bool *done;
     int resumed, resumed_done;
@@ -174,7 +175,16 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
     }
     char eta[32];
     fmt_eta(p->eta_sec, eta, sizeof eta);
-    if (c->tty) {
+    if (c->tty && p->adapter >= c->n_lines && p->adapter < 4096) {
+        /* a joined adapter in a co-training host (docs/co-training.md): one more line */
+        char **l = realloc(c->lines, (size_t)(p->adapter + 1) * sizeof *l);
+        if (l) {
+            c->lines = l;
+            for (; c->n_lines <= p->adapter; c->n_lines++)
+                if (!(c->lines[c->n_lines] = calloc(256, 1))) break;
+        }
+    }
+    if (c->tty && p->adapter >= 0 && p->adapter < c->n_lines) {
         int width = 24;
         int fill = p->total_steps > 0 ? (int)(width * p->step / p->total_steps) : width;
         char bar[32];
@@ -184,17 +194,17 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
         char val[32] = "";
         if (!isnan(p->val_loss)) snprintf(val, sizeof val, " val %.4f", p->val_loss);
         snprintf(c->lines[p->adapter], 256,
-                 "%-16.16s [%s] ep %.2f/%d step %lld/%lld loss %.4f%s %.0f tok/s ETA %s%s",
+                 "%-16.40s [%s] ep %.2f/%d step %lld/%lld loss %.4f%s %.0f tok/s ETA %s%s",
                  p->label, bar, p->epoch, p->epochs, (long long)p->step, (long long)p->total_steps,
                  p->loss, val, isfinite(p->tokens_per_sec) ? p->tokens_per_sec : 0.0, eta,
                  p->event == TDM_TRAINER_EVENT_DONE ? " done" : "");
         int64_t now = tdm_now_mono_ns();
         if (p->event == TDM_TRAINER_EVENT_STEP && now - c->last_draw_ns < 100000000) return;
         c->last_draw_ns = now;
-        if (c->drawn) printf("\033[%dA", c->n);
-        for (int i = 0; i < c->n; i++)
+        if (c->n_drawn) printf("\033[%dA", c->n_drawn);
+        for (int i = 0; i < c->n_lines; i++)
             printf("\r\033[K%s\n", c->lines[i]);
-        c->drawn = true;
+        c->n_drawn = c->n_lines;
         fflush(stdout);
         return;
     }
@@ -230,10 +240,11 @@ static int report_stop(const progress_ctx *pc, const char *cmdline, const tdm_er
     fprintf(stderr, "\ntandem: %s: %s\n", name, err->message);
     for (int a = 0; pc->step && a < pc->n; a++) {
         if (pc->done[a])
-            fprintf(stderr, "  %s: finished\n", pc->outputs[a]);
+            fprintf(stderr, "  %s: finished\n", pc->outputs[a] ? pc->outputs[a] : "?");
         else
-            fprintf(stderr, "  %s: step %lld of %lld saved\n", pc->outputs[a],
-                    (long long)pc->step[a], (long long)pc->total[a]);
+            fprintf(stderr, "  %s: step %lld of %lld saved\n",
+                    pc->outputs[a] ? pc->outputs[a] : "?", (long long)pc->step[a],
+                    (long long)pc->total[a]);
     }
     bool has_resume = strstr(cmdline, " --resume") != NULL;
     fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
@@ -263,13 +274,14 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
         pc->step = NULL;
     }
     for (int a = 0; pc->step && a < n; a++) {
-        pc->outputs[a] = ads[a].output;
+        pc->outputs[a] = strdup(ads[a].output ? ads[a].output : "?");
         pc->total[a] = ads[a].total_steps;
     }
     pc->lines = calloc((size_t)n, sizeof *pc->lines);
     for (int a = 0; pc->lines && a < n; a++)
         if (!(pc->lines[a] = calloc(256, 1))) pc->tty = false;
     if (!pc->lines) pc->tty = false;
+    pc->n_lines = pc->tty ? n : 0;
     for (int a = 0; a < n; a++)
         if (ads[a].total_steps < 0) /* joined: the host read the data (docs/co-training.md) */
             printf("adapter %d: %s -> %s: training in the joined finetune\n", a, ads[a].data,
@@ -354,9 +366,11 @@ int tdm_cmd_finetune(int argc, char **argv)
             }
         }
         free(bad);
-        for (int a = 0; pc.lines && a < pc.n; a++)
+        for (int a = 0; pc.lines && a < (pc.n_lines > pc.n ? pc.n_lines : pc.n); a++)
             free(pc.lines[a]);
         free(pc.lines);
+        for (int a = 0; pc.outputs && pc.step && a < pc.n; a++)
+            free(pc.outputs[a]);
         free(pc.outputs);
         free(pc.step);
         free(pc.total);

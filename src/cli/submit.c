@@ -1,7 +1,9 @@
 /* tandem submit — place the adapters of an adapters.toml on cluster nodes, copy what each node
  * lacks, and start one `tandem finetune` per node there (docs/cluster.md). */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -11,7 +13,7 @@
 
 static const char usage_text[] =
     "usage: tandem submit --cluster FILE --model MODEL_DIR --adapters-config FILE\n"
-    "                     [--dry-run] [--stage-only] [finetune flags]\n"
+    "                     [--dry-run] [--stage-only] [--json] [finetune flags]\n"
     "\n"
     "Scores every node of cluster.yaml with its live GPU state, places each adapter on the best\n"
     "one (adapters on one node share one `tandem finetune` process), copies the model and data\n"
@@ -19,6 +21,8 @@ static const char usage_text[] =
     "the jobs detached; they are recorded in the job registry for `tandem cluster watch`.\n"
     "  --dry-run       print the plan (every score, every excluded node and why) and stop\n"
     "  --stage-only    copy model and data and write the adapters.toml files, start nothing\n"
+    "  --json          print one JSON document {submission, plan, jobs, error} on stdout (the\n"
+    "                  progress lines go to stderr)\n"
     "Relative data paths resolve against the adapters.toml's directory; relative output paths\n"
     "resolve inside the node's workdir.\n";
 
@@ -111,6 +115,91 @@ static void print_plan(const tdm_submit_plan *p, void *user)
     fflush(stdout);
 }
 
+/* --json: the plan and the jobs started, as one document (docs/cluster.md "submit --json"). */
+typedef struct json_out {
+    json_t *plan; /* NULL until placement is done */
+    json_t *jobs;
+} json_out;
+
+static json_t *plan_json(const tdm_submit_plan *p)
+{
+    const tdm_cluster_config *cfg = p->cluster;
+    const tdm_place_plan *plan = p->plan;
+    const tdm_run_budget *b = p->budget;
+    json_t *adapters = json_array();
+    for (size_t a = 0; a < p->adapters->n_adapters; a++) {
+        int chosen = plan->node_of[a];
+        json_t *nodes = json_array();
+        for (size_t n = 0; n < cfg->n_nodes; n++) {
+            const tdm_place_eval *e = &plan->evals[a * cfg->n_nodes + n];
+            json_t *o =
+                json_pack("{s:s, s:b}", "node", cfg->nodes[n].name, "eligible", e->eligible);
+            if (e->eligible) {
+                json_object_set_new(o, "score", json_real(e->score));
+                json_object_set_new(o, "device",
+                                    e->gpu >= 0 ? json_string(p->nodes[n].gpus[e->gpu].uuid)
+                                                : json_string("cpu"));
+                json_object_set_new(o, "free_mb", json_integer(e->free_mb));
+                json_object_set_new(o, "need_mb", json_integer(e->need_mb));
+                json_object_set_new(o, "active_adapters",
+                                    json_integer(p->nodes[n].active_adapters));
+            } else {
+                json_object_set_new(o, "why", json_string(e->why));
+            }
+            json_array_append_new(nodes, o);
+        }
+        json_array_append_new(
+            adapters,
+            json_pack("{s:I, s:s, s:o, s:o}", "index", (json_int_t)a + 1, "label", p->labels[a],
+                      "node", chosen >= 0 ? json_string(cfg->nodes[chosen].name) : json_null(),
+                      "nodes", nodes));
+    }
+    json_t *processes = json_array();
+    for (size_t n = 0; n < cfg->n_nodes; n++) {
+        if (!plan->adapters_on_node[n]) continue;
+        int g = plan->device_of_node[n];
+        json_t *labels = json_array();
+        for (size_t a = 0; a < p->adapters->n_adapters; a++)
+            if (plan->node_of[a] == (int)n)
+                json_array_append_new(labels, json_string(p->labels[a]));
+        json_array_append_new(
+            processes, json_pack("{s:s, s:s, s:o}", "node", cfg->nodes[n].name, "device",
+                                 g >= 0 ? p->nodes[n].gpus[g].uuid : "cpu", "adapters", labels));
+    }
+    int64_t second_gpu = b->n_adapters > 1 ? b->gpu_mb[2] - b->gpu_mb[1] : 0;
+    int64_t second_cpu = b->n_adapters > 1 ? b->cpu_mb[2] - b->cpu_mb[1] : 0;
+    return json_pack("{s:I, s:{s:I, s:I, s:I, s:I}, s:o, s:o}", "model_params",
+                     (json_int_t)p->model_params, "budget_mb", "gpu_one", (json_int_t)b->gpu_mb[1],
+                     "gpu_each_more", (json_int_t)second_gpu, "cpu_one", (json_int_t)b->cpu_mb[1],
+                     "cpu_each_more", (json_int_t)second_cpu, "adapters", adapters, "processes",
+                     processes);
+}
+
+static void plan_to_json(const tdm_submit_plan *p, void *user)
+{
+    json_out *o = user;
+    json_decref(o->plan);
+    o->plan = plan_json(p);
+}
+
+static void job_to_json(const tdm_submit_job *j, void *user)
+{
+    json_out *o = user;
+    char log[4200];
+    snprintf(log, sizeof log, "%s/log", j->job_dir);
+    json_array_append_new(o->jobs,
+                          json_pack("{s:s, s:s, s:s, s:s, s:I, s:i, s:s, s:s}", "id", j->id,
+                                    "submission", j->submission, "node", j->node, "device",
+                                    j->device ? j->device : "cpu", "pid", (json_int_t)j->pid,
+                                    "adapters", j->n_adapters, "job_dir", j->job_dir, "log", log));
+}
+
+static void note_to_stderr(const char *line, void *user)
+{
+    (void)user;
+    fprintf(stderr, "%s\n", line);
+}
+
 int tdm_cmd_submit(int argc, char **argv)
 {
     /* Our own options, then one per passed-through finetune flag (codes 1000+). */
@@ -120,6 +209,7 @@ int tdm_cmd_submit(int argc, char **argv)
         {"adapters-config", required_argument, NULL, 'a'},
         {"dry-run", no_argument, NULL, 'd'},
         {"stage-only", no_argument, NULL, 's'},
+        {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
     };
     enum { N_OWN = sizeof own / sizeof *own };
@@ -139,7 +229,7 @@ int tdm_cmd_submit(int argc, char **argv)
     }
     opts[n_opts] = (struct option){NULL, 0, NULL, 0};
     const char *cluster = NULL, *model = NULL, *adapters_path = NULL;
-    bool dry_run = false, stage_only = false;
+    bool dry_run = false, stage_only = false, json = false;
     pass_flags pf = {0};
     static char flagbuf[64][32];
     tdm_run_opts ro; /* the passed flags as finetune will read them */
@@ -176,6 +266,9 @@ int tdm_cmd_submit(int argc, char **argv)
         case 's':
             stage_only = true;
             break;
+        case 'j':
+            json = true;
+            break;
         case 'h':
             print_usage(stdout);
             return TDM_EXIT_OK;
@@ -202,7 +295,27 @@ int tdm_cmd_submit(int argc, char **argv)
                               .dry_run = dry_run,
                               .stage_only = stage_only};
     tdm_submit_hooks hooks = {.plan = print_plan, .note = print_line};
-    if (tdm_run_submit(&req, &hooks, &err) != TDM_OK) {
+    json_out jo = {0};
+    if (json) {
+        jo.jobs = json_array();
+        hooks = (tdm_submit_hooks){
+            .plan = plan_to_json, .note = note_to_stderr, .job = job_to_json, .user = &jo};
+    }
+    tdm_status st = tdm_run_submit(&req, &hooks, &err);
+    if (json) {
+        /* one document whatever happened: a script reads the plan and the ids from it */
+        json_t *doc = json_pack("{s:o, s:b, s:b, s:o, s:O, s:o}", "submission",
+                                hooks.submission[0] ? json_string(hooks.submission) : json_null(),
+                                "dry_run", dry_run, "stage_only", stage_only, "plan",
+                                jo.plan ? jo.plan : json_null(), "jobs", jo.jobs, "error",
+                                st == TDM_OK ? json_null() : json_string(err.message));
+        char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+        if (text) puts(text);
+        free(text);
+        json_decref(doc);
+        json_decref(jo.jobs);
+        if (st != TDM_OK) rc = tdm_cli_fail_err(&err);
+    } else if (st != TDM_OK) {
         fflush(stdout);
         rc = tdm_cli_fail_err(&err);
     } else if (dry_run) {

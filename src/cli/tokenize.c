@@ -1,12 +1,16 @@
-/* tokenize.c — `tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl] [--add-special]
- * [--chat-template chatml|llama3|none]`: encodes text with a model directory's (or a
+/* tokenize.c — `tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl |
+ * --decode IDS] [--add-special] [--chat-template chatml|llama3|none] [--stats]`: encodes text
+ * with a model directory's (or a
  * tokenizer.json's) tokenizer and prints {"ids": [...]} lines. With --file, every input line is a
  * JSON object {"text": "..."}; one output line per input line, in order. With --chat, every line
  * is {"messages": [{"role": ..., "content": ...}, ...]}, rendered with the chat template (detected
  * from the tokenizer unless --chat-template names one) and printed as {"ids": [...], "mask": [...]}
- * (mask 1 = assistant response). With none of them, standard input is encoded as one text.
+ * (mask 1 = assistant response). --decode prints the text of token ids. With none of them,
+ * standard input is encoded as one text.
  */
+#include <errno.h>
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +23,9 @@
 static void usage(FILE *out)
 {
     fputs(
-        "usage: tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl] "
-        "[--add-special]\n"
-        "                      [--chat-template chatml|llama3|none]\n"
+        "usage: tandem tokenize PATH [--text STR | --file F.jsonl | --chat F.jsonl | "
+        "--decode IDS]\n"
+        "                      [--add-special] [--chat-template chatml|llama3|none] [--stats]\n"
         "\n"
         "PATH is a model directory holding tokenizer.json, or a tokenizer.json file.\n"
         "  --text STR      encode STR (UTF-8)\n"
@@ -29,6 +33,8 @@ static void usage(FILE *out)
         "  --chat F.jsonl  render every line's {\"messages\": [{\"role\", \"content\"}...]} with\n"
         "                  the chat template and print {\"ids\": [...], \"mask\": [...]}\n"
         "                  (mask 1 = assistant response tokens)\n"
+        "  --decode IDS    print the text of token ids: \"1,2,3\", \"1 2 3\", a JSON list, or a\n"
+        "                  {\"ids\": [...]} line as the other modes print; special tokens kept\n"
         "  --chat-template NAME  chatml, llama3 or none (default: from the tokenizer's tokens)\n"
         "  --add-special   add what the tokenizer's post_processor adds (not with --chat)\n"
         "  --stats         print load and encode times, texts, tokens and bytes on stderr\n"
@@ -184,9 +190,91 @@ static int encode_chat(tdm_tokenizer *tok, const char *file, tdm_chat_template t
     return rc;
 }
 
+static int push_id(tdm_token_ids *ids, int32_t id)
+{
+    tdm_error err = {0};
+    if (tdm_token_ids_append(ids, &id, 1, &err) != TDM_OK) return tdm_cli_fail_err(&err);
+    return TDM_EXIT_OK;
+}
+
+/* The ids of --decode's argument into *ids: integers separated by commas and/or white space, a
+ * JSON list of them, or a {"ids": [...]} object. A usage failure names the bad item. */
+static int parse_ids(const char *arg, tdm_token_ids *ids)
+{
+    while (*arg == ' ' || *arg == '\t' || *arg == '\n') arg++;
+    if (*arg == '[' || *arg == '{') {
+        json_error_t je;
+        json_t *doc = json_loads(arg, JSON_DECODE_ANY, &je);
+        json_t *list = json_is_object(doc) ? json_object_get(doc, "ids") : doc;
+        int rc = TDM_EXIT_OK;
+        if (!doc)
+            rc = tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: --decode: column %d: %s", je.column,
+                              je.text);
+        else if (!json_is_array(list))
+            rc = tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: --decode: expected a list of ids or an "
+                              "object {\"ids\": [...]}");
+        for (size_t i = 0; rc == TDM_EXIT_OK && i < json_array_size(list); i++) {
+            json_t *v = json_array_get(list, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > INT32_MAX)
+                rc = tdm_cli_fail(TDM_EXIT_USAGE,
+                                  "tokenize: --decode: item %zu is not a token id (an integer "
+                                  ">= 0)", i + 1);
+            else if (push_id(ids, (int32_t)json_integer_value(v)) != TDM_EXIT_OK)
+                rc = TDM_EXIT_FAILURE;
+        }
+        json_decref(doc);
+        return rc;
+    }
+    size_t item = 0;
+    for (const char *p = arg; *p;) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n') {
+            p++;
+            continue;
+        }
+        item++;
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && !strchr(", \t\n", *end))) {
+            int len = (int)strcspn(p, ", \t\n");
+            return tdm_cli_fail(TDM_EXIT_USAGE,
+                                "tokenize: --decode: item %zu '%.*s' is not a token id (an "
+                                "integer >= 0)", item, len, p);
+        }
+        if (push_id(ids, (int32_t)v) != TDM_EXIT_OK) return TDM_EXIT_FAILURE;
+        p = end;
+    }
+    return TDM_EXIT_OK;
+}
+
+/* --decode: the bytes of the ids, then a newline. */
+static int decode_ids(tdm_tokenizer *tok, const char *arg)
+{
+    tdm_token_ids ids = {0};
+    int rc = parse_ids(arg, &ids);
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    tdm_error err = {0};
+    if (rc == TDM_EXIT_OK &&
+        tdm_tokenizer_decode(tok, ids.ids, ids.len, false, &text, &len, &cap, &err) != TDM_OK) {
+        tdm_error_prefix(&err, "tokenize: --decode");
+        rc = tdm_cli_fail(TDM_EXIT_USAGE, "%s", err.message);
+    }
+    if (rc == TDM_EXIT_OK) {
+        if (len) fwrite(text, 1, len, stdout); /* no ids: text is NULL */
+        fputc('\n', stdout);
+    }
+    free(text);
+    tdm_token_ids_free(&ids);
+    return rc;
+}
+
 int tdm_cmd_tokenize(int argc, char **argv)
 {
-    const char *path = NULL, *text = NULL, *file = NULL, *chat = NULL, *tmpl_name = NULL;
+    const char *path = NULL, *text = NULL, *file = NULL, *chat = NULL, *tmpl_name = NULL,
+               *decode = NULL;
     bool add_special = false, stats = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -198,7 +286,7 @@ int tdm_cmd_tokenize(int argc, char **argv)
         } else if (!strcmp(a, "--stats")) {
             stats = true;
         } else if (!strcmp(a, "--text") || !strcmp(a, "--file") || !strcmp(a, "--chat") ||
-                   !strcmp(a, "--chat-template")) {
+                   !strcmp(a, "--chat-template") || !strcmp(a, "--decode")) {
             if (i + 1 >= argc) return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: %s needs a value", a);
             const char *v = argv[++i];
             if (!strcmp(a, "--text"))
@@ -207,6 +295,8 @@ int tdm_cmd_tokenize(int argc, char **argv)
                 file = v;
             else if (!strcmp(a, "--chat"))
                 chat = v;
+            else if (!strcmp(a, "--decode"))
+                decode = v;
             else
                 tmpl_name = v;
         } else if (a[0] == '-' && a[1]) {
@@ -223,8 +313,12 @@ int tdm_cmd_tokenize(int argc, char **argv)
         usage(stderr);
         return TDM_EXIT_USAGE;
     }
-    if ((text != NULL) + (file != NULL) + (chat != NULL) > 1)
-        return tdm_cli_fail(TDM_EXIT_USAGE, "tokenize: give one of --text, --file and --chat");
+    if ((text != NULL) + (file != NULL) + (chat != NULL) + (decode != NULL) > 1)
+        return tdm_cli_fail(TDM_EXIT_USAGE,
+                            "tokenize: give one of --text, --file, --chat and --decode");
+    if (decode && (add_special || tmpl_name))
+        return tdm_cli_fail(TDM_EXIT_USAGE,
+                            "tokenize: --add-special and --chat-template do not apply to --decode");
     if (chat && add_special)
         return tdm_cli_fail(TDM_EXIT_USAGE,
                             "tokenize: --add-special does not apply to --chat (the template adds "
@@ -245,7 +339,9 @@ int tdm_cmd_tokenize(int argc, char **argv)
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
     tdm_token_ids ids = {0};
     int rc;
-    if (chat) {
+    if (decode) {
+        rc = decode_ids(&tok, decode);
+    } else if (chat) {
         if (!tmpl_name) tmpl = tdm_chat_template_detect(&tok);
         rc = encode_chat(&tok, chat, tmpl);
     } else if (text) {

@@ -122,7 +122,7 @@ tdm_status tdm_job_poll_once(tdm_transport *t, const char *job_dir, const char *
     full[2] = poll_script;
     full[3] = "tandem-poll";
     full[4] = job_dir;
-    memcpy(full + 5, files, n_files * sizeof *files);
+    if (n_files) memcpy(full + 5, files, n_files * sizeof *files); /* files may be NULL */
     tdm_spawn_result res;
     tdm_status st = tdm_transport_run(t, full, n_files + 5, NULL, 0, 60000, &res, err);
     free(full);
@@ -194,4 +194,109 @@ void tdm_job_poll_free(tdm_job_poll *p)
         free(p->files[i]);
     free(p->files);
     memset(p, 0, sizeof *p);
+}
+
+/* $1 job dir, $2 byte offset. Liveness first, then the log from the offset (at most
+ * TDM_JOB_LOG_CHUNK bytes): a job seen ended has written everything it will. */
+static const char log_script[] =
+    "d=$1; off=$2\n"
+    "[ -d \"$d\" ] || { echo \"no job directory $d\" >&2; exit 3; }\n"
+    "alive=0\n"
+    "if [ -r \"$d/pid\" ]; then read p s < \"$d/pid\"\n"
+    "  if [ -r /proc/$p/stat ] && [ \"$(cut -d' ' -f22 /proc/$p/stat 2>/dev/null)\" = \"$s\" ]; "
+    "then alive=1; fi\n"
+    "fi\n"
+    "echo \"$alive\"\n"
+    "[ -e \"$d/log\" ] || exit 0\n"
+    "tail -c +$((off + 1)) -- \"$d/log\" | head -c " TDM_JOB_LOG_CHUNK_TEXT "\n";
+
+/* $1 job dir, $2 signal name. Signals the wrapper's children (the job's command), never the
+ * wrapper itself: it stays to record the command's exit code. */
+static const char signal_script[] =
+    "d=$1; sig=$2\n"
+    "[ -r \"$d/pid\" ] || { echo \"no pid file in $d: the job never started\" >&2; exit 3; }\n"
+    "read p s < \"$d/pid\"\n"
+    "[ \"$(cut -d' ' -f22 /proc/$p/stat 2>/dev/null)\" = \"$s\" ] || exit 4\n"
+    "kids=$(cat /proc/[0-9]*/stat 2>/dev/null | "
+    "awk -v p=\"$p\" '{ pid = $1; sub(/^.*\\) /, \"\"); if ($2 == p) print pid }')\n"
+    "[ -n \"$kids\" ] || { echo \"no command process under the job's wrapper $p\" >&2; exit 5; }\n"
+    "kill -s \"$sig\" $kids || exit 6\n"
+    "echo $kids\n";
+
+/* Runs script with its positional arguments (at most 4) on the node; an unreachable node is an
+ * error naming it; the script's own exit code is the caller's to read in *res. */
+static tdm_status run_script(tdm_transport *t, const char *script, const char *name,
+                             const char *const *args, size_t n_args, tdm_spawn_result *res,
+                             tdm_error *err)
+{
+    const char *full[8];
+    full[0] = "sh";
+    full[1] = "-c";
+    full[2] = script;
+    full[3] = name;
+    for (size_t i = 0; i < n_args && i < 4; i++)
+        full[4 + i] = args[i];
+    tdm_status st = tdm_transport_run(t, full, 4 + n_args, NULL, 0, 60000, res, err);
+    if (st != TDM_OK) return st;
+    char why[512];
+    if (tdm_transport_unreachable(t, res, why, sizeof why)) {
+        tdm_spawn_result_free(res);
+        return tdm_fail(err, TDM_ERR_IO, "node %s is unreachable: %s", t->node->name, why);
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_job_log_read(tdm_transport *t, const char *job_dir, int64_t offset, char **out,
+                            size_t *len, bool *alive, tdm_error *err)
+{
+    *out = NULL;
+    *len = 0;
+    *alive = false;
+    char off[32];
+    snprintf(off, sizeof off, "%lld", (long long)(offset > 0 ? offset : 0));
+    const char *args[] = {job_dir, off};
+    tdm_spawn_result res;
+    tdm_status st = run_script(t, log_script, "tandem-log", args, 2, &res, err);
+    if (st != TDM_OK) return st;
+    const char *nl = memchr(res.out, '\n', res.out_len);
+    if (res.exit_code != 0 || !nl) {
+        st = tdm_fail(err, TDM_ERR_IO, "reading the log of %s on %s failed (exit %d): %.300s",
+                      job_dir, t->node->name, res.exit_code,
+                      tdm_text_tail(res.err, res.err_len, 1));
+    } else {
+        *alive = res.out[0] == '1';
+        size_t n = res.out_len - (size_t)(nl + 1 - res.out);
+        *out = malloc(n + 1);
+        if (!*out) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        } else {
+            memcpy(*out, nl + 1, n);
+            (*out)[n] = 0;
+            *len = n;
+        }
+    }
+    tdm_spawn_result_free(&res);
+    return st;
+}
+
+tdm_status tdm_job_signal(tdm_transport *t, const char *job_dir, const char *sig, char *pids,
+                          size_t pids_size, tdm_error *err)
+{
+    if (pids_size) pids[0] = 0;
+    const char *args[] = {job_dir, sig};
+    tdm_spawn_result res;
+    tdm_status st = run_script(t, signal_script, "tandem-signal", args, 2, &res, err);
+    if (st != TDM_OK) return st;
+    if (res.exit_code == 4) {
+        st = tdm_fail(err, TDM_ERR_NOT_FOUND, "the job in %s on %s is not running", job_dir,
+                      t->node->name);
+    } else if (res.exit_code != 0) {
+        st = tdm_fail(err, TDM_ERR_IO, "signalling the job in %s on %s failed (exit %d): %.300s",
+                      job_dir, t->node->name, res.exit_code,
+                      tdm_text_tail(res.err, res.err_len, 1));
+    } else if (pids_size) {
+        snprintf(pids, pids_size, "%.*s", (int)strcspn(res.out, "\n"), res.out);
+    }
+    tdm_spawn_result_free(&res);
+    return st;
 }

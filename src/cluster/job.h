@@ -55,4 +55,21 @@ tdm_status tdm_job_poll_once(tdm_transport *t, const char *job_dir, const char *
 
 void tdm_job_poll_free(tdm_job_poll *p);
 
+/* At most this many bytes of the log per tdm_job_log_read. */
+#define TDM_JOB_LOG_CHUNK (8 << 20)
+#define TDM_JOB_LOG_CHUNK_TEXT "8388608"
+
+/* The job's log from byte offset on (at most TDM_JOB_LOG_CHUNK bytes) into a malloc'd,
+ * NUL-terminated *out of *len bytes, and whether its process was alive just before the read:
+ * when *alive is false the log is complete once read to its end. TDM_ERR_IO when the node is
+ * unreachable or the job directory does not exist. */
+tdm_status tdm_job_log_read(tdm_transport *t, const char *job_dir, int64_t offset, char **out,
+                            size_t *len, bool *alive, tdm_error *err);
+
+/* Sends signal sig ("TERM", "INT", "USR1") to the job's command: the processes whose parent is
+ * the job's wrapper, never the wrapper itself, which stays to record the command's exit code.
+ * pids receives their pids ("4243"). TDM_ERR_NOT_FOUND when the job is not running. */
+tdm_status tdm_job_signal(tdm_transport *t, const char *job_dir, const char *sig, char *pids,
+                          size_t pids_size, tdm_error *err);
+
 #endif

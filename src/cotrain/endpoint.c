@@ -47,6 +47,11 @@ static int path_of(char *buf, size_t size, const char *dir, int32_t pid, const c
     return n < 0 || (size_t)n >= size ? -1 : 0;
 }
 
+int tdm_cotrain_advert_path(char *buf, size_t size, const char *dir, int32_t pid)
+{
+    return path_of(buf, size, dir, pid, "json");
+}
+
 static json_t *advert_json(const tdm_cotrain_advert *a)
 {
     const char *sock = strrchr(a->socket_path, '/');
@@ -144,10 +149,7 @@ tdm_status tdm_cotrain_listen(const char *dir, const tdm_base_identity *base, co
         return tdm_fail_errno(err, TDM_ERR_IO, e, "cannot set up the co-training socket %s",
                               a.socket_path);
     }
-    json_t *j = advert_json(&a);
-    tdm_status st = tdm_atomic_write_json(advert_path, j, JSON_INDENT(2) | JSON_PRESERVE_ORDER,
-                                          false, shared ? 0640 : 0600, err);
-    json_decref(j);
+    tdm_status st = tdm_cotrain_advertise(dir, &a, NULL, err);
     if (st != TDM_OK) {
         close(fd);
         unlink(a.socket_path);
@@ -156,6 +158,20 @@ tdm_status tdm_cotrain_listen(const char *dir, const tdm_base_identity *base, co
     *fd_out = fd;
     if (advert) *advert = a;
     return TDM_OK;
+}
+
+tdm_status tdm_cotrain_advertise(const char *dir, const tdm_cotrain_advert *a, const json_t *status,
+                                 tdm_error *err)
+{
+    char path[4200];
+    if (path_of(path, sizeof path, dir, a->pid, "json") != 0)
+        return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", dir);
+    json_t *j = advert_json(a);
+    if (j && status) json_object_set(j, "status", (json_t *)status);
+    tdm_status st = tdm_atomic_write_json(path, j, JSON_INDENT(2) | JSON_PRESERVE_ORDER, false,
+                                          tdm_cotrain_dir_shared(dir) ? 0640 : 0600, err);
+    json_decref(j);
+    return st;
 }
 
 void tdm_cotrain_unadvertise(const char *dir, int32_t pid)

@@ -9,7 +9,9 @@
  *        "base":{"id":"sha256:…", "model":"sha256:…", "method":"qlora", "double_quant":false,
  *                "compute_dtype":"bf16", "device":"GPU-…"}}
  *       start_time is /proc/PID/stat field 22 (gpu/proc_identity.h): a recycled pid does not
- *       pass for the host. model_dir is for display only; matching uses base.id.
+ *       pass for the host. model_dir is for display only; matching uses base.id. From the
+ *       first step boundary on, the host rewrites it with a "status" field: its live state
+ *       (cotrain/status.h), which readers of this version of the advertisement ignore.
  * Modes: 0660 for the socket and 0640 for the advertisement when the ledger directory is
  * group-writable (an administrator shared it with a group), 0600 for both otherwise.
  * Who may connect (SO_PEERCRED, checked by the host on every accepted connection): the host's
@@ -22,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 #include <sys/types.h>
 
 #include "cotrain/base_identity.h"
@@ -54,6 +57,15 @@ bool tdm_cotrain_dir_shared(const char *dir);
  * (say so, and to choose a shorter TANDEM_LEDGER_DIR), TDM_ERR_IO otherwise. */
 tdm_status tdm_cotrain_listen(const char *dir, const tdm_base_identity *base, const char *model_dir,
                               int *fd, tdm_cotrain_advert *advert, tdm_error *err);
+
+/* Writes (or rewrites, atomically) the advertisement of a in dir, with the host's live status
+ * (cotrain/status.h) as its "status" field when status is not NULL. Mode 0640 in a
+ * group-writable directory, 0600 otherwise. */
+tdm_status tdm_cotrain_advertise(const char *dir, const tdm_cotrain_advert *a, const json_t *status,
+                                 tdm_error *err);
+
+/* dir/cotrain-<pid>.json into buf; -1 when it does not fit. */
+int tdm_cotrain_advert_path(char *buf, size_t size, const char *dir, int32_t pid);
 
 /* Removes the advertisement, then the socket file, of host pid (own files at exit). */
 void tdm_cotrain_unadvertise(const char *dir, int32_t pid);

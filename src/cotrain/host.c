@@ -537,6 +537,11 @@ const tdm_cotrain_advert *tdm_cotrain_host_advert(const tdm_cotrain_host *h)
     return &h->advert;
 }
 
+tdm_status tdm_cotrain_host_publish(tdm_cotrain_host *h, const json_t *status, tdm_error *err)
+{
+    return tdm_cotrain_advertise(h->dir, &h->advert, status, err);
+}
+
 void tdm_cotrain_host_stop(tdm_cotrain_host *h)
 {
     if (!h) return;

@@ -95,6 +95,11 @@ void tdm_cotrain_host_set_step(tdm_cotrain_host *h, int64_t global_step);
 /* What was advertised (socket path, pid, identity). */
 const tdm_cotrain_advert *tdm_cotrain_host_advert(const tdm_cotrain_host *h);
 
+/* Rewrites the advertisement atomically with status (cotrain/status.h) as its "status" field:
+ * the host's live state for `gpu status`. Call from the thread that trains (never concurrently
+ * with itself), only between tdm_cotrain_host_start and tdm_cotrain_host_stop. */
+tdm_status tdm_cotrain_host_publish(tdm_cotrain_host *h, const json_t *status, tdm_error *err);
+
 /* Removes the advertisement (no new joiner finds this host), sends what is queued (for at most
  * 1 s), closes every connection, stops the thread, removes the socket and frees h. NULL allowed.
  */

@@ -28,6 +28,7 @@ static const struct {
     {"prompt", TDM_DATA_COMPLETION},
     {"completion", TDM_DATA_COMPLETION},
     {"messages", TDM_DATA_CHAT},
+    {"conversations", TDM_DATA_CHAT}, /* ShareGPT */
     {"text", TDM_DATA_TEXT},
     {"input_ids", TDM_DATA_TOKENS},
     {"labels", TDM_DATA_TOKENS},
@@ -168,45 +169,69 @@ static void add_message(tdm_data_fields *f, const char *role, const char *conten
     f->messages[f->n_messages++] = (tdm_chat_message){role, content, len};
 }
 
+/* The two shapes of chat lines: OpenAI's "messages" (role/content) and ShareGPT's
+ * "conversations" (from/value, roles human/gpt/system). Both become the same messages, with the
+ * roles system, user, assistant. */
+typedef struct chat_shape {
+    const char *list, *role, *content;
+    const char *names[3]; /* what the line calls system, user, assistant */
+} chat_shape;
+
+static const chat_shape openai_shape = {"messages", "role", "content",
+                                        {"system", "user", "assistant"}};
+static const chat_shape sharegpt_shape = {"conversations", "from", "value",
+                                          {"system", "human", "gpt"}};
+
 static tdm_status parse_chat(const json_t *obj, tdm_data_fields *f, tdm_error *err)
 {
-    const json_t *msgs = json_object_get(obj, "messages");
+    static const char *const canonical[3] = {"system", "user", "assistant"};
+    if (json_object_get(obj, "messages") && json_object_get(obj, "conversations"))
+        return bad(err, "has both \"messages\" and \"conversations\": give one");
+    const chat_shape *sh = json_object_get(obj, "messages") ? &openai_shape : &sharegpt_shape;
+    const json_t *msgs = json_object_get(obj, sh->list);
     if (!json_is_array(msgs))
-        return bad(err, "\"messages\" must be a list, not %s", json_kind(msgs));
+        return bad(err, "\"%s\" must be a list, not %s", sh->list, json_kind(msgs));
     size_t n = json_array_size(msgs);
-    if (n == 0) return bad(err, "\"messages\" is empty");
+    if (n == 0) return bad(err, "\"%s\" is empty", sh->list);
     if (!(f->messages = calloc(n, sizeof *f->messages))) return nomem(err);
     bool assistant = false;
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);
         if (!json_is_object(m))
-            return bad(err, "messages[%zu] must be an object, not %s", i, json_kind(m));
-        const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!role) return bad(err, "messages[%zu] has no \"role\"", i);
+            return bad(err, "%s[%zu] must be an object, not %s", sh->list, i, json_kind(m));
+        const json_t *role = json_object_get(m, sh->role),
+                     *content = json_object_get(m, sh->content);
+        if (!role) return bad(err, "%s[%zu] has no \"%s\"", sh->list, i, sh->role);
         if (!json_is_string(role))
-            return bad(err, "messages[%zu].role must be a string, not %s", i, json_kind(role));
+            return bad(err, "%s[%zu].%s must be a string, not %s", sh->list, i, sh->role,
+                       json_kind(role));
         const char *r = json_string_value(role);
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+        int k = 0;
+        while (k < 3 && strcmp(r, sh->names[k]) != 0)
+            k++;
+        if (k == 3) {
             int shown = (int)tdm_utf8_valid_prefix(r, strlen(r) < 40 ? strlen(r) : 40);
             while (shown > 0 && shown < (int)strlen(r) && (r[shown] & 0xc0) == 0x80)
                 shown--; /* do not cut a character */
-            return bad(err, "messages[%zu].role \"%.*s\" is not system, user or assistant", i,
-                       shown, r);
+            return bad(err, "%s[%zu].%s \"%.*s\" is not %s, %s or %s", sh->list, i, sh->role,
+                       shown, r, sh->names[0], sh->names[1], sh->names[2]);
         }
-        if (!strcmp(r, "system") && i != 0)
-            return bad(err, "messages[%zu]: a system message may only come first", i);
-        if (!content) return bad(err, "messages[%zu] has no \"content\"", i);
+        if (k == 0 && i != 0)
+            return bad(err, "%s[%zu]: a system message may only come first", sh->list, i);
+        if (!content) return bad(err, "%s[%zu] has no \"%s\"", sh->list, i, sh->content);
         if (!json_is_string(content))
-            return bad(err, "messages[%zu].content must be a string, not %s", i,
+            return bad(err, "%s[%zu].%s must be a string, not %s", sh->list, i, sh->content,
                        json_kind(content));
-        if (!strcmp(r, "assistant")) {
+        if (k == 2) {
             if (json_string_length(content) == 0)
-                return bad(err, "messages[%zu]: assistant content is empty", i);
+                return bad(err, "%s[%zu]: %s %s is empty", sh->list, i, sh->names[2],
+                           sh->content);
             assistant = true;
         }
-        add_message(f, r, json_string_value(content), json_string_length(content));
+        add_message(f, canonical[k], json_string_value(content), json_string_length(content));
     }
-    if (!assistant) return bad(err, "no assistant message (nothing to learn)");
+    if (!assistant)
+        return bad(err, "no %s message (nothing to learn)", sh->names[2]);
     return TDM_OK;
 }
 
@@ -276,7 +301,8 @@ static tdm_status detect(const json_t *obj, tdm_data_format *out, tdm_error *err
             return bad(err, "\"%s\" without \"output\" (alpaca) or \"response\" (instruct)",
                        has_ins ? "instruction" : "system");
         if (json_object_size(obj) == 0) return bad(err, "empty object");
-        return bad(err, "no known keys: expected \"messages\", \"text\", \"input_ids\", "
+        return bad(err, "no known keys: expected \"messages\" (or ShareGPT's "
+                        "\"conversations\"), \"text\", \"input_ids\", "
                         "\"prompt\"/\"completion\", or \"instruction\" with \"output\" or "
                         "\"response\" (see docs/datasets.md)");
     }

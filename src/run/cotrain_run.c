@@ -2,6 +2,7 @@
  * host's step-boundary service (cotrain_run.h). */
 #include "run/cotrain_run.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "cotrain/base_identity.h"
 #include "cotrain/client.h"
 #include "cotrain/host.h"
+#include "cotrain/status.h"
 #include "cotrain/trainer_bridge.h"
 #include "util/timeutil.h"
 
@@ -24,6 +26,7 @@ typedef struct joined_group {
     int first, n;         /* trainer indices first..first+n-1 */
     int ended;            /* adapters finished or detached */
     bool closed;          /* its connection is gone or closed */
+    int32_t pid;          /* the joiner's (SO_PEERCRED) */
 } joined_group;
 
 /* A join accepted (its data read) that waits for the host's reservation to grow. */
@@ -36,6 +39,21 @@ typedef struct waiting_join {
     int64_t told_mb;  /* the need and queue position of the last `waiting` sent (-1: none) */
     int told_position;
 } waiting_join;
+
+/* What the host shows of one adapter of its trainer: in its own output and in the status it
+ * publishes for `gpu status` (cotrain/status.h). Indexed by trainer index. */
+typedef struct adapter_view {
+    bool used;                 /* false: an index of a join that failed */
+    const char *data, *output; /* borrowed: the run's adapters, or the join message */
+    char label[128];           /* the trainer's label; joined ones: " (pid P, user)" added */
+    int32_t joiner_pid;        /* 0: the host's own */
+    const char *joiner_user;   /* borrowed from the join */
+    double weight;
+    int epochs;
+    int64_t step, total;
+    double epoch, loss, tokens_per_sec;
+    int64_t window_seqs; /* sequences in the fused passes since the last publication */
+} adapter_view;
 
 struct tdm_cotrain_serving {
     tdm_cotrain_host *host; /* NULL: not serving (a GPU run before device open, or it failed) */
@@ -64,6 +82,14 @@ struct tdm_cotrain_serving {
     joined_group *g;
     int n_groups, cap_groups;
     tdm_trainer *trainer; /* known from the first boundary */
+    adapter_view *views;  /* (n_views) */
+    int n_views;
+    bool dirty;           /* an adapter joined, ended or left: publish at the next boundary */
+    int64_t published_ns; /* monotonic time of the last publication, 0: none */
+    bool publish_failed;  /* said once */
+    tdm_trainer_pass_fn inner_pass; /* the caller's on_pass, chained */
+    void *inner_pass_user;
+    tdm_train_schedule schedule;
 };
 
 static void note(void (*fn)(const char *, void *), void *user, const char *fmt, ...)
@@ -313,6 +339,15 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     *srv = NULL;
     *joined = false;
     if (o->no_join) return TDM_OK;
+    if (o->trainer.save_total_limit > 0) {
+        /* the join does not carry it yet (docs/co-training.md "Run-wide options"): a host would
+         * prune its joiners' checkpoints by its own limit, or keep all of a joiner's */
+        if (o->join_require)
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                            "--join require with --save-total-limit: a run that prunes its "
+                            "checkpoints trains in a process of its own today");
+        return TDM_OK;
+    }
     if (o->trainer.resume) {
         /* a joined adapter starts fresh (tdm_trainer_add_adapters); resuming one inside a host
          * is not wired: a --resume run trains in a process of its own */
@@ -479,9 +514,57 @@ static void send_done(tdm_cotrain_serving *s, joined_group *g, int a, tdm_cotrai
     }
 }
 
+/* The view of trainer adapter a, growing the array as adapters join; NULL when out of memory. */
+static adapter_view *view_at(tdm_cotrain_serving *s, int a)
+{
+    if (a < 0) return NULL;
+    if (a >= s->n_views) {
+        adapter_view *v = realloc(s->views, (size_t)(a + 1) * sizeof *v);
+        if (!v) return NULL;
+        memset(v + s->n_views, 0, (size_t)(a + 1 - s->n_views) * sizeof *v);
+        s->views = v;
+        s->n_views = a + 1;
+    }
+    return &s->views[a];
+}
+
+static void view_init(tdm_cotrain_serving *s, int a, const char *data, const char *output,
+                      const char *label, double weight, int epochs, int32_t pid, const char *user)
+{
+    adapter_view *v = view_at(s, a);
+    if (!v) return;
+    *v = (adapter_view){.used = true,
+                        .data = data,
+                        .output = output,
+                        .joiner_pid = pid,
+                        .joiner_user = user,
+                        .weight = weight,
+                        .epochs = epochs,
+                        .loss = NAN,
+                        .tokens_per_sec = NAN};
+    if (label)
+        snprintf(v->label, sizeof v->label, "%s", label);
+    else
+        stem_of(data, v->label, sizeof v->label);
+    s->dirty = true;
+}
+
 static void on_progress(const tdm_trainer_progress *p, void *user)
 {
     tdm_cotrain_serving *s = user;
+    adapter_view *v = p->adapter >= 0 && p->adapter < s->n_views && s->views[p->adapter].used
+                          ? &s->views[p->adapter]
+                          : NULL;
+    if (v) {
+        v->step = p->step;
+        v->total = p->total_steps;
+        v->epoch = p->epoch;
+        v->epochs = p->epochs;
+        if (p->event == TDM_TRAINER_EVENT_STEP) v->loss = p->loss;
+        if (isfinite(p->tokens_per_sec)) v->tokens_per_sec = p->tokens_per_sec;
+        if (p->label) snprintf(v->label, sizeof v->label, "%s", p->label);
+        if (p->event == TDM_TRAINER_EVENT_DONE) s->dirty = true;
+    }
     if (p->adapter < s->n_own) {
         if (s->progress) s->progress(p, s->progress_user);
         return;
@@ -491,8 +574,91 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
     tdm_cotrain_msg m;
     tdm_cotrain_progress_from_trainer(p, p->adapter - g->first, &m);
     send_msg(s, g, &m);
+    if (s->progress && v) {
+        /* the host's own output shows joined adapters too, named with their joiner */
+        char label[256];
+        snprintf(label, sizeof label, "%s (pid %d, %s)", v->label, (int)v->joiner_pid,
+                 v->joiner_user ? v->joiner_user : "?");
+        tdm_trainer_progress q = *p;
+        q.label = label;
+        s->progress(&q, s->progress_user);
+    }
     if (p->event == TDM_TRAINER_EVENT_DONE)
         send_done(s, g, p->adapter, TDM_COTRAIN_FINISHED, p->step, NULL);
+}
+
+static void on_pass(const tdm_trainer_pass *tp, void *user)
+{
+    tdm_cotrain_serving *s = user;
+    for (int a = 0; a < tp->n_adapters && a < s->n_views; a++)
+        s->views[a].window_seqs += tp->seqs[a];
+    if (s->inner_pass) s->inner_pass(tp, s->inner_pass_user);
+}
+
+/* Rewrites the advertisement with the live status (cotrain/status.h): at most once per
+ * TDM_COTRAIN_STATUS_PERIOD_MS, and at the first boundary after an adapter joined or ended.
+ * A failed write (a full disk) is said once and does not stop training. */
+static void publish(tdm_cotrain_serving *s, tdm_trainer *t)
+{
+    int64_t now = tdm_now_mono_ns();
+    if (!s->dirty && s->published_ns &&
+        now - s->published_ns < (int64_t)TDM_COTRAIN_STATUS_PERIOD_MS * 1000000)
+        return;
+    int n = tdm_trainer_adapter_count(t);
+    if (n > s->n_views) n = s->n_views;
+    tdm_cotrain_status_adapter *ads = calloc((size_t)(n > 0 ? n : 1), sizeof *ads);
+    if (!ads) return;
+    int64_t window = 0;
+    for (int a = 0; a < n; a++)
+        if (s->views[a].used) window += s->views[a].window_seqs;
+    int k = 0;
+    for (int a = 0; a < n; a++) {
+        adapter_view *v = &s->views[a];
+        if (!v->used) continue;
+        int64_t step = 0, total = 0;
+        bool done = false;
+        tdm_trainer_adapter_position(t, a, &step, &done);
+        tdm_trainer_adapter_info(t, a, NULL, NULL, &total);
+        tdm_cotrain_status_adapter *o = &ads[k++];
+        o->index = a;
+        o->label = v->label;
+        o->data = (char *)v->data;
+        o->output = (char *)v->output;
+        o->joiner_pid = v->joiner_pid;
+        snprintf(o->joiner_user, sizeof o->joiner_user, "%s",
+                 v->joiner_user ? v->joiner_user : "?");
+        o->state = !done                                ? TDM_COTRAIN_ADAPTER_TRAINING
+                   : tdm_trainer_adapter_detached(t, a) ? TDM_COTRAIN_ADAPTER_DETACHED
+                                                        : TDM_COTRAIN_ADAPTER_FINISHED;
+        o->step = step;
+        o->total_steps = total;
+        o->epoch = v->epoch;
+        o->epochs = v->epochs;
+        o->loss = v->loss;
+        o->tokens_per_sec = v->tokens_per_sec;
+        o->weight = v->weight;
+        o->share = window > 0 ? (double)v->window_seqs / (double)window : NAN;
+    }
+    tdm_cotrain_status st = {.updated_ms = tdm_now_real_ns() / 1000000,
+                             .global_step = tdm_trainer_global_step(t),
+                             .n_adapters = k,
+                             .adapters = ads};
+    snprintf(st.schedule, sizeof st.schedule, "%s", tdm_train_schedule_name(s->schedule));
+    json_t *j = tdm_cotrain_status_json(&st);
+    free(ads); /* its strings are borrowed */
+    tdm_error e = {0};
+    tdm_status r =
+        j ? tdm_cotrain_host_publish(s->host, j, &e) : tdm_fail(&e, TDM_ERR_NOMEM, "out of memory");
+    json_decref(j);
+    if (r != TDM_OK && !s->publish_failed) {
+        note(s->note, s->note_user, "co-training: cannot publish the status for gpu status: %s",
+             e.message);
+        s->publish_failed = true;
+    }
+    for (int a = 0; a < n; a++)
+        s->views[a].window_seqs = 0;
+    s->dirty = false;
+    s->published_ns = now;
 }
 
 static void reject(tdm_cotrain_serving *s, uint64_t conn, tdm_status status, const char *message)
@@ -640,6 +806,10 @@ static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64
         return;
     }
     s->n_groups++;
+    g->pid = w->peer.pid;
+    for (int a = 0; a < g->n; a++)
+        view_init(s, g->first + a, j->adapters[a].data, j->adapters[a].output, j->adapters[a].label,
+                  j->adapters[a].weight, j->adapters[a].epochs, g->pid, j->user ? j->user : "?");
     s->n_active = active_adapters(t);
     if (with_mb > 0) {
         s->plan_mb = with_mb;
@@ -800,6 +970,7 @@ static void hand_back(tdm_cotrain_serving *s, tdm_trainer *t, joined_group *g, b
                       st == TDM_OK ? NULL : e.message);
         note(s->note, s->note_user, "adapter %d handed back at step %lld%s%s", a, (long long)step,
              st == TDM_OK ? "" : ": ", st == TDM_OK ? "" : e.message);
+        s->dirty = true;
     }
 }
 
@@ -855,17 +1026,28 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
            !(s->stop_requested && s->stop_requested(s->stop_requested_user))) {
         tdm_sleep_ms(IDLE_POLL_MS);
         serve_once(s, t);
+        publish(s, t);
     }
+    publish(s, t);
     return TDM_OK;
 }
 
-void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts, int n_own)
+void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts,
+                            const tdm_trainer_adapter *own, int n_own)
 {
     srv->n_own = n_own;
     srv->progress = opts->progress;
     srv->progress_user = opts->progress_user;
+    srv->inner_pass = opts->on_pass;
+    srv->inner_pass_user = opts->on_pass_user;
+    srv->schedule = opts->schedule;
+    for (int a = 0; a < n_own; a++)
+        view_init(srv, a, own[a].data, own[a].output, own[a].label, own[a].weight, own[a].epochs, 0,
+                  NULL);
     opts->progress = on_progress;
     opts->progress_user = srv;
+    opts->on_pass = on_pass;
+    opts->on_pass_user = srv;
     opts->at_step_boundary = at_boundary;
     opts->at_step_boundary_user = srv;
     srv->stop_requested = opts->stop_requested;
@@ -901,6 +1083,7 @@ void tdm_cotrain_serve_end(tdm_cotrain_serving *srv, tdm_status run_status, cons
     for (int i = 0; i < srv->n_groups; i++)
         tdm_cotrain_msg_free(&srv->g[i].join);
     free(srv->g);
+    free(srv->views);
     tdm_cotrain_run_opts_free(&srv->mine);
     free(srv);
 }

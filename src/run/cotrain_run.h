@@ -7,7 +7,8 @@
  *                             returned); none -> this process hosts (*srv).
  *     tdm_cotrain_serve_hook  a host wires its trainer options: the step-boundary hook takes the
  *                             joiners' join / detach requests; joined adapters' progress goes to
- *                             their joiners, the host's own to its caller.
+ *                             their joiners (and, with the joiner's pid and user, to the host's
+ *                             own output); the live status is published for `gpu status`.
  *     tdm_cotrain_serve_end   after the run: outcomes to the joiners still attached, the host
  *                             stopped (advertisement removed, connections closed).
  *
@@ -47,9 +48,13 @@ tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *srv, tdm_run_opts *o,
                                   const tdm_finetune_hooks *hooks, char **bad_lines,
                                   tdm_error *err);
 
-/* Points opts' step-boundary hook and progress callback at the host's service (n_own: the
- * host's own adapters, indices 0..n_own-1). Call before the trainer is created. */
-void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts, int n_own);
+/* Points opts' step-boundary hook, progress callback and pass hook at the host's service (own:
+ * the host's own adapters, indices 0..n_own-1, borrowed until tdm_cotrain_serve_end). Joined
+ * adapters' progress goes to their joiner and, labelled "LABEL (pid P, USER)", to the host's
+ * own progress callback too; at each step boundary the host's live status is published for
+ * `gpu status` (cotrain/status.h). Call before the trainer is created. */
+void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts,
+                            const tdm_trainer_adapter *own, int n_own);
 
 /* Ends the service after the run returned run_status (err its error): tells the joiners still
  * attached how their adapters ended, stops the host, frees srv. NULL allowed. */

@@ -291,7 +291,7 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     bool joined = false;
     st = tdm_cotrain_run_start(o, ads, n, hooks, &srv, &joined, bad_lines, err);
     if (st != TDM_OK || joined) goto out;
-    if (srv) tdm_cotrain_serve_hook(srv, &o->trainer, n);
+    if (srv) tdm_cotrain_serve_hook(srv, &o->trainer, ads, n);
     /* data and shapes: nothing written yet, no device touched */
     tdm_trainer *tr = NULL;
     if ((st = tdm_trainer_create(&tr, &o->trainer, ads, n, bad_lines, err)) != TDM_OK) {

@@ -346,9 +346,20 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
     else if (tdm_registry_save(s->regdir, job, err) != TDM_OK)
         st = tdm_fail(err, err->status, "job %s started (pid %ld on %s) but not recorded: %s", id,
                       pid, node->name, err->message);
-    else
+    else {
         note(hooks, "%s: started job %s (pid %ld, %d adapter(s), log %s/log)", node->name, id, pid,
              s->plan.adapters_on_node[n], job_dir);
+        if (hooks->job) {
+            tdm_submit_job j = {.id = id,
+                                .submission = submission_id,
+                                .node = node->name,
+                                .job_dir = job_dir,
+                                .device = g >= 0 ? s->gpus[n][g].uuid : NULL,
+                                .pid = pid,
+                                .n_adapters = s->plan.adapters_on_node[n]};
+            hooks->job(&j, hooks->user);
+        }
+    }
     json_decref(job);
     return st;
 }

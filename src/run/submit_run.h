@@ -43,11 +43,21 @@ typedef struct tdm_submit_plan {
     int64_t model_params;
 } tdm_submit_plan;
 
+/* A job submit started (valid during the job hook only). */
+typedef struct tdm_submit_job {
+    const char *id, *submission, *node, *job_dir;
+    const char *device; /* the GPU's UUID, or NULL: the CPU */
+    long pid;           /* of its wrapper on the node */
+    int n_adapters;
+} tdm_submit_job;
+
 typedef struct tdm_submit_hooks {
     /* Called once placement is done, also when an adapter fits nowhere (then the call returns
      * TDM_ERR_NEVER_FITS after it). */
     void (*plan)(const tdm_submit_plan *p, void *user);
     tdm_note_fn note; /* "NODE: model N file(s) copied ...", "NODE: started job ID ..." */
+    /* May be NULL: called for each job started and recorded in the registry. */
+    void (*job)(const tdm_submit_job *j, void *user);
     void *user;
     /* the submission id (when jobs were started), for the caller's closing line */
     char submission[128];

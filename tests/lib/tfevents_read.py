@@ -129,7 +129,7 @@ def event(data):
                         val = struct.unpack("<f", vv)[0]
                 if tag is not None and val is not None:
                     ev["values"].append((tag, val))
-        elif num == 6 and wt == 2:
+        elif num == 7 and wt == 2:  # Event.session_log (6 is the deprecated log_message)
             for ln, lwt, lv in fields(v):
                 if ln == 1 and lwt == 0 and lv == 1:
                     ev["start"] = True

@@ -147,6 +147,10 @@ static void test_formats_chatml(void **state)
     expect_line("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": "
                 "\"assistant\", \"content\": \"Yo\"}]}",
                 &o, &e);
+    /* ShareGPT: "conversations" of from/value, roles human/gpt; extra keys ignored */
+    expect_line("{\"conversations\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": "
+                "\"gpt\", \"value\": \"Yo\", \"weight\": 1}], \"id\": \"x\"}",
+                &o, &e);
 
     e.n = 0; /* alpaca with input and system */
     ex_turn(&e, "system", "S", false);
@@ -165,6 +169,10 @@ static void test_formats_chatml(void **state)
     expect_line("{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", "
                 "\"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}, {\"role\": "
                 "\"user\", \"content\": \"c\"}, {\"role\": \"assistant\", \"content\": \"d\"}]}\n",
+                &o, &e);
+    expect_line("{\"conversations\": [{\"from\": \"system\", \"value\": \"S\"}, {\"from\": "
+                "\"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": \"b\"}, {\"from\": "
+                "\"human\", \"value\": \"c\"}, {\"from\": \"gpt\", \"value\": \"d\"}]}\n",
                 &o, &e);
 
     e.n = 0; /* completion: raw, never templated; EOS from tokenizer_config.json */
@@ -321,6 +329,25 @@ static void test_bad_line_reasons(void **state)
          "\"content\": \"\"}]}",
          "messages[1]: assistant content is empty", 0},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}", "no assistant message", 0},
+        {"{\"conversations\": {}}", "\"conversations\" must be a list, not an object", 0},
+        {"{\"conversations\": []}", "\"conversations\" is empty", 0},
+        {"{\"conversations\": [{\"value\": \"a\"}]}", "conversations[0] has no \"from\"", 0},
+        {"{\"conversations\": [{\"from\": \"user\", \"value\": \"a\"}]}",
+         "conversations[0].from \"user\" is not system, human or gpt", 0},
+        {"{\"conversations\": [{\"from\": \"human\"}]}", "conversations[0] has no \"value\"", 0},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": 7}]}",
+         "conversations[0].value must be a string, not an integer", 0},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"system\", "
+         "\"value\": \"s\"}]}",
+         "conversations[1]: a system message may only come first", 0},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", "
+         "\"value\": \"\"}]}",
+         "conversations[1]: gpt value is empty", 0},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}]}", "no gpt message", 0},
+        {"{\"messages\": [], \"conversations\": []}",
+         "has both \"messages\" and \"conversations\"", 0},
+        {"{\"text\": \"a\", \"conversations\": []}",
+         "mixes keys of two formats: \"conversations\" (chat) and \"text\" (text)", 0},
         {"{\"labels\": [1]}", "missing \"input_ids\"", 0},
         {"{\"input_ids\": []}", "\"input_ids\" must be a non-empty list of integers", 0},
         {"{\"input_ids\": 5}", "\"input_ids\" must be a non-empty list of integers", 0},
@@ -582,8 +609,10 @@ static void test_split_golden_keys(void **state)
         "{\"instruction\": \"Hi\", \"response\": \"Yo\"}",
         "{\"messages\": [{\"content\": \"Hi\", \"role\": \"user\", \"x\": 1}, {\"role\": "
         "\"assistant\", \"content\": \"Yo\"}]}",
+        "{\"conversations\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"value\": \"Yo\", "
+        "\"from\": \"gpt\"}]}",
     };
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < 4; i++) {
         json_t *obj = json_loads(lines[i], 0, NULL);
         assert_non_null(obj);
         tdm_data_fields f;

@@ -101,6 +101,40 @@ static void test_parse(void **state)
     free(o.adapter_args);
 }
 
+/* --wait-gpu (the default, accepted because other tools' users type it) and --no-wait-gpu: the
+ * last one wins, for finetune and eval. */
+static void test_wait_gpu(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *a, *b;
+        bool no_wait;
+    } cases[] = {
+        {"--wait-gpu", NULL, false},
+        {"--no-wait-gpu", NULL, true},
+        {"--no-wait-gpu", "--wait-gpu", false},
+        {"--wait-gpu", "--no-wait-gpu", true},
+    };
+    unsigned cmds[] = {TDM_CMD_FINETUNE, TDM_CMD_EVAL};
+    for (size_t c = 0; c < 2; c++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            char *argv[] = {"cmd", "model", (char *)cases[i].a, (char *)cases[i].b, NULL};
+            int argc = cases[i].b ? 4 : 3;
+            tdm_run_opts o;
+            tdm_run_opts_default(&o, cmds[c]);
+            char **pos = NULL;
+            int npos = 0;
+            tdm_error err = {0};
+            assert_int_equal(tdm_run_opts_parse(&o, cmds[c], argc, argv, &pos, &npos, &err),
+                             TDM_OK);
+            if (o.device.no_wait != cases[i].no_wait)
+                fail_msg("%s %s: no_wait %d", cases[i].a, cases[i].b ? cases[i].b : "",
+                         o.device.no_wait);
+            free(pos);
+            free(o.adapter_args);
+        }
+}
+
 /* Each bad value names the flag and what it needs; a misspelled flag gets a suggestion. */
 static void test_errors(void **state)
 {
@@ -135,6 +169,7 @@ int main(void)
         cmocka_unit_test(test_every_toml_key_has_one_row),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_wait_gpu),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
