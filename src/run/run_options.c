@@ -365,7 +365,12 @@ void tdm_run_opts_default(tdm_run_opts *o, unsigned command)
         const tdm_run_option *r = &table[i];
         if (!(r->commands & command) || r->kind == TDM_OPT_PATH) continue;
         if (r->kind == TDM_OPT_BOOL) { /* the flag sets bool_value; without it, the other */
-            *(bool *)((char *)o + r->offset) = !r->bool_value;
+            /* two flags of one field (--no-wait-gpu, --wait-gpu): the first row's default */
+            bool first = true;
+            for (size_t k = 0; k < i && first; k++)
+                first = !(table[k].kind == TDM_OPT_BOOL && table[k].offset == r->offset &&
+                          (table[k].commands & command));
+            if (first) *(bool *)((char *)o + r->offset) = !r->bool_value;
             continue;
         }
         if (!*r->default_text && r->parse != parse_chat_template) continue;

@@ -110,6 +110,7 @@ static void test_wait_gpu(void **state)
         const char *a, *b;
         bool no_wait;
     } cases[] = {
+        {NULL, NULL, false}, /* the default: wait */
         {"--wait-gpu", NULL, false},
         {"--no-wait-gpu", NULL, true},
         {"--no-wait-gpu", "--wait-gpu", false},
@@ -119,7 +120,7 @@ static void test_wait_gpu(void **state)
     for (size_t c = 0; c < 2; c++)
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
             char *argv[] = {"cmd", "model", (char *)cases[i].a, (char *)cases[i].b, NULL};
-            int argc = cases[i].b ? 4 : 3;
+            int argc = cases[i].b ? 4 : cases[i].a ? 3 : 2;
             tdm_run_opts o;
             tdm_run_opts_default(&o, cmds[c]);
             char **pos = NULL;
@@ -128,8 +129,8 @@ static void test_wait_gpu(void **state)
             assert_int_equal(tdm_run_opts_parse(&o, cmds[c], argc, argv, &pos, &npos, &err),
                              TDM_OK);
             if (o.device.no_wait != cases[i].no_wait)
-                fail_msg("%s %s: no_wait %d", cases[i].a, cases[i].b ? cases[i].b : "",
-                         o.device.no_wait);
+                fail_msg("%s %s: no_wait %d", cases[i].a ? cases[i].a : "(none)",
+                         cases[i].b ? cases[i].b : "", o.device.no_wait);
             free(pos);
             free(o.adapter_args);
         }
