@@ -4,7 +4,8 @@
 set -eu
 PACKAGES="build-essential cmake pkg-config git libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev
 libopenblas-dev libcmocka-dev spin clang libclang-rt-dev python3 openssh-client openssh-server rsync npm
-iproute2 procps util-linux jq"
+iproute2 procps util-linux jq
+slurm-wlm slurmctld slurmd slurm-client munge"
 
 missing=""
 for p in $PACKAGES; do
@@ -35,6 +36,15 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
+# Slurm and munge are for the tests, which start their own daemons under a temporary directory
+# (tests/lib/slurm.sh): installing must start none. Debian's policy-rc.d hook (exit 101) stops
+# package scripts from starting services; put one in place for this install when there is none.
+rc_policy_added=""
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    rc_policy_added=1
+fi
 if [ -n "$missing" ]; then
     # shellcheck disable=SC2086
     $SUDO apt-get install -y -qq --no-install-recommends $missing
@@ -43,3 +53,4 @@ for p in $optional; do
     $SUDO apt-get install -y -qq --no-install-recommends "$p" ||
         echo "install-deps: could not install $p (optional: the tests that need it skip)" >&2
 done
+[ -z "$rc_policy_added" ] || $SUDO rm -f /usr/sbin/policy-rc.d

@@ -14,7 +14,9 @@
 #include "cluster/coordinator.h"
 #include "cluster/job.h"
 #include "cluster/registry.h"
+#include "cluster/slurm.h"
 #include "cluster/transport.h"
+#include "util/atomic_file.h"
 #include "util/timeutil.h"
 
 /* The registry record of job id (a new reference) and its node, connected; an exit code other
@@ -185,6 +187,49 @@ static const char cancel_usage[] =
     "(default 300) for it to end, records it and prints its last log lines (the finetune's\n"
     "resume command among them).\n";
 
+/* A Slurm job: the batch script passes USR1 to its finetune (a checkpoint of every adapter) and,
+ * seeing the job directory's `cancel` file, ends instead of requeueing (exit 143). A pending job
+ * has nothing to checkpoint and is cancelled outright; so is one still running after timeout. */
+static int cancel_slurm(job_ref *r, const char *id, const char *slurm_id, double timeout)
+{
+    tdm_error err = {0};
+    char marker[4200];
+    snprintf(marker, sizeof marker, "%s/cancel", r->job_dir);
+    if (tdm_atomic_write(marker, "cancel\n", 7, 0644, &err) != TDM_OK)
+        return tdm_cli_fail_err(&err);
+    const char *sstate = json_string_value(json_object_get(r->job, "slurm_state"));
+    bool pending = sstate && !strcmp(sstate, "PENDING");
+    if (tdm_slurm_cancel(slurm_id, pending ? NULL : "USR1", &err) != TDM_OK)
+        return tdm_cli_fail_err(&err);
+    if (pending)
+        printf("job %s: Slurm job %s was pending: cancelled (nothing had trained)\n", id, slurm_id);
+    else
+        printf("job %s: USR1 sent to Slurm job %s; waiting for its finetune to checkpoint and "
+               "end\n",
+               id, slurm_id);
+    fflush(stdout);
+    int64_t deadline = tdm_now_mono_ns() + (int64_t)(timeout * 1e9);
+    for (;;) {
+        job_refresh(r);
+        const char *state = json_string_value(json_object_get(r->job, "state"));
+        if (state && strcmp(state, "running")) break;
+        if (tdm_now_mono_ns() > deadline) {
+            if (tdm_slurm_cancel(slurm_id, NULL, &err) != TDM_OK) return tdm_cli_fail_err(&err);
+            printf("job %s: still running %.0f s after USR1: cancelled outright (scancel %s); "
+                   "its last checkpoints are what --resume continues from\n",
+                   id, timeout, slurm_id);
+            timeout = 1e9;
+            deadline = tdm_now_mono_ns() + (int64_t)30e9;
+        }
+        tdm_sleep_ms(250);
+    }
+    const char *tail = json_string_value(json_object_get(r->job, "log_tail"));
+    printf("job %s ended (%s, slurm %s)\n", id, json_string_value(json_object_get(r->job, "state")),
+           json_string_value(json_object_get(r->job, "slurm_state")));
+    if (tail && *tail) printf("last lines of its log:\n%s\n", tail);
+    return TDM_EXIT_OK;
+}
+
 int tdm_cmd_cluster_cancel(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -220,6 +265,12 @@ int tdm_cmd_cluster_cancel(int argc, char **argv)
         printf("job %s already ended (%s)\n", id, state);
         job_close(&r);
         return TDM_EXIT_OK;
+    }
+    const char *slurm_id = json_string_value(json_object_get(r.job, "slurm_job_id"));
+    if (slurm_id) {
+        rc = cancel_slurm(&r, id, slurm_id, timeout);
+        job_close(&r);
+        return rc;
     }
     tdm_error err = {0};
     char pids[256];

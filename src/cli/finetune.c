@@ -260,10 +260,32 @@ static void print_note(const char *line, void *user)
     fprintf(stderr, "tandem: %s\n", line);
 }
 
-/* The adapters about to train: one line each, and the progress lines they will use. */
+static void progress_ctx_free(progress_ctx *pc)
+{
+    for (int a = 0; pc->lines && a < (pc->n_lines > pc->n ? pc->n_lines : pc->n); a++)
+        free(pc->lines[a]);
+    free(pc->lines);
+    for (int a = 0; pc->outputs && a < pc->n; a++)
+        free(pc->outputs[a]);
+    free(pc->outputs);
+    free(pc->step);
+    free(pc->total);
+    free(pc->done);
+    pc->lines = NULL;
+    pc->outputs = NULL;
+    pc->step = pc->total = NULL;
+    pc->done = NULL;
+    pc->n_lines = 0;
+}
+
+/* The adapters about to train: one line each, and the progress lines they will use. Called
+ * again when a joiner's host died and the adapters start over elsewhere (docs/co-training.md,
+ * host failure). */
 static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
 {
     progress_ctx *pc = user;
+    progress_ctx_free(pc);
+    pc->n_drawn = 0;
     pc->n = n;
     pc->outputs = calloc((size_t)n, sizeof *pc->outputs);
     pc->step = calloc((size_t)n, sizeof *pc->step);
@@ -366,15 +388,7 @@ int tdm_cmd_finetune(int argc, char **argv)
             }
         }
         free(bad);
-        for (int a = 0; pc.lines && a < (pc.n_lines > pc.n ? pc.n_lines : pc.n); a++)
-            free(pc.lines[a]);
-        free(pc.lines);
-        for (int a = 0; pc.outputs && pc.step && a < pc.n; a++)
-            free(pc.outputs[a]);
-        free(pc.outputs);
-        free(pc.step);
-        free(pc.total);
-        free(pc.done);
+        progress_ctx_free(&pc);
     }
     free(cmdline);
     free(pos);

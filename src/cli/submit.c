@@ -54,6 +54,14 @@ static void print_line(const char *line, void *user)
     fflush(stdout);
 }
 
+/* --dry-run under scheduler: slurm: the batch script that would go to sbatch. */
+static void print_script(const char *path, const char *text, void *user)
+{
+    (void)user;
+    printf("\n==> %s (not written: --dry-run) <==\n%s", path, text);
+    fflush(stdout);
+}
+
 /* The finetune flags passed on to every node's `tandem finetune` are the rows of the option
  * table (src/run/run_options.c) marked submit_passes; submit parses them too, with the same
  * checks, for the placement estimate. --device is chosen by placement; --init-adapter is not
@@ -294,7 +302,8 @@ int tdm_cmd_submit(int argc, char **argv)
                               .n_pass = pf.n,
                               .dry_run = dry_run,
                               .stage_only = stage_only};
-    tdm_submit_hooks hooks = {.plan = print_plan, .note = print_line};
+    tdm_submit_hooks hooks = {
+        .plan = print_plan, .note = print_line, .script = dry_run ? print_script : NULL};
     json_out jo = {0};
     if (json) {
         jo.jobs = json_array();

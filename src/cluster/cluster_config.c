@@ -244,7 +244,7 @@ static const char *const node_keys[] = {
     "name",  "host", "transport", "user",      "port",    "identity_file",  "workdir",
     "tandem", "gpus", "cpu_cores", "ram_mb", "max_adapters", "cpu_max_params", "env"};
 
-static tdm_status parse_env(walk *w, const yaml_node_t *m, tdm_cluster_node *n)
+static tdm_status parse_env(walk *w, const yaml_node_t *m, char ***env, size_t *n_env)
 {
     if (m->type != YAML_MAPPING_NODE)
         return at(w, m, TDM_ERR_PARSE, "env must be a mapping of NAME: value");
@@ -252,8 +252,8 @@ static tdm_status parse_env(walk *w, const yaml_node_t *m, tdm_cluster_node *n)
     if (st != TDM_OK)
         return st;
     size_t count = (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
-    n->env = calloc(count ? count : 1, sizeof *n->env);
-    if (!n->env)
+    *env = calloc(count ? count : 1, sizeof **env);
+    if (!*env)
         return tdm_fail(w->err, TDM_ERR_NOMEM, "out of memory");
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
@@ -274,7 +274,7 @@ static tdm_status parse_env(walk *w, const yaml_node_t *m, tdm_cluster_node *n)
         if (!kv)
             return tdm_fail(w->err, TDM_ERR_NOMEM, "out of memory");
         snprintf(kv, len, "%s=%s", name, value);
-        n->env[n->n_env++] = kv;
+        (*env)[(*n_env)++] = kv;
     }
     return TDM_OK;
 }
@@ -373,7 +373,7 @@ static tdm_status parse_node(walk *w, const yaml_node_t *m, tdm_cluster_node *n)
             if (n->env)
                 st = at(w, v, TDM_ERR_PARSE, "duplicate env");
             else
-                st = parse_env(w, v, n);
+                st = parse_env(w, v, &n->env, &n->n_env);
         } else {
             st = unknown_key(w, k, "a node", node_keys, sizeof node_keys / sizeof *node_keys);
         }
@@ -405,7 +405,188 @@ static tdm_status parse_node(walk *w, const yaml_node_t *m, tdm_cluster_node *n)
     return TDM_OK;
 }
 
-static const char *const top_keys[] = {"ssh_config", "nodes"};
+/* ---- the slurm: block ---------------------------------------------------------------------- */
+
+static const char *const slurm_keys[] = {
+    "partition", "account",     "qos",    "time",   "gpus_per_job", "gpu_type",
+    "gpu_vram_mb", "cpus_per_gpu", "mem_per_gpu", "constraint", "extra", "workdir",
+    "tandem",    "env",         "device", "signal_grace", "max_adapters", "cpu_max_params"};
+
+/* Characters a Slurm name (partition, account, qos, GPU type, constraint) may hold: sbatch gets
+ * it as one argument, and the batch script's #SBATCH line must not be able to carry more. */
+static bool slurm_word(const char *s, const char *also)
+{
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_' || *s == '-' || *s == '.' || strchr(also, *s)))
+            return false;
+    return true;
+}
+
+static tdm_status slurm_word_field(walk *w, const yaml_node_t *v, const char *what,
+                                   const char *also, char **out)
+{
+    tdm_status st = string_field(w, v, what, out);
+    if (st == TDM_OK && !slurm_word(*out, also))
+        st = at(w, v, TDM_ERR_INVALID,
+                "%s '%s' may hold only letters, digits and _-.%s (one Slurm name)", what, *out,
+                also);
+    return st;
+}
+
+/* --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch(1)); digits, ':' and one '-'. */
+static bool slurm_time_ok(const char *s)
+{
+    int colons = 0, dashes = 0, digits = 0;
+    for (const char *c = s; *c; c++) {
+        if (*c >= '0' && *c <= '9') digits++;
+        else if (*c == ':') colons++;
+        else if (*c == '-' && !colons && digits) dashes++;
+        else return false;
+    }
+    return digits && colons <= 2 && dashes <= 1 && s[strlen(s) - 1] != ':';
+}
+
+static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *sl)
+{
+    sl->line = (uint32_t)m->start_mark.line + 1;
+    sl->col = (uint32_t)m->start_mark.column + 1;
+    sl->gpus_per_job = 1;
+    sl->signal_grace_s = TDM_SLURM_DEFAULT_SIGNAL_GRACE_S;
+    sl->max_adapters = TDM_SLURM_DEFAULT_MAX_ADAPTERS;
+    sl->cpu_max_params = TDM_CLUSTER_DEFAULT_CPU_MAX_PARAMS;
+    if (m->type != YAML_MAPPING_NODE)
+        return at(w, m, TDM_ERR_PARSE, "slurm must be a mapping (partition, workdir, ...)");
+    tdm_status st = check_keys(w, m);
+    tdm_cluster_node *sh = &sl->shared;
+    const yaml_node_t *gpus_node = NULL;
+    bool vram_given = false;
+    for (yaml_node_pair_t *p = m->data.mapping.pairs.start;
+         st == TDM_OK && p < m->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
+        const char *key = (const char *)k->data.scalar.value, *text;
+        int64_t num;
+        if (!strcmp(key, "partition")) {
+            st = slurm_word_field(w, v, "slurm.partition", ",", &sl->partition);
+        } else if (!strcmp(key, "account")) {
+            st = slurm_word_field(w, v, "slurm.account", "", &sl->account);
+        } else if (!strcmp(key, "qos")) {
+            st = slurm_word_field(w, v, "slurm.qos", "", &sl->qos);
+        } else if (!strcmp(key, "gpu_type")) {
+            st = slurm_word_field(w, v, "slurm.gpu_type", "", &sl->gpu_type);
+        } else if (!strcmp(key, "constraint")) {
+            st = slurm_word_field(w, v, "slurm.constraint", "&|[]*:,", &sl->constraint);
+        } else if (!strcmp(key, "time")) {
+            st = string_field(w, v, "slurm.time", &sl->time);
+            if (st == TDM_OK && !slurm_time_ok(sl->time))
+                st = at(w, v, TDM_ERR_INVALID,
+                        "slurm.time '%s' is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)",
+                        sl->time);
+        } else if (!strcmp(key, "mem_per_gpu")) {
+            st = slurm_word_field(w, v, "slurm.mem_per_gpu", "", &sl->mem_per_gpu);
+            size_t len = st == TDM_OK ? strlen(sl->mem_per_gpu) : 0;
+            size_t ndig = st == TDM_OK ? strspn(sl->mem_per_gpu, "0123456789") : 0;
+            if (st == TDM_OK && (!ndig || (len > ndig + 1) ||
+                                 (len == ndig + 1 && !strchr("KMGT", sl->mem_per_gpu[ndig]))))
+                st = at(w, v, TDM_ERR_INVALID,
+                        "slurm.mem_per_gpu '%s' must be a size such as 32G or 16000M",
+                        sl->mem_per_gpu);
+        } else if (!strcmp(key, "gpus_per_job")) {
+            gpus_node = v;
+            if ((st = int_field(w, v, "slurm.gpus_per_job", 0, 64, false, &num)) == TDM_OK)
+                sl->gpus_per_job = (int)num;
+        } else if (!strcmp(key, "gpu_vram_mb")) {
+            vram_given = true;
+            if ((st = int_field(w, v, "slurm.gpu_vram_mb", 1, INT64_C(1) << 40, false, &num)) ==
+                TDM_OK)
+                sl->gpu_vram_mb = num;
+        } else if (!strcmp(key, "cpus_per_gpu")) {
+            if ((st = int_field(w, v, "slurm.cpus_per_gpu", 1, 1 << 20, false, &num)) == TDM_OK)
+                sl->cpus_per_gpu = (int)num;
+        } else if (!strcmp(key, "signal_grace")) {
+            if ((st = int_field(w, v, "slurm.signal_grace", 1, 65535, false, &num)) == TDM_OK)
+                sl->signal_grace_s = (int)num;
+        } else if (!strcmp(key, "max_adapters")) {
+            if ((st = int_field(w, v, "slurm.max_adapters", 1, 64, false, &num)) == TDM_OK)
+                sl->max_adapters = (int)num;
+        } else if (!strcmp(key, "cpu_max_params")) {
+            st = int_field(w, v, "slurm.cpu_max_params", 1, INT64_C(1) << 50, true,
+                           &sl->cpu_max_params);
+        } else if (!strcmp(key, "device")) {
+            if ((st = scalar(w, v, "slurm.device", &text)) == TDM_OK) {
+                if (!strcmp(text, "auto")) sl->device = TDM_SLURM_DEVICE_AUTO;
+                else if (!strcmp(text, "cuda")) sl->device = TDM_SLURM_DEVICE_CUDA;
+                else if (!strcmp(text, "cpu")) sl->device = TDM_SLURM_DEVICE_CPU;
+                else st = at(w, v, TDM_ERR_INVALID, "slurm.device must be auto, cuda or cpu, not '%s'", text);
+            }
+        } else if (!strcmp(key, "extra")) {
+            if (v->type != YAML_SEQUENCE_NODE) {
+                st = at(w, v, TDM_ERR_PARSE, "slurm.extra must be a list of sbatch options");
+                continue;
+            }
+            size_t count = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+            sl->extra = calloc(count ? count : 1, sizeof *sl->extra);
+            if (!sl->extra)
+                return tdm_fail(w->err, TDM_ERR_NOMEM, "out of memory");
+            for (yaml_node_item_t *it = v->data.sequence.items.start;
+                 st == TDM_OK && it < v->data.sequence.items.top; it++) {
+                const yaml_node_t *e = yaml_document_get_node(w->doc, *it);
+                char *opt = NULL;
+                st = string_field(w, e, "an entry of slurm.extra", &opt);
+                if (st == TDM_OK && (strncmp(opt, "--", 2) || strpbrk(opt, "\n\r")))
+                    st = at(w, e, TDM_ERR_INVALID,
+                            "slurm.extra entries are sbatch long options such as --exclusive or "
+                            "--nice=10, one per entry; got '%s'",
+                            opt);
+                if (st == TDM_OK) sl->extra[sl->n_extra++] = opt;
+                else free(opt);
+            }
+        } else if (!strcmp(key, "workdir")) {
+            st = string_field(w, v, "slurm.workdir", &sh->workdir);
+            if (st == TDM_OK && (sh->workdir[0] != '/' || strpbrk(sh->workdir, "\n\r")))
+                st = at(w, v, TDM_ERR_INVALID,
+                        "slurm.workdir must be an absolute path that every node sees (a shared "
+                        "file system), got '%s'",
+                        sh->workdir);
+        } else if (!strcmp(key, "tandem")) {
+            st = string_field(w, v, "slurm.tandem", &sh->tandem);
+        } else if (!strcmp(key, "env")) {
+            st = sh->env ? at(w, v, TDM_ERR_PARSE, "duplicate env")
+                         : parse_env(w, v, &sh->env, &sh->n_env);
+        } else {
+            st = unknown_key(w, k, "slurm", slurm_keys, sizeof slurm_keys / sizeof *slurm_keys);
+        }
+    }
+    if (st != TDM_OK)
+        return st;
+    if (!sh->workdir)
+        return at(w, m, TDM_ERR_INVALID,
+                  "slurm needs `workdir:`, a directory every node sees at the same path");
+    if (sl->gpus_per_job > 1)
+        return at(w, gpus_node, TDM_ERR_INVALID,
+                  "slurm.gpus_per_job %d: a job trains its adapters in one fused process on one "
+                  "GPU; use 1 (more adapters make more jobs) or 0 for CPU-only jobs",
+                  sl->gpus_per_job);
+    if (sl->gpus_per_job > 0 && !vram_given)
+        return at(w, m, TDM_ERR_INVALID,
+                  "slurm needs `gpu_vram_mb:` (the GPU memory one job may plan for, MiB) when "
+                  "gpus_per_job is not 0");
+    if (sl->gpus_per_job == 0 && sl->device == TDM_SLURM_DEVICE_CUDA)
+        return at(w, m, TDM_ERR_INVALID, "slurm.device cuda needs gpus_per_job 1");
+    sh->name = strdup("slurm");
+    sh->transport = TDM_TRANSPORT_LOCAL;
+    if (!sh->tandem) sh->tandem = strdup("tandem");
+    sh->max_adapters = sl->max_adapters;
+    sh->cpu_max_params = sl->cpu_max_params;
+    sh->line = sl->line;
+    sh->col = sl->col;
+    if (!sh->name || !sh->tandem)
+        return tdm_fail(w->err, TDM_ERR_NOMEM, "out of memory");
+    return TDM_OK;
+}
+
+static const char *const top_keys[] = {"ssh_config", "nodes", "scheduler", "slurm"};
 
 static tdm_status parse_root(walk *w, tdm_cluster_config *cfg)
 {
@@ -420,7 +601,7 @@ static tdm_status parse_root(walk *w, tdm_cluster_config *cfg)
     tdm_status st = check_keys(w, root);
     if (st != TDM_OK)
         return st;
-    const yaml_node_t *nodes = NULL;
+    const yaml_node_t *nodes = NULL, *slurm = NULL, *scheduler_node = root;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
@@ -432,12 +613,34 @@ static tdm_status parse_root(walk *w, tdm_cluster_config *cfg)
                 st = anchor_path(w, &cfg->ssh_config);
         } else if (!strcmp(key, "nodes")) {
             nodes = v;
+        } else if (!strcmp(key, "scheduler")) {
+            const char *text;
+            if ((st = scalar(w, v, "scheduler", &text)) == TDM_OK) {
+                scheduler_node = v;
+                if (!strcmp(text, "ssh")) cfg->scheduler = TDM_SCHEDULER_SSH;
+                else if (!strcmp(text, "slurm")) cfg->scheduler = TDM_SCHEDULER_SLURM;
+                else st = at(w, v, TDM_ERR_INVALID, "scheduler must be ssh or slurm, not '%s'", text);
+            }
+        } else if (!strcmp(key, "slurm")) {
+            slurm = v;
         } else {
             st = unknown_key(w, k, "the top level", top_keys, sizeof top_keys / sizeof *top_keys);
         }
         if (st != TDM_OK)
             return st;
     }
+    if (cfg->scheduler == TDM_SCHEDULER_SLURM) {
+        if (nodes)
+            return at(w, nodes, TDM_ERR_INVALID,
+                      "with scheduler: slurm, Slurm picks the nodes: remove `nodes:` (or use "
+                      "scheduler: ssh)");
+        if (!slurm)
+            return at(w, scheduler_node, TDM_ERR_INVALID,
+                      "scheduler: slurm needs a `slurm:` block (partition, workdir, ...)");
+        return parse_slurm(w, slurm, &cfg->slurm);
+    }
+    if (slurm)
+        return at(w, slurm, TDM_ERR_INVALID, "a `slurm:` block needs `scheduler: slurm`");
     if (!nodes)
         return at(w, root, TDM_ERR_INVALID, "no `nodes:` list");
     if (nodes->type != YAML_SEQUENCE_NODE)
@@ -612,6 +815,18 @@ void tdm_cluster_config_free(tdm_cluster_config *cfg)
     for (size_t i = 0; i < cfg->n_nodes; i++)
         tdm_cluster_node_free(&cfg->nodes[i]);
     free(cfg->nodes);
+    tdm_slurm_config *sl = &cfg->slurm;
+    free(sl->partition);
+    free(sl->account);
+    free(sl->qos);
+    free(sl->time);
+    free(sl->gpu_type);
+    free(sl->mem_per_gpu);
+    free(sl->constraint);
+    for (size_t e = 0; e < sl->n_extra; e++)
+        free(sl->extra[e]);
+    free(sl->extra);
+    tdm_cluster_node_free(&sl->shared);
     free(cfg->file);
     free(cfg->ssh_config);
     memset(cfg, 0, sizeof *cfg);

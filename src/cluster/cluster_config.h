@@ -72,11 +72,50 @@ typedef struct tdm_cluster_node {
     uint32_t line, col; /* of the node's mapping */
 } tdm_cluster_node;
 
+typedef enum tdm_scheduler_kind {
+    TDM_SCHEDULER_SSH = 0, /* tandem places adapters on the listed nodes itself */
+    TDM_SCHEDULER_SLURM = 1,
+} tdm_scheduler_kind;
+
+typedef enum tdm_slurm_device {
+    TDM_SLURM_DEVICE_AUTO = 0, /* cuda when the job asks for GPUs, else cpu */
+    TDM_SLURM_DEVICE_CUDA,
+    TDM_SLURM_DEVICE_CPU,
+} tdm_slurm_device;
+
+#define TDM_SLURM_DEFAULT_SIGNAL_GRACE_S 120
+#define TDM_SLURM_DEFAULT_MAX_ADAPTERS 4
+
+/* The `slurm:` block (docs/cluster-yaml.md, "Slurm"). Strings are NULL when unset. */
+typedef struct tdm_slurm_config {
+    char *partition, *account, *qos;
+    char *time;          /* sbatch --time, e.g. "2:00:00" or "1-00:00:00" */
+    int gpus_per_job;    /* 0 (CPU-only jobs) or 1; default 1 */
+    char *gpu_type;      /* --gres=gpu:TYPE:N */
+    int64_t gpu_vram_mb; /* MiB one job may plan for on its GPU; required when gpus_per_job > 0 */
+    int cpus_per_gpu;    /* 0 when unset */
+    char *mem_per_gpu;   /* "32G": sbatch --mem-per-gpu */
+    char *constraint;
+    char **extra; /* (n_extra) further sbatch options, each starting with "--" */
+    size_t n_extra;
+    tdm_slurm_device device;
+    int signal_grace_s; /* --signal=B:USR1@N: the checkpoint's head start before a time limit */
+    int max_adapters;   /* most adapters in one job's fused process */
+    int64_t cpu_max_params;
+    /* The shared workdir as the submitting machine sees it (every compute node sees it at the
+     * same path): a local node named "slurm" with workdir, tandem and env of the block. Staging,
+     * job directories, status reads and `cluster pull` go through it. */
+    tdm_cluster_node shared;
+    uint32_t line, col; /* of the block */
+} tdm_slurm_config;
+
 typedef struct tdm_cluster_config {
     char *file;       /* the path given to load/parse (owned), for messages */
     char *ssh_config; /* NULL when unset; resolved against the cluster file's directory */
+    tdm_scheduler_kind scheduler;
     tdm_cluster_node *nodes;
-    size_t n_nodes; /* >= 1 */
+    size_t n_nodes;        /* >= 1 with scheduler ssh; 0 with slurm (Slurm picks nodes) */
+    tdm_slurm_config slurm; /* scheduler slurm only */
 } tdm_cluster_config;
 
 /* Parses cluster.yaml text[0..len). filename names the file in messages and anchors relative

@@ -9,6 +9,7 @@
 
 #include "cluster/job.h"
 #include "cluster/registry.h"
+#include "cluster/slurm.h"
 #include "cluster/transport.h"
 #include "util/timeutil.h"
 
@@ -52,6 +53,42 @@ static void set_str(json_t *o, const char *key, const char *value, bool *changed
         return;
     json_object_set_new(o, key, value ? json_string(value) : json_null());
     *changed = true;
+}
+
+/* A Slurm job's state comes from Slurm (scontrol, else sacct), not from a pid on a node: the poll
+ * read its files (log, exit_code, the adapters' records) from the shared workdir only. Once Slurm
+ * has forgotten the job, the exit_code file the batch script leaves is the record. */
+static tdm_status slurm_state(json_t *job, const char *slurm_id, tdm_job_poll *p, bool *changed,
+                              tdm_error *err)
+{
+    tdm_slurm_state ss;
+    TDM_TRY(tdm_slurm_query(slurm_id, &ss, err));
+    p->why[0] = 0;
+    if (ss.known) {
+        p->state = tdm_job_state_parse(tdm_slurm_state_to_job_state(ss.state));
+        if (ss.reason[0] && strcmp(ss.state, "COMPLETED"))
+            snprintf(p->why, sizeof p->why, "slurm %s: %s", ss.state, ss.reason);
+        else if (p->state == TDM_JOB_FAILED)
+            snprintf(p->why, sizeof p->why, "slurm %s (exit %d)", ss.state, ss.exit_code);
+        if (p->exit_code < 0 && p->state != TDM_JOB_RUNNING) p->exit_code = ss.exit_code;
+        set_str(job, "slurm_state", ss.state, changed);
+        set_str(job, "state_source", ss.source, changed);
+        json_t *rc = json_integer(ss.restarts);
+        if (!json_equal(rc, json_object_get(job, "slurm_restarts"))) *changed = true;
+        json_object_set_new(job, "slurm_restarts", rc);
+    } else if (p->exit_code >= 0) {
+        p->state = p->exit_code == 0 ? TDM_JOB_FINISHED : TDM_JOB_FAILED;
+        if (p->exit_code) snprintf(p->why, sizeof p->why, "exit %d", p->exit_code);
+        set_str(job, "state_source", "exit_code file", changed);
+    } else {
+        p->state = TDM_JOB_FAILED;
+        snprintf(p->why, sizeof p->why,
+                 "Slurm no longer knows job %s and it left no exit_code: it was killed before "
+                 "its batch script ended (see its log)",
+                 slurm_id);
+        set_str(job, "state_source", "none", changed);
+    }
+    return TDM_OK;
 }
 
 tdm_status tdm_coord_refresh(json_t *job, bool *changed, tdm_error *err)
@@ -98,6 +135,11 @@ tdm_status tdm_coord_refresh(json_t *job, bool *changed, tdm_error *err)
     st = tdm_job_poll_once(&t, job_dir, files, 2 * n, &p, err);
     if (st != TDM_OK)
         goto out;
+    const char *slurm_id = json_string_value(json_object_get(job, "slurm_job_id"));
+    if (slurm_id && (st = slurm_state(job, slurm_id, &p, changed, err)) != TDM_OK) {
+        tdm_job_poll_free(&p);
+        goto out;
+    }
     char now[32];
     tdm_format_rfc3339(time(NULL), now, sizeof now);
     if (p.state == TDM_JOB_UNKNOWN) {

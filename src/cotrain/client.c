@@ -142,6 +142,13 @@ tdm_status tdm_cotrain_client_next(tdm_cotrain_client *c, int timeout_ms, tdm_co
     }
 }
 
+void tdm_cotrain_client_keep_waiting(tdm_cotrain_client *c)
+{
+    if (c->eof || c->fd < 0) return;
+    c->host_gone = false;
+    c->last_rx_ns = tdm_now_mono_ns();
+}
+
 void tdm_cotrain_client_close(tdm_cotrain_client *c)
 {
     if (c->fd >= 0) close(c->fd);

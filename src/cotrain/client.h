@@ -55,6 +55,11 @@ tdm_status tdm_cotrain_client_send(tdm_cotrain_client *c, const tdm_cotrain_msg 
 tdm_status tdm_cotrain_client_next(tdm_cotrain_client *c, int timeout_ms, tdm_cotrain_msg *msg,
                                    tdm_error *err);
 
+/* After a silence (c->host_gone, not c->eof) from a host whose process still exists (stopped
+ * with SIGSTOP or Ctrl-Z, or frozen): keep the connection and wait on, counting the silence from
+ * now. Nothing happens after EOF. */
+void tdm_cotrain_client_keep_waiting(tdm_cotrain_client *c);
+
 void tdm_cotrain_client_close(tdm_cotrain_client *c);
 
 #endif

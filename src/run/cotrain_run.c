@@ -14,10 +14,13 @@
 #include "cotrain/host.h"
 #include "cotrain/status.h"
 #include "cotrain/trainer_bridge.h"
+#include "gpu/proc_identity.h"
 #include "util/timeutil.h"
 
 #define JOIN_ATTEMPTS 3    /* elections before giving up (a host may end while we join it) */
+#define TAKEOVERS_MAX 8    /* host deaths survived by one joiner (each one resumes its adapters) */
 #define CLIENT_POLL_MS 200 /* how often the joiner checks its stop flag */
+#define EXIT_WAIT_MS 2000  /* after EOF: how long the host's process may take to be gone */
 
 /* One joiner's adapters in the host's trainer. */
 typedef struct joined_group {
@@ -59,6 +62,7 @@ struct tdm_cotrain_serving {
     tdm_cotrain_host *host; /* NULL: not serving (a GPU run before device open, or it failed) */
     /* a GPU run elects after device open (tdm_cotrain_serve_open), on the GPU it reserved */
     bool elect_at_open;
+    int takeover_n; /* > 0: this run's adapters, orphaned by a dead host, resume here */
     char dir[4096];
     tdm_base_identity base; /* model, method; device and dtype set at open */
     const char *model_dir;
@@ -116,14 +120,33 @@ static void stem_of(const char *path, char *out, size_t cap)
     if (dot && dot != out) *dot = 0;
 }
 
+/* Whether the host's process still exists (not a zombie, pid not recycled). After EOF, waits
+ * up to EXIT_WAIT_MS for it to go: the kernel closes a killed process's sockets a moment before
+ * the process is reaped. */
+static bool host_alive(const tdm_cotrain_advert *host, bool wait_exit)
+{
+    tdm_holder h = {.pid = host->pid, .start_time = host->start_time};
+    int64_t until = tdm_now_mono_ns() + (wait_exit ? EXIT_WAIT_MS : 0) * 1000000LL;
+    for (;;) {
+        if (!tdm_holder_alive(&h)) return false;
+        if (tdm_now_mono_ns() >= until) return true;
+        usleep(10000);
+    }
+}
+
 /* The attached joiner: sends the join, shows its adapters' progress, forwards a stop request as
- * a detach, returns their outcome. *retry: the host ended before admitting us (elect again). */
+ * a detach, returns their outcome. *retry: the host ended before admitting us (elect again).
+ * *orphaned: the host's process died after admitting us (the caller takes over: elect again
+ * and resume the adapters from their latest checkpoints). A host that goes silent but whose
+ * process still exists (stopped, frozen) is waited for: taking its adapters over while it may
+ * continue would have two processes write one OUT_DIR. */
 static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
                             const tdm_finetune_hooks *hooks, const tdm_cotrain_advert *host,
-                            const tdm_base_identity *base, bool *retry, char **bad_lines,
-                            tdm_error *err)
+                            const tdm_base_identity *base, bool *retry, bool *orphaned,
+                            char **bad_lines, tdm_error *err)
 {
     *retry = false;
+    *orphaned = false;
     tdm_cotrain_msg join = {0};
     tdm_status st = tdm_cotrain_join_from_trainer(&o->trainer, ads, n, base->id, &join, err);
     if (st != TDM_OK) return st;
@@ -150,7 +173,7 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
         else
             stem_of(ads[a].data, labels[a], sizeof labels[a]);
     }
-    bool admitted = false, detach_sent = false;
+    bool admitted = false, detach_sent = false, said_silent = false;
     int64_t waiting_since = 0; /* while the host waits for GPU memory: --timeout applies */
     int n_ended = 0, n_detached = 0, n_failed = 0;
     char failure[1024] = "";
@@ -176,6 +199,16 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
         }
         tdm_status r = tdm_cotrain_client_next(&c, CLIENT_POLL_MS, &m, &io);
         if (r == TDM_ERR_TIMEOUT) continue;
+        if (r != TDM_OK && admitted && c.host_gone && !c.eof && host_alive(host, false)) {
+            if (!said_silent)
+                note(o->device.note, o->device.note_user,
+                     "the finetune of pid %d has sent nothing for %d ms but its process still "
+                     "exists (stopped or frozen?): waiting for it",
+                     (int)host->pid, TDM_COTRAIN_HOST_SILENCE_MS);
+            said_silent = true;
+            tdm_cotrain_client_keep_waiting(&c);
+            continue;
+        }
         if (r != TDM_OK) {
             if (!admitted) {
                 *retry = true;
@@ -184,11 +217,13 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
                               "adapters (%s)",
                               (int)host->pid, io.message);
             } else {
+                bool alive = c.host_gone && host_alive(host, c.eof);
+                *orphaned = c.host_gone && !alive && !detach_sent;
                 st = tdm_fail(err, TDM_ERR_IO,
-                              "the finetune of pid %d that trained these adapters died (%s); "
+                              "the finetune of pid %d that trained these adapters %s (%s); "
                               "their latest checkpoints are in their OUT_DIRs: run the same "
-                              "command with --resume (automatic takeover is not wired yet)",
-                              (int)host->pid, io.message);
+                              "command with --resume",
+                              (int)host->pid, alive ? "closed the connection" : "died", io.message);
             }
             goto out;
         }
@@ -293,6 +328,26 @@ static tdm_status serving_new(const tdm_run_opts *o, const tdm_trainer_adapter *
     return TDM_OK;
 }
 
+/* The host a joiner trained in died: nobody trains these adapters any more. The caller elects
+ * again: the first orphan hosts, the others join it; every one resumes from its checkpoints. */
+static void note_orphaned(tdm_run_opts *o, const tdm_cotrain_advert *host, int n, tdm_error *err)
+{
+    note(o->device.note, o->device.note_user,
+         "the finetune of pid %d died; its %d adapter(s) of this command resume from their "
+         "latest checkpoints",
+         (int)host->pid, n);
+    *err = (tdm_error){0};
+    o->trainer.resume = true;
+}
+
+static void note_taking_over(const tdm_cotrain_serving *s, const char *device, int n)
+{
+    note(s->note, s->note_user,
+         "taking over: no other finetune of this base model runs on %s; this process trains its "
+         "%d adapter(s) from their latest checkpoints and hosts the others",
+         device, n);
+}
+
 /* A GPU run: the hosts on each GPU it could get, in the order it would get them (device open's
  * candidates, nothing reserved); the first found is joined. None: *srv elects after device open
  * (tdm_cotrain_serve_open), on the GPU the ledger gave. */
@@ -302,7 +357,8 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
                                bool *joined, char **bad_lines, tdm_error *err)
 {
     tdm_status st = TDM_OK;
-    for (int attempt = 0; attempt < JOIN_ATTEMPTS; attempt++) {
+    int attempt = 0, takeovers = 0;
+    while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_advert found;
         bool have = false;
         for (size_t i = 0; i < cand->n && !have; i++) {
@@ -312,20 +368,28 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
             have = tdm_cotrain_find_host(dir, base, &found, NULL, &e) == TDM_OK;
         }
         if (!have) break;
-        bool retry = false;
-        st = join_host(o, ads, n, hooks, &found, base, &retry, bad_lines, err);
+        bool retry = false, orphaned = false;
+        st = join_host(o, ads, n, hooks, &found, base, &retry, &orphaned, bad_lines, err);
+        if (orphaned && takeovers < TAKEOVERS_MAX) {
+            note_orphaned(o, &found, n, err);
+            takeovers++;
+            attempt = 0;
+            continue; /* another orphan may host already: join it; none: elect after open */
+        }
         if (!retry) {
             *joined = true;
             return st;
         }
+        attempt++;
     }
-    if (o->join_require)
+    if (o->join_require && takeovers == 0)
         return tdm_fail(err, TDM_ERR_NOT_FOUND,
                         "--join require: no finetune of this base model runs on %s%s",
                         cand->uuid[0], cand->n > 1 ? " or the other GPUs this run could use" : "");
     tdm_cotrain_serving *s = NULL;
     TDM_TRY(serving_new(o, ads, &s, err));
     s->elect_at_open = true;
+    s->takeover_n = takeovers > 0 ? n : 0;
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     s->base = *base;
     *srv = s;
@@ -346,14 +410,6 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
             return tdm_fail(err, TDM_ERR_UNSUPPORTED,
                             "--join require with --save-total-limit: a run that prunes its "
                             "checkpoints trains in a process of its own today");
-        return TDM_OK;
-    }
-    if (o->trainer.resume) {
-        /* a joined adapter starts fresh (tdm_trainer_add_adapters); resuming one inside a host
-         * is not wired: a --resume run trains in a process of its own */
-        if (o->join_require)
-            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                            "--join require with --resume: a resumed run cannot join yet");
         return TDM_OK;
     }
     /* The devices this run could get, without reserving. An error here (a bad
@@ -396,7 +452,8 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     }
     tdm_device_candidates_free(&cand);
     /* the CPU: nothing to reserve, so the election happens now, before any data is read */
-    for (int attempt = 0; attempt < JOIN_ATTEMPTS; attempt++) {
+    int attempt = 0, takeovers = 0;
+    while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_host *h = NULL;
         tdm_cotrain_advert found;
         const char *why = NULL;
@@ -404,7 +461,7 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
             TDM_OK)
             return st;
         if (h) {
-            if (o->join_require) {
+            if (o->join_require && takeovers == 0) {
                 tdm_cotrain_host_stop(h);
                 return tdm_fail(err, TDM_ERR_NOT_FOUND,
                                 "--join require: no finetune of this base model runs on %s%s%s",
@@ -424,14 +481,22 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                      "not joining: the finetunes running on %s train another base (the nearest "
                      "differs in: %s); this one trains in its own process",
                      device, why);
+            if (takeovers > 0) note_taking_over(s, device, n);
             return TDM_OK;
         }
-        bool retry = false;
-        st = join_host(o, ads, n, hooks, &found, &base, &retry, bad_lines, err);
+        bool retry = false, orphaned = false;
+        st = join_host(o, ads, n, hooks, &found, &base, &retry, &orphaned, bad_lines, err);
+        if (orphaned && takeovers < TAKEOVERS_MAX) {
+            note_orphaned(o, &found, n, err);
+            takeovers++;
+            attempt = 0;
+            continue;
+        }
         if (!retry) {
             *joined = true;
             return st;
         }
+        attempt++;
     }
     return st;
 }
@@ -455,10 +520,12 @@ tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *s, tdm_device *dev, bool 
         note(s->note, s->note_user, "warning: co-training: %s; training on its own", e.message);
         return TDM_OK;
     }
-    if (h)
+    if (h) {
         s->host = h;
-    else
+        if (s->takeover_n > 0) note_taking_over(s, s->base.device, s->takeover_n);
+    } else {
         *join_instead = true; /* a host took this GPU while we reserved: give it back, join */
+    }
     return TDM_OK;
 }
 
@@ -467,8 +534,11 @@ tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *s, tdm_run_opts *o,
                                   const tdm_finetune_hooks *hooks, char **bad_lines,
                                   tdm_error *err)
 {
-    bool retry = false;
-    tdm_status st = join_host(o, ads, n, hooks, &s->found, &s->base, &retry, bad_lines, err);
+    bool retry = false, orphaned = false;
+    /* orphaned (that host died after admitting us): its error says to run with --resume; this
+     * run gave its device back already, so it cannot take over */
+    tdm_status st =
+        join_host(o, ads, n, hooks, &s->found, &s->base, &retry, &orphaned, bad_lines, err);
     if (retry)
         tdm_error_prefix(err, "joining the finetune of pid %d on %s failed (run the command "
                               "again)",
@@ -570,7 +640,8 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
         return;
     }
     joined_group *g = group_of(s, p->adapter);
-    if (!g) return;
+    /* a joined adapter's resume point is not a protocol event: the host's "joined" line says it */
+    if (!g || p->event == TDM_TRAINER_EVENT_RESUMED) return;
     tdm_cotrain_msg m;
     tdm_cotrain_progress_from_trainer(p, p->adapter - g->first, &m);
     send_msg(s, g, &m);
@@ -820,10 +891,25 @@ static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64
     m.u.admitted.host_pid = (int32_t)getpid();
     m.u.admitted.n_adapters = g->n;
     send_msg(s, g, &m);
-    for (int a = 0; a < g->n; a++)
-        note(s->note, s->note_user, "joined: adapter %d: %s -> %s, from pid %d (%s)", g->first + a,
-             j->adapters[a].data, j->adapters[a].output, (int)w->peer.pid,
-             j->user ? j->user : "?");
+    for (int a = 0; a < g->n; a++) {
+        int64_t step = 0;
+        bool done = false;
+        tdm_trainer_adapter_position(t, g->first + a, &step, &done);
+        char from[64] = "";
+        if (j->opts.resume && step > 0)
+            snprintf(from, sizeof from, ", resumed at step %lld%s", (long long)step,
+                     done ? " (already finished)" : "");
+        note(s->note, s->note_user, "joined: adapter %d: %s -> %s, from pid %d (%s)%s",
+             g->first + a, j->adapters[a].data, j->adapters[a].output, (int)w->peer.pid,
+             j->user ? j->user : "?", from);
+    }
+    /* resumed from a final checkpoint: nothing left to train */
+    for (int a = g->first; a < g->first + g->n; a++) {
+        int64_t step = 0;
+        bool done = false;
+        tdm_trainer_adapter_position(t, a, &step, &done);
+        if (done) send_done(s, g, a, TDM_COTRAIN_FINISHED, step, NULL);
+    }
 }
 
 /* Admits waiting joins in arrival order while the reservation can grow for the head one. */
@@ -934,7 +1020,8 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
     tdm_cotrain_adapters_to_trainer(j, ads);
     char *report = NULL;
     tdm_error e = {0};
-    tdm_status st = tdm_trainer_join_prepare(t, ads, j->n_adapters, &w->tj, &report, &e);
+    tdm_status st =
+        tdm_trainer_join_prepare(t, ads, j->n_adapters, j->opts.resume, &w->tj, &report, &e);
     free(ads);
     if (st != TDM_OK) {
         note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s", j->n_adapters,

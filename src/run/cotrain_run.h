@@ -4,7 +4,10 @@
  *     tdm_cotrain_run_start   --no-join: nothing. Otherwise the base identity (of the device the
  *                             run would use) and the election: a host is found -> this process
  *                             joins it (*joined; the whole run happens there and the outcome is
- *                             returned); none -> this process hosts (*srv).
+ *                             returned); none -> this process hosts (*srv). A --resume run joins
+ *                             with resume (the host resumes its adapters). When the host dies,
+ *                             the joiner takes over: --resume from then on, elect again, and
+ *                             either join the orphan that won or host (*srv) itself.
  *     tdm_cotrain_serve_hook  a host wires its trainer options: the step-boundary hook takes the
  *                             joiners' join / detach requests; joined adapters' progress goes to
  *                             their joiners (and, with the joiner's pid and user, to the host's
@@ -14,7 +17,8 @@
  *
  * On the CPU the election happens at start. A GPU run first looks for a host on each GPU it
  * could get (tdm_device_candidates_list, nothing reserved), and when there is none elects after
- * device open on the GPU it reserved (tdm_cotrain_serve_open).
+ * device open on the GPU it reserved (tdm_cotrain_serve_open); so does a GPU joiner taking
+ * over from a dead host.
  */
 #ifndef TANDEM_RUN_COTRAIN_RUN_H
 #define TANDEM_RUN_COTRAIN_RUN_H
@@ -31,7 +35,10 @@ typedef struct tdm_cotrain_serving tdm_cotrain_serving;
 /* Elects or joins (see above). On a join, returns the joined adapters' outcome: TDM_OK when all
  * finished; TDM_ERR_STOPPED when the joiner's stop_requested asked for them back (they are
  * checkpointed); the host's refusal (TDM_ERR_PARSE with *bad_lines for bad data lines); an error
- * when the host died. The joiner's progress goes to o->trainer.progress and hooks->started. */
+ * when the host died and could not be taken over (after a stop request, or 8 host deaths). After
+ * a takeover o->trainer.resume is true, and a run that ends up hosting (*srv, not *joined) resumes
+ * its adapters itself. The joiner's progress goes to o->trainer.progress and hooks->started
+ * (called again on each new admission). */
 tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
                                  const tdm_finetune_hooks *hooks, tdm_cotrain_serving **srv,
                                  bool *joined, char **bad_lines, tdm_error *err);

@@ -14,10 +14,12 @@
 #include "cluster/job.h"
 #include "cluster/node_probe.h"
 #include "cluster/registry.h"
+#include "cluster/slurm.h"
 #include "cluster/speed.h"
 #include "cluster/stage.h"
 #include "cluster/transport.h"
 #include "model/config.h"
+#include "util/atomic_file.h"
 #include "util/timeutil.h"
 
 static void note(const tdm_submit_hooks *h, const char *fmt, ...)
@@ -238,15 +240,15 @@ static void probe_node(submission *s, size_t n)
     }
 }
 
-/* Copies the model and node n's data, writes its adapters.toml to job_dir/adapters.toml on the
- * node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
-static tdm_status stage_node(submission *s, size_t n, const char *adir, const char *job_dir,
-                             char **rmodel, json_t *jadapters, char *remote_toml, size_t cap,
+/* Copies the model and the data of the adapters placed in group n (s->plan.node_of) to node
+ * through tr, writes their adapters.toml to job_dir/adapters.toml on the node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
+static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_transport *tr,
+                             size_t n, const char *adir, const char *job_dir, char **rmodel,
+                             json_t *jadapters, char *remote_toml, size_t cap,
                              tdm_submit_hooks *hooks, tdm_error *err)
 {
-    const tdm_cluster_node *node = &s->cfg->nodes[n];
     tdm_stage_stats ms = {0}, ds = {0};
-    if (tdm_stage_model(&s->tr[n], s->req->model_dir, rmodel, &ms, err) != TDM_OK)
+    if (tdm_stage_model(tr, s->req->model_dir, rmodel, &ms, err) != TDM_OK)
         return node_fail(err, node->name, "copying the model");
     char tmp[64];
     snprintf(tmp, sizeof tmp, "/tmp/tandem-adapters-XXXXXX");
@@ -266,7 +268,7 @@ static tdm_status stage_node(submission *s, size_t n, const char *adir, const ch
         char *rout = sp->output[0] == '/' ? strdup(sp->output) : resolve(node->workdir, sp->output);
         if (!local || !rout) {
             st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        } else if (tdm_stage_file(&s->tr[n], local, &rdata, &ds, err) != TDM_OK) {
+        } else if (tdm_stage_file(tr, local, &rdata, &ds, err) != TDM_OK) {
             char what[4200];
             snprintf(what, sizeof what, "copying %s", sp->data);
             st = node_fail(err, node->name, what);
@@ -287,7 +289,7 @@ static tdm_status stage_node(submission *s, size_t n, const char *adir, const ch
          "(compared by SHA-256)",
          node->name, ms.copied, ms.present, ds.copied, ds.present);
     snprintf(remote_toml, cap, "%s/adapters.toml", job_dir);
-    if (st == TDM_OK && tdm_transport_push(&s->tr[n], tmp, remote_toml, err) != TDM_OK)
+    if (st == TDM_OK && tdm_transport_push(tr, tmp, remote_toml, err) != TDM_OK)
         st = node_fail(err, node->name, NULL);
     unlink(tmp);
     return st;
@@ -364,14 +366,20 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
     return st;
 }
 
+/* The directory of the adapters.toml, which its relative data paths are relative to. */
+static void adapters_dir(const submission *s, char *adir, size_t cap)
+{
+    const char *path = s->req->adapters_config;
+    const char *slash = strrchr(path, '/');
+    snprintf(adir, cap, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (slash == path) snprintf(adir, cap, "/");
+}
+
 /* Stage (and unless --stage-only, start) every node the plan uses. */
 static tdm_status start_nodes(submission *s, tdm_submit_hooks *hooks, tdm_error *err)
 {
-    const char *path = s->req->adapters_config;
     char adir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    snprintf(adir, sizeof adir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    if (slash == path) snprintf(adir, sizeof adir, "/");
+    adapters_dir(s, adir, sizeof adir);
     char submission_id[128], now[32];
     tdm_registry_new_id(NULL, submission_id, sizeof submission_id);
     tdm_format_rfc3339(time(NULL), now, sizeof now);
@@ -385,8 +393,8 @@ static tdm_status start_nodes(submission *s, tdm_submit_hooks *hooks, tdm_error 
         char *rmodel = NULL;
         json_t *jadapters = json_array();
         if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        st = stage_node(s, n, adir, job_dir, &rmodel, jadapters, remote_toml, sizeof remote_toml,
-                        hooks, err);
+        st = stage_node(s, node, &s->tr[n], n, adir, job_dir, &rmodel, jadapters, remote_toml,
+                        sizeof remote_toml, hooks, err);
         if (st != TDM_OK || s->req->stage_only) {
             if (st == TDM_OK)
                 note(hooks, "%s: staged %s (not started: --stage-only)", node->name, remote_toml);
@@ -420,6 +428,200 @@ static void note_unpullable(const submission *s, tdm_submit_hooks *hooks)
     }
 }
 
+/* ---- scheduler: slurm ------------------------------------------------------------------------ */
+
+/* Groups the adapters into Slurm jobs with the placement estimate: the most adapters k (at most
+ * slurm.max_adapters) whose fused process fits gpu_vram_mb (GPU jobs) makes a job; CPU-only jobs
+ * take max_adapters each and ask for their estimate as --mem. Adapters go round-robin over
+ * ceil(n / k) jobs, so jobs differ by at most one adapter. Fills s->plan.node_of (the job of
+ * each adapter) and adapters_on_node; *k_out: adapters per job at most. */
+static tdm_status slurm_group(submission *s, const char *device, size_t *n_jobs, tdm_error *err)
+{
+    const tdm_slurm_config *sl = &s->cfg->slurm;
+    size_t n = s->ac.n_adapters;
+    bool gpu = !strcmp(device, "cuda");
+    int64_t params = tdm_model_config_param_count(&s->mc);
+    if (!gpu && params > sl->cpu_max_params)
+        return tdm_fail(err, TDM_ERR_NEVER_FITS,
+                        "%s:%u: the model has %lld parameters, more than slurm.cpu_max_params "
+                        "(%lld) allows a CPU-only job; ask for GPUs (gpus_per_job: 1) or raise "
+                        "cpu_max_params",
+                        s->cfg->file, sl->line, (long long)params, (long long)sl->cpu_max_params);
+    size_t k = 0;
+    for (size_t c = 1; c <= n && c <= (size_t)sl->max_adapters; c++)
+        if (!gpu || s->budget.gpu_mb[c] <= sl->gpu_vram_mb) k = c;
+    if (!k)
+        return tdm_fail(err, TDM_ERR_NEVER_FITS,
+                        "one adapter needs %lld MiB of GPU memory (the --vram auto estimate), "
+                        "more than slurm.gpu_vram_mb %lld of %s:%u; lower batch_size or "
+                        "max_seq_len, pass --grad-checkpoint, or ask for larger GPUs",
+                        (long long)s->budget.gpu_mb[1], (long long)sl->gpu_vram_mb, s->cfg->file,
+                        sl->line);
+    *n_jobs = (n + k - 1) / k;
+    s->plan.n_adapters = n;
+    s->plan.n_nodes = *n_jobs;
+    s->plan.node_of = calloc(n ? n : 1, sizeof *s->plan.node_of);
+    s->plan.adapters_on_node = calloc(*n_jobs ? *n_jobs : 1, sizeof *s->plan.adapters_on_node);
+    s->plan.device_of_node = calloc(*n_jobs ? *n_jobs : 1, sizeof *s->plan.device_of_node);
+    if (!s->plan.node_of || !s->plan.adapters_on_node || !s->plan.device_of_node)
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    for (size_t a = 0; a < n; a++) {
+        s->plan.node_of[a] = (int)(a % *n_jobs);
+        s->plan.adapters_on_node[a % *n_jobs]++;
+    }
+    for (size_t j = 0; j < *n_jobs; j++)
+        s->plan.device_of_node[j] = gpu ? 0 : -1;
+    return TDM_OK;
+}
+
+static void slurm_note_plan(const submission *s, size_t n_jobs, const char *device,
+                            tdm_submit_hooks *hooks)
+{
+    const tdm_slurm_config *sl = &s->cfg->slurm;
+    for (size_t j = 0; j < n_jobs; j++) {
+        char names[1024];
+        size_t used = 0;
+        names[0] = 0;
+        for (size_t a = 0; a < s->ac.n_adapters; a++)
+            if (s->plan.node_of[a] == (int)j && used < sizeof names)
+                used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                         used ? ", " : "", s->labels[a]);
+        int k = s->plan.adapters_on_node[j];
+        bool gpu = !strcmp(device, "cuda");
+        if (gpu)
+            note(hooks,
+                 "slurm job %zu of %zu: %s (%d adapter(s), --device cuda, --gres=gpu:%s%s1, "
+                 "plan %lld MiB of gpu_vram_mb %lld)",
+                 j + 1, n_jobs, names, k, sl->gpu_type ? sl->gpu_type : "",
+                 sl->gpu_type ? ":" : "", (long long)s->budget.gpu_mb[k],
+                 (long long)sl->gpu_vram_mb);
+        else
+            note(hooks, "slurm job %zu of %zu: %s (%d adapter(s), --device cpu%s, --mem=%lldM)",
+                 j + 1, n_jobs, names, k, sl->gpus_per_job ? " on a GPU job (slurm.device cpu)" : "",
+                 (long long)s->budget.cpu_mb[k]);
+    }
+}
+
+/* Writes job_dir/job.sh atomically and returns its path in script (cap bytes). */
+static tdm_status slurm_write_script(const submission *s, const char *id, const char *job_dir,
+                                     const char *rmodel, int k, char *script, size_t cap,
+                                     char **text, tdm_error *err)
+{
+    const tdm_slurm_config *sl = &s->cfg->slurm;
+    tdm_slurm_job j = {.id = id,
+                       .job_dir = job_dir,
+                       .model_dir = rmodel,
+                       .n_adapters = k,
+                       .cpu_mem_mb = sl->gpus_per_job ? 0 : s->budget.cpu_mb[k],
+                       .pass = s->req->pass_argv,
+                       .n_pass = s->req->n_pass};
+    TDM_TRY(tdm_slurm_script(sl, &j, text, err));
+    snprintf(script, cap, "%s/job.sh", job_dir);
+    return tdm_atomic_write(script, *text, strlen(*text), 0755, err);
+}
+
+static tdm_status slurm_record(const submission *s, const char *id, const char *job_dir,
+                               const char *slurm_id, const char *rmodel, const char *script,
+                               json_t *jadapters, const char *submission_id, const char *now,
+                               tdm_error *err)
+{
+    const tdm_cluster_node *shared = &s->cfg->slurm.shared;
+    json_t *job = json_pack(
+        "{s:i,s:s,s:s,s:s,s:s,s:s,s:o,s:s,s:i,s:[ss],s:s,s:n,s:o,s:s,s:s,s:s,s:s}", "version", 1,
+        "id", id, "submission", submission_id, "kind", "finetune", "submitted", now,
+        "cluster_file", s->cfg->file, "node", tdm_node_to_json(shared, NULL), "job_dir", job_dir,
+        "pid", 0, "argv", "sbatch", script, "state", "running", "exit_code", "adapters",
+        jadapters, "model", rmodel, "scheduler", "slurm", "slurm_job_id", slurm_id,
+        "slurm_state", "PENDING");
+    if (!job)
+        return tdm_fail(err, TDM_ERR_NOMEM, "slurm job %s submitted but not recorded: out of "
+                        "memory", slurm_id);
+    tdm_status st = tdm_registry_save(s->regdir, job, err);
+    if (st != TDM_OK)
+        st = tdm_fail(err, err->status, "slurm job %s submitted but not recorded: %s", slurm_id,
+                      err->message);
+    json_decref(job);
+    return st;
+}
+
+/* Stage into the shared workdir, write each job's adapters.toml and job.sh, sbatch each. */
+static tdm_status slurm_submit(submission *s, tdm_submit_hooks *hooks, tdm_error *err)
+{
+    const tdm_slurm_config *sl = &s->cfg->slurm;
+    const char *device = tdm_slurm_job_device(sl);
+    size_t n_jobs = 0;
+    TDM_TRY(slurm_group(s, device, &n_jobs, err));
+    slurm_note_plan(s, n_jobs, device, hooks);
+    if (s->req->dry_run && !hooks->script) return TDM_OK;
+    tdm_transport tr;
+    TDM_TRY(tdm_transport_init(&tr, &sl->shared, NULL, err));
+    char adir[PATH_MAX];
+    adapters_dir(s, adir, sizeof adir);
+    char submission_id[128], now[32];
+    tdm_registry_new_id(NULL, submission_id, sizeof submission_id);
+    tdm_format_rfc3339(time(NULL), now, sizeof now);
+    tdm_status st = TDM_OK;
+    for (size_t j = 0; j < n_jobs && st == TDM_OK; j++) {
+        char id[128], job_dir[4096], remote_toml[4200], script[4200], slurm_id[64];
+        tdm_registry_new_id("slurm", id, sizeof id);
+        snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", sl->shared.workdir, id);
+        char *rmodel = NULL, *text = NULL;
+        json_t *jadapters = json_array();
+        if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        if (s->req->dry_run) {
+            /* Nothing is copied or written: the script names where the model would be. */
+            char model[4200];
+            snprintf(model, sizeof model, "%s/models/<sha256 of %s>", sl->shared.workdir,
+                     s->req->model_dir);
+            tdm_slurm_job sj = {.id = id, .job_dir = job_dir, .model_dir = model,
+                                .n_adapters = s->plan.adapters_on_node[j],
+                                .cpu_mem_mb = sl->gpus_per_job ? 0
+                                              : s->budget.cpu_mb[s->plan.adapters_on_node[j]],
+                                .pass = s->req->pass_argv, .n_pass = s->req->n_pass};
+            st = tdm_slurm_script(sl, &sj, &text, err);
+            if (st == TDM_OK) {
+                snprintf(script, sizeof script, "%s/job.sh", job_dir);
+                hooks->script(script, text, hooks->user);
+            }
+            free(text);
+            json_decref(jadapters);
+            continue;
+        }
+        st = stage_node(s, &sl->shared, &tr, j, adir, job_dir, &rmodel, jadapters, remote_toml,
+                        sizeof remote_toml, hooks, err);
+        if (st == TDM_OK)
+            st = slurm_write_script(s, id, job_dir, rmodel, s->plan.adapters_on_node[j], script,
+                                    sizeof script, &text, err);
+        if (st == TDM_OK && s->req->stage_only) {
+            note(hooks, "slurm: staged %s (not submitted: --stage-only)", script);
+        } else if (st == TDM_OK &&
+                   (st = tdm_slurm_sbatch(script, sl->shared.workdir, slurm_id, sizeof slurm_id,
+                                          err)) == TDM_OK) {
+            st = slurm_record(s, id, job_dir, slurm_id, rmodel, script, jadapters, submission_id,
+                              now, err);
+            jadapters = NULL;
+            if (st == TDM_OK) {
+                note(hooks, "slurm: submitted job %s as Slurm job %s (%d adapter(s), log %s/log)",
+                     id, slurm_id, s->plan.adapters_on_node[j], job_dir);
+                tdm_submit_job sj = {.id = id,
+                                     .submission = submission_id,
+                                     .node = "slurm",
+                                     .job_dir = job_dir,
+                                     .device = NULL,
+                                     .pid = 0,
+                                     .n_adapters = s->plan.adapters_on_node[j]};
+                if (hooks->job) hooks->job(&sj, hooks->user);
+            }
+        }
+        json_decref(jadapters);
+        free(text);
+        free(rmodel);
+    }
+    if (st == TDM_OK && !s->req->stage_only && !s->req->dry_run)
+        snprintf(hooks->submission, sizeof hooks->submission, "%s", submission_id);
+    return st;
+}
+
 tdm_status tdm_run_submit(const tdm_submit_request *req, tdm_submit_hooks *hooks, tdm_error *err)
 {
     submission s = {.req = req, .cfg = req->cluster};
@@ -432,6 +634,10 @@ tdm_status tdm_run_submit(const tdm_submit_request *req, tdm_submit_hooks *hooks
                          (st = tdm_registry_load(s.regdir, &s.jobs, err)) != TDM_OK))
         goto out;
     if (st != TDM_OK) goto out;
+    if (s.cfg->scheduler == TDM_SCHEDULER_SLURM) {
+        st = slurm_submit(&s, hooks, err);
+        goto out;
+    }
     s.state = calloc(nn ? nn : 1, sizeof *s.state);
     s.gpus = calloc(nn ? nn : 1, sizeof *s.gpus);
     s.pn = calloc(nn ? nn : 1, sizeof *s.pn);

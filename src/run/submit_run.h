@@ -56,6 +56,9 @@ typedef struct tdm_submit_hooks {
      * TDM_ERR_NEVER_FITS after it). */
     void (*plan)(const tdm_submit_plan *p, void *user);
     tdm_note_fn note; /* "NODE: model N file(s) copied ...", "NODE: started job ID ..." */
+    /* scheduler: slurm with --dry-run: each batch script that would be submitted (its path and
+     * text); NULL: the plan only. */
+    void (*script)(const char *path, const char *text, void *user);
     /* May be NULL: called for each job started and recorded in the registry. */
     void (*job)(const tdm_submit_job *j, void *user);
     void *user;

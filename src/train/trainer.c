@@ -129,6 +129,9 @@ typedef struct adapter_state {
      * which decide its log/eval/save points and what its checkpoints record, count from the
      * trainer's global step global0, and its clock from t0_ms, so it runs as it would alone */
     int64_t global0;
+    /* its own global step when it started in this trainer: 0, or the resume point of an adapter
+     * added with resume (a stop or detach before it steps again has nothing new to save) */
+    int64_t own_start;
     double t0_ms;
     int run_index; /* its index in its own command (metrics.jsonl, metadata.json) */
     bool detached; /* checkpointed and handed back (tdm_trainer_detach_adapter); also done */
@@ -1654,7 +1657,7 @@ static tdm_status checkpoint_on_stop(tdm_trainer *t, int64_t start_global, tdm_e
     int saved = 0;
     for (int a = 0; a < t->n && t->global_step > start_global; a++) {
         /* an adapter that joined at this very boundary has nothing to save either */
-        if (t->ad[a].done || own_global(t, &t->ad[a]) == 0) continue;
+        if (t->ad[a].done || own_global(t, &t->ad[a]) == t->ad[a].own_start) continue;
         tdm_status st = save_adapter(t, a, err);
         if (st != TDM_OK) {
             tdm_error_prefix(err, "stopping at global step %lld: the checkpoint failed",
@@ -1770,6 +1773,30 @@ static tdm_status loop_scratch_fit(loop_scratch *ls, int n, tdm_error *err)
     return TDM_OK;
 }
 
+/* A RESUMED event: adapter a starts from checkpoint dir (--resume, or added with resume). */
+static void report_resumed(tdm_trainer *t, int a, const char *dir)
+{
+    if (!t->o.progress) return;
+    adapter_state *s = &t->ad[a];
+    tdm_trainer_progress p = {.event = TDM_TRAINER_EVENT_RESUMED,
+                              .adapter = a,
+                              .label = s->task,
+                              .global_step = t->global_step,
+                              .step = s->step,
+                              .total_steps = s->total_steps,
+                              .epoch = adapter_epoch(s),
+                              .epochs = s->cfg.epochs,
+                              .loss = s->last_train_loss,
+                              .learning_rate = s->last_lr,
+                              .grad_norm = s->last_grad_norm,
+                              .val_loss = s->last_val,
+                              .tokens_per_sec = NAN,
+                              .eta_sec = NAN,
+                              .checkpoint = dir,
+                              .done = s->done};
+    t->o.progress(&p, t->o.progress_user);
+}
+
 tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 {
     int n = t->n;
@@ -1786,26 +1813,8 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
             st = load_checkpoint(t, a, dirs[a], err);
             if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
         }
-        for (int a = 0; st == TDM_OK && resumed && a < n && t->o.progress; a++) {
-            adapter_state *s = &t->ad[a];
-            tdm_trainer_progress p = {.event = TDM_TRAINER_EVENT_RESUMED,
-                                      .adapter = a,
-                                      .label = s->task,
-                                      .global_step = t->global_step,
-                                      .step = s->step,
-                                      .total_steps = s->total_steps,
-                                      .epoch = adapter_epoch(s),
-                                      .epochs = s->cfg.epochs,
-                                      .loss = s->last_train_loss,
-                                      .learning_rate = s->last_lr,
-                                      .grad_norm = s->last_grad_norm,
-                                      .val_loss = s->last_val,
-                                      .tokens_per_sec = NAN,
-                                      .eta_sec = NAN,
-                                      .checkpoint = dirs[a],
-                                      .done = s->done};
-            t->o.progress(&p, t->o.progress_user);
-        }
+        for (int a = 0; st == TDM_OK && resumed && a < n; a++)
+            report_resumed(t, a, dirs[a]);
         free(dirs);
         TDM_TRY(st);
     } else {
@@ -1955,6 +1964,7 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 
 struct tdm_trainer_join {
     tdm_trainer *nt; /* the joining adapters, validated and with their data read; no device */
+    bool resume;     /* commit continues each from its own latest checkpoint */
 };
 
 void tdm_trainer_join_free(tdm_trainer_join *j)
@@ -1966,8 +1976,8 @@ void tdm_trainer_join_free(tdm_trainer_join *j)
 }
 
 tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adapter *adapters,
-                                    int n_adapters, tdm_trainer_join **out, char **report,
-                                    tdm_error *err)
+                                    int n_adapters, bool resume, tdm_trainer_join **out,
+                                    char **report, tdm_error *err)
 {
     *out = NULL;
     if (report) *report = NULL;
@@ -1991,6 +2001,7 @@ tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adap
         return st;
     }
     j->nt = nt;
+    j->resume = resume;
     *out = j;
     return TDM_OK;
 }
@@ -2016,10 +2027,29 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
     nt->mcfg = t->mcfg;
     for (int a = 0; a < nt->n && st == TDM_OK; a++)
         st = attach_adapter(nt, &nt->ad[a], err);
-    for (int a = 0; a < nt->n && st == TDM_OK; a++) {
+    for (int a = 0; a < nt->n && st == TDM_OK; a++)
         st = prepare_adapter(nt, a, err);
-        if (st == TDM_OK) st = refuse_old_checkpoints(nt, a, err);
-        if (st == TDM_OK) st = start_fresh(nt, a, err);
+    /* with resume, the resume point of these adapters alone (as --resume of their own command
+     * finds it): nt's global step becomes their own global step there */
+    bool resumed = false;
+    char(*dirs)[4096] = NULL;
+    if (st == TDM_OK && j->resume) {
+        if (!(dirs = calloc((size_t)nt->n, sizeof *dirs)))
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        nt->global_step = -1;
+        if (st == TDM_OK) st = find_resume(nt, dirs, &resumed, err);
+        for (int a = 0; st == TDM_OK && resumed && a < nt->n; a++) {
+            st = load_checkpoint(nt, a, dirs[a], err);
+            if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
+        }
+    } else {
+        for (int a = 0; a < nt->n && st == TDM_OK; a++)
+            st = refuse_old_checkpoints(nt, a, err);
+    }
+    if (st == TDM_OK && !resumed) {
+        nt->global_step = 0;
+        for (int a = 0; a < nt->n && st == TDM_OK; a++)
+            st = start_fresh(nt, a, err);
     }
     adapter_state *grown = NULL;
     if (st == TDM_OK) {
@@ -2032,24 +2062,31 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
     if (st == TDM_OK) st = alloc_clip_scratch(t, t->n + nt->n, err);
     if (st != TDM_OK) {
         tdm_trainer_join_free(j);
+        free(dirs);
         return st;
     }
     double now = now_ms();
     for (int a = 0; a < nt->n; a++) {
         adapter_state *s = &t->ad[t->n + a];
         *s = nt->ad[a];
-        s->global0 = t->global_step;
+        /* its own global step continues from its resume point (0 when fresh) */
+        s->global0 = t->global_step - nt->global_step;
+        s->own_start = nt->global_step;
         s->t0_ms = s->epoch_start_ms = now;
     }
     int old_n = t->n;
     t->n += nt->n;
     nt->n = 0;
     tdm_trainer_join_free(j);
+    for (int a = old_n; resumed && a < t->n; a++)
+        report_resumed(t, a, dirs[a - old_n]);
+    free(dirs);
     /* the fused step is larger now: hold its activations from here (as attach does) */
     tdm_model_mem_plan plan;
     st = memory_plan(t, &plan, err);
     if (st == TDM_OK) st = tdm_model_reserve(t->model, &plan, err);
-    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS)
+    /* a resumed one has its measurement from its checkpoint, as --resume alone does */
+    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
         for (int a = old_n; a < t->n && st == TDM_OK; a++)
             st = eval_point(t, a, err);
     if (st != TDM_OK) {
@@ -2064,14 +2101,30 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
     return TDM_OK;
 }
 
+/* Adds adapters (fresh, or with resume from their own latest common checkpoint): prepare and
+ * commit at once. */
+static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters, int n_adapters,
+                               bool resume, int *first, char **report, tdm_error *err)
+{
+    if (first) *first = t->n;
+    if (report) *report = NULL;
+    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    tdm_trainer_join *j = NULL;
+    TDM_TRY(tdm_trainer_join_prepare(t, adapters, n_adapters, resume, &j, report, err));
+    return tdm_trainer_join_commit(t, j, first, err);
+}
+
 tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
                                     int n_adapters, int *first, char **report, tdm_error *err)
 {
-    if (first) *first = t->n;
-    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
-    tdm_trainer_join *j = NULL;
-    TDM_TRY(tdm_trainer_join_prepare(t, adapters, n_adapters, &j, report, err));
-    return tdm_trainer_join_commit(t, j, first, err);
+    return add_adapters(t, adapters, n_adapters, false, first, report, err);
+}
+
+tdm_status tdm_trainer_add_adapters_resume(tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                           int n_adapters, int *first, char **report,
+                                           tdm_error *err)
+{
+    return add_adapters(t, adapters, n_adapters, true, first, report, err);
 }
 
 tdm_status tdm_trainer_shrink(tdm_trainer *t, tdm_error *err)
@@ -2097,7 +2150,7 @@ tdm_status tdm_trainer_detach_adapter(tdm_trainer *t, int a, tdm_error *err)
     if (s->detached || s->done) return TDM_OK;
     /* a checkpoint at its position, unless it has not stepped since it joined or resumed (then
      * there is nothing new: --resume starts where its checkpoints already are) */
-    if (own_global(t, s) > 0) TDM_TRY(save_adapter(t, a, err));
+    if (own_global(t, s) > s->own_start) TDM_TRY(save_adapter(t, a, err));
     s->done = s->detached = true;
     tdm_be_free(t->be, s->d_grad_saved);
     s->d_grad_saved = NULL;

@@ -255,19 +255,31 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err);
 tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
                                     int n_adapters, int *first, char **report, tdm_error *err);
 
+/* As tdm_trainer_add_adapters, but each adapter continues from its latest checkpoint, as
+ * `--resume` of a command of these adapters alone would: the latest global step (of their own)
+ * that all of them saved, each checkpoint checked against its adapter (rank, targets, dropout,
+ * schedule) and reported as a RESUMED event; their own global step continues from there, so
+ * their later checkpoints are those of the uninterrupted run. No checkpoint at all: they start
+ * fresh. One whose checkpoint is its final one is added done (it trains no more). */
+tdm_status tdm_trainer_add_adapters_resume(tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                           int n_adapters, int *first, char **report,
+                                           tdm_error *err);
+
 /* tdm_trainer_add_adapters in two halves, for a caller that must make room for the adapters in
  * between (a co-training host growing its ledger reservation):
  *   prepare   validates them and reads their data (no device, nothing written, the running
- *             adapters untouched): the errors and *report of add_adapters;
+ *             adapters untouched): the errors and *report of add_adapters; resume records that
+ *             commit continues them as tdm_trainer_add_adapters_resume does;
  *   estimate  the memory estimate (tdm_trainer_memory_estimate's plan) of the unfinished
  *             adapters of t together with j's (j NULL: without them), so the difference of the
  *             two is what the join adds;
- *   commit    the rest of add_adapters (device state, OUT_DIRs, into the trainer); always frees
- *             j. */
+ *   commit    the rest of add_adapters (device state, OUT_DIRs, into the trainer) or, with
+ *             resume, of add_adapters_resume (their checkpoints loaded, RESUMED reported);
+ *             always frees j. */
 typedef struct tdm_trainer_join tdm_trainer_join;
 tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adapter *adapters,
-                                    int n_adapters, tdm_trainer_join **out, char **report,
-                                    tdm_error *err);
+                                    int n_adapters, bool resume, tdm_trainer_join **out,
+                                    char **report, tdm_error *err);
 tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
                                      tdm_model_mem *out, tdm_error *err);
 tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,

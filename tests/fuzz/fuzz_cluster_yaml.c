@@ -31,6 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tdm_status st = tdm_cluster_config_parse((const char *)data, size, "fuzz.yaml", &cfg, &err);
     if (st != TDM_OK) {
         CHECK(cfg.nodes == NULL && cfg.n_nodes == 0 && cfg.file == NULL && cfg.ssh_config == NULL);
+        CHECK(cfg.slurm.shared.workdir == NULL && cfg.slurm.extra == NULL);
         if (st == TDM_ERR_NOMEM)
             return 0;
         CHECK(st == TDM_ERR_PARSE || st == TDM_ERR_INVALID);
@@ -39,7 +40,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(line >= 1 && col >= 1);
         return 0;
     }
-    CHECK(cfg.n_nodes >= 1 && !strcmp(cfg.file, "fuzz.yaml"));
+    CHECK(!strcmp(cfg.file, "fuzz.yaml"));
+    if (cfg.scheduler == TDM_SCHEDULER_SLURM) {
+        /* Slurm picks the nodes: none listed; the shared workdir is a local node */
+        const tdm_slurm_config *sl = &cfg.slurm;
+        CHECK(cfg.n_nodes == 0 && cfg.nodes == NULL);
+        CHECK(sl->shared.workdir && sl->shared.workdir[0] == '/' && !strchr(sl->shared.workdir, '\n'));
+        CHECK(sl->shared.transport == TDM_TRANSPORT_LOCAL && !strcmp(sl->shared.name, "slurm"));
+        CHECK(sl->gpus_per_job == 0 || (sl->gpus_per_job == 1 && sl->gpu_vram_mb > 0));
+        CHECK(sl->signal_grace_s >= 1 && sl->max_adapters >= 1);
+        for (size_t e = 0; e < sl->n_extra; e++)
+            CHECK(!strncmp(sl->extra[e], "--", 2) && !strpbrk(sl->extra[e], "\n\r"));
+        tdm_cluster_config_free(&cfg);
+        return 0;
+    }
+    CHECK(cfg.n_nodes >= 1);
     for (size_t i = 0; i < cfg.n_nodes; i++) {
         const tdm_cluster_node *n = &cfg.nodes[i];
         size_t nl = strlen(n->name);

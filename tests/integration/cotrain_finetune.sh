@@ -6,7 +6,8 @@
 #  - a joiner with a bad data line gets FILE:LINE and exit 1 while the host trains on to the
 #    alone result;
 #  - Ctrl-C on a joiner hands its adapter back with a checkpoint (exit 130, the resume command);
-#    --resume then finishes it equal to the uninterrupted run; the host is undisturbed;
+#    --resume then joins the host, which resumes it from its checkpoint, and finishes it equal
+#    to the uninterrupted run; the host is undisturbed;
 #  - --join require without a host fails (exit 1); --no-join runs never meet.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 M="$WORK/tiny"
@@ -65,6 +66,8 @@ grep -q -- "--resume" int.err || fail "no resume command after the joiner's Ctrl
 ls -d int/add/checkpoint-* >/dev/null 2>&1 || fail "no checkpoint of the handed-back adapter"
 kill -0 $host 2>/dev/null || fail "the host ended with its joiner"
 expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" --resume
+grep -q "joined the finetune of pid $host " "$WORK/last.err" ||
+    fail "the --resume did not join the running host (it resumes inside it)"
 close_adapters ref/add int/add || fail "joiner Ctrl-C + --resume differs from the uninterrupted run"
 wait $host || fail "host of the interrupted joiner exited $?"
 grep -q "handed back" host3.err || fail "the host did not say it handed the adapter back"

@@ -73,6 +73,16 @@ ledger_count() {
     "$TANDEM" gpu status --json | jq '[.gpus[] | (.reservations | length) + (.queue | length)] | add // 0'
 }
 
+# free_port: prints a loopback TCP port nothing listens on.
+free_port() {
+    local p
+    for _ in $(seq 1 50); do
+        p=$(( 20000 + RANDOM % 40000 ))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+    done
+    return 1
+}
+
 # close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==
 # alone bound (max |a - b| / (1e-3 + max |b|) < 1e-3), tensor by tensor (co-training tests)
 close_adapters() {

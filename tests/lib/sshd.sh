@@ -5,7 +5,6 @@
 #   sshd_setup                 user key, known_hosts, an ssh_config ($SSH_CONFIG) for tandem
 #   sshd_start NAME ADDR       starts a node; sets SSHD_PORT_<NAME> (skips the test, 77, when sshd
 #                              cannot run here)
-#   free_port                  prints a TCP port nothing listens on
 SSHD_BIN=${SSHD_BIN:-/usr/sbin/sshd}
 SSH_DIR="$WORK/ssh"
 SSH_CONFIG="$SSH_DIR/config"
@@ -19,15 +18,6 @@ sshd_stop_all() {
     rm -rf "$WORK"
 }
 trap sshd_stop_all EXIT
-
-free_port() {
-    local p
-    for _ in $(seq 1 50); do
-        p=$(( 20000 + RANDOM % 40000 ))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
-    done
-    return 1
-}
 
 sshd_setup() {
     if [ ! -x "$SSHD_BIN" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then

@@ -7,7 +7,11 @@
  *   - a join whose data has a bad line fails with FILE:LINE in the report and changes nothing: the
  *     running adapter trains on to the same result;
  *   - an adapter detached mid-run is checkpointed and left alone by the trainer; --resume of it
- *     alone finishes equal to an uninterrupted run.
+ *     alone finishes equal to an uninterrupted run;
+ *   - added with resume (tdm_trainer_add_adapters_resume) to another running trainer, the same
+ *     detached adapter continues from its checkpoint and ends equal to the uninterrupted run, with
+ *     its save points; a finished adapter added with resume is added done and not retrained; the
+ *     host's own adapter is not disturbed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -119,11 +123,16 @@ typedef struct plan {
     const tdm_trainer_adapter *join;
     int n_join;
     tdm_status join_status;
+    bool resume;  /* tdm_trainer_add_adapters_resume */
     char *report; /* the failed join's FILE:LINE lines */
     int64_t detach_at;
     int detach_idx;
     int joined_first;
     int boundaries;
+    int64_t join2_at; /* a second join (one adapter), with the same resume flag */
+    const tdm_trainer_adapter *join2;
+    int64_t joined_step[2]; /* the joined adapters' positions right after their joins */
+    bool joined_done[2];
     tdm_train_schedule schedule;
     /* two_phase: join through prepare / estimate / commit, recording the plan without and with
      * the joiner and after the commit; the detach is followed by tdm_trainer_shrink, recording
@@ -151,6 +160,13 @@ static uint64_t be_used(void)
     return mi.used_bytes;
 }
 
+static tdm_status add(tdm_trainer *t, const plan *p, const tdm_trainer_adapter *ads, int n,
+                      int *first, char **report, tdm_error *err)
+{
+    return p->resume ? tdm_trainer_add_adapters_resume(t, ads, n, first, report, err)
+                     : tdm_trainer_add_adapters(t, ads, n, first, report, err);
+}
+
 static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
 {
     plan *p = user;
@@ -159,7 +175,7 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
     if (p->n_join > 0 && g == p->join_at && p->two_phase) {
         tdm_error e = {0};
         tdm_trainer_join *j = NULL;
-        if (tdm_trainer_join_prepare(t, p->join, p->n_join, &j, NULL, &e) != TDM_OK)
+        if (tdm_trainer_join_prepare(t, p->join, p->n_join, p->resume, &j, NULL, &e) != TDM_OK)
             fail_msg("prepare: %s", e.message);
         assert_int_equal(tdm_trainer_adapter_count(t), 1); /* prepared, not in the trainer */
         p->est_without = est_total(t, NULL);
@@ -169,12 +185,19 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
         p->est_joined = est_total(t, NULL);
     } else if (p->n_join > 0 && g == p->join_at) {
         tdm_error e = {0};
-        tdm_status st =
-            tdm_trainer_add_adapters(t, p->join, p->n_join, &p->joined_first, &p->report, &e);
+        tdm_status st = add(t, p, p->join, p->n_join, &p->joined_first, &p->report, &e);
         if (st != p->join_status)
             fail_msg("join at %lld: status %d, want %d: %s", (long long)g, st, p->join_status,
                      e.message);
         if (st != TDM_OK) assert_int_equal(tdm_trainer_adapter_count(t), 1); /* nothing changed */
+        if (st == TDM_OK)
+            tdm_trainer_adapter_position(t, p->joined_first, &p->joined_step[0],
+                                         &p->joined_done[0]);
+    }
+    if (p->join2 && g == p->join2_at) {
+        int first = -1;
+        TDM_TRY(add(t, p, p->join2, 1, &first, NULL, err));
+        tdm_trainer_adapter_position(t, first, &p->joined_step[1], &p->joined_done[1]);
     }
     if (p->detach_at > 0 && g == p->detach_at) {
         tdm_status st = tdm_trainer_detach_adapter(t, p->detach_idx, err);
@@ -409,6 +432,10 @@ static void test_detach_then_resume(void **state)
     checkpoints_of(joiner.output, cj, sizeof cj);
     print_message("detached adapter's checkpoints: %s\n", cj);
     assert_non_null(strstr(cj, "3,"));
+    /* a copy for test_resume_inside_host */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s/moved2'", joiner.output, dir);
+    assert_int_equal(system(cmd), 0);
     char peft[700];
     snprintf(peft, sizeof peft, "%s/adapter_model.safetensors", joiner.output);
     assert_int_not_equal(access(peft, F_OK), 0); /* not finished */
@@ -421,12 +448,73 @@ static void test_detach_then_resume(void **state)
     assert_true(d < 1e-3);
 }
 
+/* The takeover's trainer half: a detached adapter resumes inside another running trainer.
+ * Uses test_join_equals_alone's and test_detach_then_resume's outputs (run before it). */
+static void test_resume_inside_host(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter alone0 = spec(0, "alone0"), alone1 = spec(1, "alone1"),
+                        alone2 = spec(2, "alone2"), moved = spec(2, "moved2");
+    char fin[700];
+    snprintf(fin, sizeof fin, "%s/adapter_model.safetensors", alone1.output);
+    FILE *f = fopen(fin, "rb");
+    assert_non_null(f);
+    char before[65536];
+    size_t n_before = fread(before, 1, sizeof before, f);
+    fclose(f);
+
+    /* another host, at its global step 2, takes the adapter detached at its own step 3 with
+     * resume (the trainer's global step and its own differ the other way round than for a fresh
+     * join); at step 3 a finished adapter joins with resume */
+    tdm_trainer_adapter host = spec(0, "rhost0");
+    plan p = {.join_at = 2,
+              .join = &moved,
+              .n_join = 1,
+              .join_status = TDM_OK,
+              .resume = true,
+              .join2_at = 3,
+              .join2 = &alone1};
+    assert_int_equal(run(&host, 1, &p, false, &err), TDM_OK);
+    print_message("resumed at step %lld (done %d); finished one at step %lld (done %d)\n",
+                  (long long)p.joined_step[0], p.joined_done[0], (long long)p.joined_step[1],
+                  p.joined_done[1]);
+    assert_int_equal(p.joined_step[0], 3);
+    assert_false(p.joined_done[0]);
+    assert_true(p.joined_done[1]);
+    double dm = rel_diff(moved.output, alone2.output), dh = rel_diff(host.output, alone0.output);
+    print_message("resumed inside a host vs alone %.3g; that host vs alone %.3g\n", dm, dh);
+    assert_true(dm < 1e-3);
+    assert_true(dh < 1e-3);
+    /* the finished one was not trained again: its file is untouched */
+    f = fopen(fin, "rb");
+    assert_non_null(f);
+    char after[65536];
+    size_t n_after = fread(after, 1, sizeof after, f);
+    fclose(f);
+    assert_true(n_before == n_after && memcmp(before, after, n_after) == 0);
+    /* its save points are those of the uninterrupted run, plus the detach's checkpoint-3 */
+    char ca[512], cm[512];
+    checkpoints_of(alone2.output, ca, sizeof ca);
+    checkpoints_of(moved.output, cm, sizeof cm);
+    print_message("checkpoints alone %s resumed %s\n", ca, cm);
+    for (char *tok = strtok(ca, ","); tok; tok = strtok(NULL, ",")) {
+        char want[32], have[520];
+        snprintf(want, sizeof want, ",%s,", tok);
+        snprintf(have, sizeof have, ",%s", cm);
+        if (!strstr(have, want)) fail_msg("checkpoint-%s of the alone run is missing", tok);
+    }
+    assert_int_equal(count_lines(moved.output, "metrics.jsonl"),
+                     count_lines(alone2.output, "metrics.jsonl"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_join_equals_alone),
         cmocka_unit_test(test_join_own_options),
         cmocka_unit_test(test_detach_then_resume),
+        cmocka_unit_test(test_resume_inside_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,143 @@
+#!/bin/bash
+# `scheduler: slurm` against a real Slurm (issue 17, part 2): munged, slurmctld and two slurmd
+# daemons started here (tests/lib/slurm.sh), each node with two fake GPU GRES. Three adapters with
+# max_adapters 1 become three batch jobs that ask for --gres=gpu:1 (device: cpu, so the tiny model
+# trains on the CPU while Slurm schedules the GPUs); watch's leaderboard and pull --best come from
+# the shared workdir; a job told to stop by USR1 (what --signal=B:USR1@N sends before a time
+# limit) checkpoints, requeues itself and ends with adapters equal to an uninterrupted run;
+# `cluster cancel` checkpoints and stops without requeueing; a malformed slurm block fails with
+# FILE:LINE:COLUMN; a missing sbatch is named. Skips (77) when Slurm is not installed or not root.
+set -u
+. "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
+. "$TANDEM_SOURCE_DIR/tests/lib/slurm.sh"
+export XDG_STATE_HOME="$WORK/state"
+unset TANDEM_FAKE_GPUS
+slurm_start 2 2
+SHARED="$WORK/shared"
+mkdir -p "$SHARED"
+cat >"$WORK/cluster.yaml" <<Y
+scheduler: slurm
+slurm:
+  partition: debug
+  time: "10"
+  gpus_per_job: 1
+  gpu_vram_mb: 24000
+  device: cpu          # the GPUs are simulated: --gres is scheduled, the CPU trains
+  max_adapters: 1
+  cpu_max_params: 50M
+  signal_grace: 30
+  workdir: $SHARED
+  tandem: $TANDEM
+  env:
+    TANDEM_LEDGER_DIR: $WORK/ledger
+    OMP_NUM_THREADS: "1"
+Y
+"$TANDEM" init-model "$WORK/model" --preset tiny --seed 1 >/dev/null || fail "init-model"
+mkdir -p "$WORK/data"
+for n in a b; do
+    for i in $(seq 1 16); do
+        printf '{"text": "%s %d %s %d varied words %d"}\n' "$n" "$i" "$n" $((i * 7)) $((i * 13 % 11))
+    done >"$WORK/data/$n.jsonl"
+done
+for i in $(seq 1 16); do printf '{"text": "c c c c c c c c c c c c c c c c %d"}\n' "$i"; done >"$WORK/data/c.jsonl"
+cat >"$WORK/adapters.toml" <<'T'
+epochs = 2
+max_seq_len = 32
+batch_size = 4
+[[adapter]]
+data = "data/a.jsonl"
+output = "out/a"
+label = "a"
+learning_rate = 1e-6
+[[adapter]]
+data = "data/b.jsonl"
+output = "out/b"
+label = "b"
+learning_rate = 1e-6
+[[adapter]]
+data = "data/c.jsonl"
+output = "out/c"
+label = "c"
+learning_rate = 1e-2
+T
+FLAGS=(--rank 4 --val-split 0.25 --save-every 2)
+slurm_wait_idle 30
+
+# --dry-run: the three batch scripts, nothing written, nothing submitted.
+expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}" --dry-run
+[ "$(grep -c '^#SBATCH --gres=gpu:1$' "$WORK/last.out")" = 3 ] || fail "dry run: three scripts with --gres=gpu:1: $(cat "$WORK/last.out")"
+grep -q '^#SBATCH --signal=B:USR1@30$' "$WORK/last.out" || fail "dry run: --signal"
+grep -q -- "finetune .*--device cpu --no-join --resume '--rank' '4'" "$WORK/last.out" || fail "dry run: the finetune line: $(grep finetune "$WORK/last.out")"
+[ -z "$(ls -A "$SHARED")" ] || fail "dry run wrote into the workdir: $(ls -A "$SHARED")"
+[ -z "$(squeue -h)" ] || fail "dry run submitted: $(squeue -h)"
+
+# Three adapters, three Slurm jobs, all finish; the leaderboard and pull --best.
+expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}"
+[ "$(grep -c 'as Slurm job' "$WORK/last.out")" = 3 ] || fail "three Slurm jobs expected: $(cat "$WORK/last.out" "$WORK/last.err")"
+expect_exit 0 timeout 300 "$TANDEM" cluster watch --interval 1 --until-done
+expect_exit 0 "$TANDEM" cluster watch --once --json
+cp "$WORK/last.out" "$WORK/board.json"
+[ "$(jq '[.jobs[] | select(.state == "finished" and .slurm_state == "COMPLETED")] | length' "$WORK/board.json")" = 3 ] \
+    || fail "three completed jobs: $(jq -c '[.jobs[] | {state, slurm_state, why}]' "$WORK/board.json")"
+[ "$(jq -r '.leaderboard[0].label' "$WORK/board.json")" = c ] || fail "c should win: $(jq -c '.leaderboard' "$WORK/board.json")"
+for log in "$SHARED"/jobs/*/log; do
+    grep -Eq 'CUDA_VISIBLE_DEVICES=[0-9]' "$log" || fail "$log: --gres=gpu:1 gave no CUDA_VISIBLE_DEVICES"
+done
+expect_exit 0 timeout 60 "$TANDEM" cluster pull --best "$WORK/best"
+cmp -s "$WORK/best/c/adapter_model.safetensors" "$SHARED/out/c/adapter_model.safetensors" \
+    || fail "pull --best: c's adapter: $(cat "$WORK/last.out" "$WORK/last.err")"
+
+# The uninterrupted reference of a longer run of c, trained here alone.
+cat >"$WORK/long.toml" <<'T'
+epochs = 12
+max_seq_len = 32
+batch_size = 4
+[[adapter]]
+data = "data/c.jsonl"
+output = "long/c"
+label = "c"
+learning_rate = 1e-2
+T
+sed "s#long/c#$WORK/ref/c#; s#data/c#$WORK/data/c#" "$WORK/long.toml" >"$WORK/ref.toml"
+expect_exit 0 "$TANDEM" finetune "$WORK/model" --adapters-config "$WORK/ref.toml" --device cpu --no-join "${FLAGS[@]}"
+
+# USR1 (what Slurm sends signal_grace seconds before the time limit): checkpoint, requeue, resume.
+expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/long.toml" "${FLAGS[@]}"
+sid=$(sed -n 's/.* as Slurm job \([0-9]*\) .*/\1/p' "$WORK/last.out")
+wait_until 120 test -d "$SHARED/long/c/checkpoint-2"
+scancel --signal=USR1 --batch "$sid" || fail "scancel --signal=USR1"
+expect_exit 0 timeout 300 "$TANDEM" cluster watch --interval 1 --until-done
+jdir=$(ls -d "$SHARED"/jobs/* | while read -r d; do grep -q "long.toml\|long/c" "$d/adapters.toml" 2>/dev/null && echo "$d"; done | head -1)
+grep -q 'requeueing job' "$jdir/log" || fail "USR1 did not requeue: $(tail -5 "$jdir/log")"
+grep -q 'restart 1' "$jdir/log" || fail "no second run after the requeue: $(tail -5 "$jdir/log")"
+cmp -s "$WORK/ref/c/adapter_model.safetensors" "$SHARED/long/c/adapter_model.safetensors" \
+    || fail "requeued run differs from the uninterrupted one"
+
+# cluster cancel: checkpoint, no requeue, exit 143 recorded.
+sed -i 's#long/c#cancel/c#' "$WORK/long.toml"
+expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/long.toml" "${FLAGS[@]}"
+job=$(sed -n 's/^slurm: submitted job \([^ ]*\) .*/\1/p' "$WORK/last.out")
+wait_until 120 test -d "$SHARED/cancel/c/checkpoint-2"
+expect_exit 0 timeout 120 "$TANDEM" cluster cancel "$job"
+grep -q "ended (failed" "$WORK/last.out" || fail "cancel: $(cat "$WORK/last.out" "$WORK/last.err")"
+[ "$(cat "$SHARED/jobs/$job/exit_code")" = 143 ] || fail "cancel: exit_code $(cat "$SHARED/jobs/$job/exit_code" 2>&1)"
+grep -q 'requeueing' "$SHARED/jobs/$job/log" && fail "a cancelled job requeued itself"
+ls -d "$SHARED"/cancel/c/checkpoint-* >/dev/null 2>&1 || fail "cancel left no checkpoint"
+
+# Mistakes: a malformed slurm block (FILE:LINE:COLUMN, exit 2), sbatch missing from PATH.
+printf 'scheduler: slurm\nslurm:\n  workdir: %s\n  gpu_vram_mb: 100\n  partiton: debug\n' "$SHARED" >"$WORK/bad.yaml"
+expect_exit 2 "$TANDEM" cluster status --cluster "$WORK/bad.yaml"
+grep -q "bad.yaml:5:3: .*partiton.*did you mean 'partition'" "$WORK/last.err" || fail "malformed block: $(cat "$WORK/last.err")"
+printf 'scheduler: slurm\nslurm:\n  workdir: %s\n  time: soon\n  gpu_vram_mb: 100\n' "$SHARED" >"$WORK/bad.yaml"
+expect_exit 2 "$TANDEM" cluster status --cluster "$WORK/bad.yaml"
+grep -q "bad.yaml:4:9: slurm.time 'soon'" "$WORK/last.err" || fail "bad time: $(cat "$WORK/last.err")"
+mkdir -p "$WORK/nosbatch"
+for f in /usr/bin/* /usr/sbin/*; do [ "${f##*/}" = sbatch ] || ln -sf "$f" "$WORK/nosbatch/"; done
+expect_exit 1 env PATH="$WORK/nosbatch" "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}"
+grep -q "sbatch is not on PATH" "$WORK/last.err" || fail "missing sbatch: $(cat "$WORK/last.err")"
+finish
