@@ -380,6 +380,9 @@ int tdm_cmd_finetune(int argc, char **argv)
                 code = tdm_cli_fail(TDM_EXIT_FAILURE,
                                     "bad lines in the training data; nothing was written (fix "
                                     "them, or --skip-bad-lines)");
+            } else if (st == TDM_ERR_BUSY) {
+                /* --no-wait-gpu: the memory is not free now (alone, or for a join): try later */
+                code = tdm_cli_fail(TDM_EXIT_TIMEOUT, "%s", err.message);
             } else {
                 code = tdm_cli_fail_err(&err);
             }

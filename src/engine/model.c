@@ -1132,6 +1132,23 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
     return tdm_be_reserve_scratch(m->be, &sh, err);
 }
 
+tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
+{
+    workspace want = {0};
+    carver c = {NULL, 0};
+    if (p->rows > 0) {
+        plan_workspace(&m->cfg, &m->opts, p, &want);
+        ws_layout(&m->cfg, m->act, &want, &c);
+    }
+    workspace *w = &m->ws;
+    if (!w->base || c.off >= w->bytes) return TDM_OK; /* nothing to give back */
+    tdm_be_free(m->be, w->base);
+    free(w->x);
+    free(w->sets);
+    memset(w, 0, sizeof *w);
+    return p->rows > 0 ? ws_ensure(m, &want, err) : TDM_OK;
+}
+
 tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
                                      tdm_be_dtype act, const tdm_model_mem_plan *p,
                                      tdm_model_mem *out, tdm_error *err)

@@ -210,6 +210,12 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
  * scratch; a larger step still grows them. */
 tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err);
 
+/* Gives back what the activation workspace holds beyond the plan's largest step (a co-training
+ * host after adapters left): when the workspace is larger than that step needs, it is freed and
+ * allocated again for exactly the plan (nothing at all for a plan of 0 rows). Call between steps
+ * only. The backend's scratch is kept (it only grows). */
+tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err);
+
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);
 uint64_t tdm_model_activation_bytes(const tdm_model *m);

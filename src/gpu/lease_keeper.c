@@ -85,6 +85,23 @@ tdm_status tdm_lease_keeper_update_actual(tdm_lease_keeper *k, int64_t actual_mb
     return st;
 }
 
+tdm_status tdm_lease_keeper_resize(tdm_lease_keeper *k, int64_t budget_mb, bool wait,
+                                   int64_t *ticket, bool *granted, tdm_wait_report *report,
+                                   tdm_error *err)
+{
+    pthread_mutex_lock(&k->mu);
+    tdm_status st = tdm_reservation_resize(k->lease, budget_mb, wait, ticket, granted, report, err);
+    pthread_mutex_unlock(&k->mu);
+    return st;
+}
+
+void tdm_lease_keeper_resize_cancel(tdm_lease_keeper *k, int64_t *ticket)
+{
+    pthread_mutex_lock(&k->mu);
+    tdm_reservation_resize_cancel(k->lease, ticket);
+    pthread_mutex_unlock(&k->mu);
+}
+
 void tdm_lease_keeper_stop(tdm_lease_keeper *k)
 {
     if (!k) return;

@@ -18,6 +18,7 @@
  */
 #ifndef TANDEM_GPU_LEASE_KEEPER_H
 #define TANDEM_GPU_LEASE_KEEPER_H
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpu/reservation.h"
@@ -31,6 +32,13 @@ tdm_status tdm_lease_keeper_start(tdm_lease_keeper **out, tdm_lease *lease, tdm_
 
 /* Records the measured memory (MiB) under the keeper's lock. */
 tdm_status tdm_lease_keeper_update_actual(tdm_lease_keeper *k, int64_t actual_mb, tdm_error *err);
+
+/* tdm_reservation_resize of the kept lease under the keeper's lock. */
+tdm_status tdm_lease_keeper_resize(tdm_lease_keeper *k, int64_t budget_mb, bool wait,
+                                   int64_t *ticket, bool *granted, tdm_wait_report *report,
+                                   tdm_error *err);
+
+void tdm_lease_keeper_resize_cancel(tdm_lease_keeper *k, int64_t *ticket);
 
 /* Stops and frees the keeper (NULL accepted); the lease stays held. */
 void tdm_lease_keeper_stop(tdm_lease_keeper *k);

@@ -518,6 +518,132 @@ tdm_status tdm_reservation_watch_handle(tdm_lease *lease, int fd, bool *reregist
     return st;
 }
 
+/* ---- resizing a held reservation ---- */
+
+typedef struct resize_ctx {
+    tdm_lease *lease;
+    const tdm_inventory *inv;
+    int64_t budget_mb;
+    bool wait;
+    int64_t ticket;
+    bool granted, busy;
+    tdm_wait_report report;
+} resize_ctx;
+
+static tdm_status resize_decide(tdm_ledger_state *s, bool *changed, void *user, tdm_error *err)
+{
+    resize_ctx *c = user;
+    tdm_lease *l = c->lease;
+    time_t now = time(NULL);
+    int64_t lease_sec = tdm_ledger_lease_sec();
+    update_ctx u = {.lease = l, .what = UPDATE_ACTUAL, .actual_mb = l->actual_mb};
+    TDM_TRY(update_decide(s, changed, &u, err)); /* written back when it vanished */
+    tdm_reservation *r = tdm_ledger_state_find_reservation(s, l->id);
+    if (c->ticket && !tdm_ledger_state_find_ticket(s, c->ticket)) c->ticket = 0;
+    if (c->budget_mb <= r->budget_mb) {
+        if (c->budget_mb != r->budget_mb) *changed = true;
+        r->budget_mb = c->budget_mb;
+        c->granted = true;
+    } else {
+        int64_t grow = c->budget_mb - r->budget_mb;
+        int idx = tdm_ledger_state_settling(s, now)
+                      ? -1
+                      : tdm_queue_choose_gpu(c->inv, s, c->ticket ? c->ticket : INT64_MAX,
+                                             l->gpu_uuid, grow);
+        if (idx >= 0) {
+            r->budget_mb = c->budget_mb;
+            c->granted = true;
+            *changed = true;
+        } else if (!c->wait) {
+            c->busy = true;
+        } else if (!c->ticket) {
+            tdm_ticket t = {0};
+            TDM_TRY(tdm_ledger_state_take_ticket(s, &t.ticket, err));
+            t.holders[0] = tdm_holder_of(getpid());
+            t.n_holders = 1;
+            snprintf(t.user, sizeof t.user, "%s", tdm_user_name());
+            snprintf(t.host, sizeof t.host, "%s", tdm_host_name());
+            snprintf(t.gpu_uuid, sizeof t.gpu_uuid, "%s", l->gpu_uuid);
+            t.budget_mb = grow;
+            snprintf(t.task, sizeof t.task, "%.100s (growth)", l->task);
+            t.enqueued = now;
+            t.lease_expires = now + lease_sec;
+            TDM_TRY(tdm_ledger_state_add_ticket(s, &t, err));
+            c->ticket = t.ticket;
+            *changed = true;
+        } else {
+            tdm_ticket *t = tdm_ledger_state_find_ticket(s, c->ticket);
+            if (t->budget_mb != grow || t->lease_expires - now < lease_sec / 2) {
+                t->budget_mb = grow; /* the reservation shrank meanwhile: a smaller growth */
+                t->lease_expires = now + lease_sec;
+                *changed = true;
+            }
+        }
+        if (!c->granted) {
+            c->report.needed_mb = grow;
+            snprintf(c->report.gpu_uuid, sizeof c->report.gpu_uuid, "%s", l->gpu_uuid);
+            c->report.position = -1;
+            c->report.available_mb = -1;
+            for (size_t i = 0; i < c->inv->n_gpus; i++) {
+                const tdm_gpu *g = &c->inv->gpus[i];
+                if (strcmp(g->uuid, l->gpu_uuid)) continue;
+                tdm_guard_view v;
+                tdm_guard_view_of(g, s, &v);
+                c->report.position =
+                    tdm_queue_ahead(s, c->ticket ? c->ticket : INT64_MAX, g) + 1;
+                c->report.available_mb = v.available_mb;
+            }
+        }
+    }
+    if (c->granted && c->ticket) {
+        tdm_ledger_state_remove_ticket(s, c->ticket);
+        c->ticket = 0;
+        *changed = true;
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_reservation_resize(tdm_lease *lease, int64_t budget_mb, bool wait, int64_t *ticket,
+                                  bool *granted, tdm_wait_report *report, tdm_error *err)
+{
+    *granted = false;
+    if (!lease->held) return tdm_fail(err, TDM_ERR_INVALID, "the reservation is not held");
+    if (budget_mb <= 0) return tdm_fail(err, TDM_ERR_INVALID, "the memory budget must be positive");
+    tdm_inventory inv;
+    if (query_vram(&inv, err) != TDM_OK) return err->status;
+    tdm_status st = TDM_OK;
+    if (budget_mb > lease->budget_mb) st = check_never_fits(&inv, lease->gpu_uuid, budget_mb, err);
+    resize_ctx c = {.lease = lease, .inv = &inv, .budget_mb = budget_mb, .wait = wait,
+                    .ticket = *ticket};
+    if (st == TDM_OK) st = tdm_ledger_transact(&lease->ledger, resize_decide, &c, err);
+    tdm_inventory_free(&inv);
+    if (st == TDM_OK && c.busy)
+        st = tdm_fail(err, TDM_ERR_BUSY,
+                      "%lld MiB more GPU memory is not available now on %s (%lld MiB admissible, "
+                      "%d job(s) queued ahead) and --no-wait-gpu was given",
+                      (long long)c.report.needed_mb, lease->gpu_uuid,
+                      (long long)c.report.available_mb, c.report.position - 1);
+    if (st != TDM_OK) {
+        drop_ticket(lease, c.ticket ? c.ticket : *ticket);
+        *ticket = 0;
+        return st;
+    }
+    *ticket = c.ticket;
+    if (c.granted) {
+        lease->budget_mb = budget_mb;
+        *granted = true;
+    } else if (report) {
+        *report = c.report;
+    }
+    return TDM_OK;
+}
+
+void tdm_reservation_resize_cancel(tdm_lease *lease, int64_t *ticket)
+{
+    drop_ticket(lease, *ticket);
+    *ticket = 0;
+}
+
 static void forget_at_exit(tdm_lease *lease);
 
 tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err)

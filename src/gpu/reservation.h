@@ -97,6 +97,21 @@ int tdm_reservation_watch_open(const tdm_lease *lease);
 tdm_status tdm_reservation_watch_handle(tdm_lease *lease, int fd, bool *reregistered,
                                         tdm_error *err);
 
+/* Resizing a held reservation (a co-training host whose adapters join and leave), one ledger
+ * transaction per call, never blocking:
+ *   budget_mb <= the lease's budget: the reservation shrinks to it at once (*granted);
+ *   larger: the growth (budget_mb minus the current budget) is admitted on the lease's GPU by the
+ *   rules of a new reservation of that size pinned to it (guard.h, wait_queue.h): in arrival
+ *   order with every other waiter. When it is not admissible now and wait is true, a ticket of
+ *   the growth's size joins the queue (*ticket, kept between calls: call again, e.g. at every
+ *   training step, with the same *ticket, until *granted) and *report says where it stands;
+ *   when wait is false, TDM_ERR_BUSY. TDM_ERR_NEVER_FITS when budget_mb can never fit the GPU.
+ * The lease's budget follows the ledger. On an error, no ticket of this resize remains.
+ * tdm_reservation_resize_cancel drops a waiting ticket (the join went away). */
+tdm_status tdm_reservation_resize(tdm_lease *lease, int64_t budget_mb, bool wait, int64_t *ticket,
+                                  bool *granted, tdm_wait_report *report, tdm_error *err);
+void tdm_reservation_resize_cancel(tdm_lease *lease, int64_t *ticket);
+
 tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err);
 
 /* Registers lease to be released by an atexit handler (at most 8 leases per process). The lease

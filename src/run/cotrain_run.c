@@ -15,7 +15,6 @@
 #include "cotrain/status.h"
 #include "cotrain/trainer_bridge.h"
 #include "gpu/proc_identity.h"
-#include "util/build_features.h"
 #include "util/timeutil.h"
 
 #define JOIN_ATTEMPTS 3    /* elections before giving up (a host may end while we join it) */
@@ -33,6 +32,17 @@ typedef struct joined_group {
     int32_t pid;          /* the joiner's (SO_PEERCRED) */
 } joined_group;
 
+/* A join accepted (its data read) that waits for the host's reservation to grow. */
+typedef struct waiting_join {
+    uint64_t conn;
+    tdm_cotrain_msg join; /* owns the strings the prepared adapters borrow */
+    tdm_cotrain_peer peer;
+    tdm_trainer_join *tj;
+    int64_t ticket;   /* its growth's ticket in the ledger queue, 0 when none */
+    int64_t told_mb;  /* the need and queue position of the last `waiting` sent (-1: none) */
+    int told_position;
+} waiting_join;
+
 /* What the host shows of one adapter of its trainer: in its own output and in the status it
  * publishes for `gpu status` (cotrain/status.h). Indexed by trainer index. */
 typedef struct adapter_view {
@@ -49,7 +59,24 @@ typedef struct adapter_view {
 } adapter_view;
 
 struct tdm_cotrain_serving {
-    tdm_cotrain_host *host;
+    tdm_cotrain_host *host; /* NULL: not serving (a GPU run before device open, or it failed) */
+    /* a GPU run elects after device open (tdm_cotrain_serve_open), on the GPU it reserved */
+    bool elect_at_open;
+    int takeover_n; /* > 0: this run's adapters, orphaned by a dead host, resume here */
+    char dir[4096];
+    tdm_base_identity base; /* model, method; device and dtype set at open */
+    const char *model_dir;
+    tdm_cotrain_advert found; /* serve_open found a host there: join it */
+    /* memory admission (GPU): the reservation grows and shrinks with the adapters */
+    tdm_device *dev;
+    bool planned;
+    int64_t plan_mb;     /* the plan of the unfinished adapters (reservation MiB) */
+    uint64_t scratch_hw; /* the largest backend scratch planned (the scratch never shrinks) */
+    int n_active;        /* unfinished adapters at the last boundary */
+    waiting_join *w;
+    int n_wait, cap_wait;
+    bool (*stop_requested)(void *user);
+    void *stop_requested_user;
     tdm_trainer_progress_fn progress; /* the host's own output */
     void *progress_user;
     void (*note)(const char *line, void *user);
@@ -80,17 +107,6 @@ static void note(void (*fn)(const char *, void *), void *user, const char *fmt, 
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fn(line, user);
-}
-
-/* The device this run would train on, as the base identity names it; NULL when it cannot be
- * told without opening the device (a GPU: which one the ledger gives is decided by device open,
- * docs/co-training.md "What remains"). */
-static const char *run_device(const tdm_run_opts *o)
-{
-    const char *d = o->device.device ? o->device.device : "auto";
-    if (!strcmp(d, "cpu")) return "cpu";
-    if (!strcmp(d, "auto") && strcmp(tdm_build_features(), "cuda") != 0) return "cpu";
-    return NULL;
 }
 
 /* ----------------------------------------------------------------------- joiner ---- */
@@ -134,6 +150,7 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
     tdm_cotrain_msg join = {0};
     tdm_status st = tdm_cotrain_join_from_trainer(&o->trainer, ads, n, base->id, &join, err);
     if (st != TDM_OK) return st;
+    join.u.join.opts.no_wait = o->device.no_wait;
     tdm_cotrain_client c;
     if ((st = tdm_cotrain_client_connect(&c, host->socket_path, err)) != TDM_OK) {
         tdm_cotrain_msg_free(&join);
@@ -157,6 +174,7 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
             stem_of(ads[a].data, labels[a], sizeof labels[a]);
     }
     bool admitted = false, detach_sent = false, said_silent = false;
+    int64_t waiting_since = 0; /* while the host waits for GPU memory: --timeout applies */
     int n_ended = 0, n_detached = 0, n_failed = 0;
     char failure[1024] = "";
     tdm_error io = {0};
@@ -170,6 +188,15 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
             detach_sent = true;
         }
         tdm_cotrain_msg m = {0};
+        if (!admitted && waiting_since && o->device.timeout_sec > 0 &&
+            (double)(tdm_now_mono_ns() - waiting_since) / 1e9 >= o->device.timeout_sec) {
+            st = tdm_fail(err, TDM_ERR_TIMEOUT,
+                          "timed out after %.15g s waiting for the finetune of pid %d to make "
+                          "room for these adapters on %s (see `tandem gpu status`, or raise "
+                          "--timeout)",
+                          o->device.timeout_sec, (int)host->pid, base->device);
+            goto out; /* closing the connection withdraws the join and its ticket */
+        }
         tdm_status r = tdm_cotrain_client_next(&c, CLIENT_POLL_MS, &m, &io);
         if (r == TDM_ERR_TIMEOUT) continue;
         if (r != TDM_OK && admitted && c.host_gone && !c.eof && host_alive(host, false)) {
@@ -235,6 +262,7 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
             tdm_cotrain_msg_free(&m);
             goto out;
         case TDM_COTRAIN_WAITING:
+            if (!waiting_since) waiting_since = tdm_now_mono_ns();
             note(o->device.note, o->device.note_user, "waiting: %s",
                  m.u.waiting.message ? m.u.waiting.message : m.u.waiting.reason);
             break;
@@ -280,6 +308,94 @@ out:
     return st;
 }
 
+/* A serving of o's run, its adapter ads[0]'s options kept to compare a join's run-wide ones
+ * with. */
+static tdm_status serving_new(const tdm_run_opts *o, const tdm_trainer_adapter *ads,
+                              tdm_cotrain_serving **out, tdm_error *err)
+{
+    *out = NULL;
+    tdm_cotrain_serving *s = calloc(1, sizeof *s);
+    if (!s) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    tdm_status st = tdm_cotrain_run_opts_from_trainer(&o->trainer, &ads[0], &s->mine, err);
+    if (st != TDM_OK) {
+        free(s);
+        return st;
+    }
+    s->note = o->device.note;
+    s->note_user = o->device.note_user;
+    s->model_dir = o->trainer.model_dir;
+    *out = s;
+    return TDM_OK;
+}
+
+/* The host a joiner trained in died: nobody trains these adapters any more. The caller elects
+ * again: the first orphan hosts, the others join it; every one resumes from its checkpoints. */
+static void note_orphaned(tdm_run_opts *o, const tdm_cotrain_advert *host, int n, tdm_error *err)
+{
+    note(o->device.note, o->device.note_user,
+         "the finetune of pid %d died; its %d adapter(s) of this command resume from their "
+         "latest checkpoints",
+         (int)host->pid, n);
+    *err = (tdm_error){0};
+    o->trainer.resume = true;
+}
+
+static void note_taking_over(const tdm_cotrain_serving *s, const char *device, int n)
+{
+    note(s->note, s->note_user,
+         "taking over: no other finetune of this base model runs on %s; this process trains its "
+         "%d adapter(s) from their latest checkpoints and hosts the others",
+         device, n);
+}
+
+/* A GPU run: the hosts on each GPU it could get, in the order it would get them (device open's
+ * candidates, nothing reserved); the first found is joined. None: *srv elects after device open
+ * (tdm_cotrain_serve_open), on the GPU the ledger gave. */
+static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
+                               const tdm_finetune_hooks *hooks, const tdm_device_candidates *cand,
+                               tdm_base_identity *base, const char *dir, tdm_cotrain_serving **srv,
+                               bool *joined, char **bad_lines, tdm_error *err)
+{
+    tdm_status st = TDM_OK;
+    int attempt = 0, takeovers = 0;
+    while (attempt < JOIN_ATTEMPTS) {
+        tdm_cotrain_advert found;
+        bool have = false;
+        for (size_t i = 0; i < cand->n && !have; i++) {
+            snprintf(base->device, sizeof base->device, "%s", cand->uuid[i]);
+            tdm_base_identity_seal(base);
+            tdm_error e = {0};
+            have = tdm_cotrain_find_host(dir, base, &found, NULL, &e) == TDM_OK;
+        }
+        if (!have) break;
+        bool retry = false, orphaned = false;
+        st = join_host(o, ads, n, hooks, &found, base, &retry, &orphaned, bad_lines, err);
+        if (orphaned && takeovers < TAKEOVERS_MAX) {
+            note_orphaned(o, &found, n, err);
+            takeovers++;
+            attempt = 0;
+            continue; /* another orphan may host already: join it; none: elect after open */
+        }
+        if (!retry) {
+            *joined = true;
+            return st;
+        }
+        attempt++;
+    }
+    if (o->join_require && takeovers == 0)
+        return tdm_fail(err, TDM_ERR_NOT_FOUND,
+                        "--join require: no finetune of this base model runs on %s%s",
+                        cand->uuid[0], cand->n > 1 ? " or the other GPUs this run could use" : "");
+    tdm_cotrain_serving *s = NULL;
+    TDM_TRY(serving_new(o, ads, &s, err));
+    s->elect_at_open = true;
+    s->takeover_n = takeovers > 0 ? n : 0;
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    s->base = *base;
+    *srv = s;
+    return TDM_OK;
+}
+
 tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
                                  const tdm_finetune_hooks *hooks, tdm_cotrain_serving **srv,
                                  bool *joined, char **bad_lines, tdm_error *err)
@@ -287,14 +403,6 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     *srv = NULL;
     *joined = false;
     if (o->no_join) return TDM_OK;
-    const char *device = run_device(o);
-    if (!device) {
-        if (o->join_require)
-            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                            "--join require: joining works on the CPU device only today "
-                            "(--device cpu); on a GPU each finetune runs on its own");
-        return TDM_OK;
-    }
     if (o->trainer.save_total_limit > 0) {
         /* the join does not carry it yet (docs/co-training.md "Run-wide options"): a host would
          * prune its joiners' checkpoints by its own limit, or keep all of a joiner's */
@@ -304,15 +412,32 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                             "checkpoints trains in a process of its own today");
         return TDM_OK;
     }
+    /* The devices this run could get, without reserving. An error here (a bad
+     * TANDEM_FAKE_GPUS) is device open's to report, with the exit code of a run without
+     * co-training. */
+    tdm_device_candidates cand;
+    tdm_status st = tdm_device_candidates_list(&o->device, &cand, err);
+    if (st != TDM_OK) {
+        if (o->join_require) return st;
+        *err = (tdm_error){0};
+        return TDM_OK;
+    }
+    if (!cand.cpu && !cand.n) { /* --device cuda without a usable GPU: device open says why */
+        if (o->join_require)
+            return tdm_fail(err, TDM_ERR_UNSUPPORTED, "--join require: no usable GPU");
+        return TDM_OK;
+    }
     /* A model directory that cannot be identified (no config.json, a FIFO, a corrupt header)
      * cannot be trained either: without --join require the run goes on alone, and loading it
      * reports the problem with the message and exit code of a run without co-training. */
     tdm_base_identity base;
     char dir[4096];
-    tdm_status st = tdm_base_identity_compute(o->trainer.model_dir, o->trainer.nf4,
-                                              o->trainer.double_quant, "f32", device, &base, err);
+    const char *device = cand.cpu ? "cpu" : cand.uuid[0];
+    st = tdm_base_identity_compute(o->trainer.model_dir, o->trainer.nf4, o->trainer.double_quant,
+                                   cand.compute_dtype, device, &base, err);
     if (st == TDM_OK) st = tdm_cotrain_dir(NULL, dir, sizeof dir, err);
     if (st != TDM_OK) {
+        tdm_device_candidates_free(&cand);
         if (o->join_require) {
             tdm_error_prefix(err, "--join require");
             return st;
@@ -320,6 +445,13 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
         *err = (tdm_error){0};
         return TDM_OK;
     }
+    if (!cand.cpu) {
+        st = find_on_gpus(o, ads, n, hooks, &cand, &base, dir, srv, joined, bad_lines, err);
+        tdm_device_candidates_free(&cand);
+        return st;
+    }
+    tdm_device_candidates_free(&cand);
+    /* the CPU: nothing to reserve, so the election happens now, before any data is read */
     int attempt = 0, takeovers = 0;
     while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_host *h = NULL;
@@ -336,20 +468,12 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                                 device, why && *why ? " (nearest differs in: " : "",
                                 why && *why ? why : "");
             }
-            tdm_cotrain_serving *s = calloc(1, sizeof *s);
-            if (!s) {
+            tdm_cotrain_serving *s = NULL;
+            if ((st = serving_new(o, ads, &s, err)) != TDM_OK) {
                 tdm_cotrain_host_stop(h);
-                return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-            }
-            s->host = h;
-            if ((st = tdm_cotrain_run_opts_from_trainer(&o->trainer, &ads[0], &s->mine, err)) !=
-                TDM_OK) {
-                tdm_cotrain_host_stop(h);
-                free(s);
                 return st;
             }
-            s->note = o->device.note;
-            s->note_user = o->device.note_user;
+            s->host = h;
             *srv = s;
             /* finetunes run here, but none of them can share its pass with this one */
             if (why && *why)
@@ -357,24 +481,13 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
                      "not joining: the finetunes running on %s train another base (the nearest "
                      "differs in: %s); this one trains in its own process",
                      device, why);
-            if (takeovers > 0)
-                note(o->device.note, o->device.note_user,
-                     "taking over: no other finetune of this base model runs on %s; this process "
-                     "trains its %d adapter(s) from their latest checkpoints and hosts the others",
-                     device, n);
+            if (takeovers > 0) note_taking_over(s, device, n);
             return TDM_OK;
         }
         bool retry = false, orphaned = false;
         st = join_host(o, ads, n, hooks, &found, &base, &retry, &orphaned, bad_lines, err);
         if (orphaned && takeovers < TAKEOVERS_MAX) {
-            /* the host died: nobody trains these adapters any more. Elect again: the first
-             * orphan hosts, the others join it; every one resumes from its checkpoints. */
-            note(o->device.note, o->device.note_user,
-                 "the finetune of pid %d died; its %d adapter(s) of this command resume from "
-                 "their latest checkpoints",
-                 (int)found.pid, n);
-            *err = (tdm_error){0};
-            o->trainer.resume = true;
+            note_orphaned(o, &found, n, err);
             takeovers++;
             attempt = 0;
             continue;
@@ -385,6 +498,51 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
         }
         attempt++;
     }
+    return st;
+}
+
+tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *s, tdm_device *dev, bool *join_instead,
+                                  tdm_error *err)
+{
+    (void)err;
+    *join_instead = false;
+    if (!s) return TDM_OK;
+    s->dev = dev;
+    if (!s->elect_at_open) return TDM_OK;
+    s->elect_at_open = false;
+    snprintf(s->base.device, sizeof s->base.device, "%s", tdm_device_name(dev));
+    snprintf(s->base.compute_dtype, sizeof s->base.compute_dtype, "%s",
+             tdm_device_compute_dtype(dev));
+    tdm_base_identity_seal(&s->base);
+    tdm_cotrain_host *h = NULL;
+    tdm_error e = {0};
+    if (tdm_cotrain_elect(s->dir, &s->base, s->model_dir, &h, &s->found, NULL, &e) != TDM_OK) {
+        note(s->note, s->note_user, "warning: co-training: %s; training on its own", e.message);
+        return TDM_OK;
+    }
+    if (h) {
+        s->host = h;
+        if (s->takeover_n > 0) note_taking_over(s, s->base.device, s->takeover_n);
+    } else {
+        *join_instead = true; /* a host took this GPU while we reserved: give it back, join */
+    }
+    return TDM_OK;
+}
+
+tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *s, tdm_run_opts *o,
+                                  const tdm_trainer_adapter *ads, int n,
+                                  const tdm_finetune_hooks *hooks, char **bad_lines,
+                                  tdm_error *err)
+{
+    bool retry = false, orphaned = false;
+    /* orphaned (that host died after admitting us): its error says to run with --resume; this
+     * run gave its device back already, so it cannot take over */
+    tdm_status st =
+        join_host(o, ads, n, hooks, &s->found, &s->base, &retry, &orphaned, bad_lines, err);
+    if (retry)
+        tdm_error_prefix(err, "joining the finetune of pid %d on %s failed (run the command "
+                              "again)",
+                         (int)s->found.pid, s->base.device);
     return st;
 }
 
@@ -584,24 +742,118 @@ static void reject(tdm_cotrain_serving *s, uint64_t conn, tdm_status status, con
     tdm_cotrain_host_close(s->host, conn);
 }
 
-static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_request *rq)
+/* ---- memory admission: the host's reservation follows the plan of its adapters ---- */
+
+/* The plan's reservation (MiB) as --vram auto takes it, the backend scratch counted at the largest
+ * size held so far (the scratch never shrinks). */
+static int64_t plan_mb(tdm_cotrain_serving *s, tdm_model_mem *est)
 {
-    tdm_cotrain_join *j = &rq->msg.u.join;
-    char diff[512];
-    if (tdm_cotrain_run_wide_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
-        char why[1024];
-        snprintf(why, sizeof why,
-                 "run-wide options differ from this finetune's (%s): one fused trainer runs "
-                 "one schedule; run with the same values, or --no-join",
-                 diff);
-        reject(s, rq->conn, TDM_ERR_INVALID, why);
+    if (est->backend_scratch < s->scratch_hw) est->backend_scratch = s->scratch_hw;
+    return tdm_device_reservation_mb(est);
+}
+
+static bool on_gpu(const tdm_cotrain_serving *s)
+{
+    return s->dev && s->dev->gpu;
+}
+
+static int active_adapters(const tdm_trainer *t)
+{
+    int k = 0;
+    for (int a = 0; a < tdm_trainer_adapter_count(t); a++) {
+        bool done = false;
+        tdm_trainer_adapter_position(t, a, NULL, &done);
+        k += !done;
+    }
+    return k;
+}
+
+/* The first boundary: the plan of the host's own adapters, which its reservation holds. */
+static void plan_start(tdm_cotrain_serving *s, tdm_trainer *t)
+{
+    if (s->planned) return;
+    s->planned = true;
+    s->n_active = active_adapters(t);
+    tdm_model_mem est;
+    tdm_error e = {0};
+    if (tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) return;
+    s->scratch_hw = est.backend_scratch;
+    s->plan_mb = plan_mb(s, &est);
+}
+
+/* Adapters left since the last boundary (finished, handed back): their device memory is freed
+ * (tdm_trainer_shrink) and the reservation shrinks by what the plan of the rest needs less. */
+static void shrink_after_leave(tdm_cotrain_serving *s, tdm_trainer *t)
+{
+    int active = active_adapters(t);
+    if (active >= s->n_active) {
+        s->n_active = active;
         return;
     }
+    s->n_active = active;
+    tdm_error e = {0};
+    tdm_model_mem est;
+    if (tdm_trainer_shrink(t, &e) != TDM_OK ||
+        tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) {
+        note(s->note, s->note_user, "warning: memory of the adapters that left not released: %s",
+             e.message);
+        return;
+    }
+    int64_t now_mb = plan_mb(s, &est);
+    if (!on_gpu(s) || now_mb >= s->plan_mb) {
+        s->plan_mb = now_mb < s->plan_mb ? now_mb : s->plan_mb;
+        return;
+    }
+    int64_t target = s->dev->budget_mb - (s->plan_mb - now_mb);
+    int64_t ticket = 0;
+    bool granted = false;
+    if (target < 1) target = 1;
+    int64_t before = s->dev->budget_mb;
+    if (tdm_device_resize(s->dev, target, false, &ticket, &granted, NULL, &e) != TDM_OK ||
+        !granted) {
+        note(s->note, s->note_user, "warning: the reservation did not shrink: %s", e.message);
+        return;
+    }
+    s->plan_mb = now_mb;
+    tdm_device_record_actual(s->dev, false, NULL, NULL);
+    note(s->note, s->note_user,
+         "co-training: %lld MiB released, reservation now %lld MiB (%d adapter(s) training)",
+         (long long)(before - target), (long long)target, active);
+}
+
+static void waiter_free(tdm_cotrain_serving *s, int i)
+{
+    waiting_join *w = &s->w[i];
+    if (w->ticket && s->dev) tdm_device_resize_cancel(s->dev, &w->ticket);
+    tdm_trainer_join_free(w->tj);
+    tdm_cotrain_msg_free(&w->join);
+    memmove(&s->w[i], &s->w[i + 1], (size_t)(s->n_wait - i - 1) * sizeof *s->w);
+    s->n_wait--;
+}
+
+static void tell_waiting(tdm_cotrain_serving *s, waiting_join *w, int64_t need_mb, int position,
+                         const char *message)
+{
+    if (w->told_mb == need_mb && w->told_position == position) return;
+    w->told_mb = need_mb;
+    w->told_position = position;
+    tdm_cotrain_msg m = {.type = TDM_COTRAIN_WAITING};
+    m.u.waiting.reason = "gpu-memory";
+    m.u.waiting.need_mb = (uint64_t)(need_mb > 0 ? need_mb : 0);
+    m.u.waiting.message = (char *)message;
+    tdm_error e = {0};
+    (void)tdm_cotrain_host_send(s->host, w->conn, &m, &e);
+}
+
+/* Moves the head waiter's prepared adapters into the trainer (its memory is reserved). */
+static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64_t with_mb,
+                  uint64_t scratch)
+{
     if (s->n_groups == s->cap_groups) {
         int cap = s->cap_groups ? 2 * s->cap_groups : 4;
         joined_group *g = realloc(s->g, (size_t)cap * sizeof *g);
         if (!g) {
-            reject(s, rq->conn, TDM_ERR_NOMEM, "the host is out of memory");
+            reject(s, w->conn, TDM_ERR_NOMEM, "the host is out of memory");
             return;
         }
         s->g = g;
@@ -609,37 +861,32 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
     }
     joined_group *g = &s->g[s->n_groups];
     memset(g, 0, sizeof *g);
-    g->conn = rq->conn;
-    g->join = rq->msg; /* the trainer borrows its strings */
-    memset(&rq->msg, 0, sizeof rq->msg);
-    j = &g->join.u.join;
+    g->conn = w->conn;
+    g->join = w->join; /* the trainer borrows its strings */
+    memset(&w->join, 0, sizeof w->join);
+    tdm_cotrain_join *j = &g->join.u.join;
     g->n = j->n_adapters;
-    tdm_trainer_adapter *ads = calloc((size_t)g->n, sizeof *ads);
-    if (!ads) {
-        reject(s, rq->conn, TDM_ERR_NOMEM, "the host is out of memory");
-        tdm_cotrain_msg_free(&g->join);
-        return;
-    }
-    tdm_cotrain_adapters_to_trainer(j, ads);
-    char *report = NULL;
     tdm_error e = {0};
-    tdm_status st = j->opts.resume
-                        ? tdm_trainer_add_adapters_resume(t, ads, g->n, &g->first, &report, &e)
-                        : tdm_trainer_add_adapters(t, ads, g->n, &g->first, &report, &e);
-    free(ads);
+    tdm_status st = tdm_trainer_join_commit(t, w->tj, &g->first, &e);
+    w->tj = NULL;
     if (st != TDM_OK) {
         note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s", g->n,
-             (int)rq->peer.pid, j->user ? j->user : "?", report ? "bad lines" : e.message);
-        reject(s, rq->conn, st, report ? report : e.message);
-        free(report);
+             (int)w->peer.pid, j->user ? j->user : "?", e.message);
+        reject(s, w->conn, st, e.message);
         tdm_cotrain_msg_free(&g->join);
         return;
     }
     s->n_groups++;
-    g->pid = rq->peer.pid;
+    g->pid = w->peer.pid;
     for (int a = 0; a < g->n; a++)
         view_init(s, g->first + a, j->adapters[a].data, j->adapters[a].output, j->adapters[a].label,
                   j->adapters[a].weight, j->adapters[a].epochs, g->pid, j->user ? j->user : "?");
+    s->n_active = active_adapters(t);
+    if (with_mb > 0) {
+        s->plan_mb = with_mb;
+        if (scratch > s->scratch_hw) s->scratch_hw = scratch;
+    }
+    if (on_gpu(s)) tdm_device_record_actual(s->dev, false, NULL, NULL);
     tdm_cotrain_msg m = {.type = TDM_COTRAIN_ADMITTED};
     m.u.admitted.host_pid = (int32_t)getpid();
     m.u.admitted.n_adapters = g->n;
@@ -653,7 +900,7 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
             snprintf(from, sizeof from, ", resumed at step %lld%s", (long long)step,
                      done ? " (already finished)" : "");
         note(s->note, s->note_user, "joined: adapter %d: %s -> %s, from pid %d (%s)%s",
-             g->first + a, j->adapters[a].data, j->adapters[a].output, (int)rq->peer.pid,
+             g->first + a, j->adapters[a].data, j->adapters[a].output, (int)w->peer.pid,
              j->user ? j->user : "?", from);
     }
     /* resumed from a final checkpoint: nothing left to train */
@@ -663,6 +910,135 @@ static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_reques
         tdm_trainer_adapter_position(t, a, &step, &done);
         if (done) send_done(s, g, a, TDM_COTRAIN_FINISHED, step, NULL);
     }
+}
+
+/* Admits waiting joins in arrival order while the reservation can grow for the head one. */
+static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
+{
+    while (s->n_wait > 0) {
+        waiting_join *w = &s->w[0];
+        int64_t with_mb = 0, target = 0;
+        uint64_t scratch = 0;
+        bool granted = true;
+        int64_t before = on_gpu(s) ? s->dev->budget_mb : 0;
+        tdm_wait_report rep = {0};
+        tdm_error e = {0};
+        tdm_status st = TDM_OK;
+        if (on_gpu(s)) {
+            tdm_model_mem est;
+            st = tdm_trainer_join_estimate(t, w->tj, &est, &e);
+            if (st == TDM_OK) {
+                scratch = est.backend_scratch;
+                with_mb = plan_mb(s, &est);
+                target = s->dev->budget_mb + (with_mb > s->plan_mb ? with_mb - s->plan_mb : 0);
+                st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait, &w->ticket,
+                                       &granted, &rep, &e);
+            }
+        }
+        if (st != TDM_OK) {
+            note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s",
+                 w->join.u.join.n_adapters, (int)w->peer.pid,
+                 w->join.u.join.user ? w->join.u.join.user : "?", e.message);
+            reject(s, w->conn, st, e.message);
+            waiter_free(s, 0);
+            continue;
+        }
+        if (!granted) {
+            char line[1024];
+            snprintf(line, sizeof line,
+                     "the finetune of pid %d needs %lld MiB more on %s for these adapters (its "
+                     "reservation %lld -> %lld MiB): %lld MiB admissible now, position %d in the "
+                     "GPU's queue; they join when it fits (Ctrl-C withdraws them)",
+                     (int)getpid(), (long long)rep.needed_mb, s->dev->lease.gpu_uuid,
+                     (long long)s->dev->budget_mb, (long long)target, (long long)rep.available_mb,
+                     rep.position);
+            tell_waiting(s, w, rep.needed_mb, rep.position, line);
+            for (int i = 1; i < s->n_wait; i++) {
+                if (!s->w[i].join.u.join.opts.no_wait) {
+                    tell_waiting(s, &s->w[i], 0, -i,
+                                 "another join to this finetune waits for GPU memory first; "
+                                 "these adapters join after it");
+                    continue;
+                }
+                reject(s, s->w[i].conn, TDM_ERR_BUSY,
+                       "another join to this finetune waits for GPU memory ahead of these "
+                       "adapters and --no-wait-gpu was given");
+                waiter_free(s, i--);
+            }
+            return;
+        }
+        if (on_gpu(s) && target > before)
+            note(s->note, s->note_user,
+                 "co-training: reservation grown by %lld MiB to %lld MiB for %d adapter(s) of "
+                 "pid %d",
+                 (long long)(target - before), (long long)target, w->join.u.join.n_adapters,
+                 (int)w->peer.pid);
+        admit(s, t, w, with_mb, scratch);
+        waiter_free(s, 0);
+    }
+}
+
+/* A join request: checked and its data read now (errors go back at once, FILE:LINE), then it
+ * waits for memory in arrival order (admit_waiting). */
+static void take_join(tdm_cotrain_serving *s, tdm_trainer *t, tdm_cotrain_request *rq)
+{
+    tdm_cotrain_join *j = &rq->msg.u.join;
+    char diff[512];
+    if (tdm_cotrain_run_wide_diff(&s->mine, &j->opts, diff, sizeof diff) > 0) {
+        char why[1024];
+        snprintf(why, sizeof why,
+                 "run-wide options differ from this finetune's (%s): one fused trainer runs "
+                 "one schedule; run with the same values, or --no-join",
+                 diff);
+        reject(s, rq->conn, TDM_ERR_INVALID, why);
+        return;
+    }
+    if (s->n_wait == s->cap_wait) {
+        int cap = s->cap_wait ? 2 * s->cap_wait : 4;
+        waiting_join *w = realloc(s->w, (size_t)cap * sizeof *w);
+        if (!w) {
+            reject(s, rq->conn, TDM_ERR_NOMEM, "the host is out of memory");
+            return;
+        }
+        s->w = w;
+        s->cap_wait = cap;
+    }
+    waiting_join *w = &s->w[s->n_wait];
+    memset(w, 0, sizeof *w);
+    w->conn = rq->conn;
+    w->peer = rq->peer;
+    w->join = rq->msg; /* the prepared adapters borrow its strings */
+    w->told_mb = -1;
+    memset(&rq->msg, 0, sizeof rq->msg);
+    j = &w->join.u.join;
+    tdm_trainer_adapter *ads = calloc((size_t)j->n_adapters, sizeof *ads);
+    if (!ads) {
+        reject(s, w->conn, TDM_ERR_NOMEM, "the host is out of memory");
+        tdm_cotrain_msg_free(&w->join);
+        return;
+    }
+    tdm_cotrain_adapters_to_trainer(j, ads);
+    char *report = NULL;
+    tdm_error e = {0};
+    tdm_status st =
+        tdm_trainer_join_prepare(t, ads, j->n_adapters, j->opts.resume, &w->tj, &report, &e);
+    free(ads);
+    if (st != TDM_OK) {
+        note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s", j->n_adapters,
+             (int)rq->peer.pid, j->user ? j->user : "?", report ? "bad lines" : e.message);
+        reject(s, w->conn, st, report ? report : e.message);
+        free(report);
+        tdm_cotrain_msg_free(&w->join);
+        return;
+    }
+    s->n_wait++;
+}
+
+static int waiter_by_conn(const tdm_cotrain_serving *s, uint64_t conn)
+{
+    for (int i = 0; i < s->n_wait; i++)
+        if (s->w[i].conn == conn) return i;
+    return -1;
 }
 
 /* Checkpoints and removes a joiner's unfinished adapters (detach, or its connection ended). */
@@ -685,33 +1061,59 @@ static void hand_back(tdm_cotrain_serving *s, tdm_trainer *t, joined_group *g, b
     }
 }
 
-static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
+/* The host's work at a step boundary: requests, the memory of adapters that left, admissions. */
+static void serve_once(tdm_cotrain_serving *s, tdm_trainer *t)
 {
-    (void)err;
-    tdm_cotrain_serving *s = user;
-    s->trainer = t;
     tdm_cotrain_host_set_step(s->host, tdm_trainer_global_step(t));
     tdm_cotrain_request rq;
     while (tdm_cotrain_host_take(s->host, &rq)) {
         joined_group *g = group_by_conn(s, rq.conn);
+        int wi = waiter_by_conn(s, rq.conn);
         switch (rq.kind) {
         case TDM_COTRAIN_REQ_JOIN:
-            if (!g) take_join(s, t, &rq);
+            if (!g && wi < 0) take_join(s, t, &rq);
             break;
         case TDM_COTRAIN_REQ_DETACH:
             if (g) hand_back(s, t, g, true);
+            if (wi >= 0) { /* withdrawn before admission: nothing trained, nothing to save */
+                tdm_cotrain_host_close(s->host, rq.conn);
+                waiter_free(s, wi);
+            }
             break;
         case TDM_COTRAIN_REQ_GONE:
             if (g) {
                 g->closed = true;
                 hand_back(s, t, g, false);
             }
+            if (wi >= 0) waiter_free(s, wi);
             break;
         case TDM_COTRAIN_REQ_REFUSED:
             note(s->note, s->note_user, "co-training: %s", rq.reason);
             break;
         }
         tdm_cotrain_request_free(&rq);
+    }
+    shrink_after_leave(s, t);
+    admit_waiting(s, t);
+}
+
+#define IDLE_POLL_MS 100 /* a host with nothing to train and joins waiting for memory */
+
+static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
+{
+    (void)err;
+    tdm_cotrain_serving *s = user;
+    s->trainer = t;
+    if (!s->host) return TDM_OK;
+    plan_start(s, t);
+    serve_once(s, t);
+    /* every adapter done while joins wait for memory: the loaded base waits with them (the run
+     * would end otherwise), until they are admitted, withdrawn, or this run is stopped */
+    while (s->n_wait > 0 && active_adapters(t) == 0 &&
+           !(s->stop_requested && s->stop_requested(s->stop_requested_user))) {
+        tdm_sleep_ms(IDLE_POLL_MS);
+        serve_once(s, t);
+        publish(s, t);
     }
     publish(s, t);
     return TDM_OK;
@@ -735,6 +1137,8 @@ void tdm_cotrain_serve_hook(tdm_cotrain_serving *srv, tdm_trainer_opts *opts,
     opts->on_pass_user = srv;
     opts->at_step_boundary = at_boundary;
     opts->at_step_boundary_user = srv;
+    srv->stop_requested = opts->stop_requested;
+    srv->stop_requested_user = opts->stop_requested_user;
 }
 
 void tdm_cotrain_serve_end(tdm_cotrain_serving *srv, tdm_status run_status, const tdm_error *err)
@@ -755,6 +1159,13 @@ void tdm_cotrain_serve_end(tdm_cotrain_serving *srv, tdm_status run_status, cons
                           err && err->message[0] ? err->message : "the host finetune ended");
         }
     }
+    /* joins still waiting for memory: closed unanswered, so each joiner elects again (and may
+     * become the host itself once this run's reservation is gone) */
+    while (srv->n_wait > 0) {
+        if (srv->host) tdm_cotrain_host_close(srv->host, srv->w[0].conn);
+        waiter_free(srv, 0);
+    }
+    free(srv->w);
     tdm_cotrain_host_stop(srv->host);
     for (int i = 0; i < srv->n_groups; i++)
         tdm_cotrain_msg_free(&srv->g[i].join);

@@ -15,13 +15,16 @@
  *     tdm_cotrain_serve_end   after the run: outcomes to the joiners still attached, the host
  *                             stopped (advertisement removed, connections closed).
  *
- * Today the device is known without opening it only for the CPU (`--device cpu`, or `auto` in a
- * build without CUDA); on a GPU the run neither joins nor hosts (`--join require` fails).
+ * On the CPU the election happens at start. A GPU run first looks for a host on each GPU it
+ * could get (tdm_device_candidates_list, nothing reserved), and when there is none elects after
+ * device open on the GPU it reserved (tdm_cotrain_serve_open); so does a GPU joiner taking
+ * over from a dead host.
  */
 #ifndef TANDEM_RUN_COTRAIN_RUN_H
 #define TANDEM_RUN_COTRAIN_RUN_H
 #include <stdbool.h>
 
+#include "run/device_open.h"
 #include "run/finetune_run.h"
 #include "run/run_options.h"
 #include "train/trainer.h"
@@ -39,6 +42,18 @@ typedef struct tdm_cotrain_serving tdm_cotrain_serving;
 tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads, int n,
                                  const tdm_finetune_hooks *hooks, tdm_cotrain_serving **srv,
                                  bool *joined, char **bad_lines, tdm_error *err);
+
+/* After device open (dev must outlive srv; NULL srv allowed): a GPU run that found no host
+ * before elects now on the GPU it reserved (its UUID and compute dtype in the identity) and
+ * hosts; *join_instead when a host of that identity appeared meanwhile: the caller frees its
+ * trainer, closes the device (the reservation goes back) and calls tdm_cotrain_serve_join.
+ * A host's memory admission grows and shrinks dev's reservation (docs/co-training.md). */
+tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *srv, tdm_device *dev, bool *join_instead,
+                                  tdm_error *err);
+tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *srv, tdm_run_opts *o,
+                                  const tdm_trainer_adapter *ads, int n,
+                                  const tdm_finetune_hooks *hooks, char **bad_lines,
+                                  tdm_error *err);
 
 /* Points opts' step-boundary hook, progress callback and pass hook at the host's service (own:
  * the host's own adapters, indices 0..n_own-1, borrowed until tdm_cotrain_serve_end). Joined

@@ -187,11 +187,36 @@ static void report_wait(const tdm_wait_report *r, void *user)
 
 /* ---- open / close ---------------------------------------------------------------------------- */
 
-/* Whether a GPU is there is asked of the inventory (NVML, no CUDA context), never by creating the
- * backend, whose context alone takes hundreds of MiB the ledger would not know about yet. */
-static bool can_use_cuda(tdm_error *why)
+tdm_status tdm_device_sim_compute(bool *on, tdm_error *err)
 {
-#ifdef TANDEM_HAVE_CUDA
+    *on = false;
+    const char *v = getenv(TDM_SIM_GPU_COMPUTE_ENV);
+    if (!v || !*v) return TDM_OK;
+    if (strcmp(v, "cpu") != 0)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s='%s': the only value is 'cpu' (a test seam for simulated GPUs; unset "
+                        "it for real runs)",
+                        TDM_SIM_GPU_COMPUTE_ENV, v);
+    if (!getenv("TANDEM_FAKE_GPUS"))
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s=cpu is a test seam for simulated GPUs and needs TANDEM_FAKE_GPUS; "
+                        "this run would use real GPUs: unset %s",
+                        TDM_SIM_GPU_COMPUTE_ENV, TDM_SIM_GPU_COMPUTE_ENV);
+    *on = true;
+    return TDM_OK;
+}
+
+/* Whether a GPU is there is asked of the inventory (NVML, no CUDA context), never by creating the
+ * backend, whose context alone takes hundreds of MiB the ledger would not know about yet. sim:
+ * the seam above (a simulated GPU is usable in any build). */
+static bool can_use_cuda(bool sim, tdm_error *why)
+{
+#ifndef TANDEM_HAVE_CUDA
+    if (!sim) {
+        snprintf(why->message, sizeof why->message, "this tandem was built without CUDA");
+        return false;
+    }
+#endif
     tdm_inventory inv;
     bool ok = false;
     if (tdm_inventory_query(&inv, why) == TDM_OK) {
@@ -202,10 +227,80 @@ static bool can_use_cuda(tdm_error *why)
         tdm_inventory_free(&inv);
     }
     return ok;
-#else
-    snprintf(why->message, sizeof why->message, "this tandem was built without CUDA");
-    return false;
-#endif
+}
+
+typedef struct ranked_gpu {
+    size_t pos;
+    int64_t available_mb;
+} ranked_gpu;
+
+static int cmp_ranked(const void *x, const void *y)
+{
+    const ranked_gpu *a = x, *b = y;
+    if (a->available_mb != b->available_mb) return a->available_mb > b->available_mb ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+tdm_status tdm_device_candidates_list(const tdm_device_request *req, tdm_device_candidates *out,
+                                      tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->compute_dtype = "f32";
+    const char *device = req->device ? req->device : "auto";
+    bool sim = false;
+    if (!strcmp(device, "cpu")) {
+        out->cpu = true;
+        return TDM_OK;
+    }
+    TDM_TRY(tdm_device_sim_compute(&sim, err));
+    tdm_error why = {0};
+    if (!can_use_cuda(sim, &why)) {
+        out->cpu = strcmp(device, "cuda") != 0;
+        return TDM_OK;
+    }
+    out->compute_dtype = sim ? "f32" : "bf16";
+    tdm_inventory inv;
+    TDM_TRY(tdm_inventory_query(&inv, err));
+    tdm_ledger_state st;
+    tdm_ledger_state_init(&st);
+    bool have = ledger_now(&st);
+    ranked_gpu *r = calloc(inv.n_gpus + 1, sizeof *r);
+    out->uuid = calloc(inv.n_gpus + 1, sizeof *out->uuid);
+    tdm_status rc = TDM_OK;
+    if (!r || !out->uuid) {
+        rc = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    const char *adopted = getenv("TANDEM_RESERVATION_ID");
+    size_t n = 0;
+    for (size_t g = 0; g < inv.n_gpus; g++) {
+        const tdm_gpu *gpu = &inv.gpus[g];
+        if (adopted && *adopted) {
+            /* inside `tandem gpu run`: the GPU of its reservation, nothing else */
+            tdm_reservation *res = have ? tdm_ledger_state_find_reservation(&st, adopted) : NULL;
+            if (!res || strcmp(res->gpu_uuid, gpu->uuid)) continue;
+        }
+        tdm_guard_view v;
+        tdm_guard_view_of(gpu, &st, &v); /* empty when unread */
+        r[n++] = (ranked_gpu){.pos = g, .available_mb = v.available_mb};
+    }
+    qsort(r, n, sizeof *r, cmp_ranked);
+    for (size_t i = 0; i < n; i++)
+        snprintf(out->uuid[i], sizeof out->uuid[i], "%s", inv.gpus[r[i].pos].uuid);
+    out->n = n;
+done:
+    free(r);
+    tdm_ledger_state_free(&st);
+    tdm_inventory_free(&inv);
+    if (rc != TDM_OK) tdm_device_candidates_free(out);
+    return rc;
+}
+
+void tdm_device_candidates_free(tdm_device_candidates *c)
+{
+    free(c->uuid);
+    c->uuid = NULL;
+    c->n = 0;
 }
 
 tdm_status tdm_device_budget_query(const tdm_device_request *req, tdm_device_budget *out,
@@ -214,8 +309,10 @@ tdm_status tdm_device_budget_query(const tdm_device_request *req, tdm_device_bud
     memset(out, 0, sizeof *out);
     out->budget_mb = out->capacity_mb = -1;
     if (req->device && !strcmp(req->device, "cpu")) return TDM_OK;
+    bool sim = false;
+    TDM_TRY(tdm_device_sim_compute(&sim, err));
     tdm_error why = {0};
-    if (!can_use_cuda(&why)) {
+    if (!can_use_cuda(sim, &why)) {
         if (req->device && !strcmp(req->device, "cuda"))
             return tdm_fail(err, TDM_ERR_UNSUPPORTED,
                             "--device cuda: %s (this tandem has no usable CUDA backend; use "
@@ -326,10 +423,12 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
                         : !strcmp(req->task, "eval")     ? "evaluating"
                         : !strcmp(req->task, "generate") ? "generating"
                                                          : "training";
+    bool sim = false;
     if (strcmp(device, "cpu")) {
+        TDM_TRY(tdm_device_sim_compute(&sim, err));
         dev->run_context = tdm_run_context_for(&req->mps);
         tdm_error why = {0};
-        if (!can_use_cuda(&why)) {
+        if (!can_use_cuda(sim, &why)) {
             if (!strcmp(device, "cuda"))
                 return tdm_fail(err, TDM_ERR_UNSUPPORTED,
                                 "--device cuda: %s (this tandem has no usable CUDA backend; use "
@@ -340,9 +439,19 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
             dev->gpu = true;
             tdm_status st = reserve(dev, req, est, err);
             if (st != TDM_OK) return st;
+            if (sim) {
+                dev->simulated = true;
+                note(req, "simulated GPU %s: computing on the CPU backend (%s=cpu, a test seam)",
+                     dev->lease.held ? dev->lease.gpu_uuid : "(adopted)", TDM_SIM_GPU_COMPUTE_ENV);
+            }
         }
     }
     tdm_backend_opts bo = {0};
+    if (dev->simulated) {
+        tdm_status st = tdm_backend_create(&dev->be, "cpu", &bo, err);
+        if (st != TDM_OK) tdm_device_close(dev);
+        return st;
+    }
     tdm_status st = tdm_backend_create(&dev->be, dev->gpu ? "cuda" : "cpu", &bo, err);
     if (st == TDM_OK) return TDM_OK;
     if (!dev->gpu || strcmp(device, "auto") != 0) {
@@ -382,7 +491,7 @@ void tdm_device_record_actual(tdm_device *dev, bool use_peak, int64_t *process_m
 {
     if (process_mb) *process_mb = -1;
     if (backend_mb) *backend_mb = -1;
-    if (!dev->gpu || !dev->be) return;
+    if (!dev->gpu || !dev->be || dev->simulated) return; /* the CPU backend's use is no GPU's */
     tdm_be_mem_info mi;
     tdm_error e = {0};
     if (tdm_be_memory(dev->be, &mi, &e) != TDM_OK) return;
@@ -395,6 +504,51 @@ void tdm_device_record_actual(tdm_device *dev, bool use_peak, int64_t *process_m
         tdm_lease_keeper_update_actual(dev->keeper, actual_mb, &e);
     else if (dev->lease.held)
         tdm_reservation_update_actual(&dev->lease, actual_mb, &e);
+}
+
+const char *tdm_device_name(const tdm_device *dev)
+{
+    if (!dev->gpu) return "cpu";
+    if (dev->lease.held) return dev->lease.gpu_uuid;
+    const char *v = getenv("CUDA_VISIBLE_DEVICES"); /* gpu run set it to its reserved GPU */
+    return v && *v ? v : "cuda";
+}
+
+const char *tdm_device_compute_dtype(const tdm_device *dev)
+{
+    return dev->gpu && !dev->simulated ? "bf16" : "f32";
+}
+
+tdm_status tdm_device_resize(tdm_device *dev, int64_t budget_mb, bool wait, int64_t *ticket,
+                             bool *granted, tdm_wait_report *report, tdm_error *err)
+{
+    *granted = false;
+    if (!dev->gpu || (!dev->lease.held && budget_mb <= dev->budget_mb)) {
+        if (dev->gpu) dev->budget_mb = budget_mb;
+        *granted = true;
+        return TDM_OK;
+    }
+    if (!dev->lease.held)
+        return tdm_fail(err, TDM_ERR_BUSY,
+                        "this finetune runs in the reservation %s of tandem gpu run, which it "
+                        "cannot grow by %lld MiB",
+                        getenv("TANDEM_RESERVATION_ID") ? getenv("TANDEM_RESERVATION_ID") : "?",
+                        (long long)(budget_mb - dev->budget_mb));
+    tdm_status st = dev->keeper ? tdm_lease_keeper_resize(dev->keeper, budget_mb, wait, ticket,
+                                                          granted, report, err)
+                                : tdm_reservation_resize(&dev->lease, budget_mb, wait, ticket,
+                                                         granted, report, err);
+    if (st == TDM_OK && *granted) dev->budget_mb = budget_mb;
+    return st;
+}
+
+void tdm_device_resize_cancel(tdm_device *dev, int64_t *ticket)
+{
+    if (*ticket && dev->keeper)
+        tdm_lease_keeper_resize_cancel(dev->keeper, ticket);
+    else if (*ticket && dev->lease.held)
+        tdm_reservation_resize_cancel(&dev->lease, ticket);
+    *ticket = 0;
 }
 
 void tdm_device_close(tdm_device *dev)

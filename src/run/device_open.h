@@ -54,6 +54,34 @@ typedef struct tdm_device_request {
     void *note_user;
 } tdm_device_request;
 
+/* The simulated-GPU compute seam (tests, docs/gpu-inventory.md): with TANDEM_SIM_GPU_COMPUTE=cpu
+ * and a simulated inventory (TANDEM_FAKE_GPUS set), a GPU run reserves on its simulated GPU in
+ * the real ledger exactly as on a real one (plan, queue, growth, release) but computes on the CPU
+ * backend: the only way to test what a GPU run does in the ledger on a machine without one.
+ * *on: whether it applies. TDM_ERR_INVALID when the variable is set to anything but "cpu" or
+ * without TANDEM_FAKE_GPUS (so a real run cannot compute on the CPU by a stray variable). */
+#define TDM_SIM_GPU_COMPUTE_ENV "TANDEM_SIM_GPU_COMPUTE"
+tdm_status tdm_device_sim_compute(bool *on, tdm_error *err);
+
+/* The devices a run may get, in the order device open would pick them, found without reserving
+ * (co-training: a joiner looks for a host on each before it opens a device). */
+typedef struct tdm_device_candidates {
+    bool cpu;                  /* the run trains on the CPU for certain (no GPU list) */
+    char (*uuid)[96];          /* the GPUs (n of them), first the one it would take now */
+    size_t n;
+    const char *compute_dtype; /* "bf16" (CUDA) or "f32" (the CPU backend, the seam above) */
+} tdm_device_candidates;
+
+/* --device cpu: cpu. auto in a build without CUDA (and without the seam), or with no GPU listed:
+ * cpu. Otherwise the GPUs the inventory lists (CUDA_VISIBLE_DEVICES applied): the one of the
+ * enclosing `tandem gpu run` reservation (TANDEM_RESERVATION_ID) alone, else every GPU ordered
+ * as the reservation chooses (the most memory admissible now first; ties in inventory order).
+ * --device cuda with no usable GPU: no candidate and not cpu (device open reports why). auto
+ * may still fall back to the CPU at open when CUDA cannot open the GPU it reserved. */
+tdm_status tdm_device_candidates_list(const tdm_device_request *req, tdm_device_candidates *out,
+                                      tdm_error *err);
+void tdm_device_candidates_free(tdm_device_candidates *c);
+
 /* An opened device. gpu is false on the CPU. */
 typedef struct tdm_device {
     tdm_backend *be;
@@ -62,6 +90,7 @@ typedef struct tdm_device {
     tdm_lease lease;   /* held when this process reserved (not when it adopted gpu run's) */
     tdm_lease_keeper *keeper;    /* renews lease and re-registers it after a quarantine, or NULL */
     tdm_run_context run_context; /* MPS constraints for the trainer (checkpoint interval) */
+    bool simulated; /* the seam: a reservation on a simulated GPU, the CPU backend computing */
 } tdm_device;
 
 /* The reservation --vram auto takes for a model memory plan (MiB): every owner rounded up to
@@ -111,6 +140,19 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
  * the CPU. */
 void tdm_device_record_actual(tdm_device *dev, bool use_peak, int64_t *process_mb,
                               int64_t *backend_mb);
+
+/* The device as a base identity names it: the reserved GPU's UUID, or "cpu"; and the compute
+ * dtype of its backend ("bf16" CUDA, "f32" the CPU backend). */
+const char *tdm_device_name(const tdm_device *dev);
+const char *tdm_device_compute_dtype(const tdm_device *dev);
+
+/* Resizes the run's reservation to budget_mb (tdm_reservation_resize, under the lease keeper's
+ * lock): call again with the same *ticket until *granted. On the CPU: granted at once. A run in
+ * the reservation of `tandem gpu run` cannot grow it (TDM_ERR_BUSY naming it); a shrink there
+ * is granted without a ledger change. dev->budget_mb follows. */
+tdm_status tdm_device_resize(tdm_device *dev, int64_t budget_mb, bool wait, int64_t *ticket,
+                             bool *granted, tdm_wait_report *report, tdm_error *err);
+void tdm_device_resize_cancel(tdm_device *dev, int64_t *ticket);
 
 /* Frees the backend and releases the reservation. A zeroed device is accepted. */
 void tdm_device_close(tdm_device *dev);

@@ -184,7 +184,8 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
 /* Device open, attach, train, record the memory. Frees tr (before the backend it lives on);
  * ends the co-training service srv (NULL: none) while the trainer still exists. */
 static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, tdm_run_opts *o,
-                        const tdm_finetune_hooks *hooks, tdm_cotrain_serving *srv, tdm_error *err)
+                        const tdm_finetune_hooks *hooks, tdm_cotrain_serving *srv,
+                        char **bad_lines, tdm_error *err)
 {
     tdm_device dev;
     tdm_model_mem est;
@@ -195,6 +196,16 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
         (st = tdm_device_open(&dev, &o->device, cpu ? NULL : &est, err)) != TDM_OK) {
         tdm_cotrain_serve_end(srv, st, err);
         tdm_trainer_free(tr);
+        return st;
+    }
+    /* a GPU run hosts on the GPU it reserved, or joins the host that took it meanwhile */
+    bool join_instead = false;
+    if ((st = tdm_cotrain_serve_open(srv, &dev, &join_instead, err)) != TDM_OK) goto out;
+    if (join_instead) {
+        tdm_trainer_free(tr);
+        tdm_device_close(&dev);
+        st = tdm_cotrain_serve_join(srv, o, ads, n, hooks, bad_lines, err);
+        tdm_cotrain_serve_end(srv, st, err);
         return st;
     }
     if (o->profile_ops && (st = tdm_be_profile_enable(dev.be, true, err)) != TDM_OK) goto out;
@@ -287,7 +298,7 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
         tdm_cotrain_serve_end(srv, st, err);
         goto out;
     }
-    st = train(tr, ads, n, o, hooks, srv, err);
+    st = train(tr, ads, n, o, hooks, srv, bad_lines, err);
 out:
     free(ads);
     for (size_t i = 0; i < owned.n; i++)

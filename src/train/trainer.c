@@ -1412,20 +1412,26 @@ static int32_t *longest_samples(const adapter_state *s, int *n_out)
     return len;
 }
 
-/* Each adapter as the memory plan sees it, its passes measured on its data, at the trainer's
- * split (ads: n; free with free_plan_adapters). */
-static void plan_adapters(const tdm_trainer *t, tdm_plan_adapter *ads)
+/* Each adapter of t as the memory plan sees it, its passes measured on its data, at split (the
+ * split of the trainer it trains in: a joiner's is the host's), into ads (room for t->n);
+ * active_only: the unfinished ones only. Returns how many were written (free with
+ * free_plan_adapters). */
+static int plan_adapters(const tdm_trainer *t, int split, bool active_only, tdm_plan_adapter *ads)
 {
+    int k = 0, div = split > 1 ? split : 1;
     for (int a = 0; a < t->n; a++) {
         const adapter_state *s = &t->ad[a];
-        ads[a] = (tdm_plan_adapter){.rank = s->host.rank,
+        if (active_only && s->done) continue;
+        ads[k] = (tdm_plan_adapter){.rank = s->host.rank,
                                     .targets = s->host.targets,
                                     .batch_size = s->cfg.batch_size,
                                     .max_seq_len = s->cfg.max_seq_len,
                                     .weight = s->cfg.weight,
-                                    .micro_batch = micro_batch(t, s)};
-        ads[a].longest = longest_samples(s, &ads[a].n_longest);
+                                    .micro_batch = (s->cfg.batch_size + div - 1) / div};
+        ads[k].longest = longest_samples(s, &ads[k].n_longest);
+        k++;
     }
+    return k;
 }
 
 static void free_plan_adapters(tdm_plan_adapter *ads, int n)
@@ -1435,14 +1441,15 @@ static void free_plan_adapters(tdm_plan_adapter *ads, int n)
     free(ads);
 }
 
-/* The largest step of this run (what tdm_model_reserve holds and --vram auto reserves). */
+/* The largest step of the unfinished adapters (what tdm_model_reserve holds; before a run that
+ * is every adapter, the step --vram auto reserves for). */
 static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm_error *err)
 {
-    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    tdm_plan_adapter *ads = calloc((size_t)t->n + 1, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    plan_adapters(t, ads);
-    tdm_memory_plan_build(t->mcfg_host, ads, t->n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
-    free_plan_adapters(ads, t->n);
+    int n = plan_adapters(t, t->split, true, ads);
+    tdm_memory_plan_build(t->mcfg_host, ads, n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
+    free_plan_adapters(ads, n);
     return TDM_OK;
 }
 
@@ -1453,16 +1460,26 @@ static tdm_model_opts model_opts(const tdm_trainer *t)
                             .grad_checkpoint = t->o.grad_checkpoint};
 }
 
+/* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's
+ * (NULL: none; they train at t's split). */
+static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
+                              tdm_model_mem *out, tdm_error *err)
+{
+    int cap = t->n + (extra ? extra->n : 0);
+    tdm_plan_adapter *ads = calloc((size_t)cap + 1, sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    int n = plan_adapters(t, t->split, active_only, ads);
+    if (extra) n += plan_adapters(extra, t->split, false, ads + n);
+    tdm_model_opts mo = model_opts(t);
+    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, n,
+                                            t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
+    free_plan_adapters(ads, n);
+    return st;
+}
+
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
 {
-    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
-    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    plan_adapters(t, ads);
-    tdm_model_opts mo = model_opts(t);
-    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, t->n,
-                                            t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
-    free_plan_adapters(ads, t->n);
-    return st;
+    return estimate_of(t, false, NULL, out, err);
 }
 
 /* The most micro-batches any adapter accumulates per step (grad_accum is per adapter). */
@@ -1477,20 +1494,20 @@ static int max_grad_accum(const tdm_trainer *t)
 tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
                                   tdm_memory_fit *out, tdm_error *err)
 {
-    tdm_plan_adapter *ads = calloc((size_t)t->n, sizeof *ads);
+    tdm_plan_adapter *ads = calloc((size_t)t->n + 1, sizeof *ads);
     if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    plan_adapters(t, ads);
+    int n = plan_adapters(t, t->split, false, ads);
     tdm_memory_fit_request req = {.config = t->mcfg_host,
                                   .opts = model_opts(t),
                                   .act = TDM_BE_BF16,
                                   .adapters = ads,
-                                  .n_adapters = t->n,
+                                  .n_adapters = n,
                                   .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
                                   .grad_accum = max_grad_accum(t),
                                   .context_mb = context_mb,
                                   .budget_mb = budget_mb};
     tdm_status st = tdm_memory_plan_fit(&req, out, err);
-    free_plan_adapters(ads, t->n);
+    free_plan_adapters(ads, n);
     return st;
 }
 
@@ -1945,16 +1962,27 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
 
 /* ------------------------------------------------------- join and leave ---- */
 
-/* Adds adapters (fresh, or with resume from their own latest common checkpoint). */
-static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters, int n_adapters,
-                               bool resume, int *first, char **report, tdm_error *err)
+struct tdm_trainer_join {
+    tdm_trainer *nt; /* the joining adapters, validated and with their data read; no device */
+    bool resume;     /* commit continues each from its own latest checkpoint */
+};
+
+void tdm_trainer_join_free(tdm_trainer_join *j)
 {
-    if (first) *first = t->n;
+    if (!j) return;
+    if (j->nt) j->nt->model = NULL; /* borrowed */
+    tdm_trainer_free(j->nt);
+    free(j);
+}
+
+tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                    int n_adapters, bool resume, tdm_trainer_join **out,
+                                    char **report, tdm_error *err)
+{
+    *out = NULL;
     if (report) *report = NULL;
-    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
     /* Everything that can fail on the joiner's input happens in a trainer of its own, the way
-     * create validates a command's adapters; the running ones are not touched until it is all
-     * done. */
+     * create validates a command's adapters; the running ones are not touched. */
     tdm_trainer *nt = NULL;
     TDM_TRY(tdm_trainer_create(&nt, &t->o, adapters, n_adapters, report, err));
     tdm_status st = TDM_OK;
@@ -1966,6 +1994,34 @@ static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapte
                               "each adapter its own",
                               nt->ad[a].cfg.output);
     }
+    tdm_trainer_join *j = st == TDM_OK ? calloc(1, sizeof *j) : NULL;
+    if (st == TDM_OK && !j) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (st != TDM_OK) {
+        tdm_trainer_free(nt);
+        return st;
+    }
+    j->nt = nt;
+    j->resume = resume;
+    *out = j;
+    return TDM_OK;
+}
+
+tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
+                                     tdm_model_mem *out, tdm_error *err)
+{
+    return estimate_of(t, true, j ? j->nt : NULL, out, err);
+}
+
+tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,
+                                   tdm_error *err)
+{
+    if (first) *first = t->n;
+    if (!t->model) {
+        tdm_trainer_join_free(j);
+        return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    }
+    tdm_trainer *nt = j->nt;
+    tdm_status st = TDM_OK;
     nt->be = t->be;
     nt->model = t->model;
     nt->mcfg = t->mcfg;
@@ -1977,7 +2033,7 @@ static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapte
      * finds it): nt's global step becomes their own global step there */
     bool resumed = false;
     char(*dirs)[4096] = NULL;
-    if (st == TDM_OK && resume) {
+    if (st == TDM_OK && j->resume) {
         if (!(dirs = calloc((size_t)nt->n, sizeof *dirs)))
             st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         nt->global_step = -1;
@@ -2005,8 +2061,7 @@ static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapte
     }
     if (st == TDM_OK) st = alloc_clip_scratch(t, t->n + nt->n, err);
     if (st != TDM_OK) {
-        nt->model = NULL; /* borrowed */
-        tdm_trainer_free(nt);
+        tdm_trainer_join_free(j);
         free(dirs);
         return st;
     }
@@ -2022,8 +2077,7 @@ static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapte
     int old_n = t->n;
     t->n += nt->n;
     nt->n = 0;
-    nt->model = NULL;
-    tdm_trainer_free(nt);
+    tdm_trainer_join_free(j);
     for (int a = old_n; resumed && a < t->n; a++)
         report_resumed(t, a, dirs[a - old_n]);
     free(dirs);
@@ -2047,6 +2101,19 @@ static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapte
     return TDM_OK;
 }
 
+/* Adds adapters (fresh, or with resume from their own latest common checkpoint): prepare and
+ * commit at once. */
+static tdm_status add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters, int n_adapters,
+                               bool resume, int *first, char **report, tdm_error *err)
+{
+    if (first) *first = t->n;
+    if (report) *report = NULL;
+    if (!t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: tdm_trainer_attach first");
+    tdm_trainer_join *j = NULL;
+    TDM_TRY(tdm_trainer_join_prepare(t, adapters, n_adapters, resume, &j, report, err));
+    return tdm_trainer_join_commit(t, j, first, err);
+}
+
 tdm_status tdm_trainer_add_adapters(tdm_trainer *t, const tdm_trainer_adapter *adapters,
                                     int n_adapters, int *first, char **report, tdm_error *err)
 {
@@ -2058,6 +2125,22 @@ tdm_status tdm_trainer_add_adapters_resume(tdm_trainer *t, const tdm_trainer_ada
                                            tdm_error *err)
 {
     return add_adapters(t, adapters, n_adapters, true, first, report, err);
+}
+
+tdm_status tdm_trainer_shrink(tdm_trainer *t, tdm_error *err)
+{
+    if (!t->model) return TDM_OK;
+    for (int a = 0; a < t->n; a++) {
+        adapter_state *s = &t->ad[a];
+        if (!s->done) continue;
+        tdm_be_free(t->be, s->d_grad_saved);
+        s->d_grad_saved = NULL;
+        tdm_lora_free(s->dev);
+        s->dev = NULL;
+    }
+    tdm_model_mem_plan plan;
+    TDM_TRY(memory_plan(t, &plan, err));
+    return tdm_model_fit(t->model, &plan, err);
 }
 
 tdm_status tdm_trainer_detach_adapter(tdm_trainer *t, int a, tdm_error *err)

@@ -265,6 +265,32 @@ tdm_status tdm_trainer_add_adapters_resume(tdm_trainer *t, const tdm_trainer_ada
                                            int n_adapters, int *first, char **report,
                                            tdm_error *err);
 
+/* tdm_trainer_add_adapters in two halves, for a caller that must make room for the adapters in
+ * between (a co-training host growing its ledger reservation):
+ *   prepare   validates them and reads their data (no device, nothing written, the running
+ *             adapters untouched): the errors and *report of add_adapters; resume records that
+ *             commit continues them as tdm_trainer_add_adapters_resume does;
+ *   estimate  the memory estimate (tdm_trainer_memory_estimate's plan) of the unfinished
+ *             adapters of t together with j's (j NULL: without them), so the difference of the
+ *             two is what the join adds;
+ *   commit    the rest of add_adapters (device state, OUT_DIRs, into the trainer) or, with
+ *             resume, of add_adapters_resume (their checkpoints loaded, RESUMED reported);
+ *             always frees j. */
+typedef struct tdm_trainer_join tdm_trainer_join;
+tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adapter *adapters,
+                                    int n_adapters, bool resume, tdm_trainer_join **out,
+                                    char **report, tdm_error *err);
+tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
+                                     tdm_model_mem *out, tdm_error *err);
+tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,
+                                   tdm_error *err);
+void tdm_trainer_join_free(tdm_trainer_join *j);
+
+/* Gives back the device memory of adapters that left (finished or detached): their device
+ * state, and the part of the activation workspace beyond the largest step of the adapters still
+ * training (tdm_model_fit; the backend's scratch stays). Call between steps (at_step_boundary). */
+tdm_status tdm_trainer_shrink(tdm_trainer *t, tdm_error *err);
+
 /* Checkpoints adapter a at its position (what a stop writes: --resume continues it exactly) and
  * stops training it; its device state is freed. It counts as done from then on
  * (tdm_trainer_adapter_position) and tdm_trainer_adapter_detached tells it apart from a finished

@@ -134,7 +134,31 @@ typedef struct plan {
     int64_t joined_step[2]; /* the joined adapters' positions right after their joins */
     bool joined_done[2];
     tdm_train_schedule schedule;
+    /* two_phase: join through prepare / estimate / commit, recording the plan without and with
+     * the joiner and after the commit; the detach is followed by tdm_trainer_shrink, recording
+     * the backend's memory and the plan before and after */
+    bool two_phase;
+    uint64_t est_without, est_with, est_joined, est_left;
+    uint64_t used_before_shrink, used_after_shrink;
 } plan;
+
+static tdm_backend *run_be; /* the backend of the run in progress */
+
+static uint64_t est_total(const tdm_trainer *t, const tdm_trainer_join *j)
+{
+    tdm_model_mem m;
+    tdm_error e = {0};
+    if (tdm_trainer_join_estimate(t, j, &m, &e) != TDM_OK) fail_msg("estimate: %s", e.message);
+    return m.weights + m.activations + m.adapters + m.backend_scratch;
+}
+
+static uint64_t be_used(void)
+{
+    tdm_be_mem_info mi;
+    tdm_error e = {0};
+    if (tdm_be_memory(run_be, &mi, &e) != TDM_OK) fail_msg("memory: %s", e.message);
+    return mi.used_bytes;
+}
 
 static tdm_status add(tdm_trainer *t, const plan *p, const tdm_trainer_adapter *ads, int n,
                       int *first, char **report, tdm_error *err)
@@ -148,7 +172,18 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
     plan *p = user;
     p->boundaries++;
     int64_t g = tdm_trainer_global_step(t);
-    if (p->n_join > 0 && g == p->join_at) {
+    if (p->n_join > 0 && g == p->join_at && p->two_phase) {
+        tdm_error e = {0};
+        tdm_trainer_join *j = NULL;
+        if (tdm_trainer_join_prepare(t, p->join, p->n_join, p->resume, &j, NULL, &e) != TDM_OK)
+            fail_msg("prepare: %s", e.message);
+        assert_int_equal(tdm_trainer_adapter_count(t), 1); /* prepared, not in the trainer */
+        p->est_without = est_total(t, NULL);
+        p->est_with = est_total(t, j);
+        if (tdm_trainer_join_commit(t, j, &p->joined_first, &e) != TDM_OK)
+            fail_msg("commit: %s", e.message);
+        p->est_joined = est_total(t, NULL);
+    } else if (p->n_join > 0 && g == p->join_at) {
         tdm_error e = {0};
         tdm_status st = add(t, p, p->join, p->n_join, &p->joined_first, &p->report, &e);
         if (st != p->join_status)
@@ -168,6 +203,12 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
         tdm_status st = tdm_trainer_detach_adapter(t, p->detach_idx, err);
         if (st != TDM_OK) return st;
         assert_true(tdm_trainer_adapter_detached(t, p->detach_idx));
+        if (p->two_phase) {
+            p->used_before_shrink = be_used();
+            if ((st = tdm_trainer_shrink(t, err)) != TDM_OK) return st;
+            p->used_after_shrink = be_used();
+            p->est_left = est_total(t, NULL);
+        }
     }
     return TDM_OK;
 }
@@ -190,6 +231,7 @@ static tdm_status run(const tdm_trainer_adapter *ads, int n, plan *p, bool resum
     if (st != TDM_OK) fail_msg("create: %s", err->message);
     tdm_backend *be = NULL;
     assert_int_equal(tdm_backend_create(&be, "cpu", NULL, err), TDM_OK);
+    run_be = be;
     st = tdm_trainer_attach(t, be, err);
     if (st == TDM_OK) st = tdm_trainer_run(t, err);
     tdm_trainer_free(t);
@@ -371,8 +413,21 @@ static void test_detach_then_resume(void **state)
               .n_join = 1,
               .join_status = TDM_OK,
               .detach_at = 4,
-              .detach_idx = 1};
+              .detach_idx = 1,
+              .two_phase = true};
     assert_int_equal(run(&host, 1, &p, false, &err), TDM_OK);
+    /* the plan with the joiner is the trainer's after the commit, larger than without; after the
+     * joiner left, the plan and the backend's memory fall back (its LoRA and the workspace of the
+     * larger fused step given back) */
+    print_message("plan without %llu with %llu joined %llu left %llu; backend %llu -> %llu bytes\n",
+                  (unsigned long long)p.est_without, (unsigned long long)p.est_with,
+                  (unsigned long long)p.est_joined, (unsigned long long)p.est_left,
+                  (unsigned long long)p.used_before_shrink,
+                  (unsigned long long)p.used_after_shrink);
+    assert_true(p.est_with > p.est_without);
+    assert_true(p.est_joined == p.est_with);
+    assert_true(p.est_left <= p.est_without); /* the host adapter may be done by then too */
+    assert_true(p.used_after_shrink < p.used_before_shrink);
     char cj[512];
     checkpoints_of(joiner.output, cj, sizeof cj);
     print_message("detached adapter's checkpoints: %s\n", cj);
