@@ -42,35 +42,7 @@ Y
     done
 } >"$CLUSTER"
 
-"$TANDEM" init-model "$WORK/model" --preset tiny --seed 1 >/dev/null || fail "init-model"
-mkdir -p "$WORK/data"
-for n in a b; do
-    for i in $(seq 1 24); do
-        printf '{"text": "%s %d %s %d varied words %d"}\n' "$n" "$i" "$n" $((i * 7)) $((i * 13 % 11))
-    done >"$WORK/data/$n.jsonl"
-done
-# Distinct lines (identical ones would all hash into the training split, leaving no validation).
-for i in $(seq 1 24); do printf '{"text": "c c c c c c c c c c c c c c c c %d"}\n' "$i"; done >"$WORK/data/c.jsonl"
-cat >"$WORK/adapters.toml" <<'T'
-epochs = 2
-max_seq_len = 32
-batch_size = 4
-[[adapter]]
-data = "data/a.jsonl"
-output = "out/a"
-label = "a"
-learning_rate = 1e-6
-[[adapter]]
-data = "data/b.jsonl"
-output = "out/b"
-label = "b"
-learning_rate = 1e-6
-[[adapter]]
-data = "data/c.jsonl"
-output = "out/c"
-label = "c"
-learning_rate = 1e-2
-T
+three_adapters 24
 expect_exit 0 "$TANDEM" submit --cluster "$CLUSTER" --model "$WORK/model" --adapters-config "$WORK/adapters.toml" --rank 4 --val-split 0.25
 [ "$(ls "$XDG_STATE_HOME/tandem/jobs" | wc -l)" = 3 ] || fail "three one-adapter jobs expected: $(cat "$WORK/last.out" "$WORK/last.err")"
 expect_exit 0 timeout 500 "$TANDEM" cluster watch --interval 1 --until-done

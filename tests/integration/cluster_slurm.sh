@@ -32,34 +32,7 @@ slurm:
     TANDEM_LEDGER_DIR: $WORK/ledger
     OMP_NUM_THREADS: "1"
 Y
-"$TANDEM" init-model "$WORK/model" --preset tiny --seed 1 >/dev/null || fail "init-model"
-mkdir -p "$WORK/data"
-for n in a b; do
-    for i in $(seq 1 16); do
-        printf '{"text": "%s %d %s %d varied words %d"}\n' "$n" "$i" "$n" $((i * 7)) $((i * 13 % 11))
-    done >"$WORK/data/$n.jsonl"
-done
-for i in $(seq 1 16); do printf '{"text": "c c c c c c c c c c c c c c c c %d"}\n' "$i"; done >"$WORK/data/c.jsonl"
-cat >"$WORK/adapters.toml" <<'T'
-epochs = 2
-max_seq_len = 32
-batch_size = 4
-[[adapter]]
-data = "data/a.jsonl"
-output = "out/a"
-label = "a"
-learning_rate = 1e-6
-[[adapter]]
-data = "data/b.jsonl"
-output = "out/b"
-label = "b"
-learning_rate = 1e-6
-[[adapter]]
-data = "data/c.jsonl"
-output = "out/c"
-label = "c"
-learning_rate = 1e-2
-T
+three_adapters 16
 FLAGS=(--rank 4 --val-split 0.25 --save-every 2)
 slurm_wait_idle 30
 

@@ -106,3 +106,27 @@ print("max rel diff %.3g" % (md / (1e-3 + mx)))
 sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
 PY
 }
+
+# three_adapters LINES: the tiny model ($WORK/model), data a, b (varied lines) and c (nearly one
+# repeated line: the clear winner at its high learning rate) of LINES lines each, and
+# $WORK/adapters.toml training them as labels a, b, c into out/a, out/b, out/c (the cluster tests'
+# three-adapter submission).
+three_adapters() {
+    local lines=$1 n i
+    "$TANDEM" init-model "$WORK/model" --preset tiny --seed 1 >/dev/null || fail "init-model"
+    mkdir -p "$WORK/data"
+    for n in a b; do
+        for i in $(seq 1 "$lines"); do
+            printf '{"text": "%s %d %s %d varied words %d"}\n' "$n" "$i" "$n" $((i * 7)) $((i * 13 % 11))
+        done >"$WORK/data/$n.jsonl"
+    done
+    # Distinct lines (identical ones would all hash into the training split, leaving no validation).
+    for i in $(seq 1 "$lines"); do printf '{"text": "c c c c c c c c c c c c c c c c %d"}\n' "$i"; done >"$WORK/data/c.jsonl"
+    {
+        printf 'epochs = 2\nmax_seq_len = 32\nbatch_size = 4\n'
+        for n in a b c; do
+            printf '[[adapter]]\ndata = "data/%s.jsonl"\noutput = "out/%s"\nlabel = "%s"\n' "$n" "$n" "$n"
+            [ "$n" = c ] && echo "learning_rate = 1e-2" || echo "learning_rate = 1e-6"
+        done
+    } >"$WORK/adapters.toml"
+}
