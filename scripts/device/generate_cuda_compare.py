@@ -24,7 +24,9 @@ float32 than transformers bf16's are).
 
 Each NAME=DIR is another tandem run over the same prompts (DIR/CASE.jsonl): the report says
 whether its tokens equal TANDEM_DIR's (e.g. --no-cache, --batch-size 1), or, for a NAME starting
-with "cpu", the float32 fixtures'.
+with "cpu", the float32 fixtures', and NAME_gap, the largest |logit| difference between the two
+runs over the steps they share (up to and including their first differing token): for --no-cache
+the KV-cache decode kernel against the training attention recomputing everything.
 """
 import json
 import os
@@ -74,7 +76,7 @@ def main():
         others = {}
         for name, d in also:
             q = os.path.join(d, c["name"] + ".jsonl")
-            others[name] = [json.loads(l)["tokens"] for l in open(q)] if os.path.exists(q) else []
+            others[name] = [json.loads(l) for l in open(q)] if os.path.exists(q) else []
         m32 = load(c["model"], c["adapter"], torch.float32, "eager", "cpu")
         m16 = load(c["model"], c["adapter"], torch.bfloat16, "sdpa", dev)
         for i, (p, want, g) in enumerate(zip(c["prompts"], c["tokens"], got)):
@@ -87,9 +89,18 @@ def main():
             k = first_diff(t, want)
             row = {"case": c["name"], "prompt": i, "prompt_tokens": len(p), "tandem_equal": k is None,
                    "first_diff": k}
-            for name, toks in others.items():
+            for name, runs in others.items():
                 base = want if name.startswith("cpu") else t
-                row[f"{name}_same"] = i < len(toks) and toks[i] == base
+                o = runs[i] if i < len(runs) else None
+                row[f"{name}_same"] = o is not None and o["tokens"] == base
+                if o is not None and "top" in o and not name.startswith("cpu"):
+                    n = first_diff(o["tokens"], t)
+                    n = min(len(o["top"]), full.shape[0]) if n is None else n + 1
+                    gap = 0.0
+                    for s_, step in enumerate(o["top"][:n]):
+                        for tid, val in step:
+                            gap = max(gap, abs(val - float(full[s_, tid])))
+                    row[f"{name}_gap"] = gap
             for attn, cases in bf.items():
                 row[f"hf_bf16_{attn}_first_diff"] = first_diff(cases[c["name"]]["tokens"][i], want)
             # errors on tandem's own sequence (teacher forced), every step tandem took
@@ -121,7 +132,8 @@ def main():
     json.dump(rows, open(report, "w"), indent=1)
     hdr = (f"{'case':20s} {'p':>2s} {'n':>3s} {'diff@':>5s} {'sdpa@':>5s} {'eagr@':>5s} "
            f"{'fp32 lead':>9s} {'fp32 own-alt':>12s} {'td lead':>8s} {'td err':>8s} "
-           f"{'hf16 err':>8s} {'td rel':>7s} {'hf rel':>7s} " + "".join(f"{n[:8]:>9s}" for n, _ in also) + " verdict")
+           f"{'hf16 err':>8s} {'td rel':>7s} {'hf rel':>7s} {'verdict':>8s}"
+           + "".join(f"{n[:8]:>9s}" for n, _ in also) + "  logit gaps to other runs")
     print(hdr)
     fmt = lambda v, w, f: (f"{v:{w}{f}}" if v is not None else f"{'-':>{w}s}")
     for r in rows:
@@ -134,9 +146,10 @@ def main():
               f"{fmt(r.get('fp32_lead'), 9, '.4f')} {fmt(r.get('fp32_margin_own'), 12, '.4f')} "
               f"{fmt(r.get('tandem_lead'), 8, '.4f')} {fmt(r['tandem_err_max'], 8, '.4f')} "
               f"{fmt(r['hf_bf16_err_max'], 8, '.4f')} {fmt(r['tandem_err_rel'], 7, '.4f')} "
-              f"{fmt(r['hf_bf16_err_rel'], 7, '.4f')} "
+              f"{fmt(r['hf_bf16_err_rel'], 7, '.4f')} {r.get('verdict', 'equal'):>8s}"
               + "".join(f"{('same' if r.get(n + '_same') else 'DIFF'):>9s}" for n, _ in also)
-              + f" {r.get('verdict', 'equal')}")
+              + "".join(f" {n[:3]} gap {fmt(r.get(n + '_gap'), 6, '.4f')}" for n, _ in also
+                        if not n.startswith("cpu")))
 
 
 if __name__ == "__main__":
