@@ -176,8 +176,8 @@ static int read_ids(json_t *ids, prompt *q, const char *path, int line)
     json_array_foreach(ids, i, v)
     {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-            return tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: \"ids\"[%zu] is not a token id", path,
-                                line, i);
+            return tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: \"ids\"[%zu] is not a token id", path, line,
+                                i);
         int32_t id = (int32_t)json_integer_value(v);
         if (tdm_token_ids_append(&q->ids, &id, 1, &err) != TDM_OK) return tdm_cli_fail_err(&err);
     }
@@ -311,8 +311,8 @@ static json_t *top_json(const tdm_generate_result *r)
         json_t *step = json_array();
         for (int64_t k = 0; step && k < r->n_top; k++) {
             size_t at = (size_t)(i * r->n_top + k);
-            json_array_append_new(step, json_pack("[i, f]", (int)r->top_ids[at],
-                                                  (double)r->top_logits[at]));
+            json_array_append_new(
+                step, json_pack("[i, f]", (int)r->top_ids[at], (double)r->top_logits[at]));
         }
         json_array_append_new(steps, step);
     }
@@ -455,8 +455,7 @@ int tdm_cmd_generate(int argc, char **argv)
         return tdm_cli_fail(TDM_EXIT_USAGE,
                             "generate: give one of --prompt TEXT, --messages FILE.json or --file "
                             "PROMPTS.jsonl");
-    if (n_top && !json)
-        return tdm_cli_fail(TDM_EXIT_USAGE, "generate: --top-logits needs --json");
+    if (n_top && !json) return tdm_cli_fail(TDM_EXIT_USAGE, "generate: --top-logits needs --json");
     if (n_slots == 0) slots[n_slots++] = (slot){"base", NULL, NULL, false};
     const char *model_dir = argv[optind];
 
@@ -543,10 +542,9 @@ int tdm_cmd_generate(int argc, char **argv)
     for (size_t i = 0; i < n_ps; i++)
         for (size_t j = 0; ps[i].given_ids && j < ps[i].ids.len; j++)
             if (ps[i].ids.ids[j] >= cfg.vocab_size) {
-                code = tdm_cli_fail(TDM_EXIT_USAGE,
-                                    "%s: \"ids\"[%zu] = %d is outside %s's vocabulary (%lld ids)",
-                                    ps[i].where, j, ps[i].ids.ids[j], model_dir,
-                                    (long long)cfg.vocab_size);
+                code = tdm_cli_fail(
+                    TDM_EXIT_USAGE, "%s: \"ids\"[%zu] = %d is outside %s's vocabulary (%lld ids)",
+                    ps[i].where, j, ps[i].ids.ids[j], model_dir, (long long)cfg.vocab_size);
                 goto out;
             }
     tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq};
@@ -620,21 +618,20 @@ int tdm_cmd_generate(int argc, char **argv)
                                                  (double)r->batch_size / r->decode_sec
                                            : 0;
             json_t *j =
-                valid
-                    ? json_pack("{s:o, s:s?, s:s, s:o, s:I, s:s, s:I, s:{s:f, s:f, s:f, "
-                                "s:I, s:b}}",
-                                "prompt",
-                                q->text        ? json_string(q->text)
-                                : q->given_ids ? ids_json(q->ids.ids, (int64_t)q->ids.len)
-                                               : json_incref(q->messages),
-                                "adapter", sl->dir ? sl->name : NULL, "text", valid, "tokens",
-                                ids_json(r->tokens, r->n_tokens), "prompt_tokens",
-                                (json_int_t)q->ids.len, "stop", tdm_generate_stop_name(r->why),
-                                "index", (json_int_t)req_prompt[i], "timing", "prefill_s",
-                                r->prefill_sec, "decode_s", r->decode_sec, "batch_tokens_per_s",
-                                tps, "batch_size", (json_int_t)r->batch_size, "kv_cache",
-                                r->kv_cache)
-                    : NULL;
+                valid ? json_pack("{s:o, s:s?, s:s, s:o, s:I, s:s, s:I, s:{s:f, s:f, s:f, "
+                                  "s:I, s:b}}",
+                                  "prompt",
+                                  q->text        ? json_string(q->text)
+                                  : q->given_ids ? ids_json(q->ids.ids, (int64_t)q->ids.len)
+                                                 : json_incref(q->messages),
+                                  "adapter", sl->dir ? sl->name : NULL, "text", valid, "tokens",
+                                  ids_json(r->tokens, r->n_tokens), "prompt_tokens",
+                                  (json_int_t)q->ids.len, "stop", tdm_generate_stop_name(r->why),
+                                  "index", (json_int_t)req_prompt[i], "timing", "prefill_s",
+                                  r->prefill_sec, "decode_s", r->decode_sec, "batch_tokens_per_s",
+                                  tps, "batch_size", (json_int_t)r->batch_size, "kv_cache",
+                                  r->kv_cache)
+                      : NULL;
             if (j && r->n_top > 0) json_object_set_new(j, "top", top_json(r));
             char *s = j ? json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
             if (s)

@@ -961,8 +961,7 @@ done:
  * accumulators are kept rather than rounded to bf16 (8 bits of mantissa: at logits of 4 a step
  * of 0.03, enough to tie or swap two candidates that f32 tells apart); the cross-entropy kernels
  * of training keep them in f32 likewise. */
-static tdm_status lm_head_f32(tdm_model *m, const void *h, int64_t S, void *logits,
-                              tdm_error *err)
+static tdm_status lm_head_f32(tdm_model *m, const void *h, int64_t S, void *logits, tdm_error *err)
 {
     const tdm_be_weight *w = &m->lm_head;
     if (m->act == TDM_BE_F32) return tdm_be_linear_fwd(m->be, w, h, S, logits, 0.0f, err);

@@ -250,8 +250,8 @@ static tdm_status decode_batch(tdm_model *m, tdm_lora *const *adapters, int n_ad
                 break;
             if (n_top > 0) {
                 size_t at = (size_t)(r->n_steps++ * n_top);
-                st = top_logits(logits + j * V, n_cand, n_top, r->top_ids + at,
-                                r->top_logits + at, err);
+                st = top_logits(logits + j * V, n_cand, n_top, r->top_ids + at, r->top_logits + at,
+                                err);
                 if (st != TDM_OK) break;
             }
             if (is_stop(o, next)) {

@@ -279,8 +279,8 @@ static void test_cached_equals_recomputed(void **state)
 /* n_top: every step's n largest logits, the first being the token taken (or the stop token
  * that ended the answer), in order, equal to the full forward's logits of the sequence so far
  * and larger than every logit left out. */
-static void check_top(const fixture *f, const tdm_generate_request *q,
-                      const tdm_generate_result *r, int32_t stop, int64_t n_top)
+static void check_top(const fixture *f, const tdm_generate_request *q, const tdm_generate_result *r,
+                      int32_t stop, int64_t n_top)
 {
     int64_t V = tdm_model_get_config(f->m)->vocab_size;
     assert_int_equal(r->n_top, n_top);
@@ -639,7 +639,9 @@ int main(void)
         char path[700];
         const char *src = getenv("TANDEM_SOURCE_DIR"), *gg = getenv("TANDEM_GENERATE_GOLDEN");
         snprintf(path, sizeof path, "%s%s/expected-bf16-sdpa.json",
-                 gg && *gg ? gg : src && *src ? src : TANDEM_SOURCE_DIR,
+                 gg && *gg     ? gg
+                 : src && *src ? src
+                               : TANDEM_SOURCE_DIR,
                  gg && *gg ? "" : "/tests/fixtures/generate/golden");
         if (access(path, R_OK) != 0) { /* ctest: skipped until the lead commits them */
             printf("SKIP: no %s yet (scripts/device/generate-cuda-golden.sh makes it)\n", path);
