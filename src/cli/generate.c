@@ -27,7 +27,7 @@ static void usage(FILE *out)
         "                       [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
         "                       [--batch-size N] [--device auto|cpu|cuda] [--method qlora|lora]\n"
         "                       [--no-double-quant] [--chat-template chatml|llama3|none]\n"
-        "                       [--no-cache] [--json]\n\n"
+        "                       [--no-cache] [--json] [--top-logits N]\n\n"
         "Continues each prompt (one user turn, or a conversation) until the model's end-of-turn\n"
         "or EOS token, or N new tokens (default 64), under each adapter given (the bare base\n"
         "when none is, or with --adapter base); a --file line may name its own adapter.\n"
@@ -37,7 +37,10 @@ static void usage(FILE *out)
         "  --method        qlora (NF4 base, the default) or lora (the base's precision)\n"
         "  --no-cache      recompute the whole sequence at every token (the reference)\n"
         "  --json          one JSON object per prompt and adapter: prompt, adapter, text,\n"
-        "                  tokens, prompt_tokens, stop, timing (docs/generate.md)\n");
+        "                  tokens, prompt_tokens, stop, timing (docs/generate.md)\n"
+        "  --top-logits N  with --json: each step's N largest logits ([id, logit] pairs)\n"
+        "A --file line is {\"prompt\": TEXT}, {\"messages\": [...]} or {\"ids\": [ID, ...]}\n"
+        "(token ids used as they are, no template), with an optional \"adapter\": NAME.\n");
 }
 
 enum {
@@ -57,6 +60,7 @@ enum {
     G_TMPL,
     G_NOCACHE,
     G_JSON,
+    G_TOPLOGITS,
     G_HELP
 };
 
@@ -73,6 +77,7 @@ typedef struct prompt {
     char *text;       /* one user turn, or NULL */
     char *adapter;    /* the slot it runs under (NULL: every slot) */
     char *where;      /* "FILE:LINE" or "--prompt", for messages */
+    bool given_ids;   /* "ids": the prompt is ids, used as they are (no template) */
     tdm_token_ids ids;
 } prompt;
 
@@ -158,8 +163,30 @@ static json_t *messages_of(json_t *v, char *why, size_t cap)
     return json_incref(v);
 }
 
-/* Reads --file: one JSON object per line with "prompt" (a user turn) or "messages", and an
- * optional "adapter". Returns 0 or an exit code after printing the error. */
+/* A --file line's "ids": a non-empty array of integers >= 0 (the model's vocabulary is checked
+ * once the config is read), kept in q->ids as they are. */
+static int read_ids(json_t *ids, prompt *q, const char *path, int line)
+{
+    if (!json_is_array(ids) || json_array_size(ids) == 0)
+        return tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: \"ids\" must be a non-empty array of token ids",
+                            path, line);
+    size_t i;
+    json_t *v;
+    tdm_error err = {0};
+    json_array_foreach(ids, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: \"ids\"[%zu] is not a token id", path, line,
+                                i);
+        int32_t id = (int32_t)json_integer_value(v);
+        if (tdm_token_ids_append(&q->ids, &id, 1, &err) != TDM_OK) return tdm_cli_fail_err(&err);
+    }
+    q->given_ids = true;
+    return 0;
+}
+
+/* Reads --file: one JSON object per line with "prompt" (a user turn), "messages" or "ids", and
+ * an optional "adapter". Returns 0 or an exit code after printing the error. */
 static int read_prompt_file(const char *path, prompt **out, size_t *n_out)
 {
     char *text;
@@ -201,14 +228,18 @@ static int read_prompt_file(const char *path, prompt **out, size_t *n_out)
         prompt *q = &ps[n];
         memset(q, 0, sizeof *q);
         json_t *pr = json_object_get(j, "prompt"), *ad = json_object_get(j, "adapter");
+        json_t *ids = json_object_get(j, "ids");
         if (json_is_string(pr))
             q->text = strdup(json_string_value(pr));
+        else if (ids)
+            code = read_ids(ids, q, path, line);
         else if (json_object_get(j, "messages") && !(q->messages = messages_of(j, why, sizeof why)))
             code = tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: \"messages\": %s", path, line, why);
         else if (!json_object_get(j, "messages"))
             code = tdm_cli_fail(TDM_EXIT_USAGE,
-                                "%s:%d: a line needs \"prompt\": TEXT or \"messages\": [...]", path,
-                                line);
+                                "%s:%d: a line needs \"prompt\": TEXT, \"messages\": [...] or "
+                                "\"ids\": [...]",
+                                path, line);
         if (!code && ad && !json_is_string(ad) && !json_is_null(ad))
             code = tdm_cli_fail(TDM_EXIT_USAGE, "%s:%d: \"adapter\" must be a name or null", path,
                                 line);
@@ -244,6 +275,7 @@ static int render(tdm_tokenizer *tok, tdm_chat_template tmpl, int32_t eos, promp
 {
     tdm_error err = {0};
     tdm_status st;
+    if (q->given_ids) return 0;
     if (q->text) {
         st = tdm_data_render_prompt(tok, tmpl, q->text, strlen(q->text), &q->ids, &err);
     } else {
@@ -271,6 +303,22 @@ static json_t *ids_json(const int32_t *ids, int64_t n)
     return a;
 }
 
+/* --top-logits: for each step, its largest logits as [[id, logit], ...]. */
+static json_t *top_json(const tdm_generate_result *r)
+{
+    json_t *steps = json_array();
+    for (int64_t i = 0; steps && i < r->n_steps; i++) {
+        json_t *step = json_array();
+        for (int64_t k = 0; step && k < r->n_top; k++) {
+            size_t at = (size_t)(i * r->n_top + k);
+            json_array_append_new(
+                step, json_pack("[i, f]", (int)r->top_ids[at], (double)r->top_logits[at]));
+        }
+        json_array_append_new(steps, step);
+    }
+    return steps;
+}
+
 int tdm_cmd_generate(int argc, char **argv)
 {
     static const struct option longopts[] = {{"prompt", required_argument, NULL, G_PROMPT},
@@ -289,6 +337,7 @@ int tdm_cmd_generate(int argc, char **argv)
                                              {"chat-template", required_argument, NULL, G_TMPL},
                                              {"no-cache", no_argument, NULL, G_NOCACHE},
                                              {"json", no_argument, NULL, G_JSON},
+                                             {"top-logits", required_argument, NULL, G_TOPLOGITS},
                                              {"help", no_argument, NULL, G_HELP},
                                              {NULL, 0, NULL, 0}};
     const char *prompt_text = NULL, *messages_file = NULL, *prompt_file = NULL;
@@ -296,7 +345,7 @@ int tdm_cmd_generate(int argc, char **argv)
     slot slots[64];
     int n_slots = 0;
     bool nf4 = true, dq = true, json = false, tmpl_given = false, no_cache = false;
-    long max_new = 64, top_k = 0, batch = 16, seed = 0;
+    long max_new = 64, top_k = 0, batch = 16, seed = 0, n_top = 0;
     double temperature = 0, top_p = 1;
     tdm_chat_template tmpl = TDM_CHAT_NONE;
     tdm_error err = {0};
@@ -386,6 +435,10 @@ int tdm_cmd_generate(int argc, char **argv)
         case G_JSON:
             json = true;
             break;
+        case G_TOPLOGITS:
+            if (!tdm_cli_parse_long(optarg, &n_top) || n_top < 1 || n_top > (1L << 24))
+                return tdm_cli_fail(TDM_EXIT_USAGE, "generate: --top-logits needs an integer >= 1");
+            break;
         case G_HELP:
         case 'h':
             usage(stdout);
@@ -402,6 +455,7 @@ int tdm_cmd_generate(int argc, char **argv)
         return tdm_cli_fail(TDM_EXIT_USAGE,
                             "generate: give one of --prompt TEXT, --messages FILE.json or --file "
                             "PROMPTS.jsonl");
+    if (n_top && !json) return tdm_cli_fail(TDM_EXIT_USAGE, "generate: --top-logits needs --json");
     if (n_slots == 0) slots[n_slots++] = (slot){"base", NULL, NULL, false};
     const char *model_dir = argv[optind];
 
@@ -485,6 +539,14 @@ int tdm_cmd_generate(int argc, char **argv)
         code = tdm_cli_fail_err(&err);
         goto out;
     }
+    for (size_t i = 0; i < n_ps; i++)
+        for (size_t j = 0; ps[i].given_ids && j < ps[i].ids.len; j++)
+            if (ps[i].ids.ids[j] >= cfg.vocab_size) {
+                code = tdm_cli_fail(
+                    TDM_EXIT_USAGE, "%s: \"ids\"[%zu] = %d is outside %s's vocabulary (%lld ids)",
+                    ps[i].where, j, ps[i].ids.ids[j], model_dir, (long long)cfg.vocab_size);
+                goto out;
+            }
     tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq};
     int64_t B = batch < (long)n_req ? batch : (int64_t)n_req;
     tdm_model_mem_plan plan = {.rows = B * longest,
@@ -532,7 +594,8 @@ int tdm_cmd_generate(int argc, char **argv)
                                          .top_p = top_p,
                                          .seed = (uint64_t)seed},
                             .max_batch = batch,
-                            .no_cache = no_cache};
+                            .no_cache = no_cache,
+                            .n_top = n_top};
     if (tdm_generate(m, loras, n_slots, reqs, (int64_t)n_req, &go, res, &err) != TDM_OK) {
         code = tdm_cli_fail_err(&err);
         goto out;
@@ -555,18 +618,21 @@ int tdm_cmd_generate(int argc, char **argv)
                                                  (double)r->batch_size / r->decode_sec
                                            : 0;
             json_t *j =
-                valid
-                    ? json_pack("{s:o, s:s?, s:s, s:o, s:I, s:s, s:I, s:{s:f, s:f, s:f, "
-                                "s:I, s:b}}",
-                                "prompt", q->text ? json_string(q->text) : json_incref(q->messages),
-                                "adapter", sl->dir ? sl->name : NULL, "text", valid, "tokens",
-                                ids_json(r->tokens, r->n_tokens), "prompt_tokens",
-                                (json_int_t)q->ids.len, "stop", tdm_generate_stop_name(r->why),
-                                "index", (json_int_t)req_prompt[i], "timing", "prefill_s",
-                                r->prefill_sec, "decode_s", r->decode_sec, "batch_tokens_per_s",
-                                tps, "batch_size", (json_int_t)r->batch_size, "kv_cache",
-                                r->kv_cache)
-                    : NULL;
+                valid ? json_pack("{s:o, s:s?, s:s, s:o, s:I, s:s, s:I, s:{s:f, s:f, s:f, "
+                                  "s:I, s:b}}",
+                                  "prompt",
+                                  q->text        ? json_string(q->text)
+                                  : q->given_ids ? ids_json(q->ids.ids, (int64_t)q->ids.len)
+                                                 : json_incref(q->messages),
+                                  "adapter", sl->dir ? sl->name : NULL, "text", valid, "tokens",
+                                  ids_json(r->tokens, r->n_tokens), "prompt_tokens",
+                                  (json_int_t)q->ids.len, "stop", tdm_generate_stop_name(r->why),
+                                  "index", (json_int_t)req_prompt[i], "timing", "prefill_s",
+                                  r->prefill_sec, "decode_s", r->decode_sec, "batch_tokens_per_s",
+                                  tps, "batch_size", (json_int_t)r->batch_size, "kv_cache",
+                                  r->kv_cache)
+                      : NULL;
+            if (j && r->n_top > 0) json_object_set_new(j, "top", top_json(r));
             char *s = j ? json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
             if (s)
                 printf("%s\n", s);

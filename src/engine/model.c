@@ -957,6 +957,33 @@ done:
     return st;
 }
 
+/* logits (S, V) f32 = h (S, H) act · lm_head^T. With bf16 activations the product's f32
+ * accumulators are kept rather than rounded to bf16 (8 bits of mantissa: at logits of 4 a step
+ * of 0.03, enough to tie or swap two candidates that f32 tells apart); the cross-entropy kernels
+ * of training keep them in f32 likewise. */
+static tdm_status lm_head_f32(tdm_model *m, const void *h, int64_t S, void *logits, tdm_error *err)
+{
+    const tdm_be_weight *w = &m->lm_head;
+    if (m->act == TDM_BE_F32) return tdm_be_linear_fwd(m->be, w, h, S, logits, 0.0f, err);
+    if (w->format != TDM_BE_W_BF16 && w->format != TDM_BE_W_F32) /* put_weight keeps it dense */
+        return tdm_fail(err, TDM_ERR_INVALID, "logits: the lm_head is not a dense weight");
+    tdm_gemm_args g = {.trans_b = true,
+                       .m = S,
+                       .n = w->rows,
+                       .k = w->cols,
+                       .alpha = 1.0f,
+                       .a = h,
+                       .a_dtype = m->act,
+                       .lda = w->cols,
+                       .b = w->data,
+                       .b_dtype = w->format == TDM_BE_W_BF16 ? TDM_BE_BF16 : TDM_BE_F32,
+                       .ldb = w->cols,
+                       .c = logits,
+                       .c_dtype = TDM_BE_F32,
+                       .ldc = w->rows};
+    return tdm_be_gemm(m->be, &g, err);
+}
+
 /* The forward of b without labels (from the slots' positions when kv is given, else from 0) and
  * the logits of each sequence's last row into logits (host, (n_seqs, V)). */
 static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
@@ -1013,7 +1040,7 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
     workspace *w = &m->ws;
     int32_t *pos = malloc((size_t)M * sizeof(int32_t));
     tdm_lora_seg *segs = malloc((size_t)b->n_segs * sizeof *segs);
-    void *out_logits = NULL; /* (S, V) act: h W^T of the last rows */
+    void *out_logits = NULL; /* (S, V) f32: h W^T of the last rows */
     if (!pos || !segs) {
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         goto done;
@@ -1029,7 +1056,7 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
     if (st == TDM_OK) st = tdm_be_upload(be, w->pos, pos, (size_t)M * sizeof(int32_t), err);
     if (st == TDM_OK)
         st = tdm_be_upload(be, w->cu, b->cu_seqlens, (size_t)(S + 1) * sizeof(int32_t), err);
-    if (st == TDM_OK) st = tdm_be_alloc(be, m->act, S * V, &out_logits, err);
+    if (st == TDM_OK) st = tdm_be_alloc(be, TDM_BE_F32, S * V, &out_logits, err);
     if (st != TDM_OK) goto done;
     step s = {m, adapters, &checked, M, w->u_ld, segs, false, kv ? &ks : NULL};
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
@@ -1048,8 +1075,8 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
                              row_bytes, err);
         h_last = w->dxn;
     }
-    if (st == TDM_OK) st = tdm_be_linear_fwd(be, &m->lm_head, h_last, S, out_logits, 0.0f, err);
-    if (st == TDM_OK) st = tdm_be_download_f32(be, logits, out_logits, m->act, S * V, err);
+    if (st == TDM_OK) st = lm_head_f32(m, h_last, S, out_logits, err);
+    if (st == TDM_OK) st = tdm_be_download_f32(be, logits, out_logits, TDM_BE_F32, S * V, err);
     if (st == TDM_OK && kv)
         for (int64_t sq = 0; sq < S; sq++)
             kv->len[ks.seqs[sq].slot] += ks.seqs[sq].n_new;

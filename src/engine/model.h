@@ -135,7 +135,8 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
 
 /* Forward only, no labels and no loss: for each sequence s of the batch, the logits of its LAST
  * row (the distribution of the token that would follow it) into logits[s * vocab_size ..]
- * (host, f32, (n_seqs, vocab_size)). b->labels may be NULL. No dropout. Every call starts the
+ * (host, f32, (n_seqs, vocab_size); with bf16 activations the lm_head's f32 accumulators, not
+ * rounded to bf16). b->labels may be NULL. No dropout. Every call starts the
  * sequences afresh (position 0): generation without a cache, the reference the KV-cached decode
  * (tdm_model_decode) is tested against. */
 tdm_status tdm_model_last_logits(tdm_model *m, tdm_lora *const *adapters, int n_adapters,

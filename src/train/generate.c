@@ -26,6 +26,8 @@ void tdm_generate_result_free(tdm_generate_result *r)
 {
     if (!r) return;
     free(r->tokens);
+    free(r->top_ids);
+    free(r->top_logits);
     memset(r, 0, sizeof *r);
 }
 
@@ -96,6 +98,21 @@ tdm_status tdm_generate_pick(const float *logits, int64_t V, const tdm_sampling 
     }
     free(c);
     *out = pick;
+    return TDM_OK;
+}
+
+/* The n largest of logits[0..V) into ids / vals, largest first, equal values by id. */
+static tdm_status top_logits(const float *logits, int64_t V, int64_t n, int32_t *ids, float *vals,
+                             tdm_error *err)
+{
+    cand *c = malloc((size_t)V * sizeof *c);
+    if (!c) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    for (int64_t v = 0; v < V; v++)
+        c[v] = (cand){logits[v], (int32_t)v};
+    qsort(c, (size_t)V, sizeof *c, cand_cmp);
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = c[i].id, vals[i] = (float)c[i].z;
+    free(c);
     return TDM_OK;
 }
 
@@ -172,6 +189,7 @@ static tdm_status decode_batch(tdm_model *m, tdm_lora *const *adapters, int n_ad
     const tdm_model_config *c = tdm_model_get_config(m);
     int64_t V = c->vocab_size, ctx = c->max_position_embeddings;
     int64_t n_cand = o->n_candidates > 0 && o->n_candidates < V ? o->n_candidates : V;
+    int64_t n_top = o->n_top < n_cand ? o->n_top : n_cand;
     seq *s = calloc((size_t)n_s, sizeof *s);
     float *logits = malloc((size_t)(n_s * V) * sizeof *logits);
     int64_t rows_cap = 0;
@@ -192,7 +210,14 @@ static tdm_status decode_batch(tdm_model *m, tdm_lora *const *adapters, int n_ad
         s[i].adapter = q->adapter;
         s[i].ids = malloc((size_t)(q->n_prompt + o->max_new_tokens) * sizeof(int32_t));
         res[first + i].tokens = malloc((size_t)o->max_new_tokens * sizeof(int32_t));
-        if (!s[i].ids || !res[first + i].tokens) {
+        res[first + i].n_top = n_top;
+        if (n_top > 0) {
+            size_t steps = (size_t)(o->max_new_tokens + 1) * (size_t)n_top;
+            res[first + i].top_ids = malloc(steps * sizeof(int32_t));
+            res[first + i].top_logits = malloc(steps * sizeof(float));
+        }
+        if (!s[i].ids || !res[first + i].tokens ||
+            (n_top > 0 && (!res[first + i].top_ids || !res[first + i].top_logits))) {
             st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
             break;
         }
@@ -223,6 +248,12 @@ static tdm_status decode_batch(tdm_model *m, tdm_lora *const *adapters, int n_ad
             if ((st = tdm_generate_pick(logits + j * V, n_cand, &o->sampling, &q->rng, &next,
                                         err)) != TDM_OK)
                 break;
+            if (n_top > 0) {
+                size_t at = (size_t)(r->n_steps++ * n_top);
+                st = top_logits(logits + j * V, n_cand, n_top, r->top_ids + at, r->top_logits + at,
+                                err);
+                if (st != TDM_OK) break;
+            }
             if (is_stop(o, next)) {
                 r->why = TDM_GENERATE_STOP_TOKEN, q->done = true;
                 continue;
@@ -262,6 +293,7 @@ tdm_status tdm_generate(tdm_model *m, tdm_lora *const *adapters, int n_adapters,
     if (o->max_new_tokens < 1)
         return tdm_fail(err, TDM_ERR_INVALID, "generate: max_new_tokens must be >= 1");
     const tdm_sampling *sp = &o->sampling;
+    if (o->n_top < 0) return tdm_fail(err, TDM_ERR_INVALID, "generate: n_top must be >= 0");
     if (!(sp->temperature >= 0) || sp->top_k < 0 || !(sp->top_p >= 0 && sp->top_p <= 1))
         return tdm_fail(err, TDM_ERR_INVALID,
                         "generate: temperature must be >= 0, top_k >= 0, top_p in (0, 1]");

@@ -46,6 +46,9 @@ typedef struct tdm_generate_opts {
     tdm_sampling sampling; /* zero: greedy */
     int64_t max_batch;     /* sequences decoded together (0: 16) */
     bool no_cache;         /* recompute the whole sequence at every token (the reference) */
+    /* > 0: keep the n_top largest candidate logits of every step (tdm_generate_result's top_*),
+     * for comparing with another implementation's scores (a sort of the candidates per token) */
+    int64_t n_top;
 } tdm_generate_opts;
 
 typedef enum tdm_generate_stop {
@@ -72,6 +75,12 @@ typedef struct tdm_generate_result {
     int64_t batch_size; /* sequences in the batch it ran in */
     double prefill_sec; /* that batch's prefill (the first token's logits) */
     double decode_sec;  /* that batch's decode steps (every later token), wall time */
+    /* with n_top > 0: for each step (n_steps: n_tokens, one more when a stop token ended the
+     * answer) the n_top largest logits, largest first (equal ones by id), and their ids;
+     * (n_steps, n_top) malloc'd, row-major; n_top is the options' (at most the candidates) */
+    int64_t n_steps, n_top;
+    int32_t *top_ids;
+    float *top_logits;
 } tdm_generate_result;
 
 /* Generates answers to reqs[0..n_reqs) into res[0..n_reqs) (zeroed first). TDM_ERR_INVALID for

@@ -61,6 +61,19 @@ expect_exit 0 samp --seed 3 --batch-size 1
 [ "$(tokens "$WORK/last.out")" = "$(cat s3.txt)" ] || fail "sampling with one seed is not repeatable"
 expect_exit 0 samp --seed 4
 [ "$(tokens "$WORK/last.out")" != "$(cat s3.txt)" ] || fail "seeds 3 and 4 sample the same answers"
+# "ids" lines (the rendered prompt's ids: the tiny byte-level vocabulary maps byte b to id b) give
+# what the text gives; --top-logits: each step's best logits, the first being the token taken
+printf '%s\n' '{"ids": [119, 57, 57, 10, 10]}' >ids.jsonl
+expect_exit 0 "$TANDEM" generate tiny --device cpu --chat-template none --file ids.jsonl \
+    --adapter out/greet --max-new-tokens 6 --json --top-logits 2
+[ "$(jq -c .tokens "$WORK/last.out")" = "$(jq -c .tokens tuned1.json)" ] ||
+    fail "an ids prompt differs from its text: $(cat "$WORK/last.out") vs $(cat tuned1.json)"
+jq -e '.prompt == [119, 57, 57, 10, 10] and .prompt_tokens == 5 and
+       (.top | length) == (.tokens | length) + (if .stop == "stop_token" then 1 else 0 end) and
+       ([.top[] | length] | unique) == [2] and
+       ([range(.tokens | length) as $i | .top[$i][0][0] == .tokens[$i]] | all) and
+       ([.top[] | .[0][1] >= .[1][1]] | all)' "$WORK/last.out" >/dev/null ||
+    fail "--top-logits / ids: $(cat "$WORK/last.out")"
 # --messages: a conversation ending in a user turn
 echo '[{"role": "user", "content": "w1"}, {"role": "assistant", "content": "hi!"},
        {"role": "user", "content": "w99"}]' >conv.json
@@ -87,6 +100,15 @@ grep -q "bad.jsonl:2" "$WORK/last.err" || fail "a bad line: not named: $(cat "$W
 echo '{"prompt": "a", "adapter": "nope"}' >bad.jsonl
 expect_exit 2 "$TANDEM" generate tiny --file bad.jsonl --adapter out/greet
 grep -q "bad.jsonl:1: adapter 'nope'" "$WORK/last.err" || fail "unknown adapter: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" generate tiny --prompt x --top-logits 2
+grep -q "needs --json" "$WORK/last.err" || fail "--top-logits without --json: $(cat "$WORK/last.err")"
+echo '{"ids": [1, 99999]}' >bad.jsonl
+expect_exit 2 "$TANDEM" generate tiny --file bad.jsonl
+grep -q 'bad.jsonl:1: "ids"\[1\] = 99999 is outside' "$WORK/last.err" ||
+    fail "an id outside the vocabulary: $(cat "$WORK/last.err")"
+echo '{"ids": "12"}' >bad.jsonl
+expect_exit 2 "$TANDEM" generate tiny --file bad.jsonl
+grep -q 'bad.jsonl:1: "ids" must be' "$WORK/last.err" || fail "ids not an array: $(cat "$WORK/last.err")"
 expect_exit 1 "$TANDEM" generate tiny --prompt x --adapter "$WORK/no-such-adapter"
 grep -q "no-such-adapter" "$WORK/last.err" || fail "missing adapter: message does not name it: $(cat "$WORK/last.err")"
 finish

@@ -12,8 +12,12 @@
  *   4. golden: greedy tokens equal transformers' generate(do_sample=False) for the base model
  *      and with a PEFT adapter (fixtures tests/fixtures/generate/golden/, generator
  *      tests/fixtures/generate/gen_golden.py run by scripts/device/generate-golden.sh; skipped
- *      until they exist).
- * TANDEM_GENERATE_BACKEND=cuda runs the same on the CUDA backend (the device script does).
+ *      until they exist); on a bf16 backend also against transformers' own bf16 run of the same
+ *      prompts (expected-bf16-sdpa.json, scripts/device/generate-cuda-golden.sh), the first 16
+ *      tokens.
+ * TANDEM_GENERATE_BACKEND=cuda runs the same on the CUDA backend (the device script does);
+ * ctest's unit.generate_cuda runs the bf16 golden test there (TANDEM_GENERATE_ONLY=golden_bf16,
+ * skipped, exit 77, without a GPU or before its fixtures are committed).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,7 +41,8 @@
 
 /* The fixture directories: under $TANDEM_SOURCE_DIR (else the source tree this was built from);
  * $TANDEM_GENERATE_GOLDEN names the generate fixtures elsewhere (the device script's fresh ones).
- * TANDEM_GENERATE_ONLY=golden runs the golden test only (bf16 on CUDA: the others compare
+ * TANDEM_GENERATE_ONLY=golden runs the golden tests only, =golden_bf16 the bf16 one (and
+ * TANDEM_GENERATE_SKIP_NO_BACKEND=1 exits 77 without the backend; bf16 on CUDA: the others compare
  * kernels of one backend with each other to f32 rounding). */
 static char TRAIN_GOLDEN[600], GEN_GOLDEN[600];
 
@@ -271,6 +276,46 @@ static void test_cached_equals_recomputed(void **state)
 }
 
 /* Stop tokens end an answer unemitted, in a batch where other answers go on. */
+/* n_top: every step's n largest logits, the first being the token taken (or the stop token
+ * that ended the answer), in order, equal to the full forward's logits of the sequence so far
+ * and larger than every logit left out. */
+static void check_top(const fixture *f, const tdm_generate_request *q, const tdm_generate_result *r,
+                      int32_t stop, int64_t n_top)
+{
+    int64_t V = tdm_model_get_config(f->m)->vocab_size;
+    assert_int_equal(r->n_top, n_top);
+    assert_int_equal(r->n_steps, r->n_tokens + (r->why == TDM_GENERATE_STOP_TOKEN));
+    float *y = malloc((size_t)V * sizeof *y);
+    int32_t seq[64];
+    memcpy(seq, q->prompt, (size_t)q->n_prompt * sizeof *seq);
+    for (int64_t s = 0; s < r->n_steps; s++) {
+        int n = (int)(q->n_prompt + s);
+        if (s > 0) seq[n - 1] = r->tokens[s - 1];
+        int32_t cu[2] = {0, n};
+        tdm_batch_seg sg = {q->adapter, 0, n};
+        tdm_batch b = {n, seq, NULL, cu, 1, &sg, 1};
+        OK(tdm_model_last_logits(f->m, f->slots, f->n_slots, &b, y, err));
+        const int32_t *ids = r->top_ids + s * n_top;
+        const float *z = r->top_logits + s * n_top;
+        assert_int_equal(ids[0], s < r->n_tokens ? r->tokens[s] : stop);
+        double mx = 0;
+        for (int64_t v = 0; v < V; v++)
+            mx = fmax(mx, fabs(y[v]));
+        double tol = 1e-5 * mx;
+        for (int64_t k = 0; k < n_top; k++) {
+            assert_true(fabs(z[k] - y[ids[k]]) <= tol);
+            if (k > 0) assert_true(z[k] <= z[k - 1]);
+        }
+        for (int64_t v = 0; v < V; v++) {
+            bool in = false;
+            for (int64_t k = 0; k < n_top; k++)
+                in |= ids[k] == v;
+            if (!in) assert_true(y[v] <= z[n_top - 1] + tol);
+        }
+    }
+    free(y);
+}
+
 static void test_stop_in_batch(void **state)
 {
     (void)state;
@@ -288,6 +333,7 @@ static void test_stop_in_batch(void **state)
     int32_t stop = free_run[0].tokens[3]; /* request 0's fourth token */
     o.stop_ids = &stop;
     o.n_stop = 1;
+    o.n_top = 3;
     run(&f, reqs, n, &o, stopped);
     o.no_cache = true;
     run(&f, reqs, n, &o, full);
@@ -307,8 +353,11 @@ static void test_stop_in_batch(void **state)
             went_on++;
         }
     }
-    printf("  stop token %d: %d answers ended on it, %d went on to max_new_tokens\n", stop, ended,
-           went_on);
+    for (int i = 0; i < n; i++)
+        check_top(&f, &reqs[i], &stopped[i], stop, 3);
+    printf("  stop token %d: %d answers ended on it, %d went on to max_new_tokens; top-3 logits "
+           "of every step as the full forward's\n",
+           stop, ended, went_on);
     assert_true(ended >= 1);
     free_results(free_run, n), free_results(stopped, n), free_results(full, n);
     unload(&f);
@@ -414,15 +463,22 @@ static int32_t *ids_of(json_t *arr, int64_t *n)
     return v;
 }
 
-/* transformers' generate(do_sample=False) on the golden models, base and PEFT adapter. */
-static void test_golden_transformers(void **state)
+/* A lead of the reference's best score over its second below this fraction of the best score is
+ * within the reach of bf16 rounding: 1/64 is 8 units of bf16's roundoff (2^-9), above the
+ * logit error that tandem's bf16 CUDA backend and transformers in bf16 both show on the golden
+ * models against float32 (scripts/device/generate-cuda-golden.sh measures it: "err/scale"). */
+#define BF16_REACH (1.0 / 64)
+
+/* transformers' generate(do_sample=False) on the golden models, base and PEFT adapter, from
+ * the fixtures file GEN_GOLDEN/name: every token equal on a f32 backend; on a bf16 one (CUDA) at
+ * least the first 16 (the issue's bar), except where an answer leaves the reference at a step
+ * whose lead (the fixture's "leads" and "best") is within BF16_REACH: rounding, reported. */
+static void golden_check(const char *name_of_file, const char *made_by)
 {
-    (void)state;
     char path[700];
-    snprintf(path, sizeof path, "%s/expected.json", GEN_GOLDEN);
+    snprintf(path, sizeof path, "%s/%s", GEN_GOLDEN, name_of_file);
     if (access(path, R_OK) != 0) {
-        printf("  no fixtures in %s yet (scripts/device/generate-golden.sh makes them)\n",
-               GEN_GOLDEN);
+        printf("  no fixtures %s yet (%s makes them)\n", path, made_by);
         skip();
     }
     json_error_t je;
@@ -457,7 +513,7 @@ static void test_golden_transformers(void **state)
         tdm_generate_result *res = calloc(n, sizeof *res);
         tdm_generate_opts o = {.max_new_tokens = max_new, .stop_ids = &eos, .n_stop = 1};
         run(&f, reqs, (int)n, &o, res);
-        int64_t total = 0, min_agree = INT64_MAX;
+        int64_t total = 0, min_agree = INT64_MAX, rounded = 0;
         for (size_t i = 0; i < n; i++) {
             int64_t nw;
             int32_t *w = ids_of(json_array_get(want, i), &nw);
@@ -477,17 +533,29 @@ static void test_golden_transformers(void **state)
             if (!gpu && !all)
                 fail_msg("%s: prompt %zu: transformers and tandem differ at token %lld", name, i,
                          (long long)k);
-            /* bf16: at least the first 16 tokens (the bar) */
-            if (gpu && !all && k < 16)
-                fail_msg("%s: prompt %zu: differs at token %lld on %s (< 16)", name, i,
-                         (long long)k, be_name);
+            /* bf16: at least the first 16 tokens (the bar), unless rounding flipped one */
+            if (gpu && !all && k < 16) {
+                json_t *ld = json_array_get(json_array_get(json_object_get(cs, "leads"), i), k);
+                json_t *bs = json_array_get(json_array_get(json_object_get(cs, "best"), i), k);
+                double lead = json_number_value(ld), best = fabs(json_number_value(bs));
+                if (!ld || !bs || !(lead < BF16_REACH * best))
+                    fail_msg("%s: prompt %zu: differs at token %lld on %s (< 16; the reference's "
+                             "lead there: %s)",
+                             name, i, (long long)k, be_name,
+                             ld && bs ? "beyond bf16's reach" : "not in the fixtures");
+                printf("  %s prompt %zu: differs at token %lld, where the reference's lead %.4g is "
+                       "%.2g of its best score %.4g (< 1/64): bf16 rounding\n",
+                       name, i, (long long)k, lead, lead / best, best);
+                rounded++;
+            }
             min_agree = k < min_agree ? k : min_agree;
             total += nw;
             free(w);
         }
-        printf("GENERATE OK %-16s %zu prompts, %lld tokens equal to transformers (%s, fewest "
-               "equal leading tokens %lld)\n",
-               name, n, (long long)total, be_name, (long long)min_agree);
+        printf("GENERATE OK %-16s %zu prompts, %lld tokens equal to transformers (%s, %s, fewest "
+               "equal leading tokens %lld, %lld left at a step within bf16's reach)\n",
+               name, n, (long long)total, name_of_file, be_name, (long long)min_agree,
+               (long long)rounded);
         for (size_t i = 0; i < n; i++)
             free(p[i]);
         free(p), free(reqs);
@@ -498,6 +566,47 @@ static void test_golden_transformers(void **state)
     json_decref(root);
 }
 
+static void test_golden_transformers(void **state)
+{
+    (void)state;
+    golden_check("expected.json", "scripts/device/generate-golden.sh");
+}
+
+/* The same prompts continued by transformers in bfloat16 (sdpa), for the bf16 CUDA backend:
+ * rounding differs between the two bf16 implementations too, so the bar stays the first 16
+ * tokens. Skipped on a f32 backend (the float32 fixtures are exact there). */
+static void test_golden_bf16(void **state)
+{
+    (void)state;
+    if (tdm_be_act_dtype(be) == TDM_BE_F32) {
+        printf("  %s computes in f32: the float32 fixtures apply (test_golden_transformers)\n",
+               be_name);
+        skip();
+    }
+    /* the logits keep the lm_head GEMM's f32 accumulators: not bf16-rounded (low 16 bits 0) */
+    fixture f;
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/llama", TRAIN_GOLDEN);
+    load(&f, dir, false, NULL);
+    int64_t V = tdm_model_get_config(f.m)->vocab_size, fine = 0;
+    float *y = malloc((size_t)V * sizeof *y);
+    int32_t seq[9] = {154, 106, 95, 188, 145, 26, 75, 92, 113}, cu[2] = {0, 9};
+    tdm_batch_seg sg = {0, 0, 9};
+    tdm_batch b = {9, seq, NULL, cu, 1, &sg, 1};
+    OK(tdm_model_last_logits(f.m, f.slots, f.n_slots, &b, y, err));
+    for (int64_t v = 0; v < V; v++) {
+        uint32_t bits;
+        memcpy(&bits, &y[v], sizeof bits);
+        fine += (bits & 0xffffu) != 0;
+    }
+    printf("  %s: %lld of %lld logits carry more than bf16's mantissa\n", be_name, (long long)fine,
+           (long long)V);
+    assert_true(fine > V / 2);
+    free(y);
+    unload(&f);
+    golden_check("expected-bf16-sdpa.json", "scripts/device/generate-cuda-golden.sh");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -506,18 +615,39 @@ int main(void)
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_golden_transformers),
+        cmocka_unit_test(test_golden_bf16),
     };
     const char *want = getenv("TANDEM_GENERATE_BACKEND");
     if (want && *want) { /* a backend asked for by name must exist: no silent "0 tests run" */
         tdm_backend *probe;
         tdm_error e = {0};
-        if (tdm_backend_create(&probe, want, NULL, &e) != TDM_OK) {
+        tdm_status st = tdm_backend_create(&probe, want, NULL, &e);
+        const char *opt = getenv("TANDEM_GENERATE_SKIP_NO_BACKEND");
+        if (st != TDM_OK && opt && *opt && (st == TDM_ERR_NOT_FOUND || st == TDM_ERR_UNSUPPORTED)) {
+            printf("SKIP: no %s backend here (%s)\n", want, e.message); /* unit.generate_cuda */
+            return 77;
+        }
+        if (st != TDM_OK) {
             fprintf(stderr, "TANDEM_GENERATE_BACKEND=%s: %s\n", want, e.message);
             return 1;
         }
         tdm_backend_free(probe);
     }
     const char *only = getenv("TANDEM_GENERATE_ONLY");
-    if (only && !strcmp(only, "golden")) cmocka_set_test_filter("test_golden_transformers");
+    if (only && !strcmp(only, "golden")) cmocka_set_test_filter("test_golden_*");
+    if (only && !strcmp(only, "golden_bf16")) {
+        char path[700];
+        const char *src = getenv("TANDEM_SOURCE_DIR"), *gg = getenv("TANDEM_GENERATE_GOLDEN");
+        snprintf(path, sizeof path, "%s%s/expected-bf16-sdpa.json",
+                 gg && *gg     ? gg
+                 : src && *src ? src
+                               : TANDEM_SOURCE_DIR,
+                 gg && *gg ? "" : "/tests/fixtures/generate/golden");
+        if (access(path, R_OK) != 0) { /* ctest: skipped until the lead commits them */
+            printf("SKIP: no %s yet (scripts/device/generate-cuda-golden.sh makes it)\n", path);
+            return 77;
+        }
+        cmocka_set_test_filter("test_golden_bf16");
+    }
     return cmocka_run_group_tests(tests, setup, teardown);
 }
