@@ -524,7 +524,7 @@ tdm_status tdm_merge(const tdm_merge_opts *o, tdm_merge_result *res, tdm_error *
     TDM_TRY(tdm_model_config_load(&cfg, path, err));
 
     merge_job j = {.o = o};
-    char tmp[4200] = "";
+    char tmp[4096] = "";
     tdm_status st = TDM_OK;
     if (!(j.ai = calloc(o->n_adapters, sizeof *j.ai)))
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
