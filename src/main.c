@@ -22,6 +22,7 @@ static const tdm_command commands[] = {
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
     {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},
+    {"merge", tdm_cmd_merge, "merge LoRA adapters into the base: a Hugging Face model directory"},
     {"report", tdm_cmd_report, "an HTML page of loss curves and a leaderboard of adapters"},
     {"submit", tdm_cmd_submit, "place adapters on cluster nodes and start them there"},
     {"tokenize", tdm_cmd_tokenize, "encode text with a model's tokenizer.json"},

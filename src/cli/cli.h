@@ -52,5 +52,6 @@ int tdm_cmd_finetune(int argc, char **argv);
 int tdm_cmd_eval(int argc, char **argv);
 int tdm_cmd_generate(int argc, char **argv);
 int tdm_cmd_report(int argc, char **argv);
+int tdm_cmd_merge(int argc, char **argv);
 
 #endif

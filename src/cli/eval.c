@@ -11,58 +11,12 @@
 #include "data/data_model.h"
 #include "data/dataset.h"
 #include "engine/model.h"
-#include "model/base_identity.h"
 #include "train/peft_io.h"
 #include "run/device_open.h"
 #include "run/run_options.h"
 #include "train/lora.h"
+#include "train/run_records.h"
 #include "train/trainer.h"
-
-/* Refuses (exit 1) an adapter whose run recorded another base model than model_dir: its
- * metadata.json (in the adapter's directory, or in the OUT_DIR above best/ and checkpoint-N)
- * holds the base's identity (model/base_identity.h), which does not depend on the model's path.
- * An adapter without that record (made elsewhere) is evaluated as it is. Returns an exit code. */
-static int check_adapter_base(const char *adapter, const char *model_dir)
-{
-    char path[4200];
-    snprintf(path, sizeof path, "%s/metadata.json", adapter);
-    json_t *md = json_load_file(path, 0, NULL);
-    if (!md) {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", adapter);
-        size_t l = strlen(dir);
-        while (l > 1 && dir[l - 1] == '/')
-            dir[--l] = 0;
-        char *slash = strrchr(dir, '/');
-        const char *leaf = slash ? slash + 1 : dir;
-        if (!strcmp(leaf, "best") || !strncmp(leaf, "checkpoint-", 11)) {
-            if (slash)
-                *slash = 0;
-            else
-                snprintf(dir, sizeof dir, ".");
-            snprintf(path, sizeof path, "%s/metadata.json", dir);
-            md = json_load_file(path, 0, NULL);
-        }
-    }
-    const char *want = json_string_value(json_object_get(md, "base_model_identity"));
-    if (!want) {
-        json_decref(md);
-        return TDM_EXIT_OK;
-    }
-    char have[TDM_BASE_IDENTITY_LEN];
-    tdm_error err = {0};
-    int code = TDM_EXIT_OK;
-    if (tdm_base_model_identity(model_dir, have, &err) != TDM_OK)
-        code = tdm_cli_fail_err(&err);
-    else if (strcmp(have, want))
-        code = tdm_cli_fail(TDM_EXIT_FAILURE,
-                            "eval: %s was trained on another base model than %s (%s records "
-                            "base_model_identity %.19s..., this model is %.19s...); evaluate it "
-                            "with the model it was trained on",
-                            adapter, model_dir, path, want, have);
-    json_decref(md);
-    return code;
-}
 
 static void print_note(const char *line, void *user)
 {
@@ -146,7 +100,12 @@ int tdm_cmd_eval(int argc, char **argv)
         code = tdm_cli_fail(TDM_EXIT_FAILURE, "eval: %s has no sample with a counted token", data);
         goto out;
     }
-    if (adapter && (code = check_adapter_base(adapter, model_dir)) != TDM_EXIT_OK) goto out;
+    /* an adapter whose run recorded another base model (train/run_records.h) is refused; one
+     * without that record (made elsewhere) is evaluated as it is */
+    if (adapter && tdm_adapter_check_base(adapter, model_dir, &err) != TDM_OK) {
+        code = tdm_cli_fail(TDM_EXIT_FAILURE, "eval: %s", err.message);
+        goto out;
+    }
     if (adapter && tdm_peft_load(adapter, &cfg, &lp, NULL, &err) != TDM_OK) {
         code = tdm_cli_fail_err(&err);
         goto out;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/base_identity.h"
+#include "model/nf4.h"
 #include "util/append_file.h"
 #include "util/atomic_file.h"
 #include "util/json_file.h"
@@ -191,6 +193,12 @@ json_t *tdm_run_metadata_to_json(const tdm_run_metadata *m)
                                                : json_null());
     json_object_set_new(o, "adapter_index", json_integer(m->adapter_index));
     json_object_set_new(o, "label", m->label ? json_string(m->label) : json_null());
+    if (m->method) {
+        bool nf4 = !strcmp(m->method, "qlora");
+        json_object_set_new(o, "method", json_string(m->method));
+        json_object_set_new(o, "double_quant", json_boolean(nf4 && m->double_quant));
+        json_object_set_new(o, "nf4_block_size", nf4 ? json_integer(TDM_NF4_BLOCK) : json_null());
+    }
     return o;
 }
 
@@ -271,5 +279,52 @@ tdm_status tdm_metrics_truncate_lines(const char *path, int64_t step, int64_t ma
     st = tdm_atomic_write(path, out, on, 0644, err);
     free(out);
     if (st == TDM_OK && kept) *kept = k;
+    return st;
+}
+
+json_t *tdm_adapter_run_record(const char *adapter_dir, char *path, size_t cap)
+{
+    char buf[4200];
+    snprintf(buf, sizeof buf, "%s/%s", adapter_dir, TDM_METADATA_FILE);
+    json_t *md = json_load_file(buf, 0, NULL);
+    if (!md) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", adapter_dir);
+        size_t l = strlen(dir);
+        while (l > 1 && dir[l - 1] == '/')
+            dir[--l] = 0;
+        char *slash = strrchr(dir, '/');
+        const char *leaf = slash ? slash + 1 : dir;
+        if (!strcmp(leaf, "best") || !strncmp(leaf, "checkpoint-", 11)) {
+            if (slash)
+                *slash = 0;
+            else
+                snprintf(dir, sizeof dir, ".");
+            snprintf(buf, sizeof buf, "%s/%s", dir, TDM_METADATA_FILE);
+            md = json_load_file(buf, 0, NULL);
+        }
+    }
+    if (md && !json_is_object(md)) {
+        json_decref(md);
+        md = NULL;
+    }
+    if (md && path && cap) snprintf(path, cap, "%s", buf);
+    return md;
+}
+
+tdm_status tdm_adapter_check_base(const char *adapter_dir, const char *model_dir, tdm_error *err)
+{
+    char path[4200];
+    json_t *md = tdm_adapter_run_record(adapter_dir, path, sizeof path);
+    const char *want = json_string_value(json_object_get(md, "base_model_identity"));
+    tdm_status st = TDM_OK;
+    char have[TDM_BASE_IDENTITY_LEN];
+    if (want && (st = tdm_base_model_identity(model_dir, have, err)) == TDM_OK && strcmp(have, want))
+        st = tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                      "%s was trained on another base model than %s (%s records "
+                      "base_model_identity %.19s..., this model is %.19s...); use it with the "
+                      "model it was trained on",
+                      adapter_dir, model_dir, path, want, have);
+    json_decref(md);
     return st;
 }

@@ -87,12 +87,28 @@ typedef struct tdm_run_metadata {
     /* "sha256:<64 hex>" of the base model (model/base_identity.h), or NULL: written as
      * base_model_identity; eval --adapter refuses another base */
     const char *base_model_identity;
+    /* How the base was held while training, which `tandem merge` needs to rebuild the weights the
+     * adapter saw: "qlora" (projections NF4, blocks of TDM_NF4_BLOCK, double_quant as given) or
+     * "lora" (the base in its own precision). NULL: the three keys are not written. */
+    const char *method;
+    bool double_quant;
 } tdm_run_metadata;
 
 /* metadata.json: the fields above plus train_perplexity = exp(train_loss) and val_perplexity =
  * exp(val_loss) (null when val_loss is NaN). Non-finite numbers are written as null. */
 json_t *tdm_run_metadata_to_json(const tdm_run_metadata *m);
 tdm_status tdm_run_metadata_save(const tdm_run_metadata *m, const char *path, tdm_error *err);
+
+/* The run record (metadata.json) of the adapter in adapter_dir: adapter_dir/metadata.json, or,
+ * when adapter_dir is OUT_DIR/best or OUT_DIR/checkpoint-N, OUT_DIR/metadata.json. NULL when
+ * there is none (an adapter made elsewhere, e.g. by PEFT) or it is not a JSON object; path (cap
+ * bytes, may be NULL) receives the file found. The caller owns the reference. */
+json_t *tdm_adapter_run_record(const char *adapter_dir, char *path, size_t cap);
+
+/* Refuses (TDM_ERR_UNSUPPORTED) an adapter whose run record names another base_model_identity
+ * than model_dir's (model/base_identity.h), with a message naming both and the record; TDM_OK
+ * when they agree or the adapter has no record. */
+tdm_status tdm_adapter_check_base(const char *adapter_dir, const char *model_dir, tdm_error *err);
 
 /* One metrics.jsonl line. NaN fields are left out. */
 typedef struct tdm_metrics_line {

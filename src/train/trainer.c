@@ -965,7 +965,9 @@ static tdm_status write_metadata(tdm_trainer *t, int a, tdm_error *err)
                            .lora_rank = s->host.rank,
                            .lora_alpha = s->host.alpha,
                            .data_hash = s->ds.report.data_hash,
-                           .base_model_identity = t->base_id};
+                           .base_model_identity = t->base_id,
+                           .method = t->o.nf4 ? "qlora" : "lora",
+                           .double_quant = t->o.double_quant};
     return tdm_run_metadata_save(&md, path, err);
 }
 

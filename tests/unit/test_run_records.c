@@ -195,6 +195,32 @@ static void test_metadata(void **state)
                         m.base_model_identity);
     assert_string_equal(json_string_value(json_object_get(o, "label")), "support");
     json_decref(o);
+    /* with the method: three more keys, which tdm_adapter_run_record finds from the adapter's
+     * directory, its best/ and its checkpoint-N/ (merge reads them), not from elsewhere */
+    m.method = "qlora";
+    m.double_quant = true;
+    assert_int_equal(tdm_run_metadata_save(&m, path, &err), TDM_OK);
+    char dir[300], found[400];
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s%s", tmpdir, i == 0 ? "" : i == 1 ? "/best/" : "/checkpoint-7");
+        o = tdm_adapter_run_record(dir, found, sizeof found);
+        if (!o) fail_msg("no run record found from %s", dir);
+        assert_string_equal(found, path);
+        assert_int_equal(json_object_size(o), sizeof keys / sizeof *keys + 3);
+        assert_string_equal(json_string_value(json_object_get(o, "method")), "qlora");
+        assert_true(json_is_true(json_object_get(o, "double_quant")));
+        assert_int_equal(json_integer_value(json_object_get(o, "nf4_block_size")), 64);
+        json_decref(o);
+    }
+    snprintf(dir, sizeof dir, "%s/other", tmpdir);
+    assert_null(tdm_adapter_run_record(dir, found, sizeof found));
+    m.method = "lora";
+    assert_int_equal(tdm_run_metadata_save(&m, path, &err), TDM_OK);
+    o = tdm_adapter_run_record(tmpdir, NULL, 0);
+    assert_false(json_is_true(json_object_get(o, "double_quant")));
+    assert_true(json_is_null(json_object_get(o, "nf4_block_size")));
+    json_decref(o);
+    unlink(path);
 }
 
 static int count_lines(const char *path)
