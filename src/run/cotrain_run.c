@@ -403,15 +403,6 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     *srv = NULL;
     *joined = false;
     if (o->no_join) return TDM_OK;
-    if (o->trainer.save_total_limit > 0) {
-        /* the join does not carry it yet (docs/co-training.md "Run-wide options"): a host would
-         * prune its joiners' checkpoints by its own limit, or keep all of a joiner's */
-        if (o->join_require)
-            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                            "--join require with --save-total-limit: a run that prunes its "
-                            "checkpoints trains in a process of its own today");
-        return TDM_OK;
-    }
     /* The devices this run could get, without reserving. An error here (a bad
      * TANDEM_FAKE_GPUS) is device open's to report, with the exit code of a run without
      * co-training. */

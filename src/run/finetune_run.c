@@ -70,6 +70,17 @@ static tdm_status adapters_from_config(const tdm_adapters_config *acfg, const ch
         if (s->has_max_seq_len) t->max_seq_len = s->max_seq_len;
         if (s->has_weight) t->weight = s->weight;
         if (s->has_lora_dropout) t->lora_dropout = s->lora_dropout;
+        if (s->has_seed) t->seed = s->seed;
+        if (s->has_grad_accum) t->grad_accum = s->grad_accum;
+        if (s->has_lr_schedule) t->lr_kind = s->lr_schedule;
+        if (s->has_warmup_steps) t->warmup_steps = s->warmup_steps;
+        if (s->has_weight_decay) t->weight_decay = s->weight_decay;
+        if (s->has_max_grad_norm) t->max_grad_norm = s->max_grad_norm;
+        if (s->has_val_split) t->val_split = s->val_split;
+        if (s->has_eval_every) t->eval_every = s->eval_every;
+        if (s->has_save_every) t->save_every = s->save_every;
+        if (s->has_save_total_limit) t->save_total_limit = s->save_total_limit;
+        if (s->has_log_every) t->log_every = s->log_every;
         if (t->max_seq_len < 2)
             return tdm_fail(err, TDM_ERR_INVALID, "%s:%u: max_seq_len must be >= 2", acfg->file,
                             s->key_line[TDM_ADAPTER_KEY_MAX_SEQ_LEN]);

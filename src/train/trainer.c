@@ -72,6 +72,7 @@ void tdm_trainer_adapter_default(tdm_trainer_adapter *a)
     a->eval_every = 0;
     a->save_every = 500;
     a->log_every = 10;
+    a->save_total_limit = 0;
 }
 
 /* ------------------------------------------------------------------ state ---- */
@@ -1127,8 +1128,8 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
         /* --save-total-limit: the new checkpoint is the latest, so it is always kept */
-        if (st == TDM_OK && t->o.save_total_limit > 0)
-            st = tdm_checkpoint_prune(s->cfg.output, t->o.save_total_limit, err);
+        if (st == TDM_OK && s->cfg.save_total_limit > 0)
+            st = tdm_checkpoint_prune(s->cfg.output, s->cfg.save_total_limit, err);
     }
     json_decref(cursor);
     json_decref(tsj);

@@ -185,10 +185,14 @@ static const bad_case bad_cases[] = {
     {ADAPTER "max_seq_length = 512\n", "4:1", "did you mean 'max_seq_len'?"},
     {ADAPTER "colour = 'red'\n", "4:1",
      "unknown key 'colour' in [[adapter]] #1 (known: data, output, label, rank, alpha, targets, "
-     "learning_rate, epochs, batch_size, max_seq_len, init_adapter, weight, lora_dropout)"},
+     "learning_rate, epochs, batch_size, max_seq_len, init_adapter, weight, lora_dropout, seed, "
+     "grad_accum, lr_schedule, warmup_steps, weight_decay, max_grad_norm, val_split, eval_every, "
+     "save_every, save_total_limit, log_every)"},
     {"epoch = 3\n" ADAPTER, "1:1",
      "unknown key 'epoch'; did you mean 'epochs'? (defaults may set: rank, alpha, targets, "
-     "learning_rate, epochs, batch_size, max_seq_len, weight, lora_dropout)"},
+     "learning_rate, epochs, batch_size, max_seq_len, weight, lora_dropout, seed, grad_accum, "
+     "lr_schedule, warmup_steps, weight_decay, max_grad_norm, val_split, eval_every, save_every, "
+     "save_total_limit, log_every)"},
     {"[defaults]\nbatchsize = 3\n" ADAPTER, "2:1", "did you mean 'batch_size'?"},
     {"data = 'x'\n" ADAPTER, "1:1", "data cannot be a default"},
     {"[defaults]\nlabel = 'x'\n" ADAPTER, "2:1", "label cannot be a default"},
