@@ -357,7 +357,7 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
                                bool *joined, char **bad_lines, tdm_error *err)
 {
     tdm_status st = TDM_OK;
-    int attempt = 0, takeovers = 0;
+    int attempt = 0, takeovers = o->cotrain_takeovers;
     while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_advert found;
         bool have = false;
@@ -372,7 +372,7 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
         st = join_host(o, ads, n, hooks, &found, base, &retry, &orphaned, bad_lines, err);
         if (orphaned && takeovers < TAKEOVERS_MAX) {
             note_orphaned(o, &found, n, err);
-            takeovers++;
+            o->cotrain_takeovers = ++takeovers;
             attempt = 0;
             continue; /* another orphan may host already: join it; none: elect after open */
         }
@@ -443,7 +443,7 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     }
     tdm_device_candidates_free(&cand);
     /* the CPU: nothing to reserve, so the election happens now, before any data is read */
-    int attempt = 0, takeovers = 0;
+    int attempt = 0, takeovers = o->cotrain_takeovers;
     while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_host *h = NULL;
         tdm_cotrain_advert found;
@@ -479,7 +479,7 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
         st = join_host(o, ads, n, hooks, &found, &base, &retry, &orphaned, bad_lines, err);
         if (orphaned && takeovers < TAKEOVERS_MAX) {
             note_orphaned(o, &found, n, err);
-            takeovers++;
+            o->cotrain_takeovers = ++takeovers;
             attempt = 0;
             continue;
         }
@@ -522,14 +522,21 @@ tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *s, tdm_device *dev, bool 
 
 tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *s, tdm_run_opts *o,
                                   const tdm_trainer_adapter *ads, int n,
-                                  const tdm_finetune_hooks *hooks, char **bad_lines,
-                                  tdm_error *err)
+                                  const tdm_finetune_hooks *hooks, bool *take_over,
+                                  char **bad_lines, tdm_error *err)
 {
     bool retry = false, orphaned = false;
-    /* orphaned (that host died after admitting us): its error says to run with --resume; this
-     * run gave its device back already, so it cannot take over */
+    *take_over = false;
     tdm_status st =
         join_host(o, ads, n, hooks, &s->found, &s->base, &retry, &orphaned, bad_lines, err);
+    if (orphaned && o->cotrain_takeovers < TAKEOVERS_MAX) {
+        /* that host died after admitting us: this run gave its reservation back, so the caller
+         * runs again from the election with --resume (reserving anew, in the ledger's order) */
+        note_orphaned(o, &s->found, n, err);
+        o->cotrain_takeovers++;
+        *take_over = true;
+        return TDM_OK;
+    }
     if (retry)
         tdm_error_prefix(err, "joining the finetune of pid %d on %s failed (run the command "
                               "again)",

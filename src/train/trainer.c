@@ -1267,7 +1267,11 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
 }
 
 /* Finds the resume point: the highest global step G such that every adapter has a checkpoint
- * taken at G, or a final ("done") one taken at or before G. *found false: start fresh. */
+ * taken at G, or a final ("done") one taken at or before G. *found false: start fresh. An
+ * adapter whose OUT_DIR holds no checkpoint at all (it had saved none yet when its run was
+ * killed, or it is new in the command) does not count: it starts over from step 0 (dirs[a] is
+ * "") while the others resume, in their frame of global steps, so a later --resume finds a
+ * common step again. */
 static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, tdm_error *err)
 {
     *found = false;
@@ -1313,6 +1317,7 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
             if (G <= best_g) continue;
             bool ok = true;
             for (int a = 0; a < n && ok; a++) {
+                if (cnt[a] == 0) continue; /* starts over */
                 bool has = false;
                 for (size_t k = 0; k < cnt[a] && !has; k++)
                     has = gs[a][k] == G || (dn[a][k] && gs[a][k] >= 0 && gs[a][k] <= G);
@@ -1327,6 +1332,8 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
         goto done;
     }
     for (int a = 0; a < n; a++) {
+        dirs[a][0] = '\0';
+        if (cnt[a] == 0) continue;
         int64_t pick = -1, pg = -1;
         for (size_t k = 0; k < cnt[a]; k++)
             if (gs[a][k] == best_g || (dn[a][k] && gs[a][k] >= 0 && gs[a][k] <= best_g))
@@ -1740,6 +1747,16 @@ static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
     return TDM_OK;
 }
 
+/* --resume of an adapter without any checkpoint (find_resume): it starts fresh, said once, in
+ * the frame of global steps of the adapters that resume. */
+static tdm_status start_over(tdm_trainer *t, int a, tdm_error *err)
+{
+    tdm_warn("%s holds no checkpoint yet: this adapter starts over from step 0 while the "
+             "others resume",
+             t->ad[a].cfg.output);
+    return start_fresh(t, a, err);
+}
+
 /* The loop's per-adapter scratch, sized for t->n adapters (adapters may join at a step
  * boundary). */
 typedef struct loop_scratch {
@@ -1811,11 +1828,12 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         t->global_step = -1;
         tdm_status st = find_resume(t, dirs, &resumed, err);
         for (int a = 0; st == TDM_OK && resumed && a < n; a++) {
+            if (!dirs[a][0]) continue;
             st = load_checkpoint(t, a, dirs[a], err);
             if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
         }
         for (int a = 0; st == TDM_OK && resumed && a < n; a++)
-            report_resumed(t, a, dirs[a]);
+            st = dirs[a][0] ? (report_resumed(t, a, dirs[a]), TDM_OK) : start_over(t, a, err);
         free(dirs);
         TDM_TRY(st);
     } else {
@@ -2040,9 +2058,12 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
         nt->global_step = -1;
         if (st == TDM_OK) st = find_resume(nt, dirs, &resumed, err);
         for (int a = 0; st == TDM_OK && resumed && a < nt->n; a++) {
+            if (!dirs[a][0]) continue;
             st = load_checkpoint(nt, a, dirs[a], err);
             if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
         }
+        for (int a = 0; st == TDM_OK && resumed && a < nt->n; a++)
+            if (!dirs[a][0]) st = start_over(nt, a, err);
     } else {
         for (int a = 0; a < nt->n && st == TDM_OK; a++)
             st = refuse_old_checkpoints(nt, a, err);
@@ -2080,7 +2101,7 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
     nt->n = 0;
     tdm_trainer_join_free(j);
     for (int a = old_n; resumed && a < t->n; a++)
-        report_resumed(t, a, dirs[a - old_n]);
+        if (dirs[a - old_n][0]) report_resumed(t, a, dirs[a - old_n]);
     free(dirs);
     /* the fused step is larger now: hold its activations from here (as attach does) */
     tdm_model_mem_plan plan;
