@@ -537,6 +537,15 @@ tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *s, tdm_run_opts *o,
         *take_over = true;
         return TDM_OK;
     }
+    if (retry && o->cotrain_rejoins < JOIN_ATTEMPTS) {
+        /* it ended before admitting us (it just finished): elect again, as at the start */
+        note(o->device.note, o->device.note_user, "%s on %s; electing again", err->message,
+             s->base.device);
+        *err = (tdm_error){0};
+        o->cotrain_rejoins++;
+        *take_over = true;
+        return TDM_OK;
+    }
     if (retry)
         tdm_error_prefix(err, "joining the finetune of pid %d on %s failed (run the command "
                               "again)",

@@ -48,8 +48,9 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
  * hosts; *join_instead when a host of that identity appeared meanwhile: the caller frees its
  * trainer, closes the device (the reservation goes back) and calls tdm_cotrain_serve_join,
  * which returns the joined adapters' outcome as tdm_cotrain_run_start does; *take_over when
- * that host died after admitting them (o->trainer.resume is then true): the caller runs again
- * from tdm_cotrain_run_start, which joins another orphan or reserves anew and hosts.
+ * that host died after admitting them (o->trainer.resume is then true; at most 8 times) or
+ * ended before admitting them (at most 3 times): the caller runs again from
+ * tdm_cotrain_run_start, which joins another host (an orphan) or reserves anew and hosts.
  * A host's memory admission grows and shrinks dev's reservation (docs/co-training.md). */
 tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *srv, tdm_device *dev, bool *join_instead,
                                   tdm_error *err);

@@ -299,8 +299,8 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
         o->trainer.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
     /* co-training: join a running finetune of this base (the run happens there), or serve as
      * the host others join; before any weights are loaded. A GPU run that gave its reservation
-     * back to join a host found at device open goes round again when that host dies: --resume,
-     * elect anew, reserve anew (tdm_cotrain_serve_join's take_over). */
+     * back to join a host found at device open goes round again when that host dies (--resume)
+     * or ends before admitting it: elect anew, reserve anew (tdm_cotrain_serve_join). */
     const tdm_trainer_opts plain = o->trainer; /* before the host's service hooks its fields */
     for (;;) {
         tdm_cotrain_serving *srv = NULL;
@@ -316,8 +316,9 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
         }
         st = train(tr, ads, n, o, hooks, srv, &take_over, bad_lines, err);
         if (!take_over) break;
+        bool resume = o->trainer.resume; /* set when the host died after admitting them */
         o->trainer = plain;
-        o->trainer.resume = true;
+        o->trainer.resume = resume;
     }
 out:
     free(ads);

@@ -12,6 +12,8 @@
 #    step that every adapter saved"); both end equal to the same adapters.toml trained alone
 #    (--no-join); the dead host's reservation is gone and the orphan's is the only one
 #    (`gpu status --json`), and none is left at the end.
+#  - A host found at device open that ends (SIGTERM) while the join waits for memory: the joiner
+#    elects again, reserves anew and hosts.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 export TANDEM_FAKE_GPUS="uuid=GPU-sim-0,name=Sim A,total_mb=10000"
 export TANDEM_SIM_GPU_COMPUTE=cpu
@@ -48,7 +50,7 @@ for d in ref x y; do write_toml $d; done
 ref=$!
 
 # the holder leaves nothing: both finetunes queue in the ledger before either can host
-"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk 'BEGIN{printf "%.6f", 8500/1024}')" \
+"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk 'BEGIN{printf "%.10f", 8500/1024}')" \
     --task holder -- sleep 60 >holder.out 2>&1 &
 holder=$!
 wait_until 20 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 1 ]"
@@ -95,4 +97,52 @@ wait_until 10 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservati
 
 wait $ref || { fail "the reference exited $?"; sed 's/^/  /' ref.err >&2; }
 for a in p q; do close_adapters ref/$a $j/$a || fail "$j/$a differs from training it alone"; done
+
+# A host found at device open that ends before admitting the join elects anew (it does not exit
+# asking to run again): holders leave room for two finetunes, which queue together; a third
+# waiter queued behind them takes the memory the joiner gives back, so the host's growth waits
+# (FIFO); the host is stopped; the joiner elects again, reserves once the waiter leaves, and hosts.
+long() { "${FT[@]}" --adapter data/reverse.jsonl:$1 --epochs 400 >$2.out 2>$2.err & }
+expect_exit 0 "${FT[@]}" --adapter data/reverse.jsonl:u/plan --epochs 1 --no-join # P: what one reserves
+P=$(sed -n 's/^tandem: reserved \([0-9]*\) MiB on .*/\1/p' "$WORK/last.err")
+[ -n "$P" ] || fail "no reservation line in the plan run"
+"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk "BEGIN{printf \"%.10f\", (8500 - 2 * $P - 2)/1024}")" \
+    --task h1 -- sleep 120 >h1.out 2>&1 &
+h1=$!
+"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk "BEGIN{printf \"%.10f\", 2 * $P/1024}")" \
+    --task h2 -- sleep 120 >h2.out 2>&1 &
+h2=$!
+wait_until 20 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 2 ]"
+long u/a a; pa=$!
+wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].queue[]] | length')\" = 1 ]"
+long u/b b; pb=$!
+wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].queue[]] | length')\" = 2 ]"
+"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk "BEGIN{printf \"%.10f\", $P/1024}")" \
+    --task w -- sleep 120 >w.out 2>&1 &
+w=$!
+wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].queue[]] | length')\" = 3 ]"
+kill $h2
+wait_until 60 grep -q "^tandem: waiting: the finetune of pid" a.err b.err
+if grep -q "^tandem: waiting: the finetune of pid $pa " b.err; then
+    host=$pa joiner=$pb j=b
+else
+    host=$pb joiner=$pa j=a
+fi
+kill -TERM $host
+wait $host 2>/dev/null
+wait_until 30 grep -q "ended before taking the adapters .*; electing again" $j.err ||
+    { fail "the joiner did not elect again"; sed 's/^/  joiner: /' $j.err >&2; }
+kill $w
+wait $w 2>/dev/null
+wait_until 30 test -e "$TANDEM_LEDGER_DIR/cotrain-$joiner.json" ||
+    { fail "the joiner does not host after electing again"; sed 's/^/  joiner: /' $j.err >&2; }
+[ "$(grep -c 'reserved .* MiB on GPU-sim-0' $j.err)" -ge 2 ] || fail "the joiner did not reserve anew"
+kill -TERM $joiner
+wait $joiner
+rc=$?
+[ $rc -eq 143 ] || { fail "the re-elected host exited $rc after SIGTERM"; sed 's/^/  /' $j.err >&2; }
+kill $h1
+wait $h1 2>/dev/null
+wait_until 10 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 0 ]" ||
+    fail "reservations left: $(pids_reserved)"
 finish
