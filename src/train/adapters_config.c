@@ -170,6 +170,9 @@ static tdm_status check_int(const tdm_adapter_option *o, const tdm_toml_value *v
     tdm_status st = tdm_toml_as_int(v, o->key, i, err);
     if (st != TDM_OK || (*i >= o->value.min && *i <= o->value.max))
         return st;
+    if (!isfinite(o->value.max) || o->value.max >= 1099511627776.0) /* "no upper bound" */
+        return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be an integer >= %.0f (got %lld)",
+                                o->key, o->value.min, (long long)*i);
     if (o->value.min == 1)
         return tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
                                 "%s must be a positive integer no larger than %.0f (got %lld)",

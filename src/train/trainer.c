@@ -136,6 +136,7 @@ typedef struct adapter_state {
     double t0_ms;
     int run_index; /* its index in its own command (metrics.jsonl, metadata.json) */
     bool detached; /* checkpointed and handed back (tdm_trainer_detach_adapter); also done */
+    bool started_over; /* resume found no checkpoint of it: it started fresh (start_over) */
 } adapter_state;
 
 struct tdm_trainer {
@@ -1754,6 +1755,7 @@ static tdm_status start_over(tdm_trainer *t, int a, tdm_error *err)
     tdm_warn("%s holds no checkpoint yet: this adapter starts over from step 0 while the "
              "others resume",
              t->ad[a].cfg.output);
+    t->ad[a].started_over = true;
     return start_fresh(t, a, err);
 }
 
@@ -1850,10 +1852,11 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     for (int a = 0; a < n; a++)
         t->ad[a].t0_ms = t->t0_ms;
     int64_t start_global = t->global_step;
-    /* priority-val-loss needs a first measurement of everyone */
-    if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
+    /* priority-val-loss needs a first measurement of everyone (a resumed one has it from its
+     * checkpoint) */
+    if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS)
         for (int a = 0; a < n; a++)
-            TDM_TRY(eval_point(t, a, err));
+            if (!resumed || t->ad[a].started_over) TDM_TRY(eval_point(t, a, err));
 
     for (int a = 0; a < n; a++)
         t->ad[a].epoch_start_ms = t->t0_ms;
@@ -2108,9 +2111,9 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
     st = memory_plan(t, &plan, err);
     if (st == TDM_OK) st = tdm_model_reserve(t->model, &plan, err);
     /* a resumed one has its measurement from its checkpoint, as --resume alone does */
-    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
+    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS)
         for (int a = old_n; a < t->n && st == TDM_OK; a++)
-            st = eval_point(t, a, err);
+            if (!resumed || t->ad[a].started_over) st = eval_point(t, a, err);
     if (st != TDM_OK) {
         /* they are in the array already: hand them back, untrained, so the running ones go on */
         for (int a = old_n; a < t->n; a++) {
