@@ -175,6 +175,8 @@ static bool label_ok(const char *s)
         if (st_ != TDM_OK) return st_;                                                             \
     } while (0)
 
+static tdm_status parse_train_opts(const reader *r, json_t *o, tdm_cotrain_run_opts *p);
+
 static tdm_status parse_adapter(const reader *r, json_t *o, tdm_cotrain_adapter *a)
 {
     if (!json_is_object(o)) return bad(r, "adapters", "must hold objects");
@@ -208,6 +210,12 @@ static tdm_status parse_adapter(const reader *r, json_t *o, tdm_cotrain_adapter 
     TRY(get_int32(r, o, "max_seq_len", 1, TDM_ADAPTER_MAX_SEQ_LEN_MAX, &a->max_seq_len));
     TRY(get_num(r, o, "weight", 0, INFINITY, false, false, &a->weight));
     if (!(a->weight > 0)) return bad(r, "weight", "must be > 0");
+    json_t *own = json_object_get(o, "opts");
+    if (own && !json_is_null(own)) {
+        if (!(a->opts = calloc(1, sizeof *a->opts)))
+            return tdm_fail(r->err, TDM_ERR_NOMEM, "out of memory");
+        TRY(parse_train_opts(r, own, a->opts));
+    }
     return TDM_OK;
 }
 
@@ -215,7 +223,8 @@ static const char *const CHAT_NAMES[] = {"none", "chatml", "llama3"};
 static const char *const LR_NAMES[] = {"cosine", "linear", "constant"};
 static const char *const SCHEDULE_NAMES[] = {"synchronized", "round-robin", "priority-val-loss"};
 
-static tdm_status parse_opts(const reader *r, json_t *o, tdm_cotrain_run_opts *p)
+/* The training options of opts (the join's, or one adapter's own). */
+static tdm_status parse_train_opts(const reader *r, json_t *o, tdm_cotrain_run_opts *p)
 {
     if (!json_is_object(o)) return bad(r, "opts", "must be an object");
     int e = 0; /* set by get_enum on success; -O3 cannot see that */
@@ -247,6 +256,16 @@ static tdm_status parse_opts(const reader *r, json_t *o, tdm_cotrain_run_opts *p
     TRY(get_int(r, o, "eval_every", 0, INT64_MAX, &p->eval_every));
     TRY(get_int(r, o, "save_every", 0, INT64_MAX, &p->save_every));
     TRY(get_int(r, o, "log_every", 1, INT64_MAX, &p->log_every));
+    p->save_total_limit = 0; /* optional: absent in the messages of earlier builds */
+    if (json_object_get(o, "save_total_limit"))
+        TRY(get_int32(r, o, "save_total_limit", 0, 1000000, &p->save_total_limit));
+    return TDM_OK;
+}
+
+static tdm_status parse_opts(const reader *r, json_t *o, tdm_cotrain_run_opts *p)
+{
+    TRY(parse_train_opts(r, o, p));
+    int e = 0; /* set by get_enum on success; -O3 cannot see that */
     TRY(get_enum(r, o, "schedule", SCHEDULE_NAMES, 3, &e));
     p->schedule = (tdm_train_schedule)e;
     TRY(get_bool(r, o, "resume", &p->resume));
@@ -393,28 +412,31 @@ static json_t *str_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
+static json_t *encode_train_opts(const tdm_cotrain_run_opts *p);
+
 static json_t *encode_adapter(const tdm_cotrain_adapter *a)
 {
     json_t *t = json_array();
     for (unsigned bit = 0; bit < TDM_ADAPTER_TARGET_COUNT; bit++)
         if (a->targets & (1u << bit))
             json_array_append_new(t, json_string(tdm_lora_target_name(bit)));
-    return json_pack("{s:o, s:o, s:o, s:o, s:i, s:o, s:b, s:o, s:o, s:o, s:i, s:i, s:i, s:o}",
+    return json_pack("{s:o, s:o, s:o, s:o, s:i, s:o, s:b, s:o, s:o, s:o, s:i, s:i, s:i, s:o, s:o}",
                      "data", str_or_null(a->data), "output", str_or_null(a->output), "label",
                      str_or_null(a->label), "init_adapter", str_or_null(a->init_adapter), "rank",
                      a->rank, "alpha", num_or_null(a->alpha), "use_rslora", a->use_rslora,
                      "targets", t, "lora_dropout", num_or_null(a->lora_dropout), "lr",
                      num_or_null(a->lr), "epochs", a->epochs, "batch_size", a->batch_size,
-                     "max_seq_len", a->max_seq_len, "weight", num_or_null(a->weight));
+                     "max_seq_len", a->max_seq_len, "weight", num_or_null(a->weight), "opts",
+                     a->opts ? encode_train_opts(a->opts) : json_null());
 }
 
-static json_t *encode_opts(const tdm_cotrain_run_opts *p)
+/* The training options of p, as parse_train_opts reads them. */
+static json_t *encode_train_opts(const tdm_cotrain_run_opts *p)
 {
     char seed[24];
     snprintf(seed, sizeof seed, "%" PRIu64, p->seed);
-    json_t *o = json_pack(
-        "{s:o, s:b, s:s, s:b, s:b, s:o, s:o, s:s, s:I, s:i, s:s, s:b, s:o, s:I, s:I, s:I, s:s, "
-        "s:b, s:b}",
+    return json_pack(
+        "{s:o, s:b, s:s, s:b, s:b, s:o, s:o, s:s, s:I, s:i, s:s, s:b, s:o, s:I, s:I, s:I, s:i}",
         "task", str_or_null(p->task), "chat_template_given", p->chat_template_given,
         "chat_template", (unsigned)p->chat_template < 3 ? CHAT_NAMES[p->chat_template] : "?",
         "train_on_prompt", p->train_on_prompt, "skip_bad_lines", p->skip_bad_lines, "weight_decay",
@@ -422,9 +444,21 @@ static json_t *encode_opts(const tdm_cotrain_run_opts *p)
         (unsigned)p->lr_kind < 3 ? LR_NAMES[p->lr_kind] : "?", "warmup_steps",
         (json_int_t)p->warmup_steps, "grad_accum", p->grad_accum, "seed", seed, "shuffle",
         p->shuffle, "val_split", num_or_null(p->val_split), "eval_every", (json_int_t)p->eval_every,
-        "save_every", (json_int_t)p->save_every, "log_every", (json_int_t)p->log_every, "schedule",
-        (unsigned)p->schedule < 3 ? SCHEDULE_NAMES[p->schedule] : "?", "resume", p->resume,
-        "no_wait", p->no_wait);
+        "save_every", (json_int_t)p->save_every, "log_every", (json_int_t)p->log_every,
+        "save_total_limit", p->save_total_limit);
+}
+
+static json_t *encode_opts(const tdm_cotrain_run_opts *p)
+{
+    json_t *o = encode_train_opts(p);
+    json_t *w = json_pack("{s:s, s:b, s:b}", "schedule",
+                          (unsigned)p->schedule < 3 ? SCHEDULE_NAMES[p->schedule] : "?", "resume",
+                          p->resume, "no_wait", p->no_wait);
+    if (!o || !w || json_object_update(o, w) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    json_decref(w);
     return o;
 }
 
@@ -524,6 +558,8 @@ static void free_adapter(tdm_cotrain_adapter *a)
     free(a->output);
     free(a->label);
     free(a->init_adapter);
+    if (a->opts) free(a->opts->task);
+    free(a->opts);
 }
 
 void tdm_cotrain_msg_free(tdm_cotrain_msg *msg)
@@ -587,6 +623,7 @@ static int opts_diff(const tdm_cotrain_run_opts *a, const tdm_cotrain_run_opts *
     DIFF(a->eval_every != b->eval_every, "eval-every");
     DIFF(a->save_every != b->save_every, "save-every");
     DIFF(a->log_every != b->log_every, "log-every");
+    DIFF(a->save_total_limit != b->save_total_limit, "save-total-limit");
 run_wide:
     DIFF(a->schedule != b->schedule, "schedule");
 #undef DIFF

@@ -61,12 +61,15 @@ typedef struct tdm_cotrain_adapter {
     int batch_size;      /* 1..TDM_ADAPTER_BATCH_SIZE_MAX */
     int max_seq_len;     /* 1..TDM_ADAPTER_MAX_SEQ_LEN_MAX */
     double weight;       /* finite, > 0 */
+    /* NULL: the join's training options (tdm_cotrain_join.opts); else this adapter's own (its
+     * adapters.toml row set some), of which only the training options count (owned) */
+    struct tdm_cotrain_run_opts *opts;
 } tdm_cotrain_adapter;
 
-/* The joiner's options: its adapters' training options (tdm_trainer_adapter's, one set for the
- * join: a command gives all its adapters the same), which the host applies to the joined
- * adapters, and its run-wide ones (tdm_trainer_opts'): the schedule, which must equal the
- * host's (tdm_cotrain_run_wide_diff), and resume/no_wait, the joiner's own. */
+/* The joiner's options: its adapters' training options (tdm_trainer_adapter's: those of its
+ * first adapter, which the host applies to every joined adapter without opts of its own), and
+ * its run-wide ones (tdm_trainer_opts'): the schedule, which must equal the host's
+ * (tdm_cotrain_run_wide_diff), and resume/no_wait, the joiner's own. */
 typedef struct tdm_cotrain_run_opts {
     char *task; /* "instruct" */
     bool chat_template_given;
@@ -82,6 +85,7 @@ typedef struct tdm_cotrain_run_opts {
     bool shuffle;
     double val_split; /* [0, 1) */
     int64_t eval_every, save_every, log_every;
+    int save_total_limit; /* 0..1000000; absent on the wire: 0 */
     tdm_train_schedule schedule;
     bool resume;
     bool no_wait; /* --no-wait-gpu: fail instead of waiting for memory */

@@ -32,6 +32,7 @@ tdm_status tdm_cotrain_run_opts_from_trainer(const tdm_trainer_opts *o,
     out->eval_every = a->eval_every;
     out->save_every = a->save_every;
     out->log_every = a->log_every;
+    out->save_total_limit = a->save_total_limit;
     out->schedule = o->schedule;
     out->resume = o->resume;
     return TDM_OK;
@@ -56,6 +57,7 @@ static void adapter_opts_from_msg(const tdm_cotrain_run_opts *r, tdm_trainer_ada
     a->eval_every = r->eval_every;
     a->save_every = r->save_every;
     a->log_every = r->log_every;
+    a->save_total_limit = r->save_total_limit;
 }
 
 void tdm_cotrain_run_opts_free(tdm_cotrain_run_opts *o)
@@ -146,20 +148,23 @@ tdm_status tdm_cotrain_join_from_trainer(const tdm_trainer_opts *o,
     j->n_adapters = n;
     if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[0], &j->opts, err)) != TDM_OK)
         goto out;
-    /* protocol v1 carries one set of training options per join (a command gives all its
-     * adapters the same) */
+    /* the join's opts are its first adapter's; an adapter whose training options differ (its
+     * adapters.toml row set some) carries its own */
     for (int i = 1; i < n && st == TDM_OK; i++) {
-        tdm_cotrain_run_opts other;
-        if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[i], &other, err)) != TDM_OK) break;
+        tdm_cotrain_run_opts *own = calloc(1, sizeof *own);
+        if (!own) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+            break;
+        }
         char diff[512];
-        if (tdm_cotrain_run_opts_diff(&j->opts, &other, diff, sizeof diff) > 0)
-            st = tdm_fail(err, TDM_ERR_INVALID,
-                          "adapters 0 and %d of one join differ in %s: a join carries one set "
-                          "of training options",
-                          i, diff);
-        tdm_cotrain_run_opts_free(&other);
+        if ((st = tdm_cotrain_run_opts_from_trainer(o, &adapters[i], own, err)) == TDM_OK &&
+            tdm_cotrain_run_opts_diff(&j->opts, own, diff, sizeof diff) > 0) {
+            j->adapters[i].opts = own;
+            continue;
+        }
+        tdm_cotrain_run_opts_free(own);
+        free(own);
     }
-    if (st != TDM_OK) goto out;
     for (int i = 0; i < n && st == TDM_OK; i++) {
         const tdm_trainer_adapter *a = &adapters[i];
         tdm_cotrain_adapter *c = &j->adapters[i];
@@ -202,7 +207,7 @@ void tdm_cotrain_adapters_to_trainer(const tdm_cotrain_join *j, tdm_trainer_adap
                                        .batch_size = c->batch_size,
                                        .max_seq_len = c->max_seq_len,
                                        .weight = c->weight};
-        adapter_opts_from_msg(&j->opts, &out[i]);
+        adapter_opts_from_msg(c->opts ? c->opts : &j->opts, &out[i]);
     }
 }
 

@@ -25,15 +25,16 @@ void tdm_cotrain_run_opts_free(tdm_cotrain_run_opts *o);
  * Relative data, output and init_adapter paths are made absolute against the working directory
  * (lexically: "." and ".." components and doubled slashes removed, links not resolved, so an
  * output that does not exist yet is fine). The message owns its strings (tdm_cotrain_msg_free).
- * TDM_ERR_INVALID when n is outside 1..TDM_COTRAIN_MAX_ADAPTERS, a path is too long, or the
- * adapters differ in a training option (the message carries one set: the join's opts). */
+ * The join's opts hold adapters[0]'s training options; each other adapter whose training options
+ * differ from them carries its own (tdm_cotrain_adapter.opts). TDM_ERR_INVALID when n is outside
+ * 1..TDM_COTRAIN_MAX_ADAPTERS or a path is too long. */
 tdm_status tdm_cotrain_join_from_trainer(const tdm_trainer_opts *o,
                                          const tdm_trainer_adapter *adapters, int n,
                                          const char *identity, tdm_cotrain_msg *out,
                                          tdm_error *err);
 
-/* The join's adapters as trainer adapters, each with the join's training options (strings
- * borrowed from j: j must outlive them). */
+/* The join's adapters as trainer adapters, each with its own training options or else the
+ * join's (strings borrowed from j: j must outlive them). */
 void tdm_cotrain_adapters_to_trainer(const tdm_cotrain_join *j, tdm_trainer_adapter *out);
 
 /* A progress message for a trainer event of the joiner's adapter number adapter. */

@@ -357,7 +357,7 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
                                bool *joined, char **bad_lines, tdm_error *err)
 {
     tdm_status st = TDM_OK;
-    int attempt = 0, takeovers = 0;
+    int attempt = 0, takeovers = o->cotrain_takeovers;
     while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_advert found;
         bool have = false;
@@ -372,7 +372,7 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
         st = join_host(o, ads, n, hooks, &found, base, &retry, &orphaned, bad_lines, err);
         if (orphaned && takeovers < TAKEOVERS_MAX) {
             note_orphaned(o, &found, n, err);
-            takeovers++;
+            o->cotrain_takeovers = ++takeovers;
             attempt = 0;
             continue; /* another orphan may host already: join it; none: elect after open */
         }
@@ -403,15 +403,6 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     *srv = NULL;
     *joined = false;
     if (o->no_join) return TDM_OK;
-    if (o->trainer.save_total_limit > 0) {
-        /* the join does not carry it yet (docs/co-training.md "Run-wide options"): a host would
-         * prune its joiners' checkpoints by its own limit, or keep all of a joiner's */
-        if (o->join_require)
-            return tdm_fail(err, TDM_ERR_UNSUPPORTED,
-                            "--join require with --save-total-limit: a run that prunes its "
-                            "checkpoints trains in a process of its own today");
-        return TDM_OK;
-    }
     /* The devices this run could get, without reserving. An error here (a bad
      * TANDEM_FAKE_GPUS) is device open's to report, with the exit code of a run without
      * co-training. */
@@ -452,7 +443,7 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
     }
     tdm_device_candidates_free(&cand);
     /* the CPU: nothing to reserve, so the election happens now, before any data is read */
-    int attempt = 0, takeovers = 0;
+    int attempt = 0, takeovers = o->cotrain_takeovers;
     while (attempt < JOIN_ATTEMPTS) {
         tdm_cotrain_host *h = NULL;
         tdm_cotrain_advert found;
@@ -488,7 +479,7 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
         st = join_host(o, ads, n, hooks, &found, &base, &retry, &orphaned, bad_lines, err);
         if (orphaned && takeovers < TAKEOVERS_MAX) {
             note_orphaned(o, &found, n, err);
-            takeovers++;
+            o->cotrain_takeovers = ++takeovers;
             attempt = 0;
             continue;
         }
@@ -531,14 +522,30 @@ tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *s, tdm_device *dev, bool 
 
 tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *s, tdm_run_opts *o,
                                   const tdm_trainer_adapter *ads, int n,
-                                  const tdm_finetune_hooks *hooks, char **bad_lines,
-                                  tdm_error *err)
+                                  const tdm_finetune_hooks *hooks, bool *take_over,
+                                  char **bad_lines, tdm_error *err)
 {
     bool retry = false, orphaned = false;
-    /* orphaned (that host died after admitting us): its error says to run with --resume; this
-     * run gave its device back already, so it cannot take over */
+    *take_over = false;
     tdm_status st =
         join_host(o, ads, n, hooks, &s->found, &s->base, &retry, &orphaned, bad_lines, err);
+    if (orphaned && o->cotrain_takeovers < TAKEOVERS_MAX) {
+        /* that host died after admitting us: this run gave its reservation back, so the caller
+         * runs again from the election with --resume (reserving anew, in the ledger's order) */
+        note_orphaned(o, &s->found, n, err);
+        o->cotrain_takeovers++;
+        *take_over = true;
+        return TDM_OK;
+    }
+    if (retry && o->cotrain_rejoins < JOIN_ATTEMPTS) {
+        /* it ended before admitting us (it just finished): elect again, as at the start */
+        note(o->device.note, o->device.note_user, "%s on %s; electing again", err->message,
+             s->base.device);
+        *err = (tdm_error){0};
+        o->cotrain_rejoins++;
+        *take_over = true;
+        return TDM_OK;
+    }
     if (retry)
         tdm_error_prefix(err, "joining the finetune of pid %d on %s failed (run the command "
                               "again)",

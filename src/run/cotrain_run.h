@@ -46,14 +46,18 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
 /* After device open (dev must outlive srv; NULL srv allowed): a GPU run that found no host
  * before elects now on the GPU it reserved (its UUID and compute dtype in the identity) and
  * hosts; *join_instead when a host of that identity appeared meanwhile: the caller frees its
- * trainer, closes the device (the reservation goes back) and calls tdm_cotrain_serve_join.
+ * trainer, closes the device (the reservation goes back) and calls tdm_cotrain_serve_join,
+ * which returns the joined adapters' outcome as tdm_cotrain_run_start does; *take_over when
+ * that host died after admitting them (o->trainer.resume is then true; at most 8 times) or
+ * ended before admitting them (at most 3 times): the caller runs again from
+ * tdm_cotrain_run_start, which joins another host (an orphan) or reserves anew and hosts.
  * A host's memory admission grows and shrinks dev's reservation (docs/co-training.md). */
 tdm_status tdm_cotrain_serve_open(tdm_cotrain_serving *srv, tdm_device *dev, bool *join_instead,
                                   tdm_error *err);
 tdm_status tdm_cotrain_serve_join(tdm_cotrain_serving *srv, tdm_run_opts *o,
                                   const tdm_trainer_adapter *ads, int n,
-                                  const tdm_finetune_hooks *hooks, char **bad_lines,
-                                  tdm_error *err);
+                                  const tdm_finetune_hooks *hooks, bool *take_over,
+                                  char **bad_lines, tdm_error *err);
 
 /* Points opts' step-boundary hook, progress callback and pass hook at the host's service (own:
  * the host's own adapters, indices 0..n_own-1, borrowed until tdm_cotrain_serve_end). Joined

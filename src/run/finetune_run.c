@@ -70,6 +70,17 @@ static tdm_status adapters_from_config(const tdm_adapters_config *acfg, const ch
         if (s->has_max_seq_len) t->max_seq_len = s->max_seq_len;
         if (s->has_weight) t->weight = s->weight;
         if (s->has_lora_dropout) t->lora_dropout = s->lora_dropout;
+        if (s->has_seed) t->seed = s->seed;
+        if (s->has_grad_accum) t->grad_accum = s->grad_accum;
+        if (s->has_lr_schedule) t->lr_kind = s->lr_schedule;
+        if (s->has_warmup_steps) t->warmup_steps = s->warmup_steps;
+        if (s->has_weight_decay) t->weight_decay = s->weight_decay;
+        if (s->has_max_grad_norm) t->max_grad_norm = s->max_grad_norm;
+        if (s->has_val_split) t->val_split = s->val_split;
+        if (s->has_eval_every) t->eval_every = s->eval_every;
+        if (s->has_save_every) t->save_every = s->save_every;
+        if (s->has_save_total_limit) t->save_total_limit = s->save_total_limit;
+        if (s->has_log_every) t->log_every = s->log_every;
         if (t->max_seq_len < 2)
             return tdm_fail(err, TDM_ERR_INVALID, "%s:%u: max_seq_len must be >= 2", acfg->file,
                             s->key_line[TDM_ADAPTER_KEY_MAX_SEQ_LEN]);
@@ -185,8 +196,9 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
  * ends the co-training service srv (NULL: none) while the trainer still exists. */
 static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, tdm_run_opts *o,
                         const tdm_finetune_hooks *hooks, tdm_cotrain_serving *srv,
-                        char **bad_lines, tdm_error *err)
+                        bool *take_over, char **bad_lines, tdm_error *err)
 {
+    *take_over = false;
     tdm_device dev;
     tdm_model_mem est;
     tdm_status st = TDM_OK;
@@ -204,7 +216,7 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     if (join_instead) {
         tdm_trainer_free(tr);
         tdm_device_close(&dev);
-        st = tdm_cotrain_serve_join(srv, o, ads, n, hooks, bad_lines, err);
+        st = tdm_cotrain_serve_join(srv, o, ads, n, hooks, take_over, bad_lines, err);
         tdm_cotrain_serve_end(srv, st, err);
         return st;
     }
@@ -286,19 +298,28 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     if (strcmp(o->device.device, "cpu") && rc.max_checkpoint_interval_steps > 0)
         o->trainer.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
     /* co-training: join a running finetune of this base (the run happens there), or serve as
-     * the host others join; before any weights are loaded */
-    tdm_cotrain_serving *srv = NULL;
-    bool joined = false;
-    st = tdm_cotrain_run_start(o, ads, n, hooks, &srv, &joined, bad_lines, err);
-    if (st != TDM_OK || joined) goto out;
-    if (srv) tdm_cotrain_serve_hook(srv, &o->trainer, ads, n);
-    /* data and shapes: nothing written yet, no device touched */
-    tdm_trainer *tr = NULL;
-    if ((st = tdm_trainer_create(&tr, &o->trainer, ads, n, bad_lines, err)) != TDM_OK) {
-        tdm_cotrain_serve_end(srv, st, err);
-        goto out;
+     * the host others join; before any weights are loaded. A GPU run that gave its reservation
+     * back to join a host found at device open goes round again when that host dies (--resume)
+     * or ends before admitting it: elect anew, reserve anew (tdm_cotrain_serve_join). */
+    const tdm_trainer_opts plain = o->trainer; /* before the host's service hooks its fields */
+    for (;;) {
+        tdm_cotrain_serving *srv = NULL;
+        bool joined = false, take_over = false;
+        st = tdm_cotrain_run_start(o, ads, n, hooks, &srv, &joined, bad_lines, err);
+        if (st != TDM_OK || joined) break;
+        if (srv) tdm_cotrain_serve_hook(srv, &o->trainer, ads, n);
+        /* data and shapes: nothing written yet, no device touched */
+        tdm_trainer *tr = NULL;
+        if ((st = tdm_trainer_create(&tr, &o->trainer, ads, n, bad_lines, err)) != TDM_OK) {
+            tdm_cotrain_serve_end(srv, st, err);
+            break;
+        }
+        st = train(tr, ads, n, o, hooks, srv, &take_over, bad_lines, err);
+        if (!take_over) break;
+        bool resume = o->trainer.resume; /* set when the host died after admitting them */
+        o->trainer = plain;
+        o->trainer.resume = resume;
     }
-    st = train(tr, ads, n, o, hooks, srv, bad_lines, err);
 out:
     free(ads);
     for (size_t i = 0; i < owned.n; i++)

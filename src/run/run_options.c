@@ -30,11 +30,6 @@ static tdm_status parse_task(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
-static tdm_status parse_lr_schedule(const char *arg, void *dst, tdm_error *err)
-{
-    return tdm_lr_kind_parse(arg, (tdm_lr_kind *)dst, err);
-}
-
 static tdm_status parse_schedule(const char *arg, void *dst, tdm_error *err)
 {
     if (!tdm_train_schedule_parse(arg, (tdm_train_schedule *)dst))
@@ -70,17 +65,6 @@ static tdm_status parse_join(const char *arg, void *dst, tdm_error *err)
     if (strcmp(arg, "auto") && strcmp(arg, "require"))
         return tdm_fail(err, TDM_ERR_INVALID, "'%s' is not auto or require", arg);
     *(bool *)dst = !strcmp(arg, "require");
-    return TDM_OK;
-}
-
-static tdm_status parse_seed(const char *arg, void *dst, tdm_error *err)
-{
-    char *end;
-    errno = 0;
-    unsigned long long s = strtoull(arg, &end, 10);
-    if (errno || !*arg || *end || *arg == '-')
-        return tdm_fail(err, TDM_ERR_INVALID, "needs a non-negative integer, not '%s'", arg);
-    *(uint64_t *)dst = s;
     return TDM_OK;
 }
 
@@ -174,47 +158,27 @@ static const tdm_run_option table[] = {
     ADAPTER_ROW(NULL, NULL, F, adapter.weight, TDM_ADAPTER_KEY_WEIGHT, false),
     /* optimisation */
     ADAPTER_ROW("lr", "X", F, adapter.lr, TDM_ADAPTER_KEY_LEARNING_RATE, true),
-    {"weight-decay", "X", F, DST(adapter.weight_decay),
-     V(TDM_OPT_FLOAT, 0, INFINITY, 0, 0, 0, NULL, "0", "a number >= 0", "decoupled weight decay"),
-     NULL, true},
-    {"max-grad-norm", "X", F, DST(adapter.max_grad_norm),
-     V(TDM_OPT_FLOAT, 0, INFINITY, 0, 0, 0, NULL, "1", "a number >= 0 (0 = off)",
-       "per-adapter gradient clipping; 0 = off"),
-     NULL, true},
-    {"lr-schedule", "cosine|linear|constant", F, DST(adapter.lr_kind),
-     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_lr_schedule, "cosine", "cosine, linear or constant",
-       "learning-rate schedule"),
-     NULL, true},
-    {"warmup-steps", "N", F, DST(adapter.warmup_steps),
-     V(TDM_OPT_INT, 0, BIG, 0, 0, 0, NULL, "0", "an integer >= 0",
-       "linear warmup over the adapter's first N steps"),
-     NULL, true},
+    ADAPTER_ROW("weight-decay", "X", F, adapter.weight_decay, TDM_ADAPTER_KEY_WEIGHT_DECAY, true),
+    ADAPTER_ROW("max-grad-norm", "X", F, adapter.max_grad_norm, TDM_ADAPTER_KEY_MAX_GRAD_NORM, true),
+    ADAPTER_ROW("lr-schedule", "cosine|linear|constant", F, adapter.lr_kind, TDM_ADAPTER_KEY_LR_SCHEDULE, true),
+    ADAPTER_ROW("warmup-steps", "N", F, adapter.warmup_steps, TDM_ADAPTER_KEY_WARMUP_STEPS, true),
     ADAPTER_ROW("epochs", "N", F, adapter.epochs, TDM_ADAPTER_KEY_EPOCHS, true),
     ADAPTER_ROW("batch-size", "N", F, adapter.batch_size, TDM_ADAPTER_KEY_BATCH_SIZE, true),
     {"batch-size", "N", E, DST(eval_batch_size),
      V(TDM_OPT_INT, 1, TDM_ADAPTER_BATCH_SIZE_MAX, 0, 0, 0, NULL, "8", "an integer 1..65536",
        "sequences per forward pass"),
      NULL, false},
-    {"grad-accum", "N", F, DST(adapter.grad_accum),
-     V(TDM_OPT_INT, 1, 64, 0, 0, 0, NULL, "1", "an integer 1..64",
-       "micro-batches per optimizer step"),
-     NULL, true},
+    ADAPTER_ROW("grad-accum", "N", F, adapter.grad_accum, TDM_ADAPTER_KEY_GRAD_ACCUM, true),
     ADAPTER_ROW("max-seq-len", "N", F | E, adapter.max_seq_len, TDM_ADAPTER_KEY_MAX_SEQ_LEN, true),
     {"grad-checkpoint", NULL, F, DST(trainer.grad_checkpoint),
      V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
        "keep only each layer's input; recompute in backward"),
      NULL, true},
     /* data */
-    {"seed", "S", F, DST(adapter.seed),
-     V(TDM_OPT_INT, 0, 0, 0, 0, 0, parse_seed, "42", "a non-negative integer",
-       "LoRA init, shuffling and the train/validation split"),
-     NULL, true},
+    ADAPTER_ROW("seed", "S", F, adapter.seed, TDM_ADAPTER_KEY_SEED, true),
     {"no-shuffle", NULL, F, DST(adapter.shuffle),
      V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "", "file order every epoch"), NULL, true},
-    {"val-split", "F", F, DST(adapter.val_split),
-     V(TDM_OPT_FLOAT, 0, 1, 0, true, 0, NULL, "0.05", "a fraction in [0, 1)",
-       "fraction held out for validation"),
-     NULL, true},
+    ADAPTER_ROW("val-split", "F", F, adapter.val_split, TDM_ADAPTER_KEY_VAL_SPLIT, true),
     {"chat-template", "chatml|llama3|none", F | E, DST(adapter),
      V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_chat_template, "", "chatml, llama3 or none",
        "chat template (default: detected)"),
@@ -227,22 +191,10 @@ static const tdm_run_option table[] = {
        "train on the good lines of a file with bad ones"),
      NULL, true},
     /* steps */
-    {"eval-every", "N", F, DST(adapter.eval_every),
-     V(TDM_OPT_INT, 0, BIG, 0, 0, 0, NULL, "0", "an integer >= 0",
-       "validate every N global steps (0: at the end)"),
-     NULL, true},
-    {"save-every", "N", F, DST(adapter.save_every),
-     V(TDM_OPT_INT, 0, BIG, 0, 0, 0, NULL, "500", "an integer >= 0",
-       "checkpoint every N global steps (0: at the end)"),
-     NULL, true},
-    {"save-total-limit", "N", F, DST(trainer.save_total_limit),
-     V(TDM_OPT_INT, 0, 1000000, 0, 0, 0, NULL, "0", "an integer >= 0",
-       "keep each adapter's last N checkpoints, plus best/ (0: all)"),
-     NULL, true},
-    {"log-every", "N", F, DST(adapter.log_every),
-     V(TDM_OPT_INT, 1, BIG, 0, 0, 0, NULL, "10", "an integer >= 1",
-       "one log line per adapter per N global steps"),
-     NULL, true},
+    ADAPTER_ROW("eval-every", "N", F, adapter.eval_every, TDM_ADAPTER_KEY_EVAL_EVERY, true),
+    ADAPTER_ROW("save-every", "N", F, adapter.save_every, TDM_ADAPTER_KEY_SAVE_EVERY, true),
+    ADAPTER_ROW("save-total-limit", "N", F, adapter.save_total_limit, TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT, true),
+    ADAPTER_ROW("log-every", "N", F, adapter.log_every, TDM_ADAPTER_KEY_LOG_EVERY, true),
     {"schedule", "synchronized|round-robin|priority-val-loss", F, DST(trainer.schedule),
      V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_schedule, "synchronized",
        "synchronized, round-robin or priority-val-loss", "how adapters share the fused passes"),

@@ -35,6 +35,8 @@ typedef struct tdm_run_opts {
     bool profile_ops;            /* --profile-ops */
     bool join_require;           /* --join require: fail when no host is found */
     bool no_join;                /* --no-join: neither join a host nor serve as one */
+    int cotrain_takeovers;       /* no flag: host deaths this run survived (co-training) */
+    int cotrain_rejoins;         /* no flag: hosts found at device open that ended unjoined */
     bool list_options;           /* --list-options (hidden): print the table, for the docs test */
     bool help;
     /* eval only */

@@ -2,6 +2,7 @@
  * (submit_run.h). Moved from `tandem submit` (src/cli/submit.c), which now parses and prints. */
 #include "run/submit_run.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -94,6 +95,17 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
     if (s->has_max_seq_len) fprintf(f, "max_seq_len = %d\n", s->max_seq_len);
     if (s->has_weight) toml_float(f, "weight", s->weight);
     if (s->has_lora_dropout) toml_float(f, "lora_dropout", s->lora_dropout);
+    if (s->has_seed) fprintf(f, "seed = %" PRIu64 "\n", s->seed);
+    if (s->has_grad_accum) fprintf(f, "grad_accum = %d\n", s->grad_accum);
+    if (s->has_lr_schedule) fprintf(f, "lr_schedule = \"%s\"\n", tdm_lr_kind_name(s->lr_schedule));
+    if (s->has_warmup_steps) fprintf(f, "warmup_steps = %" PRId64 "\n", s->warmup_steps);
+    if (s->has_weight_decay) toml_float(f, "weight_decay", s->weight_decay);
+    if (s->has_max_grad_norm) toml_float(f, "max_grad_norm", s->max_grad_norm);
+    if (s->has_val_split) toml_float(f, "val_split", s->val_split);
+    if (s->has_eval_every) fprintf(f, "eval_every = %" PRId64 "\n", s->eval_every);
+    if (s->has_save_every) fprintf(f, "save_every = %" PRId64 "\n", s->save_every);
+    if (s->has_save_total_limit) fprintf(f, "save_total_limit = %d\n", s->save_total_limit);
+    if (s->has_log_every) fprintf(f, "log_every = %" PRId64 "\n", s->log_every);
 }
 
 static char *resolve(const char *base_dir, const char *path)

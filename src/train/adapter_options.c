@@ -2,15 +2,35 @@
  * looking for what an adapter may set, in adapters.toml or as a flag, reads this table. */
 #include "train/adapter_options.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/adapters_config.h"
+#include "train/lr_schedule.h"
 
 static tdm_status parse_targets(const char *arg, void *dst, tdm_error *err)
 {
     return tdm_adapter_targets_parse(arg, (uint32_t *)dst, err);
+}
+
+/* a uint64 (the flag); adapters.toml's integers stop at 2^63 - 1 */
+static tdm_status parse_seed(const char *arg, void *dst, tdm_error *err)
+{
+    char *end;
+    errno = 0;
+    unsigned long long s = strtoull(arg, &end, 10);
+    if (errno || !*arg || *end || *arg == '-')
+        return tdm_fail(err, TDM_ERR_INVALID, "needs a non-negative integer, not '%s'", arg);
+    *(uint64_t *)dst = s;
+    return TDM_OK;
+}
+
+static tdm_status parse_lr_schedule(const char *arg, void *dst, tdm_error *err)
+{
+    return tdm_lr_kind_parse(arg, (tdm_lr_kind *)dst, err);
 }
 
 #define PATH_ROW(accepts, help)                                                                    \
@@ -96,6 +116,82 @@ const tdm_adapter_option tdm_adapter_options[TDM_ADAPTER_KEY_COUNT] = {
                                       true,
                                       "lora_dropout = 0.05",
                                       NULL},
+    [TDM_ADAPTER_KEY_SEED] = {"seed",
+                              {TDM_OPT_INT, 0, INFINITY, false, false, false, parse_seed, "42",
+                               "a non-negative integer",
+                               "LoRA init, shuffling and the train/validation split"},
+                              true,
+                              "seed = 42",
+                              NULL},
+    [TDM_ADAPTER_KEY_GRAD_ACCUM] = {"grad_accum",
+                                    {TDM_OPT_INT, 1, TDM_ADAPTER_GRAD_ACCUM_MAX, false, false,
+                                     false, NULL, "1", "an integer 1..64",
+                                     "micro-batches per optimizer step"},
+                                    true,
+                                    "grad_accum = 2",
+                                    NULL},
+    [TDM_ADAPTER_KEY_LR_SCHEDULE] = {"lr_schedule",
+                                     {TDM_OPT_ENUM, 0, 0, false, false, false, parse_lr_schedule,
+                                      "cosine", "cosine, linear or constant",
+                                      "learning-rate schedule"},
+                                     true,
+                                     "lr_schedule = \"linear\"",
+                                     NULL},
+    [TDM_ADAPTER_KEY_WARMUP_STEPS] = {"warmup_steps",
+                                      {TDM_OPT_INT, 0, TDM_ADAPTER_STEPS_MAX, false, false, false,
+                                       NULL, "0", "an integer >= 0",
+                                       "linear warmup over the adapter's first N steps"},
+                                      true,
+                                      "warmup_steps = 10",
+                                      NULL},
+    [TDM_ADAPTER_KEY_WEIGHT_DECAY] = {"weight_decay",
+                                      {TDM_OPT_FLOAT, 0, INFINITY, false, false, false, NULL, "0",
+                                       "a number >= 0", "decoupled weight decay"},
+                                      true,
+                                      "weight_decay = 0.01",
+                                      NULL},
+    [TDM_ADAPTER_KEY_MAX_GRAD_NORM] = {"max_grad_norm",
+                                       {TDM_OPT_FLOAT, 0, INFINITY, false, false, false, NULL, "1",
+                                        "a number >= 0 (0 = off)",
+                                        "per-adapter gradient clipping; 0 = off"},
+                                       true,
+                                       "max_grad_norm = 1.0",
+                                       NULL},
+    [TDM_ADAPTER_KEY_VAL_SPLIT] = {"val_split",
+                                   {TDM_OPT_FLOAT, 0, 1, false, true, false, NULL, "0.05",
+                                    "a fraction in [0, 1)", "fraction held out for validation"},
+                                   true,
+                                   "val_split = 0.1",
+                                   NULL},
+    [TDM_ADAPTER_KEY_EVAL_EVERY] = {"eval_every",
+                                    {TDM_OPT_INT, 0, TDM_ADAPTER_STEPS_MAX, false, false, false,
+                                     NULL, "0", "an integer >= 0",
+                                     "validate every N global steps (0: at the end)"},
+                                    true,
+                                    "eval_every = 100",
+                                    NULL},
+    [TDM_ADAPTER_KEY_SAVE_EVERY] = {"save_every",
+                                    {TDM_OPT_INT, 0, TDM_ADAPTER_STEPS_MAX, false, false, false,
+                                     NULL, "500", "an integer >= 0",
+                                     "checkpoint every N global steps (0: at the end)"},
+                                    true,
+                                    "save_every = 500",
+                                    NULL},
+    [TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT] = {"save_total_limit",
+                                          {TDM_OPT_INT, 0, TDM_ADAPTER_SAVE_TOTAL_LIMIT_MAX, false,
+                                           false, false, NULL, "0", "an integer >= 0",
+                                           "keep the adapter's last N checkpoints, plus best/ (0: "
+                                           "all)"},
+                                          true,
+                                          "save_total_limit = 3",
+                                          NULL},
+    [TDM_ADAPTER_KEY_LOG_EVERY] = {"log_every",
+                                   {TDM_OPT_INT, 1, TDM_ADAPTER_STEPS_MAX, false, false, false,
+                                    NULL, "10", "an integer >= 1",
+                                    "one log line per adapter per N global steps"},
+                                   true,
+                                   "log_every = 10",
+                                   NULL},
 };
 
 #undef PATH_ROW

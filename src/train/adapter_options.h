@@ -56,6 +56,18 @@ typedef enum tdm_adapter_key {
     TDM_ADAPTER_KEY_INIT_ADAPTER,
     TDM_ADAPTER_KEY_WEIGHT,
     TDM_ADAPTER_KEY_LORA_DROPOUT,
+    /* training options (tdm_trainer_adapter holds them per adapter) */
+    TDM_ADAPTER_KEY_SEED,
+    TDM_ADAPTER_KEY_GRAD_ACCUM,
+    TDM_ADAPTER_KEY_LR_SCHEDULE,
+    TDM_ADAPTER_KEY_WARMUP_STEPS,
+    TDM_ADAPTER_KEY_WEIGHT_DECAY,
+    TDM_ADAPTER_KEY_MAX_GRAD_NORM,
+    TDM_ADAPTER_KEY_VAL_SPLIT,
+    TDM_ADAPTER_KEY_EVAL_EVERY,
+    TDM_ADAPTER_KEY_SAVE_EVERY,
+    TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT,
+    TDM_ADAPTER_KEY_LOG_EVERY,
     TDM_ADAPTER_KEY_COUNT
 } tdm_adapter_key;
 
@@ -65,6 +77,9 @@ typedef enum tdm_adapter_key {
 #define TDM_ADAPTER_BATCH_SIZE_MAX 65536
 #define TDM_ADAPTER_MAX_SEQ_LEN_MAX 1048576
 #define TDM_ADAPTER_LABEL_MAX 64
+#define TDM_ADAPTER_GRAD_ACCUM_MAX 64
+#define TDM_ADAPTER_STEPS_MAX 1099511627776.0 /* 2^40: "no upper bound" for step counts */
+#define TDM_ADAPTER_SAVE_TOTAL_LIMIT_MAX 1000000
 
 typedef struct tdm_adapter_option {
     const char *key; /* as written in adapters.toml */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/lr_schedule.h"
 #include "util/atomic_file.h"
 #include "util/suggest.h"
 #include "util/path_identity.h"
@@ -169,6 +170,9 @@ static tdm_status check_int(const tdm_adapter_option *o, const tdm_toml_value *v
     tdm_status st = tdm_toml_as_int(v, o->key, i, err);
     if (st != TDM_OK || (*i >= o->value.min && *i <= o->value.max))
         return st;
+    if (!isfinite(o->value.max) || o->value.max >= 1099511627776.0) /* "no upper bound" */
+        return tdm_toml_fail_at(err, TDM_ERR_INVALID, v, "%s must be an integer >= %.0f (got %lld)",
+                                o->key, o->value.min, (long long)*i);
     if (o->value.min == 1)
         return tdm_toml_fail_at(err, TDM_ERR_INVALID, v,
                                 "%s must be a positive integer no larger than %.0f (got %lld)",
@@ -215,8 +219,12 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     case TDM_OPT_INT: st = check_int(o, v, &i, err); break;
     case TDM_OPT_FLOAT: st = check_number(o, v, &x, err); break;
     case TDM_OPT_LIST: st = check_targets(v, &s->targets, err); break; /* targets: the only list */
+    case TDM_OPT_ENUM: /* a word, checked by the row's parser (lr_schedule: the only enum) */
+        st = tdm_toml_as_string(v, o->key, &str, err);
+        if (st == TDM_OK && (st = o->value.parse(str, &s->lr_schedule, err)) != TDM_OK)
+            st = locate(err, v, o->key);
+        break;
     case TDM_OPT_SIZE:
-    case TDM_OPT_ENUM:
     case TDM_OPT_BOOL: st = tdm_fail(err, TDM_ERR_INVALID, "%s: no adapters.toml check", o->key);
     }
     if (st != TDM_OK)
@@ -235,6 +243,19 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     case TDM_ADAPTER_KEY_MAX_SEQ_LEN: s->has_max_seq_len = true, s->max_seq_len = (int)i; break;
     case TDM_ADAPTER_KEY_WEIGHT: s->has_weight = true, s->weight = x; break;
     case TDM_ADAPTER_KEY_LORA_DROPOUT: s->has_lora_dropout = true, s->lora_dropout = x; break;
+    case TDM_ADAPTER_KEY_SEED: s->has_seed = true, s->seed = (uint64_t)i; break;
+    case TDM_ADAPTER_KEY_GRAD_ACCUM: s->has_grad_accum = true, s->grad_accum = (int)i; break;
+    case TDM_ADAPTER_KEY_LR_SCHEDULE: s->has_lr_schedule = true; break;
+    case TDM_ADAPTER_KEY_WARMUP_STEPS: s->has_warmup_steps = true, s->warmup_steps = i; break;
+    case TDM_ADAPTER_KEY_WEIGHT_DECAY: s->has_weight_decay = true, s->weight_decay = x; break;
+    case TDM_ADAPTER_KEY_MAX_GRAD_NORM: s->has_max_grad_norm = true, s->max_grad_norm = x; break;
+    case TDM_ADAPTER_KEY_VAL_SPLIT: s->has_val_split = true, s->val_split = x; break;
+    case TDM_ADAPTER_KEY_EVAL_EVERY: s->has_eval_every = true, s->eval_every = i; break;
+    case TDM_ADAPTER_KEY_SAVE_EVERY: s->has_save_every = true, s->save_every = i; break;
+    case TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT:
+        s->has_save_total_limit = true, s->save_total_limit = (int)i;
+        break;
+    case TDM_ADAPTER_KEY_LOG_EVERY: s->has_log_every = true, s->log_every = i; break;
     case TDM_ADAPTER_KEY_COUNT: break;
     }
     if (st == TDM_OK)
@@ -260,6 +281,17 @@ static void apply_defaults(tdm_adapter_spec *s, const tdm_adapter_spec *d)
     INHERIT(max_seq_len, TDM_ADAPTER_KEY_MAX_SEQ_LEN)
     INHERIT(weight, TDM_ADAPTER_KEY_WEIGHT)
     INHERIT(lora_dropout, TDM_ADAPTER_KEY_LORA_DROPOUT)
+    INHERIT(seed, TDM_ADAPTER_KEY_SEED)
+    INHERIT(grad_accum, TDM_ADAPTER_KEY_GRAD_ACCUM)
+    INHERIT(lr_schedule, TDM_ADAPTER_KEY_LR_SCHEDULE)
+    INHERIT(warmup_steps, TDM_ADAPTER_KEY_WARMUP_STEPS)
+    INHERIT(weight_decay, TDM_ADAPTER_KEY_WEIGHT_DECAY)
+    INHERIT(max_grad_norm, TDM_ADAPTER_KEY_MAX_GRAD_NORM)
+    INHERIT(val_split, TDM_ADAPTER_KEY_VAL_SPLIT)
+    INHERIT(eval_every, TDM_ADAPTER_KEY_EVAL_EVERY)
+    INHERIT(save_every, TDM_ADAPTER_KEY_SAVE_EVERY)
+    INHERIT(save_total_limit, TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT)
+    INHERIT(log_every, TDM_ADAPTER_KEY_LOG_EVERY)
 #undef INHERIT
 }
 
@@ -304,7 +336,7 @@ static tdm_status unknown_key(const tdm_toml_value *table, const tdm_toml_entry 
 {
     const char *names[TDM_ADAPTER_KEY_COUNT];
     size_t n = tdm_adapter_key_names(names, false);
-    char hint[96], known[256];
+    char hint[96], known[512];
     did_you_mean(e->key, names, n, "'", "'", hint, sizeof hint);
     key_list(defaultable_only, known, sizeof known);
     return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, table, e, "unknown key '%.64s'%s%s (%s: %s)",

@@ -25,6 +25,7 @@
 
 #include "model/lora_targets.h"
 #include "train/adapter_options.h"
+#include "train/lr_schedule.h"
 #include "util/error.h"
 
 /* The projection matrices a LoRA adapter can attach to, as a bit set: bit t is target t of
@@ -72,6 +73,29 @@ typedef struct tdm_adapter_spec {
     double weight; /* relative share of training steps/loss, finite, > 0 */
     bool has_lora_dropout;
     double lora_dropout; /* LoRA dropout probability, 0 <= p < 1 */
+    /* training options (tdm_trainer_adapter's; ranges as their flags) */
+    bool has_seed;
+    uint64_t seed; /* 0..2^63-1 (TOML integers) */
+    bool has_grad_accum;
+    int grad_accum; /* 1..TDM_ADAPTER_GRAD_ACCUM_MAX */
+    bool has_lr_schedule;
+    tdm_lr_kind lr_schedule;
+    bool has_warmup_steps;
+    int64_t warmup_steps; /* >= 0 */
+    bool has_weight_decay;
+    double weight_decay; /* >= 0 */
+    bool has_max_grad_norm;
+    double max_grad_norm; /* >= 0, 0 = off */
+    bool has_val_split;
+    double val_split; /* [0, 1) */
+    bool has_eval_every;
+    int64_t eval_every; /* >= 0 */
+    bool has_save_every;
+    int64_t save_every; /* >= 0 */
+    bool has_save_total_limit;
+    int save_total_limit; /* 0..TDM_ADAPTER_SAVE_TOTAL_LIMIT_MAX */
+    bool has_log_every;
+    int64_t log_every; /* >= 1 */
 
     uint32_t line; /* line of this adapter's [[adapter]] header */
     /* Line of the value behind each key (0 when unset); for a value inherited from the file's

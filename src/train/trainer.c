@@ -72,6 +72,7 @@ void tdm_trainer_adapter_default(tdm_trainer_adapter *a)
     a->eval_every = 0;
     a->save_every = 500;
     a->log_every = 10;
+    a->save_total_limit = 0;
 }
 
 /* ------------------------------------------------------------------ state ---- */
@@ -135,6 +136,7 @@ typedef struct adapter_state {
     double t0_ms;
     int run_index; /* its index in its own command (metrics.jsonl, metadata.json) */
     bool detached; /* checkpointed and handed back (tdm_trainer_detach_adapter); also done */
+    bool started_over; /* resume found no checkpoint of it: it started fresh (start_over) */
 } adapter_state;
 
 struct tdm_trainer {
@@ -1129,8 +1131,8 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
         /* --save-total-limit: the new checkpoint is the latest, so it is always kept */
-        if (st == TDM_OK && t->o.save_total_limit > 0)
-            st = tdm_checkpoint_prune(s->cfg.output, t->o.save_total_limit, err);
+        if (st == TDM_OK && s->cfg.save_total_limit > 0)
+            st = tdm_checkpoint_prune(s->cfg.output, s->cfg.save_total_limit, err);
     }
     json_decref(cursor);
     json_decref(tsj);
@@ -1268,7 +1270,11 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
 }
 
 /* Finds the resume point: the highest global step G such that every adapter has a checkpoint
- * taken at G, or a final ("done") one taken at or before G. *found false: start fresh. */
+ * taken at G, or a final ("done") one taken at or before G. *found false: start fresh. An
+ * adapter whose OUT_DIR holds no checkpoint at all (it had saved none yet when its run was
+ * killed, or it is new in the command) does not count: it starts over from step 0 (dirs[a] is
+ * "") while the others resume, in their frame of global steps, so a later --resume finds a
+ * common step again. */
 static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, tdm_error *err)
 {
     *found = false;
@@ -1314,6 +1320,7 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
             if (G <= best_g) continue;
             bool ok = true;
             for (int a = 0; a < n && ok; a++) {
+                if (cnt[a] == 0) continue; /* starts over */
                 bool has = false;
                 for (size_t k = 0; k < cnt[a] && !has; k++)
                     has = gs[a][k] == G || (dn[a][k] && gs[a][k] >= 0 && gs[a][k] <= G);
@@ -1328,6 +1335,8 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
         goto done;
     }
     for (int a = 0; a < n; a++) {
+        dirs[a][0] = '\0';
+        if (cnt[a] == 0) continue;
         int64_t pick = -1, pg = -1;
         for (size_t k = 0; k < cnt[a]; k++)
             if (gs[a][k] == best_g || (dn[a][k] && gs[a][k] >= 0 && gs[a][k] <= best_g))
@@ -1741,6 +1750,17 @@ static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
     return TDM_OK;
 }
 
+/* --resume of an adapter without any checkpoint (find_resume): it starts fresh, said once, in
+ * the frame of global steps of the adapters that resume. */
+static tdm_status start_over(tdm_trainer *t, int a, tdm_error *err)
+{
+    tdm_warn("%s holds no checkpoint yet: this adapter starts over from step 0 while the "
+             "others resume",
+             t->ad[a].cfg.output);
+    t->ad[a].started_over = true;
+    return start_fresh(t, a, err);
+}
+
 /* The loop's per-adapter scratch, sized for t->n adapters (adapters may join at a step
  * boundary). */
 typedef struct loop_scratch {
@@ -1812,11 +1832,12 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
         t->global_step = -1;
         tdm_status st = find_resume(t, dirs, &resumed, err);
         for (int a = 0; st == TDM_OK && resumed && a < n; a++) {
+            if (!dirs[a][0]) continue;
             st = load_checkpoint(t, a, dirs[a], err);
             if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
         }
         for (int a = 0; st == TDM_OK && resumed && a < n; a++)
-            report_resumed(t, a, dirs[a]);
+            st = dirs[a][0] ? (report_resumed(t, a, dirs[a]), TDM_OK) : start_over(t, a, err);
         free(dirs);
         TDM_TRY(st);
     } else {
@@ -1833,10 +1854,11 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     for (int a = 0; a < n; a++)
         t->ad[a].t0_ms = t->t0_ms;
     int64_t start_global = t->global_step;
-    /* priority-val-loss needs a first measurement of everyone */
-    if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
+    /* priority-val-loss needs a first measurement of everyone (a resumed one has it from its
+     * checkpoint) */
+    if (t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS)
         for (int a = 0; a < n; a++)
-            TDM_TRY(eval_point(t, a, err));
+            if (!resumed || t->ad[a].started_over) TDM_TRY(eval_point(t, a, err));
 
     for (int a = 0; a < n; a++)
         t->ad[a].epoch_start_ms = t->t0_ms;
@@ -2041,9 +2063,12 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
         nt->global_step = -1;
         if (st == TDM_OK) st = find_resume(nt, dirs, &resumed, err);
         for (int a = 0; st == TDM_OK && resumed && a < nt->n; a++) {
+            if (!dirs[a][0]) continue;
             st = load_checkpoint(nt, a, dirs[a], err);
             if (st != TDM_OK) tdm_error_prefix(err, "--resume %s", dirs[a]);
         }
+        for (int a = 0; st == TDM_OK && resumed && a < nt->n; a++)
+            if (!dirs[a][0]) st = start_over(nt, a, err);
     } else {
         for (int a = 0; a < nt->n && st == TDM_OK; a++)
             st = refuse_old_checkpoints(nt, a, err);
@@ -2081,16 +2106,16 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
     nt->n = 0;
     tdm_trainer_join_free(j);
     for (int a = old_n; resumed && a < t->n; a++)
-        report_resumed(t, a, dirs[a - old_n]);
+        if (dirs[a - old_n][0]) report_resumed(t, a, dirs[a - old_n]);
     free(dirs);
     /* the fused step is larger now: hold its activations from here (as attach does) */
     tdm_model_mem_plan plan;
     st = memory_plan(t, &plan, err);
     if (st == TDM_OK) st = tdm_model_reserve(t->model, &plan, err);
     /* a resumed one has its measurement from its checkpoint, as --resume alone does */
-    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS && !resumed)
+    if (st == TDM_OK && t->o.schedule == TDM_SCHEDULE_PRIORITY_VAL_LOSS)
         for (int a = old_n; a < t->n && st == TDM_OK; a++)
-            st = eval_point(t, a, err);
+            if (!resumed || t->ad[a].started_over) st = eval_point(t, a, err);
     if (st != TDM_OK) {
         /* they are in the array already: hand them back, untrained, so the running ones go on */
         for (int a = old_n; a < t->n; a++) {

@@ -92,6 +92,7 @@ typedef struct tdm_trainer_adapter {
     int64_t eval_every; /* 0 = only when it finishes */
     int64_t save_every; /* 0 = only when it finishes (capped by opts.max_checkpoint_interval) */
     int64_t log_every;  /* >= 1 */
+    int save_total_limit; /* > 0: keep its last N checkpoints (best/ apart); 0: all */
 } tdm_trainer_adapter;
 
 /* The defaults of `tandem finetune` for the training options above (docs/finetune.md); the
@@ -152,7 +153,6 @@ typedef struct tdm_trainer_opts {
     tdm_train_schedule schedule;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
-    int save_total_limit;        /* > 0: keep each adapter's last N checkpoints (best/ apart) */
     tdm_trainer_progress_fn progress;
     void *progress_user;
     tdm_trainer_pass_fn on_pass; /* may be NULL: called after each fused training pass */

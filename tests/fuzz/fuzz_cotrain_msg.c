@@ -51,7 +51,13 @@ static void check_join(const tdm_cotrain_join *j)
         CHECK(a->epochs >= 1 && a->batch_size >= 1 && a->max_seq_len >= 1);
         for (int k = 0; k < i; k++)
             CHECK(strcmp(a->output, j->adapters[k].output) != 0);
+        if (a->opts) { /* an adapter's own training options: the join's ranges */
+            CHECK(a->opts->task && a->opts->grad_accum >= 1 && a->opts->log_every >= 1);
+            CHECK(a->opts->val_split >= 0 && a->opts->val_split < 1);
+            CHECK(a->opts->save_total_limit >= 0 && a->opts->save_total_limit <= 1000000);
+        }
     }
+    CHECK(j->opts.save_total_limit >= 0 && j->opts.save_total_limit <= 1000000);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -91,6 +91,48 @@ static void test_full_example(void **state)
     tdm_adapters_config_free(&cfg); /* a zeroed config is allowed */
 }
 
+/* The training options: per adapter, and as file-wide defaults. */
+static void test_training_options(void **state)
+{
+    tdm_adapters_config cfg;
+    parse_ok("grad_accum = 2\n"
+             "lr_schedule = 'linear'\n"
+             "[[adapter]]\n"
+             "data = 'a.jsonl'\n"
+             "output = 'a'\n"
+             "seed = 9223372036854775807\n"
+             "warmup_steps = 3\n"
+             "weight_decay = 0.01\n"
+             "max_grad_norm = 0\n"
+             "val_split = 0.25\n"
+             "eval_every = 4\n"
+             "save_every = 0\n"
+             "save_total_limit = 2\n"
+             "log_every = 5\n"
+             "[[adapter]]\n"
+             "data = 'b.jsonl'\n"
+             "output = 'b'\n"
+             "grad_accum = 4\n"
+             "lr_schedule = \"constant\"\n",
+             &cfg);
+    const tdm_adapter_spec *a = &cfg.adapters[0], *b = &cfg.adapters[1];
+    assert_true(a->has_seed && a->seed == INT64_MAX);
+    assert_true(a->has_grad_accum && a->grad_accum == 2); /* the default */
+    assert_int_equal(a->key_line[TDM_ADAPTER_KEY_GRAD_ACCUM], 1);
+    assert_true(a->has_lr_schedule && a->lr_schedule == TDM_LR_LINEAR);
+    assert_true(a->has_warmup_steps && a->warmup_steps == 3);
+    assert_true(a->has_weight_decay && a->weight_decay == 0.01);
+    assert_true(a->has_max_grad_norm && a->max_grad_norm == 0);
+    assert_true(a->has_val_split && a->val_split == 0.25);
+    assert_true(a->has_eval_every && a->eval_every == 4);
+    assert_true(a->has_save_every && a->save_every == 0);
+    assert_true(a->has_save_total_limit && a->save_total_limit == 2);
+    assert_true(a->has_log_every && a->log_every == 5);
+    assert_true(b->grad_accum == 4 && b->lr_schedule == TDM_LR_CONSTANT); /* beat the defaults */
+    assert_false(b->has_seed || b->has_save_every || b->has_save_total_limit);
+    tdm_adapters_config_free(&cfg);
+}
+
 static void test_defaults_table(void **state)
 {
     tdm_adapters_config cfg;
@@ -185,16 +227,28 @@ static const bad_case bad_cases[] = {
     {ADAPTER "max_seq_length = 512\n", "4:1", "did you mean 'max_seq_len'?"},
     {ADAPTER "colour = 'red'\n", "4:1",
      "unknown key 'colour' in [[adapter]] #1 (known: data, output, label, rank, alpha, targets, "
-     "learning_rate, epochs, batch_size, max_seq_len, init_adapter, weight, lora_dropout)"},
+     "learning_rate, epochs, batch_size, max_seq_len, init_adapter, weight, lora_dropout, seed, "
+     "grad_accum, lr_schedule, warmup_steps, weight_decay, max_grad_norm, val_split, eval_every, "
+     "save_every, save_total_limit, log_every)"},
     {"epoch = 3\n" ADAPTER, "1:1",
      "unknown key 'epoch'; did you mean 'epochs'? (defaults may set: rank, alpha, targets, "
-     "learning_rate, epochs, batch_size, max_seq_len, weight, lora_dropout)"},
+     "learning_rate, epochs, batch_size, max_seq_len, weight, lora_dropout, seed, grad_accum, "
+     "lr_schedule, warmup_steps, weight_decay, max_grad_norm, val_split, eval_every, save_every, "
+     "save_total_limit, log_every)"},
     {"[defaults]\nbatchsize = 3\n" ADAPTER, "2:1", "did you mean 'batch_size'?"},
     {"data = 'x'\n" ADAPTER, "1:1", "data cannot be a default"},
     {"[defaults]\nlabel = 'x'\n" ADAPTER, "2:1", "label cannot be a default"},
     {"rank = 4\n[defaults]\nrank = 8\n" ADAPTER, "3:1", "default rank is already set at line 1"},
     /* Types and ranges. */
     {ADAPTER "rank = 0\n", "4:8", "rank must be a positive integer no larger than 4096 (got 0)"},
+    /* training options */
+    {ADAPTER "lr_schedule = 'cosin'\n", "4:15", "lr_schedule: "},
+    {ADAPTER "lr_schedule = 1\n", "4:15", "lr_schedule"},
+    {ADAPTER "seed = -1\n", "4:8", "seed must be an integer >= 0 (got -1)"},
+    {ADAPTER "grad_accum = 65\n", "4:14", "grad_accum must be a positive integer no larger than 64"},
+    {ADAPTER "val_split = 1\n", "4:13", "val_split must be a probability in [0, 1) (got 1)"},
+    {ADAPTER "save_total_limit = -1\n", "4:20", "save_total_limit must be an integer 0..1000000"},
+    {ADAPTER "log_every = 0\n", "4:13", "log_every must be an integer >= 1 (got 0)"},
     {ADAPTER "rank = -3\n", "4:8", "(got -3)"},
     {ADAPTER "rank = 4097\n", "4:8", "no larger than 4096"},
     {ADAPTER "rank = 8.0\n", "4:8", "rank must be an integer, not a float"},
@@ -296,7 +350,8 @@ static void test_load_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full_example), cmocka_unit_test(test_defaults_table),
+        cmocka_unit_test(test_full_example), cmocka_unit_test(test_training_options),
+        cmocka_unit_test(test_defaults_table),
         cmocka_unit_test(test_targets_list), cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_bad_configs),  cmocka_unit_test(test_load_file),
     };

@@ -317,6 +317,10 @@ static void test_hostile_messages(void **state)
         {"\"seed\":\"18446744073709551615\"", "\"seed\":18", "\"seed\""},
         {"\"schedule\":\"round-robin\"", "\"schedule\":\"fifo\"", "\"schedule\""},
         {"\"grad_accum\":2", "\"grad_accum\":0", "\"grad_accum\""},
+        {"\"save_total_limit\":0", "\"save_total_limit\":-1", "\"save_total_limit\""},
+        /* an adapter's own training options are checked as the join's */
+        {"\"opts\":null", "\"opts\":[1]", "\"opts\" must be an object"},
+        {"\"opts\":null", "\"opts\":{\"task\":\"instruct\"}", "\"chat_template_given\""},
         {SAMPLE_ID, "sha256:0123", "\"identity\""},
         {"\"user\":\"tester\"", "\"user\":\"\"", "\"user\" is empty"},
     };
@@ -408,12 +412,50 @@ static void test_trainer_bridge(void **state)
         ads[i].lr_kind = TDM_LR_LINEAR;
     }
     tdm_cotrain_msg j;
-    /* one set of training options per join: adapters that differ are refused, naming it */
-    ads[1].seed = 8;
-    assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err),
-                     TDM_ERR_INVALID);
-    assert_non_null(strstr(err.message, "differ in seed"));
-    ads[1].seed = 7;
+    /* adapters with the same training options share the join's; one that differs (an
+     * adapters.toml row of its own) carries its own, and keeps them through the wire */
+    assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err), TDM_OK);
+    assert_null(j.u.join.adapters[0].opts);
+    assert_null(j.u.join.adapters[1].opts);
+    tdm_cotrain_msg_free(&j);
+    tdm_trainer_adapter own = ads[1];
+    ads[1].seed = UINT64_MAX - 1;
+    ads[1].grad_accum = 5;
+    ads[1].lr_kind = TDM_LR_CONSTANT;
+    ads[1].warmup_steps = 4;
+    ads[1].weight_decay = 0.125;
+    ads[1].max_grad_norm = 0.25;
+    ads[1].val_split = 0.2;
+    ads[1].eval_every = 3;
+    ads[1].save_every = 6;
+    ads[1].save_total_limit = 2;
+    ads[1].log_every = 7;
+    ads[1].shuffle = false;
+    assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err), TDM_OK);
+    assert_null(j.u.join.adapters[0].opts);
+    assert_non_null(j.u.join.adapters[1].opts);
+    {
+        char *l1;
+        size_t n1;
+        tdm_cotrain_msg q;
+        assert_int_equal(tdm_cotrain_msg_encode(&j, &l1, &n1, &err), TDM_OK);
+        assert_int_equal(tdm_cotrain_msg_parse(l1, n1 - 1, &q, &err), TDM_OK);
+        free(l1);
+        tdm_trainer_adapter b2[2];
+        tdm_cotrain_adapters_to_trainer(&q.u.join, b2);
+        assert_true(b2[0].seed == 7 && b2[0].grad_accum == 3 && b2[0].lr_kind == TDM_LR_LINEAR);
+        assert_true(b2[0].save_total_limit == 0 && b2[0].shuffle);
+        assert_true(b2[1].seed == UINT64_MAX - 1 && b2[1].grad_accum == 5);
+        assert_true(b2[1].lr_kind == TDM_LR_CONSTANT && b2[1].warmup_steps == 4);
+        assert_true(b2[1].weight_decay == 0.125 && b2[1].max_grad_norm == 0.25);
+        assert_true(b2[1].val_split == 0.2 && b2[1].eval_every == 3 && b2[1].save_every == 6);
+        assert_true(b2[1].save_total_limit == 2 && b2[1].log_every == 7 && !b2[1].shuffle);
+        assert_string_equal(b2[1].task, "instruct");
+        assert_int_equal(b2[1].rank, ads[1].rank);
+        tdm_cotrain_msg_free(&q);
+    }
+    tdm_cotrain_msg_free(&j);
+    ads[1] = own;
     assert_int_equal(tdm_cotrain_join_from_trainer(&o, ads, 2, SAMPLE_ID, &j, &err), TDM_OK);
     /* Through the wire and back. */
     char *line;

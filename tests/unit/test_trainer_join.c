@@ -436,6 +436,10 @@ static void test_detach_then_resume(void **state)
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cp -a '%s' '%s/moved2'", joiner.output, dir);
     assert_int_equal(system(cmd), 0);
+    /* and two for test_resume_starts_over */
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s/over2'; cp -a '%s' '%s/over2b'", joiner.output, dir,
+             joiner.output, dir);
+    assert_int_equal(system(cmd), 0);
     char peft[700];
     snprintf(peft, sizeof peft, "%s/adapter_model.safetensors", joiner.output);
     assert_int_not_equal(access(peft, F_OK), 0); /* not finished */
@@ -508,6 +512,40 @@ static void test_resume_inside_host(void **state)
                      count_lines(alone2.output, "metrics.jsonl"));
 }
 
+/* Resume of adapters one of which had saved no checkpoint yet (a host killed before its first
+ * save): it starts over from step 0 while the other resumes, instead of the refusal "no global
+ * step that every adapter saved"; both end equal to alone. Through tdm_trainer_run (--resume of
+ * the command, or an orphan that hosts) and added with resume to a running trainer (an orphan
+ * that joins the new host). Uses test_detach_then_resume's copies (checkpoints 2 and 3). */
+static void test_resume_starts_over(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter alone1 = spec(1, "alone1"), alone2 = spec(2, "alone2");
+    tdm_trainer_adapter pair[2] = {spec(2, "over2"), spec(1, "over1")};
+    assert_int_equal(run(pair, 2, NULL, true, &err), TDM_OK);
+    double d2 = rel_diff(pair[0].output, alone2.output), d1 = rel_diff(pair[1].output, alone1.output);
+    print_message("--resume: resumed vs alone %.3g, started over vs alone %.3g\n", d2, d1);
+    assert_true(d2 < 1e-3 && d1 < 1e-3);
+    char c1[512], ca[512];
+    checkpoints_of(pair[1].output, c1, sizeof c1);
+    checkpoints_of(alone1.output, ca, sizeof ca);
+    /* its save points fall on the resumed adapter's global steps (so a later --resume finds a
+     * step both saved), not on its own alone run's; its final checkpoint is the same */
+    print_message("started over: checkpoints %s (alone %s)\n", c1, ca);
+    assert_non_null(strstr(c1, "6,"));
+    assert_non_null(strstr(ca, "6,"));
+
+    tdm_trainer_adapter host = spec(0, "ohost0");
+    tdm_trainer_adapter join[2] = {spec(2, "over2b"), spec(1, "over1b")};
+    plan p = {.join_at = 2, .join = join, .n_join = 2, .join_status = TDM_OK, .resume = true};
+    assert_int_equal(run(&host, 1, &p, false, &err), TDM_OK);
+    d2 = rel_diff(join[0].output, alone2.output);
+    d1 = rel_diff(join[1].output, alone1.output);
+    print_message("added with resume: resumed vs alone %.3g, started over vs alone %.3g\n", d2, d1);
+    assert_true(d2 < 1e-3 && d1 < 1e-3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -515,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_join_own_options),
         cmocka_unit_test(test_detach_then_resume),
         cmocka_unit_test(test_resume_inside_host),
+        cmocka_unit_test(test_resume_starts_over),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
