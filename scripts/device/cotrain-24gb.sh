@@ -82,7 +82,7 @@ run_mode() {
     : >"peak-$name"
     ( peak=0; while :; do u=$(gpu_used); [ "$u" -gt "$peak" ] && peak=$u && echo "$peak" >"peak-$name"
         "$T" gpu status --json 2>/dev/null | python3 -c 'import json,sys
-d = json.load(sys.stdin); print(int(__import__("time").time()), ";".join("pid=%s budget=%s" % (r["pids"][0], r["budget_mb"]) for g in d["gpus"] for r in g["reservations"]))' >>"res-$name"
+d = json.load(sys.stdin); print(int(__import__("time").time()), ";".join("pid=%s budget=%s" % (r["pids"][0], r["budget_mb"]) for g in d["gpus"] for r in g["reservations"]))' >>"res-$name" 2>/dev/null
         sleep 0.5; done ) &
     local sampler=$!
     t0=$(date +%s.%N)
