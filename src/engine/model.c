@@ -1176,6 +1176,16 @@ tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *e
     return p->rows > 0 ? ws_ensure(m, &want, err) : TDM_OK;
 }
 
+void tdm_model_set_grad_checkpoint(tdm_model *m, bool on)
+{
+    m->opts.grad_checkpoint = on;
+}
+
+bool tdm_model_grad_checkpoint(const tdm_model *m)
+{
+    return m->opts.grad_checkpoint;
+}
+
 tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
                                      tdm_be_dtype act, const tdm_model_mem_plan *p,
                                      tdm_model_mem *out, tdm_error *err)

@@ -217,6 +217,13 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
  * only. The backend's scratch is kept (it only grows). */
 tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err);
 
+/* Switches gradient checkpointing between two steps (a co-training host re-planning for a join):
+ * the workspace holds nothing from one step to the next, so only its size follows, at the next
+ * tdm_model_fit (smaller: checkpointing on) or tdm_model_reserve / step (larger: off). A step's
+ * result is the same either way (backward recomputes the layer's forward from its kept input). */
+void tdm_model_set_grad_checkpoint(tdm_model *m, bool on);
+bool tdm_model_grad_checkpoint(const tdm_model *m);
+
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);
 uint64_t tdm_model_activation_bytes(const tdm_model *m);

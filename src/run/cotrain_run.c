@@ -15,6 +15,7 @@
 #include "cotrain/status.h"
 #include "cotrain/trainer_bridge.h"
 #include "gpu/proc_identity.h"
+#include "train/memory_plan.h"
 #include "util/timeutil.h"
 
 #define JOIN_ATTEMPTS 3    /* elections before giving up (a host may end while we join it) */
@@ -852,8 +853,9 @@ static void tell_waiting(tdm_cotrain_serving *s, waiting_join *w, int64_t need_m
     (void)tdm_cotrain_host_send(s->host, w->conn, &m, &e);
 }
 
-/* Moves the head waiter's prepared adapters into the trainer (its memory is reserved). */
-static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64_t with_mb,
+/* Moves the head waiter's prepared adapters into the trainer (its memory is reserved); false
+ * when that failed (the joiner was told). */
+static bool admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64_t with_mb,
                   uint64_t scratch)
 {
     if (s->n_groups == s->cap_groups) {
@@ -861,7 +863,7 @@ static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64
         joined_group *g = realloc(s->g, (size_t)cap * sizeof *g);
         if (!g) {
             reject(s, w->conn, TDM_ERR_NOMEM, "the host is out of memory");
-            return;
+            return false;
         }
         s->g = g;
         s->cap_groups = cap;
@@ -881,7 +883,7 @@ static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64
              (int)w->peer.pid, j->user ? j->user : "?", e.message);
         reject(s, w->conn, st, e.message);
         tdm_cotrain_msg_free(&g->join);
-        return;
+        return false;
     }
     s->n_groups++;
     g->pid = w->peer.pid;
@@ -917,48 +919,113 @@ static void admit(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w, int64
         tdm_trainer_adapter_position(t, a, &step, &done);
         if (done) send_done(s, g, a, TDM_COTRAIN_FINISHED, step, NULL);
     }
+    return true;
 }
 
-/* Admits waiting joins in arrival order while the reservation can grow for the head one. */
+/* The head waiter's admission on a GPU (tdm_trainer_join_admit): the plan of the unfinished
+ * adapters with its adapters that fits what the reservation can grow to, or the smallest. */
+static tdm_status plan_join(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w,
+                            tdm_join_admission *adm, int64_t *growable_mb, tdm_error *e)
+{
+    tdm_join_admit_request rq = {.reservation_mb = s->dev->budget_mb, .plan_mb = s->plan_mb};
+    rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    rq.fit.scratch_floor = s->scratch_hw;
+    TDM_TRY(tdm_device_growth_budget(s->dev, &rq.growable_mb, &rq.capacity_mb, e));
+    *growable_mb = rq.growable_mb;
+    TDM_TRY(tdm_trainer_join_admit(t, w->tj, &rq, adm, e));
+    if (adm->kind != TDM_JOIN_NEVER_FITS) return TDM_OK;
+    char smallest[256];
+    tdm_memory_plan_describe(&adm->plan, smallest, sizeof smallest);
+    return tdm_fail(e, TDM_ERR_NEVER_FITS,
+                    "with these adapters the finetune of pid %d needs at least %lld MiB on %s "
+                    "(its smallest plan: %s), more than tandem may reserve there (%lld MiB); "
+                    "lower --max-seq-len, --batch-size or --rank, or run with --no-join",
+                    (int)getpid(), (long long)adm->need_mb, s->dev->lease.gpu_uuid, smallest,
+                    (long long)rq.capacity_mb);
+}
+
+/* Says the plan an admission changed to (one line), when it is not the one in use. */
+static void note_plan(tdm_cotrain_serving *s, const waiting_join *w, const tdm_join_admission *adm,
+                      int64_t growable_mb)
+{
+    char what[256];
+    tdm_memory_plan_describe(&adm->plan, what, sizeof what);
+    if (adm->plan.rung != TDM_PLAN_AS_ASKED)
+        note(s->note, s->note_user,
+             "co-training: with %d adapter(s) of pid %d the plan as asked needs %lld MiB, more "
+             "than the %lld MiB this finetune's reservation can grow to on %s: using %s, %lld MiB",
+             w->join.u.join.n_adapters, (int)w->peer.pid, (long long)adm->fit.asked.mb,
+             (long long)growable_mb, s->dev->lease.gpu_uuid, what, (long long)adm->plan.mb);
+    else
+        note(s->note, s->note_user,
+             "co-training: with %d adapter(s) of pid %d the plan as asked fits: using it, %lld MiB",
+             w->join.u.join.n_adapters, (int)w->peer.pid, (long long)adm->plan.mb);
+}
+
+/* Admits waiting joins in arrival order while the reservation can grow for the head one. On a
+ * GPU each admission re-plans (memory_plan.h, tdm_memory_plan_admit): the plan of the unfinished
+ * adapters with the joiner's that fits what the reservation can grow to now, applied at this
+ * step boundary (tdm_trainer_set_memory_plan: checkpointing and the split), after the ledger
+ * granted the growth and before the joiner's adapters are allocated; a plan that needs less
+ * than the reservation holds shrinks it after the commit. */
 static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
 {
     while (s->n_wait > 0) {
         waiting_join *w = &s->w[0];
-        int64_t with_mb = 0, target = 0;
+        int64_t with_mb = 0, target = 0, growable = -1;
         uint64_t scratch = 0;
-        bool granted = true;
+        bool granted = true, replan = false;
+        bool gc0 = tdm_trainer_grad_checkpoint(t);
+        int split0 = tdm_trainer_split(t);
         int64_t before = on_gpu(s) ? s->dev->budget_mb : 0;
+        tdm_join_admission adm = {0};
         tdm_wait_report rep = {0};
         tdm_error e = {0};
         tdm_status st = TDM_OK;
         if (on_gpu(s)) {
-            tdm_model_mem est;
-            st = tdm_trainer_join_estimate(t, w->tj, &est, &e);
+            st = plan_join(s, t, w, &adm, &growable, &e);
             if (st == TDM_OK) {
-                scratch = est.backend_scratch;
-                with_mb = plan_mb(s, &est);
-                target = s->dev->budget_mb + (with_mb > s->plan_mb ? with_mb - s->plan_mb : 0);
-                st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait, &w->ticket,
-                                       &granted, &rep, &e);
+                scratch = adm.plan.est.backend_scratch;
+                with_mb = adm.plan.mb;
+                target = adm.target_mb;
+                replan = adm.plan.grad_checkpoint != gc0 || adm.plan.split != split0;
+                if (target > before)
+                    st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait,
+                                           &w->ticket, &granted, &rep, &e);
             }
+        }
+        if (st == TDM_OK && granted && replan) {
+            st = tdm_trainer_set_memory_plan(t, adm.plan.grad_checkpoint, adm.plan.split, &e);
+            if (st == TDM_OK) note_plan(s, w, &adm, growable);
         }
         if (st != TDM_OK) {
             note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s",
                  w->join.u.join.n_adapters, (int)w->peer.pid,
                  w->join.u.join.user ? w->join.u.join.user : "?", e.message);
             reject(s, w->conn, st, e.message);
+            if (on_gpu(s) && s->dev->budget_mb > before) { /* grown for nothing */
+                int64_t ticket = 0;
+                bool ok = false;
+                tdm_error ignored = {0};
+                (void)tdm_device_resize(s->dev, before, false, &ticket, &ok, NULL, &ignored);
+            }
             waiter_free(s, 0);
             continue;
         }
         if (!granted) {
-            char line[1024];
+            char line[1024], plan[300] = "";
+            if (adm.plan.rung != TDM_PLAN_AS_ASKED) {
+                char what[256];
+                tdm_memory_plan_describe(&adm.plan, what, sizeof what);
+                snprintf(plan, sizeof plan, ", with %s", what);
+            }
             snprintf(line, sizeof line,
                      "the finetune of pid %d needs %lld MiB more on %s for these adapters (its "
-                     "reservation %lld -> %lld MiB): %lld MiB admissible now, position %d in the "
+                     "reservation %lld -> %lld MiB%s): %lld MiB admissible now, position %d in the "
                      "GPU's queue; they join when it fits (Ctrl-C withdraws them)",
                      (int)getpid(), (long long)rep.needed_mb, s->dev->lease.gpu_uuid,
-                     (long long)s->dev->budget_mb, (long long)target, (long long)rep.available_mb,
-                     rep.position);
+                     (long long)s->dev->budget_mb, (long long)target, plan,
+                     (long long)rep.available_mb, rep.position);
             tell_waiting(s, w, rep.needed_mb, rep.position, line);
             for (int i = 1; i < s->n_wait; i++) {
                 if (!s->w[i].join.u.join.opts.no_wait) {
@@ -980,8 +1047,36 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
                  "pid %d",
                  (long long)(target - before), (long long)target, w->join.u.join.n_adapters,
                  (int)w->peer.pid);
-        admit(s, t, w, with_mb, scratch);
+        int n_join = w->join.u.join.n_adapters;
+        int32_t pid = w->peer.pid;
+        bool ok = admit(s, t, w, with_mb, scratch);
         waiter_free(s, 0);
+        if (!ok) {
+            /* back to the plan and the reservation before this join */
+            tdm_error ignored = {0};
+            if (replan) (void)tdm_trainer_set_memory_plan(t, gc0, split0, &ignored);
+            if (on_gpu(s) && s->dev->budget_mb > before) {
+                int64_t ticket = 0;
+                bool shrunk = false;
+                (void)tdm_device_resize(s->dev, before, false, &ticket, &shrunk, NULL, &ignored);
+            }
+            continue;
+        }
+        if (on_gpu(s) && target < before) {
+            /* the re-planned step needs less than the reservation held: give the rest back */
+            int64_t ticket = 0;
+            bool shrunk = false;
+            if (tdm_device_resize(s->dev, target, false, &ticket, &shrunk, NULL, &e) == TDM_OK &&
+                shrunk)
+                note(s->note, s->note_user,
+                     "co-training: reservation now %lld MiB (%lld MiB released) with %d "
+                     "adapter(s) of pid %d",
+                     (long long)target, (long long)(before - target), n_join, (int)pid);
+            else
+                note(s->note, s->note_user, "warning: the reservation did not shrink: %s",
+                     e.message);
+            tdm_device_record_actual(s->dev, false, NULL, NULL);
+        }
     }
 }
 

@@ -364,6 +364,44 @@ tdm_status tdm_device_budget_query(const tdm_device_request *req, tdm_device_bud
     return TDM_OK;
 }
 
+int64_t tdm_device_growable_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger,
+                               const char *own_id)
+{
+    int64_t mb = tdm_device_alone_mb(gpu, ledger, NULL);
+    for (size_t r = 0; ledger && r < ledger->n_reservations; r++) {
+        const tdm_reservation *res = &ledger->reservations[r];
+        if (strcmp(res->gpu_uuid, gpu->uuid) || (own_id && !strcmp(res->id, own_id))) continue;
+        mb -= res->budget_mb > res->actual_mb ? res->budget_mb : res->actual_mb;
+    }
+    return mb > 0 ? mb : 0;
+}
+
+tdm_status tdm_device_growth_budget(const tdm_device *dev, int64_t *growable_mb,
+                                    int64_t *capacity_mb, tdm_error *err)
+{
+    *growable_mb = *capacity_mb = -1;
+    if (!dev->gpu) return TDM_OK;
+    if (!dev->lease.held) { /* tandem gpu run's reservation: what it is */
+        *growable_mb = dev->budget_mb;
+        return TDM_OK;
+    }
+    tdm_inventory inv;
+    TDM_TRY(tdm_inventory_query(&inv, err));
+    const tdm_gpu *g = tdm_inventory_find(&inv, dev->lease.gpu_uuid);
+    if (g) {
+        tdm_ledger_state st;
+        tdm_ledger_state_init(&st);
+        bool have = ledger_now(&st);
+        tdm_guard_view v;
+        tdm_guard_view_of(g, &st, &v);
+        *growable_mb = tdm_device_growable_mb(g, have ? &st : NULL, dev->lease.id);
+        *capacity_mb = v.capacity_mb;
+        tdm_ledger_state_free(&st);
+    }
+    tdm_inventory_free(&inv);
+    return TDM_OK;
+}
+
 /* Reserves the plan's memory (or adopts gpu run's reservation) and points CUDA at that GPU. */
 static tdm_status reserve(tdm_device *dev, const tdm_device_request *req, const tdm_model_mem *est,
                           tdm_error *err)

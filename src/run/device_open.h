@@ -108,6 +108,12 @@ int64_t tdm_device_reservation_mb(const tdm_model_mem *est);
 int64_t tdm_device_alone_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger,
                             int64_t *outside_mb);
 
+/* The most the reservation own_id (a co-training host's) can be on gpu now: tdm_device_alone_mb
+ * minus what the other live reservations there hold (max of budget and recorded actual use, as
+ * the guard counts them). Pure. */
+int64_t tdm_device_growable_mb(const tdm_gpu *gpu, const tdm_ledger_state *ledger,
+                               const char *own_id);
+
 /* What --vram auto plans for, asked of the inventory and the ledger before any CUDA context. */
 typedef struct tdm_device_budget {
     bool gpu;           /* the run would use a GPU; false: the CPU (nothing else is set) */
@@ -153,6 +159,14 @@ const char *tdm_device_compute_dtype(const tdm_device *dev);
 tdm_status tdm_device_resize(tdm_device *dev, int64_t budget_mb, bool wait, int64_t *ticket,
                              bool *granted, tdm_wait_report *report, tdm_error *err);
 void tdm_device_resize_cancel(tdm_device *dev, int64_t *ticket);
+
+/* For a co-training host's admission (tdm_memory_plan_admit): *growable_mb, the most its
+ * reservation can be now (tdm_device_growable_mb on its GPU), and *capacity_mb, the most it can
+ * ever be (the GPU's reservable capacity). Under tandem gpu run (an adopted reservation, which
+ * cannot grow) *growable_mb is its budget and *capacity_mb -1; -1 both on the CPU or when the
+ * inventory does not list the GPU. */
+tdm_status tdm_device_growth_budget(const tdm_device *dev, int64_t *growable_mb,
+                                    int64_t *capacity_mb, tdm_error *err);
 
 /* Frees the backend and releases the reservation. A zeroed device is accepted. */
 void tdm_device_close(tdm_device *dev);

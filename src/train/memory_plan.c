@@ -116,6 +116,7 @@ static tdm_status plan_at(const tdm_memory_fit_request *req, tdm_plan_adapter *a
     memset(out, 0, sizeof *out);
     TDM_TRY(tdm_run_memory_estimate(req->config, &mo, req->act, ads, req->n_adapters,
                                     req->synchronized, &out->est, err));
+    if (out->est.backend_scratch < req->scratch_floor) out->est.backend_scratch = req->scratch_floor;
     out->rung = rung;
     out->grad_checkpoint = gc;
     out->split = split;
@@ -187,6 +188,29 @@ tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit
 done:
     free(ads);
     return st;
+}
+
+tdm_status tdm_memory_plan_admit(const tdm_join_admit_request *req, tdm_join_admission *out,
+                                 tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    tdm_memory_fit_request fr = req->fit;
+    int64_t slack = req->reservation_mb - req->plan_mb; /* --vram GB over (or under) its plan */
+    fr.budget_mb = req->growable_mb >= 0 ? req->growable_mb - slack : INT64_MAX / 4;
+    out->budget_mb = req->growable_mb >= 0 ? fr.budget_mb : -1;
+    TDM_TRY(tdm_memory_plan_fit(&fr, &out->fit, err));
+    out->need_mb = out->fit.smallest.mb + slack;
+    if (req->capacity_mb >= 0 && out->need_mb > req->capacity_mb) {
+        out->kind = TDM_JOIN_NEVER_FITS;
+        out->plan = out->fit.smallest;
+    } else {
+        out->kind = out->fit.fits ? TDM_JOIN_ADMIT : TDM_JOIN_WAIT;
+        out->plan = out->fit.chosen; /* the smallest when nothing fits */
+    }
+    out->target_mb = out->plan.mb + slack;
+    if (out->target_mb < 1) out->target_mb = 1;
+    if (out->need_mb < 1) out->need_mb = 1;
+    return TDM_OK;
 }
 
 void tdm_memory_plan_describe(const tdm_memory_plan_choice *c, char *buf, size_t cap)

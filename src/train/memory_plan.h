@@ -92,6 +92,9 @@ typedef struct tdm_memory_fit_request {
     int grad_accum;     /* the run's --grad-accum (>= 1) */
     int64_t context_mb; /* added to every plan (TDM_CUDA_CONTEXT_MIB on a GPU) */
     int64_t budget_mb;  /* what the run can get */
+    /* every plan's backend scratch is counted at least this (a running co-training host's
+     * scratch only grows: tdm_be_reserve_scratch never gives it back); 0 for a new run */
+    uint64_t scratch_floor;
 } tdm_memory_fit_request;
 
 typedef struct tdm_memory_plan_choice {
@@ -120,6 +123,46 @@ typedef struct tdm_memory_fit {
  * false, smallest.mb the budget it would need). */
 tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit *out,
                                tdm_error *err);
+
+/* ---- a join's admission (the co-training host, docs/co-training.md "Memory admission") ------
+ *
+ * A host trains a plan of plan_mb MiB in a reservation of reservation_mb (equal under --vram
+ * auto; --vram GB adds its slack, reservation - plan, which stays). A join asks for the plan of
+ * the host's unfinished adapters together with the joiner's: the first of tdm_memory_plan_fit's
+ * plans whose reservation fits growable_mb (the most the reservation can be now: what the ledger
+ * may reserve on the GPU while the memory held outside it stays held, minus the other
+ * reservations there), else the smallest. That plan's reservation, target_mb = reservation_mb +
+ * plan.mb - plan_mb, is what the host resizes to (through the ledger, FIFO, before anything is
+ * allocated); it may be less than reservation_mb (the host's own adapters re-planned with
+ * gradient checkpointing). */
+typedef struct tdm_join_admit_request {
+    tdm_memory_fit_request fit; /* the host's unfinished adapters then the joiner's; its budget_mb
+                                   is set from growable_mb */
+    int64_t reservation_mb; /* the host's reservation now */
+    int64_t plan_mb;        /* the MiB of the plan the host trains now */
+    int64_t growable_mb;    /* the most the reservation can be now; < 0: unknown (no limit) */
+    int64_t capacity_mb;    /* the most it can ever be: the GPU's reservable capacity; < 0: unknown */
+} tdm_join_admit_request;
+
+typedef enum tdm_join_admit_kind {
+    TDM_JOIN_ADMIT = 0,      /* plan (the first that fits growable_mb): resize to target_mb */
+    TDM_JOIN_WAIT = 1,       /* nothing fits now: plan is the smallest, resize to target_mb and
+                                wait for the ledger (memory others hold must be freed) */
+    TDM_JOIN_NEVER_FITS = 2, /* even the smallest needs more than capacity_mb (need_mb) */
+} tdm_join_admit_kind;
+
+typedef struct tdm_join_admission {
+    tdm_join_admit_kind kind;
+    tdm_memory_fit fit;
+    tdm_memory_plan_choice plan; /* ADMIT: fit.chosen; WAIT, NEVER_FITS: fit.smallest */
+    int64_t target_mb;           /* the reservation plan needs (>= 1) */
+    int64_t need_mb;             /* the least reservation the join needs (the smallest plan's) */
+    int64_t budget_mb;           /* the plan budget the fit was given (-1: no limit) */
+} tdm_join_admission;
+
+/* Decides a join's admission (above). Pure arithmetic, no device, no ledger. Errors: the fit's. */
+tdm_status tdm_memory_plan_admit(const tdm_join_admit_request *req, tdm_join_admission *out,
+                                 tdm_error *err);
 
 /* A phrase for one line of output, written to buf (cap bytes): "the plan as asked", "gradient
  * checkpointing", "gradient checkpointing and micro-batch 2 x accumulation 4 (optimizer batch 4

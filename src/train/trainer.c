@@ -156,6 +156,7 @@ struct tdm_trainer {
      * ceil(batch_size / split) sequences of its batch, in up to grad_accum x split passes per
      * global step; the optimizer batches are those of split 1 */
     int split;
+    bool gc_asked; /* --grad-checkpoint as the user gave it (the plans' "as asked") */
     char base_id[TDM_BASE_IDENTITY_LEN]; /* the base model's identity, for metadata.json */
 };
 
@@ -289,6 +290,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     t->o = *opts;
     t->n = n_adapters;
     t->split = 1;
+    t->gc_asked = opts->grad_checkpoint;
     t->ad = calloc((size_t)n_adapters, sizeof *t->ad);
     if (!t->ad) {
         free(t);
@@ -1502,21 +1504,41 @@ static int max_grad_accum(const tdm_trainer *t)
     return g;
 }
 
+/* The fit request of t's adapters (active_only: the unfinished ones) and extra's (may be NULL),
+ * --grad-checkpoint as the user gave it; its adapters are malloc'd into *ads (*n of them: free
+ * with free_plan_adapters). */
+static tdm_status fit_request(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
+                              tdm_memory_fit_request *req, tdm_plan_adapter **ads, int *n,
+                              tdm_error *err)
+{
+    int cap = t->n + (extra ? extra->n : 0);
+    *ads = calloc((size_t)cap + 1, sizeof **ads);
+    if (!*ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    *n = plan_adapters(t, t->split, active_only, *ads);
+    if (extra) *n += plan_adapters(extra, t->split, false, *ads + *n);
+    int accum = max_grad_accum(t);
+    if (extra && max_grad_accum(extra) > accum) accum = max_grad_accum(extra);
+    tdm_model_opts mo = model_opts(t);
+    mo.grad_checkpoint = t->gc_asked;
+    *req = (tdm_memory_fit_request){.config = t->mcfg_host,
+                                    .opts = mo,
+                                    .act = TDM_BE_BF16,
+                                    .adapters = *ads,
+                                    .n_adapters = *n,
+                                    .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
+                                    .grad_accum = accum};
+    return TDM_OK;
+}
+
 tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
                                   tdm_memory_fit *out, tdm_error *err)
 {
-    tdm_plan_adapter *ads = calloc((size_t)t->n + 1, sizeof *ads);
-    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-    int n = plan_adapters(t, t->split, false, ads);
-    tdm_memory_fit_request req = {.config = t->mcfg_host,
-                                  .opts = model_opts(t),
-                                  .act = TDM_BE_BF16,
-                                  .adapters = ads,
-                                  .n_adapters = n,
-                                  .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
-                                  .grad_accum = max_grad_accum(t),
-                                  .context_mb = context_mb,
-                                  .budget_mb = budget_mb};
+    tdm_memory_fit_request req;
+    tdm_plan_adapter *ads = NULL;
+    int n = 0;
+    TDM_TRY(fit_request(t, false, NULL, &req, &ads, &n, err));
+    req.context_mb = context_mb;
+    req.budget_mb = budget_mb;
     tdm_status st = tdm_memory_plan_fit(&req, out, err);
     free_plan_adapters(ads, n);
     return st;
@@ -1527,12 +1549,33 @@ tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int
 {
     if (split < 1 || split > 65536)
         return tdm_fail(err, TDM_ERR_INVALID, "memory plan: split %d not in 1..65536", split);
-    if (t->model && grad_checkpoint != t->o.grad_checkpoint)
-        return tdm_fail(err, TDM_ERR_INVALID,
-                        "memory plan: gradient checkpointing is chosen before the model is loaded");
+    bool old_gc = t->o.grad_checkpoint;
+    int old_split = t->split;
     t->o.grad_checkpoint = grad_checkpoint;
     t->split = split;
-    return TDM_OK;
+    if (!t->model || (old_gc == grad_checkpoint && old_split == split)) return TDM_OK;
+    /* between two steps of an attached trainer: the model switches checkpointing (its workspace
+     * holds nothing across steps) and the workspace follows the unfinished adapters' step,
+     * given back when smaller (tdm_model_fit), allocated now when larger (tdm_model_reserve) */
+    tdm_model_set_grad_checkpoint(t->model, grad_checkpoint);
+    tdm_model_mem_plan plan;
+    tdm_status st = memory_plan(t, &plan, err);
+    if (st == TDM_OK) st = tdm_model_fit(t->model, &plan, err);
+    if (st == TDM_OK) st = tdm_model_reserve(t->model, &plan, err);
+    if (st != TDM_OK) { /* the plan before: it fitted a moment ago */
+        t->o.grad_checkpoint = old_gc;
+        t->split = old_split;
+        tdm_model_set_grad_checkpoint(t->model, old_gc);
+        tdm_error ignored = {0};
+        if (memory_plan(t, &plan, &ignored) == TDM_OK)
+            (void)tdm_model_reserve(t->model, &plan, &ignored);
+    }
+    return st;
+}
+
+bool tdm_trainer_grad_checkpoint(const tdm_trainer *t)
+{
+    return t->o.grad_checkpoint;
 }
 
 int tdm_trainer_split(const tdm_trainer *t)
@@ -2034,6 +2077,21 @@ tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_joi
                                      tdm_model_mem *out, tdm_error *err)
 {
     return estimate_of(t, true, j ? j->nt : NULL, out, err);
+}
+
+tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *j,
+                                  const tdm_join_admit_request *req, tdm_join_admission *out,
+                                  tdm_error *err)
+{
+    tdm_join_admit_request r = *req;
+    tdm_plan_adapter *ads = NULL;
+    int n = 0;
+    TDM_TRY(fit_request(t, true, j ? j->nt : NULL, &r.fit, &ads, &n, err));
+    r.fit.context_mb = req->fit.context_mb;
+    r.fit.scratch_floor = req->fit.scratch_floor;
+    tdm_status st = tdm_memory_plan_admit(&r, out, err);
+    free_plan_adapters(ads, n);
+    return st;
 }
 
 tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,

@@ -200,17 +200,22 @@ struct tdm_memory_fit;
 tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
                                   struct tdm_memory_fit *out, tdm_error *err);
 
-/* Applies a memory plan: gradient checkpointing (before tdm_trainer_attach only: it is the
- * model's) and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
+/* Applies a memory plan: gradient checkpointing and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
  * of its optimizer batch, in up to grad_accum x k passes per global step (training and
  * validation). The optimizer batches, the data order, the steps, the schedule, the checkpoints
  * and records are those of k = 1; the gradient of a batch is the same sum over its tokens, so
  * the result equals k = 1 to float rounding (with LoRA dropout the masks of the pieces differ:
  * each piece draws from its position in the batch). tdm_trainer_memory_estimate and the
- * workspace attach reserves follow the plan. TDM_ERR_INVALID for k out of range or a change of
- * checkpointing after attach. */
+ * workspace attach reserves follow the plan. After attach (a co-training host re-planning for a
+ * join, between two steps: at_step_boundary) the model switches checkpointing
+ * (tdm_model_set_grad_checkpoint) and the activation workspace is fitted to the unfinished
+ * adapters' largest step under the new plan: given back when smaller, allocated at once when
+ * larger (TDM_ERR_NOMEM then, with the plan before restored). TDM_ERR_INVALID for k out of
+ * range. */
 tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
                                        tdm_error *err);
+/* Whether the plan in use checkpoints gradients. */
+bool tdm_trainer_grad_checkpoint(const tdm_trainer *t);
 /* The split in use (1 unless tdm_trainer_set_memory_plan chose another). */
 int tdm_trainer_split(const tdm_trainer *t);
 
@@ -282,6 +287,16 @@ tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adap
                                     char **report, tdm_error *err);
 tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
                                      tdm_model_mem *out, tdm_error *err);
+/* The memory admission of j (tdm_memory_plan_admit, train/memory_plan.h): the fit of the
+ * unfinished adapters of t together with j's, measured on their data, under t's options with
+ * --grad-checkpoint as the user gave it; req's reservation, plan, growable and capacity MiB and
+ * its fit's context_mb and scratch_floor are the caller's (the rest of req->fit is ignored).
+ * Apply the answer's plan with tdm_trainer_set_memory_plan before the commit. */
+struct tdm_join_admit_request;
+struct tdm_join_admission;
+tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *j,
+                                  const struct tdm_join_admit_request *req,
+                                  struct tdm_join_admission *out, tdm_error *err);
 tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,
                                    tdm_error *err);
 void tdm_trainer_join_free(tdm_trainer_join *j);

@@ -352,12 +352,102 @@ static void test_trainer_fit_is_what_it_reserves(void **state)
     tdm_trainer_free(t);
 }
 
+/* A join's admission (tdm_memory_plan_admit) on the issue's 24 GiB card, 7B QLoRA adapters B4 x
+ * 512: a host of one adapter admits a second as asked (its reservation grows to the plan of
+ * two); a host of two admits a third with gradient checkpointing, its reservation then less
+ * than before; with other reservations in the way it waits for the smallest plan; a GPU too
+ * small for the smallest refuses (never fits); --vram GB keeps its slack; a running host's
+ * scratch counts at its size held. */
+static void test_join_admission(void **state)
+{
+    (void)state;
+    static const char *const b4[] = {"max-seq-len", "512", "batch-size", "4", NULL};
+    tdm_plan_adapter ads[3];
+    tdm_memory_fit_request req;
+    tdm_memory_fit one = fit_7b(b4, 1, INT64_MAX / 2, ads, &req);
+    tdm_memory_fit two = fit_7b(b4, 2, INT64_MAX / 2, ads, &req);
+    tdm_memory_fit three = fit_7b(b4, 3, INT64_MAX / 2, ads, &req);
+    tdm_error err = {0};
+    tdm_join_admission a;
+    /* one adapter trains, a second joins: the two fit as asked */
+    (void)fit_7b(b4, 2, 0, ads, &req);
+    tdm_join_admit_request r = {.fit = req,
+                                .reservation_mb = one.asked.mb,
+                                .plan_mb = one.asked.mb,
+                                .growable_mb = CARD_24G_MIB,
+                                .capacity_mb = CARD_24G_MIB};
+    assert_int_equal(tdm_memory_plan_admit(&r, &a, &err), TDM_OK);
+    assert_int_equal(a.kind, TDM_JOIN_ADMIT);
+    assert_int_equal(a.plan.rung, TDM_PLAN_AS_ASKED);
+    assert_int_equal(a.target_mb, two.asked.mb);
+    assert_int_equal(a.budget_mb, CARD_24G_MIB);
+    /* two train, a third joins: as asked it needs more than the card, checkpointing fits, and
+     * the reservation the three need is less than the two held */
+    (void)fit_7b(b4, 3, 0, ads, &req);
+    r.fit = req;
+    r.reservation_mb = r.plan_mb = two.asked.mb;
+    assert_int_equal(tdm_memory_plan_admit(&r, &a, &err), TDM_OK);
+    print_message("join admission, 7B B4x512 on 24 GiB: 1 -> 2 as asked %lld MiB; 2 (%lld) -> 3 "
+                  "%lld MiB as asked, checkpointing %lld MiB\n",
+                  (long long)two.asked.mb, (long long)two.asked.mb, (long long)a.fit.asked.mb,
+                  (long long)a.target_mb);
+    assert_true(three.asked.mb > CARD_24G_MIB);
+    assert_int_equal(a.kind, TDM_JOIN_ADMIT);
+    assert_int_equal(a.plan.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    assert_true(a.plan.grad_checkpoint);
+    assert_int_equal(a.plan.split, 1);
+    tdm_memory_fit three_gc = fit_7b(b4, 3, three.asked.mb - 1, ads, &req);
+    assert_int_equal(a.target_mb, three_gc.chosen.mb);
+    assert_true(a.target_mb < two.asked.mb);
+    assert_int_equal(a.need_mb, three.smallest.mb);
+    /* others hold all but the smallest plan's MiB minus one: it waits for the smallest */
+    r.growable_mb = three.smallest.mb - 1;
+    assert_int_equal(tdm_memory_plan_admit(&r, &a, &err), TDM_OK);
+    assert_int_equal(a.kind, TDM_JOIN_WAIT);
+    assert_int_equal(a.target_mb, three.smallest.mb);
+    assert_int_equal(a.plan.split, 4);
+    tdm_join_admission b;
+    r.growable_mb = three.smallest.mb;
+    assert_int_equal(tdm_memory_plan_admit(&r, &b, &err), TDM_OK);
+    assert_int_equal(b.kind, TDM_JOIN_ADMIT);
+    assert_int_equal(b.target_mb, three.smallest.mb);
+    /* a GPU that can never hold the smallest: refused, naming the MiB it needs */
+    r.capacity_mb = three.smallest.mb - 1;
+    assert_int_equal(tdm_memory_plan_admit(&r, &a, &err), TDM_OK);
+    assert_int_equal(a.kind, TDM_JOIN_NEVER_FITS);
+    assert_int_equal(a.need_mb, three.smallest.mb);
+    /* unknown growth (no limit): the plan as asked */
+    r.capacity_mb = -1;
+    r.growable_mb = -1;
+    assert_int_equal(tdm_memory_plan_admit(&r, &a, &err), TDM_OK);
+    assert_int_equal(a.kind, TDM_JOIN_ADMIT);
+    assert_int_equal(a.plan.rung, TDM_PLAN_AS_ASKED);
+    assert_int_equal(a.budget_mb, -1);
+    /* --vram GB: 1000 MiB over its plan; the slack stays and leaves the plan less room */
+    r.reservation_mb = two.asked.mb + 1000;
+    r.growable_mb = CARD_24G_MIB;
+    r.capacity_mb = CARD_24G_MIB;
+    assert_int_equal(tdm_memory_plan_admit(&r, &a, &err), TDM_OK);
+    assert_int_equal(a.budget_mb, CARD_24G_MIB - 1000);
+    assert_int_equal(a.kind, TDM_JOIN_ADMIT);
+    assert_int_equal(a.target_mb, a.plan.mb + 1000);
+    assert_true(a.plan.mb <= CARD_24G_MIB - 1000);
+    /* the scratch a running host holds counts in every plan (it never shrinks) */
+    r.reservation_mb = two.asked.mb;
+    r.growable_mb = -1;
+    r.fit.scratch_floor = a.fit.asked.est.backend_scratch + (100u << 20);
+    assert_int_equal(tdm_memory_plan_admit(&r, &b, &err), TDM_OK);
+    assert_int_equal(b.plan.mb, three.asked.mb + 100);
+    assert_int_equal(b.fit.smallest.est.backend_scratch, r.fit.scratch_floor);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_7b_on_24g),
         cmocka_unit_test(test_fit_order),
         cmocka_unit_test(test_trainer_fit_is_what_it_reserves),
+        cmocka_unit_test(test_join_admission),
         cmocka_unit_test(test_submit_places_with_what_finetune_reserves),
         cmocka_unit_test(test_explicit_vram),
     };

@@ -140,6 +140,11 @@ typedef struct plan {
     bool two_phase;
     uint64_t est_without, est_with, est_joined, est_left;
     uint64_t used_before_shrink, used_after_shrink;
+    /* replan: at join_at, before the join, tdm_trainer_set_memory_plan(gc, split), recording
+     * the backend's memory before and after */
+    bool replan, replan_gc;
+    int replan_split;
+    uint64_t used_before_replan, used_after_replan;
 } plan;
 
 static tdm_backend *run_be; /* the backend of the run in progress */
@@ -172,6 +177,13 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
     plan *p = user;
     p->boundaries++;
     int64_t g = tdm_trainer_global_step(t);
+    if (p->replan && g == p->join_at) {
+        p->used_before_replan = be_used();
+        TDM_TRY(tdm_trainer_set_memory_plan(t, p->replan_gc, p->replan_split, err));
+        p->used_after_replan = be_used();
+        assert_int_equal(tdm_trainer_grad_checkpoint(t), p->replan_gc);
+        assert_int_equal(tdm_trainer_split(t), p->replan_split);
+    }
     if (p->n_join > 0 && g == p->join_at && p->two_phase) {
         tdm_error e = {0};
         tdm_trainer_join *j = NULL;
@@ -333,6 +345,42 @@ static void test_join_equals_alone(void **state)
     assert_int_equal(count_lines(joiner.output, "metrics.jsonl"),
                      count_lines(alone1.output, "metrics.jsonl"));
     assert_true(count_lines(joiner.output, "metrics.jsonl") > 0);
+}
+
+/* A host re-planned at a step boundary for a join (what co-training's admission does:
+ * gradient checkpointing switched on in the loaded model, the split raised to 2, the workspace
+ * given back), then the join: the host's adapter and the joined one both end equal to training
+ * each alone as asked (checkpointing recomputes the same forward; micro-batches sum the same
+ * gradient), with the alone runs' checkpoints. */
+static void test_join_replanned(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter alone0 = spec(0, "rp_alone0"), alone1 = spec(1, "rp_alone1");
+    assert_int_equal(run(&alone0, 1, NULL, false, &err), TDM_OK);
+    assert_int_equal(run(&alone1, 1, NULL, false, &err), TDM_OK);
+    tdm_trainer_adapter host = spec(0, "rp_host"), joiner = spec(1, "rp_joined");
+    plan p = {.join_at = 2,
+              .join = &joiner,
+              .n_join = 1,
+              .join_status = TDM_OK,
+              .replan = true,
+              .replan_gc = true,
+              .replan_split = 2};
+    assert_int_equal(run(&host, 1, &p, false, &err), TDM_OK);
+    double dh = rel_diff(host.output, alone0.output), dj = rel_diff(joiner.output, alone1.output);
+    print_message("re-planned (checkpointing, split 2) at global step 2: host vs alone %.3g, "
+                  "joined vs alone %.3g; backend memory %llu -> %llu bytes\n",
+                  dh, dj, (unsigned long long)p.used_before_replan,
+                  (unsigned long long)p.used_after_replan);
+    assert_true(dh < 1e-3);
+    assert_true(dj < 1e-3);
+    /* the workspace shrank: one layer's activations instead of all, half the rows */
+    assert_true(p.used_after_replan < p.used_before_replan);
+    char ca[512], cj[512];
+    checkpoints_of(alone1.output, ca, sizeof ca);
+    checkpoints_of(joiner.output, cj, sizeof cj);
+    assert_string_equal(ca, cj);
 }
 
 /* An adapter whose training options all differ from the host's (seed: its LoRA init, data
@@ -551,6 +599,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_join_equals_alone),
         cmocka_unit_test(test_join_own_options),
+        cmocka_unit_test(test_join_replanned),
         cmocka_unit_test(test_detach_then_resume),
         cmocka_unit_test(test_resume_inside_host),
         cmocka_unit_test(test_resume_starts_over),

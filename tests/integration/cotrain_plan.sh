@@ -1,0 +1,111 @@
+# Co-training's memory plans (issue 15, behaviour 8; docs/co-training.md, "Memory admission"):
+# real `tandem finetune --device cuda` processes on a simulated 1500 MiB GPU (1275 MiB reservable),
+# computing on the CPU backend (TANDEM_SIM_GPU_COMPUTE=cpu) while their reservations are real
+# ledger entries:
+#  - a join that does not fit at the host's plan (as asked: no checkpointing) but fits with
+#    gradient checkpointing is admitted: the host re-plans at a step boundary, its reservation
+#    grows to exactly what one --no-join finetune of both adapters with --grad-checkpoint
+#    reserves (the growth the plan says), and the joined adapter ends equal to its --no-join run
+#    (trained as asked) within the fused == alone bound;
+#  - a join whose smallest plan exceeds the GPU's reservable capacity is refused at once
+#    (never-fits, exit 1, naming the MiB it needs) while the host trains on.
+. "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
+export TANDEM_FAKE_GPUS="uuid=GPU-sim-0,name=Sim 1500,total_mb=1500,memory=discrete"
+export TANDEM_SIM_GPU_COMPUTE=cpu
+cap=1275 # 1500 MiB x the 0.85 reserve factor
+M="$WORK/tiny"
+"$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
+"$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 8
+cd "$WORK" || exit 1
+# the joiner's data: 16 samples of ~250 tokens, batches of 8 x 256: activations dominate its plan
+# (as asked about 60 MiB, with checkpointing about half); huge: one sample of ~10k tokens
+python3 - <<'PY'
+import json, random
+r = random.Random(1)
+def words(n): return " ".join("".join(r.choice("abcdefgh") for _ in range(r.randint(2, 6))) for _ in range(n))
+with open("long.jsonl", "w") as f:
+    for _ in range(16): f.write(json.dumps({"text": words(60)}) + "\n")
+with open("huge.jsonl", "w") as f:
+    for _ in range(2): f.write(json.dumps({"text": words(2000)}) + "\n")
+PY
+COMMON=(--val-split 0 --log-every 1 --lr-schedule constant --seed 7 --device cuda)
+HOST=(--batch-size 2 --max-seq-len 64)
+JOIN=(--batch-size 8 --max-seq-len 256 --epochs 2)
+
+status() { "$TANDEM" gpu status --json; }
+budget_of() { status | jq -r --argjson p "$1" '[.gpus[].reservations[] | select(.pids[0] == $p) | .budget_mb][0] // empty'; }
+budget_is() { [ "$(budget_of "$1")" = "$2" ]; }
+reserved_of() { sed -n 's/^tandem: reserved \([0-9]*\) MiB on .*/\1/p' "$1"; }
+
+# references (--no-join): the joiner's adapter alone, as asked; and what one finetune of both
+# adapters reserves as asked (P2) and with --grad-checkpoint (P2gc)
+expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:ref/j "${JOIN[@]}" "${COMMON[@]}" --no-join
+cat >both.toml <<EOF
+[[adapter]]
+data = "data/reverse.jsonl"
+output = "ref/both-h"
+batch_size = 2
+max_seq_len = 64
+[[adapter]]
+data = "long.jsonl"
+output = "ref/both-j"
+batch_size = 8
+max_seq_len = 256
+EOF
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config both.toml "${COMMON[@]}" --epochs 1 --no-join
+P2=$(reserved_of last.err)
+rm -rf ref/both-h ref/both-j
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config both.toml "${COMMON[@]}" --epochs 1 --no-join \
+    --grad-checkpoint
+P2gc=$(reserved_of last.err)
+[ -n "$P2" ] && [ -n "$P2gc" ] && [ $((P2gc + 2)) -lt "$P2" ] ||
+    fail "the fused plans: as asked '$P2', checkpointing '$P2gc' MiB: no room between them"
+
+# the host: as asked (its plan fits), a long run stopped with SIGTERM at the end
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:co/host "${HOST[@]}" "${COMMON[@]}" --epochs 1500 \
+    >host.out 2>host.err &
+host=$!
+wait_until 20 grep -q "reserved .* MiB on GPU-sim-0" host.err
+wait_until 20 sh -c "ls '$TANDEM_LEDGER_DIR'/cotrain-$host.json"
+P1=$(budget_of $host)
+[ -n "$P1" ] && [ "$P1" -lt "$P2gc" ] || fail "host reservation '$P1' not below the fused plan $P2gc"
+grep -q "using gradient checkpointing" host.err && fail "the host alone did not train as asked"
+
+# never fits: the smallest plan with a 10k-token sample exceeds the 1275 MiB reservable
+expect_exit 1 "$TANDEM" finetune "$M" --adapter huge.jsonl:co/huge --batch-size 1 --max-seq-len 16384 \
+    "${COMMON[@]}"
+grep -q "refused the adapters: with these adapters the finetune of pid $host needs at least [0-9]* MiB on GPU-sim-0 (its smallest plan: .*), more than tandem may reserve there ($cap MiB)" last.err ||
+    fail "no never-fits refusal: $(cat last.err)"
+[ -e co/huge/adapter_model.safetensors ] && fail "the refused joiner wrote an adapter"
+kill -0 $host 2>/dev/null || fail "the host ended after the refusal"
+
+# a holder reservation leaves the host room to grow to P2gc + 2 only: the join fits with
+# gradient checkpointing, not as asked
+hold_mb=$((cap - P2gc - 2))
+"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk "BEGIN{printf \"%.6f\", $hold_mb/1024}")" \
+    --task holder -- sleep 120 >holder.out 2>&1 &
+holder=$!
+wait_until 20 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[0].reservations[]] | length')\" = 2 ]"
+grow_to=$((cap - $(budget_of $holder))) # --vram GB rounds up to whole MiB
+[ "$grow_to" -ge "$P2gc" ] && [ "$grow_to" -lt "$P2" ] || fail "the holder leaves $grow_to MiB"
+"$TANDEM" finetune "$M" --adapter long.jsonl:co/j "${JOIN[@]}" "${COMMON[@]}" >join.out 2>join.err &
+joiner=$!
+wait_until 30 budget_is $host "$P2gc"
+wait $joiner || fail "joiner exited $?: $(cat join.err)"
+grep -q "joined the finetune of pid $host (same base model on GPU-sim-0)" join.err ||
+    fail "the joiner did not join the host: $(cat join.err)"
+grep -q "co-training: with 1 adapter(s) of pid $joiner the plan as asked needs $P2 MiB, more than the $grow_to MiB this finetune's reservation can grow to on GPU-sim-0: using gradient checkpointing, $P2gc MiB" host.err ||
+    fail "the host did not re-plan with checkpointing: $(grep co-training host.err)"
+grep -q "co-training: reservation grown by $((P2gc - P1)) MiB to $P2gc MiB for 1 adapter(s) of pid $joiner" host.err ||
+    fail "the host did not grow by P2gc - P1 = $((P2gc - P1)) MiB: $(grep co-training host.err)"
+close_adapters co/j ref/j || fail "the joined adapter (checkpointing) differs from its --no-join run"
+# the joiner's adapter left: the reservation shrinks to the host's own plan (now checkpointing)
+wait_until 20 sh -c "[ \"\$('$TANDEM' gpu status --json | jq --argjson p $host '[.gpus[].reservations[] | select(.pids[0] == \$p) | .budget_mb][0]')\" -le $P1 ]"
+kill $holder
+wait $holder
+
+kill -TERM $host
+wait $host
+rc=$?
+[ $rc -eq 143 ] || fail "host exited $rc after SIGTERM"
+finish
