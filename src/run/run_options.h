@@ -35,6 +35,9 @@ typedef struct tdm_run_opts {
     bool profile_ops;            /* --profile-ops */
     bool join_require;           /* --join require: fail when no host is found */
     bool no_join;                /* --no-join: neither join a host nor serve as one */
+    const char *gpus;            /* --gpus all|N|UUID,UUID: one process per GPU, or NULL */
+    const char *adapter_subset;  /* --adapter-subset I,J (hidden): a --gpus parent's child
+                                    trains only these adapters (0-based) */
     bool list_options;           /* --list-options (hidden): print the table, for the docs test */
     bool help;
     /* eval only */
