@@ -240,10 +240,25 @@ static void probe_node(submission *s, size_t n)
     }
 }
 
-/* Copies the model and the data of the adapters placed in group n (s->plan.node_of) to node
- * through tr, writes their adapters.toml to job_dir/adapters.toml on the node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
+/* The device of adapter a's process on its node: a GPU index, -1 the CPU. */
+static int process_gpu(const submission *s, size_t a)
+{
+    return s->plan.gpu_of ? s->plan.gpu_of[a] : s->plan.device_of_node[s->plan.node_of[a]];
+}
+
+/* Adapters of group n on device g (process_gpu). */
+static int process_adapters(const submission *s, size_t n, int g)
+{
+    int k = 0;
+    for (size_t a = 0; a < s->ac.n_adapters; a++)
+        k += s->plan.node_of[a] == (int)n && process_gpu(s, a) == g;
+    return k;
+}
+
+/* Copies the model and the data of the adapters placed in group n (s->plan.node_of) on device g
+ * (process_gpu) to node through tr, writes their adapters.toml to job_dir/adapters.toml on the node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
 static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_transport *tr,
-                             size_t n, const char *adir, const char *job_dir, char **rmodel,
+                             size_t n, int g, const char *adir, const char *job_dir, char **rmodel,
                              json_t *jadapters, char *remote_toml, size_t cap,
                              tdm_submit_hooks *hooks, tdm_error *err)
 {
@@ -262,7 +277,7 @@ static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_tr
             s->req->adapters_config);
     tdm_status st = TDM_OK;
     for (size_t a = 0; a < s->ac.n_adapters && st == TDM_OK; a++) {
-        if (s->plan.node_of[a] != (int)n) continue;
+        if (s->plan.node_of[a] != (int)n || process_gpu(s, a) != g) continue;
         const tdm_adapter_spec *sp = &s->ac.adapters[a];
         char *local = resolve(adir, sp->data), *rdata = NULL;
         char *rout = sp->output[0] == '/' ? strdup(sp->output) : resolve(node->workdir, sp->output);
@@ -295,9 +310,10 @@ static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_tr
     return st;
 }
 
-/* Starts node n's finetune detached: env CUDA_VISIBLE_DEVICES=UUID TANDEM finetune MODEL
- * --adapters-config TOML --device D [passed flags]; records the job. Takes jadapters. */
-static tdm_status launch_node(submission *s, size_t n, const char *id, const char *job_dir,
+/* Starts node n's finetune on device g (a GPU index, -1 the CPU) detached: env
+ * CUDA_VISIBLE_DEVICES=UUID TANDEM finetune MODEL --adapters-config TOML --device D [passed
+ * flags]; records the job. Takes jadapters. */
+static tdm_status launch_node(submission *s, size_t n, int g, const char *id, const char *job_dir,
                               const char *rmodel, const char *remote_toml, json_t *jadapters,
                               const char *submission_id, const char *now, tdm_submit_hooks *hooks,
                               tdm_error *err)
@@ -306,7 +322,7 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
     const char *fa[96];
     size_t k = 0;
     char cvd[160];
-    int g = s->plan.device_of_node[n];
+    int n_adapters = process_adapters(s, n, g);
     if (s->req->n_pass > 80) {
         json_decref(jadapters);
         return tdm_fail(err, TDM_ERR_INVALID, "too many finetune flags");
@@ -349,8 +365,8 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
         st = tdm_fail(err, err->status, "job %s started (pid %ld on %s) but not recorded: %s", id,
                       pid, node->name, err->message);
     else {
-        note(hooks, "%s: started job %s (pid %ld, %d adapter(s), log %s/log)", node->name, id, pid,
-             s->plan.adapters_on_node[n], job_dir);
+        note(hooks, "%s: started job %s (pid %ld, %d adapter(s) on %s, log %s/log)", node->name,
+             id, pid, n_adapters, g >= 0 ? s->gpus[n][g].uuid : "the CPU", job_dir);
         if (hooks->job) {
             tdm_submit_job j = {.id = id,
                                 .submission = submission_id,
@@ -358,7 +374,7 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
                                 .job_dir = job_dir,
                                 .device = g >= 0 ? s->gpus[n][g].uuid : NULL,
                                 .pid = pid,
-                                .n_adapters = s->plan.adapters_on_node[n]};
+                                .n_adapters = n_adapters};
             hooks->job(&j, hooks->user);
         }
     }
@@ -387,23 +403,28 @@ static tdm_status start_nodes(submission *s, tdm_submit_hooks *hooks, tdm_error 
     for (size_t n = 0; n < s->cfg->n_nodes && st == TDM_OK; n++) {
         if (!s->plan.adapters_on_node[n]) continue;
         const tdm_cluster_node *node = &s->cfg->nodes[n];
-        char id[128], job_dir[4096], remote_toml[4200];
-        tdm_registry_new_id(node->name, id, sizeof id);
-        snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", node->workdir, id);
-        char *rmodel = NULL;
-        json_t *jadapters = json_array();
-        if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        st = stage_node(s, node, &s->tr[n], n, adir, job_dir, &rmodel, jadapters, remote_toml,
-                        sizeof remote_toml, hooks, err);
-        if (st != TDM_OK || s->req->stage_only) {
-            if (st == TDM_OK)
-                note(hooks, "%s: staged %s (not started: --stage-only)", node->name, remote_toml);
-            json_decref(jadapters);
-        } else {
-            st = launch_node(s, n, id, job_dir, rmodel, remote_toml, jadapters, submission_id, now,
-                             hooks, err);
+        /* one job per process: per GPU the plan uses on the node (the CPU: g = -1) */
+        for (int g = -1; g < (int)s->pn[n].n_gpus && st == TDM_OK; g++) {
+            if (!process_adapters(s, n, g)) continue;
+            char id[128], job_dir[4096], remote_toml[4200];
+            tdm_registry_new_id(node->name, id, sizeof id);
+            snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", node->workdir, id);
+            char *rmodel = NULL;
+            json_t *jadapters = json_array();
+            if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+            st = stage_node(s, node, &s->tr[n], n, g, adir, job_dir, &rmodel, jadapters,
+                            remote_toml, sizeof remote_toml, hooks, err);
+            if (st != TDM_OK || s->req->stage_only) {
+                if (st == TDM_OK)
+                    note(hooks, "%s: staged %s (not started: --stage-only)", node->name,
+                         remote_toml);
+                json_decref(jadapters);
+            } else {
+                st = launch_node(s, n, g, id, job_dir, rmodel, remote_toml, jadapters,
+                                 submission_id, now, hooks, err);
+            }
+            free(rmodel);
         }
-        free(rmodel);
     }
     if (st == TDM_OK && !s->req->stage_only)
         snprintf(hooks->submission, sizeof hooks->submission, "%s", submission_id);
@@ -587,8 +608,8 @@ static tdm_status slurm_submit(submission *s, tdm_submit_hooks *hooks, tdm_error
             json_decref(jadapters);
             continue;
         }
-        st = stage_node(s, &sl->shared, &tr, j, adir, job_dir, &rmodel, jadapters, remote_toml,
-                        sizeof remote_toml, hooks, err);
+        st = stage_node(s, &sl->shared, &tr, j, s->plan.device_of_node[j], adir, job_dir, &rmodel,
+                        jadapters, remote_toml, sizeof remote_toml, hooks, err);
         if (st == TDM_OK)
             st = slurm_write_script(s, id, job_dir, rmodel, s->plan.adapters_on_node[j], script,
                                     sizeof script, &text, err);
