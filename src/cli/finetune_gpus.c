@@ -48,14 +48,14 @@ static void forward_signal(int sig)
 }
 
 typedef struct child {
-    int gpu;         /* index into plan->gpus */
+    int gpu; /* index into plan->gpus */
     char subset[1024];
     pid_t pid;
-    int fd[2];       /* stdout, stderr pipes (read ends); -1 closed */
-    char *buf[2];    /* a partial line of each */
+    int fd[2];    /* stdout, stderr pipes (read ends); -1 closed */
+    char *buf[2]; /* a partial line of each */
     size_t len[2];
     bool reaped;
-    int code;        /* exit code, 128 + N when killed by signal N */
+    int code; /* exit code, 128 + N when killed by signal N */
     bool signaled;
 } child;
 
@@ -73,8 +73,7 @@ static void emit(child *c, int s, const tdm_gpus_plan *p, bool flush_all)
         start = i + 1;
     }
     if ((flush_all || c->len[s] - start >= LINE_MAX_BYTES) && start < c->len[s]) {
-        fprintf(out, "[gpu %d] %.*s\n", p->gpus[c->gpu].index, (int)(c->len[s] - start),
-                b + start);
+        fprintf(out, "[gpu %d] %.*s\n", p->gpus[c->gpu].index, (int)(c->len[s] - start), b + start);
         start = c->len[s];
     }
     memmove(b, b + start, c->len[s] - start);
@@ -290,8 +289,7 @@ int tdm_cmd_finetune_gpus(tdm_run_opts *ro, int argc, char **args, const char *c
         if (!tdm_split_plan_list(&plan.split, g, c->subset, sizeof c->subset)) continue;
         c->buf[0] = malloc(LINE_MAX_BYTES + 4096);
         c->buf[1] = malloc(LINE_MAX_BYTES + 4096);
-        if (!c->buf[0] || !c->buf[1] ||
-            spawn_child(c, argc, args, &plan, &err) != TDM_OK) {
+        if (!c->buf[0] || !c->buf[1] || spawn_child(c, argc, args, &plan, &err) != TDM_OK) {
             if (!err.message[0]) snprintf(err.message, sizeof err.message, "out of memory");
             free(c->buf[0]);
             free(c->buf[1]);

@@ -190,11 +190,10 @@ static json_t *plan_json(const tdm_submit_plan *p)
                              ? json_string(p->nodes[chosen].gpus[cg].uuid)
                              : json_string("cpu");
         json_array_append_new(
-            adapters,
-            json_pack("{s:I, s:s, s:o, s:o, s:o}", "index", (json_int_t)a + 1, "label",
-                      p->labels[a], "node",
-                      chosen >= 0 ? json_string(cfg->nodes[chosen].name) : json_null(), "device",
-                      device, "nodes", nodes));
+            adapters, json_pack("{s:I, s:s, s:o, s:o, s:o}", "index", (json_int_t)a + 1, "label",
+                                p->labels[a], "node",
+                                chosen >= 0 ? json_string(cfg->nodes[chosen].name) : json_null(),
+                                "device", device, "nodes", nodes));
     }
     json_t *processes = json_array();
     size_t na = p->adapters->n_adapters;
@@ -206,10 +205,9 @@ static json_t *plan_json(const tdm_submit_plan *p)
                 if (plan->node_of[a] == (int)n && process_gpu(plan, a, n) == g)
                     json_array_append_new(labels, json_string(p->labels[a]));
             json_array_append_new(
-                processes,
-                json_pack("{s:s, s:s, s:o}", "node", cfg->nodes[n].name, "device",
-                          g >= 0 && p->nodes[n].gpus ? p->nodes[n].gpus[g].uuid : "cpu",
-                          "adapters", labels));
+                processes, json_pack("{s:s, s:s, s:o}", "node", cfg->nodes[n].name, "device",
+                                     g >= 0 && p->nodes[n].gpus ? p->nodes[n].gpus[g].uuid : "cpu",
+                                     "adapters", labels));
         }
     }
     int64_t second_gpu = b->n_adapters > 1 ? b->gpu_mb[2] - b->gpu_mb[1] : 0;

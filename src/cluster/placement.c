@@ -113,7 +113,8 @@ static void evaluate(const tdm_place_node *node, size_t n, size_t a, const tdm_p
     e->need_mb = best < 0 ? most_free_need : best_need;
     if (best < 0) {
         e->free_mb = most_free;
-        int w = snprintf(e->why, sizeof e->why, "no GPU has room: the best has %lld MiB free, "
+        int w = snprintf(e->why, sizeof e->why,
+                         "no GPU has room: the best has %lld MiB free, "
                          "needs %lld MiB",
                          (long long)most_free, (long long)most_free_need);
         if (b->gpu_min_mb && w > 0 && (size_t)w < sizeof e->why)

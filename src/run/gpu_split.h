@@ -36,11 +36,11 @@ typedef bool (*tdm_split_fits_fn)(const int *adapters, int n, int gpu, void *use
 
 typedef struct tdm_split_plan {
     int n_adapters, n_gpus;
-    int *gpu_of;     /* (n_adapters) the GPU (index into the list) of each adapter */
-    double *work;    /* (n_gpus) estimated tokens on each GPU */
-    double *finish;  /* (n_gpus) work / speed */
-    int64_t *mb;     /* (n_gpus) the group's plan MiB (0: no adapters) */
-    int *n_on;       /* (n_gpus) adapters on each GPU */
+    int *gpu_of;    /* (n_adapters) the GPU (index into the list) of each adapter */
+    double *work;   /* (n_gpus) estimated tokens on each GPU */
+    double *finish; /* (n_gpus) work / speed */
+    int64_t *mb;    /* (n_gpus) the group's plan MiB (0: no adapters) */
+    int *n_on;      /* (n_gpus) adapters on each GPU */
 } tdm_split_plan;
 
 /* Splits adapters with work[0..n_adapters) (>= 0) over gpus[0..n_gpus) as described above.

@@ -1,6 +1,7 @@
 /* gpus_run.c — the plan of `tandem finetune --gpus` (gpus_run.h). */
 #include "run/gpus_run.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,8 +92,8 @@ tdm_status tdm_gpus_parse(const char *spec, const tdm_inventory *inv, const int6
         size_t i = (size_t)(g - inv->gpus);
         for (int k = 0; k < out->n_gpus && st == TDM_OK; k++)
             if (!strcmp(out->gpus[k].uuid, g->uuid))
-                st = tdm_fail(err, TDM_ERR_INVALID, "--gpus: %s (%s) is listed twice", tok,
-                              g->uuid);
+                st =
+                    tdm_fail(err, TDM_ERR_INVALID, "--gpus: %s (%s) is listed twice", tok, g->uuid);
         if (st != TDM_OK) break;
         take_gpu(out, inv, budget_mb, i);
     }
@@ -109,8 +110,7 @@ typedef struct fit_ctx {
 } fit_ctx;
 
 /* A GPU's group fits when the plan its process would choose fits the GPU's budget. */
-static bool group_fits(const int *adapters, int n, int gpu, void *user, int64_t *mb,
-                       tdm_error *err)
+static bool group_fits(const int *adapters, int n, int gpu, void *user, int64_t *mb, tdm_error *err)
 {
     const fit_ctx *c = user;
     int64_t budget = c->plan->gpus[gpu].budget_mb;
@@ -126,8 +126,7 @@ static bool group_fits(const int *adapters, int n, int gpu, void *user, int64_t 
     return fit.fits;
 }
 
-tdm_status tdm_gpus_plan_make(tdm_run_opts *o, tdm_gpus_plan *out, char **bad_lines,
-                              tdm_error *err)
+tdm_status tdm_gpus_plan_make(tdm_run_opts *o, tdm_gpus_plan *out, char **bad_lines, tdm_error *err)
 {
     memset(out, 0, sizeof *out);
     *bad_lines = NULL;
@@ -184,7 +183,8 @@ tdm_status tdm_gpus_plan_make(tdm_run_opts *o, tdm_gpus_plan *out, char **bad_li
         sg[g] = (tdm_split_gpu){.uuid = out->gpus[g].uuid,
                                 .speed = out->gpus[g].speed,
                                 .budget_mb = out->gpus[g].budget_mb};
-    fit_ctx fc = {.tr = tr, .plan = out, .vram_mb = (int64_t)(o->device.vram_gib * 1024.0 + 0.999)};
+    /* --vram GB: what each process reserves (device_open's rounding) */
+    fit_ctx fc = {.tr = tr, .plan = out, .vram_mb = (int64_t)ceil(o->device.vram_gib * 1024.0)};
     st = tdm_split_plan_make(out->work, n, sg, out->n_gpus, group_fits, &fc,
                              (const char *const *)out->labels, &out->split, err);
     free(sg);

@@ -31,10 +31,10 @@ typedef struct tdm_gpus_plan {
     tdm_gpus_gpu *gpus; /* (n_gpus) the GPUs --gpus names, in its order */
     int n_gpus;
     int n_adapters;
-    char **labels;      /* (n_adapters) the adapter's label, else its OUT_DIR */
-    char **data;        /* (n_adapters) its data file */
-    double *work;       /* (n_adapters) estimated tokens */
-    int64_t *n_train;   /* (n_adapters) training samples */
+    char **labels;    /* (n_adapters) the adapter's label, else its OUT_DIR */
+    char **data;      /* (n_adapters) its data file */
+    double *work;     /* (n_adapters) estimated tokens */
+    int64_t *n_train; /* (n_adapters) training samples */
     tdm_split_plan split;
 } tdm_gpus_plan;
 

@@ -256,7 +256,8 @@ static int process_adapters(const submission *s, size_t n, int g)
 }
 
 /* Copies the model and the data of the adapters placed in group n (s->plan.node_of) on device g
- * (process_gpu) to node through tr, writes their adapters.toml to job_dir/adapters.toml on the node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
+ * (process_gpu) to node through tr, writes their adapters.toml to job_dir/adapters.toml on the
+ * node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
 static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_transport *tr,
                              size_t n, int g, const char *adir, const char *job_dir, char **rmodel,
                              json_t *jadapters, char *remote_toml, size_t cap,
@@ -365,8 +366,8 @@ static tdm_status launch_node(submission *s, size_t n, int g, const char *id, co
         st = tdm_fail(err, err->status, "job %s started (pid %ld on %s) but not recorded: %s", id,
                       pid, node->name, err->message);
     else {
-        note(hooks, "%s: started job %s (pid %ld, %d adapter(s) on %s, log %s/log)", node->name,
-             id, pid, n_adapters, g >= 0 ? s->gpus[n][g].uuid : "the CPU", job_dir);
+        note(hooks, "%s: started job %s (pid %ld, %d adapter(s) on %s, log %s/log)", node->name, id,
+             pid, n_adapters, g >= 0 ? s->gpus[n][g].uuid : "the CPU", job_dir);
         if (hooks->job) {
             tdm_submit_job j = {.id = id,
                                 .submission = submission_id,

@@ -1512,8 +1512,8 @@ tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64
 }
 
 tdm_status tdm_trainer_memory_fit_subset(const tdm_trainer *t, const int *subset, int n_subset,
-                                         int64_t budget_mb, int64_t context_mb,
-                                         tdm_memory_fit *out, tdm_error *err)
+                                         int64_t budget_mb, int64_t context_mb, tdm_memory_fit *out,
+                                         tdm_error *err)
 {
     tdm_plan_adapter *all = calloc((size_t)t->n + 1, sizeof *all);
     tdm_plan_adapter *ads = calloc((size_t)n_subset + 1, sizeof *ads);

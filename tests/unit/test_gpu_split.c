@@ -134,8 +134,7 @@ static void test_speed_and_ties(void **state)
  * it */
 static const int64_t adapter_mb[] = {300, 300, 300, 900};
 static int calls;
-static bool by_memory(const int *adapters, int n, int gpu, void *user, int64_t *mb,
-                      tdm_error *err)
+static bool by_memory(const int *adapters, int n, int gpu, void *user, int64_t *mb, tdm_error *err)
 {
     const tdm_split_gpu *g = user;
     calls++;
@@ -235,7 +234,7 @@ static void test_parse(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lpt_by_hand),   cmocka_unit_test(test_lpt_bound),
+        cmocka_unit_test(test_lpt_by_hand),    cmocka_unit_test(test_lpt_bound),
         cmocka_unit_test(test_speed_and_ties), cmocka_unit_test(test_memory),
         cmocka_unit_test(test_parse),
     };
