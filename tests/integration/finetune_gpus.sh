@@ -1,7 +1,7 @@
 # `tandem finetune --gpus` (issue 17 part 1; docs/finetune.md, "Several GPUs"): real finetune
 # processes on three simulated GPUs (TANDEM_FAKE_GPUS), computing on the CPU backend through the
 # TANDEM_SIM_GPU_COMPUTE=cpu seam while their reservations are real ledger entries:
-#  - the plan: longest-processing-time first on estimated tokens (the 6-epoch adapter alone on
+#  - the plan: longest-processing-time first on estimated tokens (the 12-epoch adapter alone on
 #    one GPU, the two 1-epoch ones on the other), a GPU too small for any group left unused;
 #  - one ledger reservation per GPU, held by the children (not the parent), one per GPU;
 #  - a child killed with SIGKILL: the other finishes, the run reports the failure and exits with
@@ -20,14 +20,15 @@ M="$WORK/tiny"
 cd "$WORK" || exit 1
 head -4 data/add.jsonl >add4.jsonl
 head -4 data/reverse.jsonl >rev4.jsonl
-# run.toml PREFIX: three adapters, one with six times the work of each other
+# toml PREFIX [EPOCHS]: PREFIX.toml, three adapters; "long" trains EPOCHS (12) epochs, far more
+# work than each other one (one epoch, unless --epochs says more)
 toml() {
     cat >"$1.toml" <<EOF
 [[adapter]]
 label = "long"
 data = "rev4.jsonl"
 output = "$1/long"
-epochs = 6
+epochs = ${2:-12}
 
 [[adapter]]
 label = "s1"
@@ -95,12 +96,13 @@ grep -q "^\[gpu 0\] \[long\] resuming from run/long/checkpoint-[0-9]* (step [1-9
     fail "long did not resume: $(cat last.out)"
 grep -q "^\[gpu 1\] \[s1\] already finished" last.out || fail "s1 trained again: $(cat last.out)"
 [ -e run/long/adapter_model.safetensors ] || fail "long not finished after --resume"
-[ "$(jq -s 'map(select(.step)) | last | .step' run/long/metrics.jsonl)" = 12 ] ||
-    fail "long did not reach step 12: $(tail -2 run/long/metrics.jsonl)"
+[ "$(jq -s 'map(select(.step)) | last | .step' run/long/metrics.jsonl)" = 24 ] ||
+    fail "long did not reach step 24: $(tail -2 run/long/metrics.jsonl)"
 
-# SIGTERM to the parent: forwarded, every child checkpoints, exit 143
-toml term
-"$TANDEM" finetune "$M" --adapters-config term.toml --gpus 2 "${COMMON[@]}" --epochs 3 >term.out 2>term.err &
+# SIGTERM to the parent: forwarded, every child checkpoints, exit 143 (runs of 80+ steps each,
+# far from their end when the signal comes)
+toml term 40
+"$TANDEM" finetune "$M" --adapters-config term.toml --gpus 2 "${COMMON[@]}" --epochs 40 >term.out 2>term.err &
 parent=$!
 wait_until 60 sh -c "[ \$(grep -c '^\[gpu [01]\] adapter 0:' term.out) = 2 ]"
 kill -TERM $parent
