@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -366,6 +367,14 @@ int tdm_cmd_finetune(int argc, char **argv)
         ro.trainer.model_dir = pos[0];
         code = tdm_cmd_finetune_gpus(&ro, argc, args, cmdline);
     } else {
+        if (ro.adapter_subset) {
+            /* a --gpus child: when its parent dies (killed, its terminal gone), SIGTERM stops
+             * it gracefully, with a checkpoint, rather than leave it training unsupervised */
+            prctl(PR_SET_PDEATHSIG, SIGTERM);
+            signal(SIGPIPE, SIG_IGN); /* its output pipe gone with the parent: not fatal */
+            const char *parent = getenv("TANDEM_GPUS_PARENT");
+            if (parent && atol(parent) != (long)getppid()) raise(SIGTERM); /* died already */
+        }
         progress_ctx pc = {.tty = isatty(STDOUT_FILENO)};
         ro.trainer.model_dir = pos[0];
         ro.trainer.progress = on_progress;

@@ -11,7 +11,8 @@
  *   display   every line a child prints, prefixed "[gpu N] " (N: the GPU's index), on the
  *             stream it was printed on;
  *   signals   SIGINT, SIGTERM and SIGUSR1 are forwarded to every child (each stops gracefully,
- *             docs/finetune.md "Stopping"); the parent itself waits for them;
+ *             docs/finetune.md "Stopping"); the parent itself waits for them; a parent that
+ *             dies (SIGKILL) has its children sent SIGTERM (PR_SET_PDEATHSIG, set by the child);
  *   exit      the worst child status: killed by a signal (128 + N) > failed (its code) > timed
  *             out waiting for memory (75) > stopped by a signal (130, 143) > 0; a failed child
  *             does not stop the others.
@@ -102,24 +103,29 @@ static void drain(child *c, int s, const tdm_gpus_plan *p)
     }
 }
 
-/* The child's environment: ours with CUDA_VISIBLE_DEVICES naming its GPU alone (*cvd: that
- * string, malloc'd; free it and the array). */
-static char **child_env(const char *uuid, char **cvd)
+/* The child's environment: ours with CUDA_VISIBLE_DEVICES naming its GPU alone and
+ * TANDEM_GPUS_PARENT our pid (the child checks it is still our child once it asked for SIGTERM
+ * at our death). vars[0..1]: those strings, malloc'd; free them and the array. */
+static char **child_env(const char *uuid, char *vars[2])
 {
     size_t n = 0;
     while (environ[n])
         n++;
-    char **env = calloc(n + 2, sizeof *env);
+    char **env = calloc(n + 3, sizeof *env);
     if (!env) return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)) env[k++] = environ[i];
-    if (asprintf(cvd, "CUDA_VISIBLE_DEVICES=%s", uuid) < 0) {
-        *cvd = NULL;
+        if (strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) &&
+            strncmp(environ[i], "TANDEM_GPUS_PARENT=", 19))
+            env[k++] = environ[i];
+    if (asprintf(&vars[0], "CUDA_VISIBLE_DEVICES=%s", uuid) < 0) vars[0] = NULL;
+    if (asprintf(&vars[1], "TANDEM_GPUS_PARENT=%ld", (long)getpid()) < 0) vars[1] = NULL;
+    if (!vars[0] || !vars[1]) {
         free(env);
         return NULL;
     }
-    env[k] = *cvd;
+    env[k++] = vars[0];
+    env[k] = vars[1];
     return env;
 }
 
@@ -129,8 +135,8 @@ static tdm_status spawn_child(child *c, int argc, char **args, const tdm_gpus_pl
 {
     int pout[2] = {-1, -1}, perr[2] = {-1, -1};
     char **av = calloc((size_t)argc + 8, sizeof *av);
-    char *cvd = NULL;
-    char **env = child_env(p->gpus[c->gpu].uuid, &cvd);
+    char *vars[2] = {NULL, NULL};
+    char **env = child_env(p->gpus[c->gpu].uuid, vars);
     tdm_status st = TDM_OK;
     if (!av || !env || pipe(pout) || pipe(perr)) {
         st = tdm_fail(err, TDM_ERR_IO, "--gpus: cannot start a child: %s", strerror(errno));
@@ -187,7 +193,8 @@ out:
         if (pout[i] >= 0) close(pout[i]);
         if (perr[i] >= 0) close(perr[i]);
     }
-    free(cvd);
+    free(vars[0]);
+    free(vars[1]);
     free(env);
     free(av);
     return st;

@@ -8,7 +8,7 @@
 #    the killed child's status (137); --resume then finishes the killed child's adapter from its
 #    checkpoint and leaves the finished ones as they are;
 #  - SIGTERM to the parent is forwarded: every child stops gracefully, the run exits 143 and
-#    tells the one command to resume;
+#    tells the one command to resume; the parent killed -9: its children stop gracefully too;
 #  - mistakes: a count above the GPUs, an unknown GPU, --device cpu, GPUs too small for any
 #    adapter.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -113,4 +113,19 @@ rc=$?
     fail "not every child stopped gracefully: $(cat term.err)"
 grep -q "^tandem: to continue exactly where it stopped, run:" term.err || fail "no resume hint"
 grep -q "adapter-subset" term.err && fail "a child's own resume command was shown"
+
+# the parent killed -9: each child gets SIGTERM (its parent-death signal) and stops gracefully;
+# with --save-every 0 the checkpoints on disk are the stop's
+toml orphan 40
+"$TANDEM" finetune "$M" --adapters-config orphan.toml --gpus 2 "${COMMON[@]}" --epochs 40 \
+    --save-every 0 >orphan.out 2>orphan.err &
+parent=$!
+wait_until 60 sh -c "[ \$(grep -c '^\[gpu [01]\] adapter 0:' orphan.out) = 2 ]"
+kill -9 $parent
+wait $parent 2>/dev/null
+wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 0 ]"
+for a in long s1 s2; do
+    ls -d orphan/$a/checkpoint-* >/dev/null 2>&1 || fail "$a: no checkpoint after its parent was killed"
+    [ -e orphan/$a/adapter_model.safetensors ] && fail "$a: trained on to its end without its parent"
+done
 finish
