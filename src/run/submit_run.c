@@ -469,9 +469,16 @@ static tdm_status slurm_group(submission *s, const char *device, size_t *n_jobs,
                         "(%lld) allows a CPU-only job; ask for GPUs (gpus_per_job: 1) or raise "
                         "cpu_max_params",
                         s->cfg->file, sl->line, (long long)params, (long long)sl->cpu_max_params);
-    size_t k = 0;
-    for (size_t c = 1; c <= n && c <= (size_t)sl->max_adapters; c++)
+    /* k: adapters per job; on GPUs, k_gpu per GPU (one fused process each: with gpus_per_job
+     * > 1 the job's finetune --gpus all splits them) */
+    size_t k = 0, per_job = (size_t)sl->max_adapters;
+    for (size_t c = 1; c <= n && c <= per_job; c++)
         if (!gpu || s->budget.gpu_mb[c] <= sl->gpu_vram_mb) k = c;
+    if (gpu && k && sl->gpus_per_job > 1) {
+        k *= (size_t)sl->gpus_per_job;
+        if (k > per_job) k = per_job;
+        if (k > n) k = n;
+    }
     if (!k)
         return tdm_fail(err, TDM_ERR_NEVER_FITS,
                         "one adapter needs %lld MiB of GPU memory (the --vram auto estimate), "
@@ -510,13 +517,16 @@ static void slurm_note_plan(const submission *s, size_t n_jobs, const char *devi
                                          used ? ", " : "", s->labels[a]);
         int k = s->plan.adapters_on_node[j];
         bool gpu = !strcmp(device, "cuda");
+        int g = sl->gpus_per_job > 1 ? sl->gpus_per_job : 1;
+        int per_gpu = (k + g - 1) / g; /* the most on one GPU when the split is even */
         if (gpu)
             note(hooks,
-                 "slurm job %zu of %zu: %s (%d adapter(s), --device cuda, --gres=gpu:%s%s1, "
-                 "plan %lld MiB of gpu_vram_mb %lld)",
-                 j + 1, n_jobs, names, k, sl->gpu_type ? sl->gpu_type : "",
-                 sl->gpu_type ? ":" : "", (long long)s->budget.gpu_mb[k],
-                 (long long)sl->gpu_vram_mb);
+                 "slurm job %zu of %zu: %s (%d adapter(s), --device cuda%s, --gres=gpu:%s%s%d, "
+                 "plan %lld MiB of gpu_vram_mb %lld%s)",
+                 j + 1, n_jobs, names, k, g > 1 ? " --gpus all" : "",
+                 sl->gpu_type ? sl->gpu_type : "", sl->gpu_type ? ":" : "", g,
+                 (long long)s->budget.gpu_mb[per_gpu], (long long)sl->gpu_vram_mb,
+                 g > 1 ? " per GPU" : "");
         else
             note(hooks, "slurm job %zu of %zu: %s (%d adapter(s), --device cpu%s, --mem=%lldM)",
                  j + 1, n_jobs, names, k, sl->gpus_per_job ? " on a GPU job (slurm.device cpu)" : "",
