@@ -49,6 +49,10 @@ int tdm_cmd_cluster(int argc, char **argv);
 int tdm_cmd_submit(int argc, char **argv);
 int tdm_cmd_data(int argc, char **argv);
 int tdm_cmd_finetune(int argc, char **argv);
+/* finetune --gpus: the parent of one finetune per GPU (finetune_gpus.c). args[0..argc): the
+ * command's arguments as given (args[0] "finetune"), cmdline: them as one line for hints. */
+struct tdm_run_opts;
+int tdm_cmd_finetune_gpus(struct tdm_run_opts *ro, int argc, char **args, const char *cmdline);
 int tdm_cmd_eval(int argc, char **argv);
 int tdm_cmd_generate(int argc, char **argv);
 int tdm_cmd_report(int argc, char **argv);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -233,7 +234,8 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
  * 143 (SIGTERM), as a shell reports a process those signals ended, so scripts and schedulers
  * see an interrupted run; 0 for SIGUSR1, the checkpoint Slurm's --signal=USR1@N asks for before
  * the time limit (the job step ends normally, and its script can requeue). */
-static int report_stop(const progress_ctx *pc, const char *cmdline, const tdm_error *err)
+static int report_stop(const progress_ctx *pc, const char *cmdline, bool child,
+                       const tdm_error *err)
 {
     int sig = stop_signal;
     const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
@@ -247,8 +249,9 @@ static int report_stop(const progress_ctx *pc, const char *cmdline, const tdm_er
                     (long long)pc->total[a]);
     }
     bool has_resume = strstr(cmdline, " --resume") != NULL;
-    fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
-            has_resume ? "" : " --resume");
+    if (!child) /* a --gpus child: its parent tells the command of the whole run */
+        fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
+                has_resume ? "" : " --resume");
     return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : TDM_EXIT_OK;
 }
 
@@ -326,10 +329,27 @@ int tdm_cmd_finetune(int argc, char **argv)
     char **pos = NULL;
     int n_pos = 0;
     char *cmdline = command_line(argc, argv); /* before parsing cuts --adapter arguments */
-    if (!cmdline) return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
+    /* --gpus: the arguments as given, for the children (getopt permutes argv) */
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!cmdline || !args) {
+        free(cmdline);
+        free(args);
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
+    }
+    for (int i = 0; i < argc; i++)
+        if (!(args[i] = strdup(argv[i]))) {
+            for (int k = 0; k < i; k++)
+                free(args[k]);
+            free(args);
+            free(cmdline);
+            return tdm_cli_fail(TDM_EXIT_FAILURE, "out of memory");
+        }
     if (tdm_run_opts_parse(&ro, TDM_CMD_FINETUNE, argc, argv, &pos, &n_pos, &err) != TDM_OK) {
         free(ro.adapter_args);
         free(cmdline);
+        for (int i = 0; i < argc; i++)
+            free(args[i]);
+        free(args);
         if (strstr(err.message, "unknown or incomplete option")) usage(stderr);
         return tdm_cli_fail(TDM_EXIT_USAGE, "finetune: %s", err.message);
     }
@@ -343,7 +363,18 @@ int tdm_cmd_finetune(int argc, char **argv)
         code =
             tdm_cli_fail(TDM_EXIT_USAGE,
                          "finetune: expected exactly one MODEL_DIR (see tandem finetune --help)");
+    } else if (ro.gpus && !ro.adapter_subset) {
+        ro.trainer.model_dir = pos[0];
+        code = tdm_cmd_finetune_gpus(&ro, argc, args, cmdline);
     } else {
+        if (ro.adapter_subset) {
+            /* a --gpus child: when its parent dies (killed, its terminal gone), SIGTERM stops
+             * it gracefully, with a checkpoint, rather than leave it training unsupervised */
+            prctl(PR_SET_PDEATHSIG, SIGTERM);
+            signal(SIGPIPE, SIG_IGN); /* its output pipe gone with the parent: not fatal */
+            const char *parent = getenv("TANDEM_GPUS_PARENT");
+            if (parent && atol(parent) != (long)getppid()) raise(SIGTERM); /* died already */
+        }
         progress_ctx pc = {.tty = isatty(STDOUT_FILENO)};
         ro.trainer.model_dir = pos[0];
         ro.trainer.progress = on_progress;
@@ -358,7 +389,7 @@ int tdm_cmd_finetune(int argc, char **argv)
         tdm_status st = tdm_run_finetune(&ro, &hooks, &bad, &err);
         stop_handlers(false);
         if (st == TDM_ERR_STOPPED) {
-            code = report_stop(&pc, cmdline, &err);
+            code = report_stop(&pc, cmdline, ro.adapter_subset != NULL, &err);
         } else if (st == TDM_OK && ro.trainer.resume && pc.resumed > 0 && pc.resumed_done == pc.n) {
             printf("nothing to do: every adapter had already finished; the final adapters are in "
                    "their OUT_DIRs\n");
@@ -391,6 +422,9 @@ int tdm_cmd_finetune(int argc, char **argv)
         progress_ctx_free(&pc);
     }
     free(cmdline);
+    for (int i = 0; i < argc; i++)
+        free(args[i]);
+    free(args);
     free(pos);
     free(ro.adapter_args);
     return code;

@@ -72,6 +72,25 @@ typedef struct pass_flags {
 } pass_flags;
 
 /* The plan hook: every adapter, every node's score or why it was excluded, one line per node. */
+/* The device of adapter a's process on node n: a GPU index, -1 the CPU (Slurm jobs: the job's). */
+static int process_gpu(const tdm_place_plan *plan, size_t a, size_t n)
+{
+    return plan->gpu_of ? plan->gpu_of[a] : plan->device_of_node[n];
+}
+
+/* The device of node n's next process after device after (start with -2): the CPU (-1) or the
+ * next GPU index with adapters, in index order; -2 when there is none. */
+static int next_process(const tdm_place_plan *plan, size_t n, size_t n_adapters, int after)
+{
+    int best = -2;
+    for (size_t a = 0; a < n_adapters; a++) {
+        if (plan->node_of[a] != (int)n) continue;
+        int g = process_gpu(plan, a, n);
+        if (g > after && (best == -2 || g < best)) best = g;
+    }
+    return best;
+}
+
 static void print_plan(const tdm_submit_plan *p, void *user)
 {
     (void)user;
@@ -95,8 +114,11 @@ static void print_plan(const tdm_submit_plan *p, void *user)
     printf("score = (free / budget) x speed x 1/(1 + active adapters)\n");
     for (size_t a = 0; a < ac->n_adapters; a++) {
         int chosen = plan->node_of[a];
-        printf("\nadapter %zu (%s): %s%s\n", a + 1, labels[a], chosen >= 0 ? "-> " : "NOT PLACED",
-               chosen >= 0 ? cfg->nodes[chosen].name : "");
+        int cg = chosen >= 0 ? process_gpu(plan, a, (size_t)chosen) : -1;
+        const char *gpu = cg >= 0 && pn[chosen].gpus ? pn[chosen].gpus[cg].uuid : NULL;
+        printf("\nadapter %zu (%s): %s%s%s%s\n", a + 1, labels[a],
+               chosen >= 0 ? "-> " : "NOT PLACED", chosen >= 0 ? cfg->nodes[chosen].name : "",
+               gpu ? " " : "", gpu ? gpu : "");
         for (size_t n = 0; n < cfg->n_nodes; n++) {
             const tdm_place_eval *e = &plan->evals[a * cfg->n_nodes + n];
             if (!e->eligible) {
@@ -113,12 +135,18 @@ static void print_plan(const tdm_submit_plan *p, void *user)
     printf("\nPlan:\n");
     for (size_t n = 0; n < cfg->n_nodes; n++) {
         if (!plan->adapters_on_node[n]) continue;
-        int g = plan->device_of_node[n];
-        printf("  %-14s one finetune process on %s with %d adapter(s):", cfg->nodes[n].name,
-               g >= 0 ? pn[n].gpus[g].uuid : "the CPU", plan->adapters_on_node[n]);
-        for (size_t a = 0; a < ac->n_adapters; a++)
-            if (plan->node_of[a] == (int)n) printf(" %s", labels[a]);
-        printf("\n");
+        for (int g = next_process(plan, n, ac->n_adapters, -2); g != -2;
+             g = next_process(plan, n, ac->n_adapters, g)) {
+            int k = 0;
+            for (size_t a = 0; a < ac->n_adapters; a++)
+                k += plan->node_of[a] == (int)n && process_gpu(plan, a, n) == g;
+            printf("  %-14s one finetune process on %s with %d adapter(s):", cfg->nodes[n].name,
+                   g >= 0 ? pn[n].gpus[g].uuid : "the CPU", k);
+            for (size_t a = 0; a < ac->n_adapters; a++)
+                if (plan->node_of[a] == (int)n && process_gpu(plan, a, n) == g)
+                    printf(" %s", labels[a]);
+            printf("\n");
+        }
     }
     fflush(stdout);
 }
@@ -156,23 +184,31 @@ static json_t *plan_json(const tdm_submit_plan *p)
             }
             json_array_append_new(nodes, o);
         }
+        int cg = chosen >= 0 ? process_gpu(plan, a, (size_t)chosen) : -1;
+        json_t *device = chosen < 0 ? json_null()
+                         : cg >= 0 && p->nodes[chosen].gpus
+                             ? json_string(p->nodes[chosen].gpus[cg].uuid)
+                             : json_string("cpu");
         json_array_append_new(
-            adapters,
-            json_pack("{s:I, s:s, s:o, s:o}", "index", (json_int_t)a + 1, "label", p->labels[a],
-                      "node", chosen >= 0 ? json_string(cfg->nodes[chosen].name) : json_null(),
-                      "nodes", nodes));
+            adapters, json_pack("{s:I, s:s, s:o, s:o, s:o}", "index", (json_int_t)a + 1, "label",
+                                p->labels[a], "node",
+                                chosen >= 0 ? json_string(cfg->nodes[chosen].name) : json_null(),
+                                "device", device, "nodes", nodes));
     }
     json_t *processes = json_array();
+    size_t na = p->adapters->n_adapters;
     for (size_t n = 0; n < cfg->n_nodes; n++) {
         if (!plan->adapters_on_node[n]) continue;
-        int g = plan->device_of_node[n];
-        json_t *labels = json_array();
-        for (size_t a = 0; a < p->adapters->n_adapters; a++)
-            if (plan->node_of[a] == (int)n)
-                json_array_append_new(labels, json_string(p->labels[a]));
-        json_array_append_new(
-            processes, json_pack("{s:s, s:s, s:o}", "node", cfg->nodes[n].name, "device",
-                                 g >= 0 ? p->nodes[n].gpus[g].uuid : "cpu", "adapters", labels));
+        for (int g = next_process(plan, n, na, -2); g != -2; g = next_process(plan, n, na, g)) {
+            json_t *labels = json_array();
+            for (size_t a = 0; a < na; a++)
+                if (plan->node_of[a] == (int)n && process_gpu(plan, a, n) == g)
+                    json_array_append_new(labels, json_string(p->labels[a]));
+            json_array_append_new(
+                processes, json_pack("{s:s, s:s, s:o}", "node", cfg->nodes[n].name, "device",
+                                     g >= 0 && p->nodes[n].gpus ? p->nodes[n].gpus[g].uuid : "cpu",
+                                     "adapters", labels));
+        }
     }
     int64_t second_gpu = b->n_adapters > 1 ? b->gpu_mb[2] - b->gpu_mb[1] : 0;
     int64_t second_cpu = b->n_adapters > 1 ? b->cpu_mb[2] - b->cpu_mb[1] : 0;

@@ -459,7 +459,6 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
         return at(w, m, TDM_ERR_PARSE, "slurm must be a mapping (partition, workdir, ...)");
     tdm_status st = check_keys(w, m);
     tdm_cluster_node *sh = &sl->shared;
-    const yaml_node_t *gpus_node = NULL;
     bool vram_given = false;
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start;
          st == TDM_OK && p < m->data.mapping.pairs.top; p++) {
@@ -493,7 +492,6 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
                         "slurm.mem_per_gpu '%s' must be a size such as 32G or 16000M",
                         sl->mem_per_gpu);
         } else if (!strcmp(key, "gpus_per_job")) {
-            gpus_node = v;
             if ((st = int_field(w, v, "slurm.gpus_per_job", 0, 64, false, &num)) == TDM_OK)
                 sl->gpus_per_job = (int)num;
         } else if (!strcmp(key, "gpu_vram_mb")) {
@@ -563,17 +561,12 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
     if (!sh->workdir)
         return at(w, m, TDM_ERR_INVALID,
                   "slurm needs `workdir:`, a directory every node sees at the same path");
-    if (sl->gpus_per_job > 1)
-        return at(w, gpus_node, TDM_ERR_INVALID,
-                  "slurm.gpus_per_job %d: a job trains its adapters in one fused process on one "
-                  "GPU; use 1 (more adapters make more jobs) or 0 for CPU-only jobs",
-                  sl->gpus_per_job);
     if (sl->gpus_per_job > 0 && !vram_given)
         return at(w, m, TDM_ERR_INVALID,
                   "slurm needs `gpu_vram_mb:` (the GPU memory one job may plan for, MiB) when "
                   "gpus_per_job is not 0");
     if (sl->gpus_per_job == 0 && sl->device == TDM_SLURM_DEVICE_CUDA)
-        return at(w, m, TDM_ERR_INVALID, "slurm.device cuda needs gpus_per_job 1");
+        return at(w, m, TDM_ERR_INVALID, "slurm.device cuda needs gpus_per_job 1 or more");
     sh->name = strdup("slurm");
     sh->transport = TDM_TRANSPORT_LOCAL;
     if (!sh->tandem) sh->tandem = strdup("tandem");

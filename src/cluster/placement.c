@@ -10,6 +10,7 @@
 void tdm_place_plan_free(tdm_place_plan *plan)
 {
     free(plan->node_of);
+    free(plan->gpu_of);
     free(plan->device_of_node);
     free(plan->adapters_on_node);
     free(plan->evals);
@@ -26,14 +27,22 @@ static int64_t gpu_plan_mb(const tdm_place_budget *b, int k, int64_t avail)
     return -1;
 }
 
-/* Memory the plan already took on node n's chosen device. */
-static int64_t planned_mb(const tdm_place_plan *p, size_t n, bool cpu, const tdm_place_budget *b)
+/* Memory the plan already took on node n's CPU. */
+static int64_t planned_cpu_mb(const tdm_place_plan *p, size_t n, const tdm_place_budget *b)
 {
-    int k = p->adapters_on_node[n];
-    return cpu ? b->cpu_mb[k] : b->gpu_mb[k];
+    return b->cpu_mb[p->adapters_on_node[n]];
 }
 
-static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan *p,
+/* Adapters the plan put on GPU g of node n before adapter a (one process per GPU). */
+static int planned_on_gpu(const tdm_place_plan *p, size_t n, int g, size_t a)
+{
+    int k = 0;
+    for (size_t i = 0; i < a; i++)
+        k += p->node_of[i] == (int)n && p->gpu_of[i] == g;
+    return k;
+}
+
+static void evaluate(const tdm_place_node *node, size_t n, size_t a, const tdm_place_plan *p,
                      const tdm_place_budget *b, int64_t model_params, tdm_place_eval *e)
 {
     memset(e, 0, sizeof *e);
@@ -61,7 +70,7 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
                      (long long)model_params, (long long)node->cpu_max_params);
             return;
         }
-        int64_t free_mb = node->ram_free_mb - planned_mb(p, n, true, b);
+        int64_t free_mb = node->ram_free_mb - planned_cpu_mb(p, n, b);
         int64_t need = b->cpu_mb[planned + 1] - b->cpu_mb[planned];
         e->free_mb = free_mb;
         e->need_mb = need;
@@ -74,18 +83,23 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
         e->score = (double)free_mb / (double)b->cpu_mb[1] * TDM_SPEED_CPU * share;
         return;
     }
-    int64_t need = b->gpu_mb[planned + 1] - b->gpu_mb[planned];
+    /* one process per GPU: an adapter joins the process the plan already has on a GPU, or
+     * starts one on a GPU the plan has not used */
     int best = -1;
     double best_score = -1;
-    int64_t best_free = -1, most_free = -1, best_need = need;
+    int64_t best_free = -1, most_free = -1, best_need = 0, most_free_need = 0;
+    int most_free_k = 0;
     for (size_t g = 0; g < node->n_gpus; g++) {
-        if (planned && (int)g != p->device_of_node[n])
-            continue; /* one process per node: later adapters join its GPU */
+        int k = planned_on_gpu(p, n, (int)g, a);
         int64_t avail = node->gpus[g].free_mb;
-        int64_t before = gpu_plan_mb(b, planned, avail), after = gpu_plan_mb(b, planned + 1, avail);
-        if (before < 0) before = planned_mb(p, n, false, b);
+        int64_t before = gpu_plan_mb(b, k, avail), after = gpu_plan_mb(b, k + 1, avail);
+        if (before < 0) before = b->gpu_mb[k];
         int64_t free_mb = avail - before;
-        if (free_mb > most_free) most_free = free_mb;
+        if (free_mb > most_free) {
+            most_free = free_mb;
+            most_free_need = b->gpu_mb[k + 1] - b->gpu_mb[k];
+            most_free_k = k;
+        }
         if (after < 0) continue;
         int64_t need_g = after - before > 0 ? after - before : 0;
         double s = (double)free_mb / (double)b->gpu_mb[1] * node->gpus[g].speed * share;
@@ -96,16 +110,17 @@ static void evaluate(const tdm_place_node *node, size_t n, const tdm_place_plan 
             best_need = need_g;
         }
     }
-    e->need_mb = best < 0 ? need : best_need;
+    e->need_mb = best < 0 ? most_free_need : best_need;
     if (best < 0) {
         e->free_mb = most_free;
-        int w = snprintf(e->why, sizeof e->why, "%s has %lld MiB free, needs %lld MiB",
-                         planned ? "its process's GPU" : "no GPU has room: the best",
-                         (long long)most_free, (long long)need);
+        int w = snprintf(e->why, sizeof e->why,
+                         "no GPU has room: the best has %lld MiB free, "
+                         "needs %lld MiB",
+                         (long long)most_free, (long long)most_free_need);
         if (b->gpu_min_mb && w > 0 && (size_t)w < sizeof e->why)
             snprintf(e->why + w, sizeof e->why - (size_t)w,
-                     " (a process of %d adapter(s) at its smallest plan: %lld MiB)", planned + 1,
-                     (long long)b->gpu_min_mb[planned + 1]);
+                     " (a process of %d adapter(s) at its smallest plan: %lld MiB)",
+                     most_free_k + 1, (long long)b->gpu_min_mb[most_free_k + 1]);
         return;
     }
     e->eligible = true;
@@ -122,11 +137,13 @@ tdm_status tdm_place(const tdm_place_node *nodes, size_t n_nodes, size_t n_adapt
     plan->n_adapters = n_adapters;
     plan->n_nodes = n_nodes;
     plan->node_of = calloc(n_adapters ? n_adapters : 1, sizeof *plan->node_of);
+    plan->gpu_of = calloc(n_adapters ? n_adapters : 1, sizeof *plan->gpu_of);
     plan->device_of_node = calloc(n_nodes ? n_nodes : 1, sizeof *plan->device_of_node);
     plan->adapters_on_node = calloc(n_nodes ? n_nodes : 1, sizeof *plan->adapters_on_node);
     plan->evals =
         calloc((n_adapters * n_nodes) > 0 ? n_adapters * n_nodes : 1, sizeof *plan->evals);
-    if (!plan->node_of || !plan->device_of_node || !plan->adapters_on_node || !plan->evals) {
+    if (!plan->node_of || !plan->gpu_of || !plan->device_of_node || !plan->adapters_on_node ||
+        !plan->evals) {
         tdm_place_plan_free(plan);
         return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
@@ -137,11 +154,12 @@ tdm_status tdm_place(const tdm_place_node *nodes, size_t n_nodes, size_t n_adapt
         int best = -1;
         for (size_t n = 0; n < n_nodes; n++) {
             tdm_place_eval *e = &plan->evals[a * n_nodes + n];
-            evaluate(&nodes[n], n, plan, b, model_params, e);
+            evaluate(&nodes[n], n, a, plan, b, model_params, e);
             if (e->eligible && (best < 0 || e->score > plan->evals[a * n_nodes + best].score))
                 best = (int)n;
         }
         plan->node_of[a] = best;
+        plan->gpu_of[a] = best >= 0 ? plan->evals[a * n_nodes + best].gpu : -1;
         if (best < 0) {
             if (st == TDM_OK) {
                 char reasons[700] = "";

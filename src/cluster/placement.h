@@ -12,9 +12,11 @@
  * speed:   the GPU's factor (speed.h), 0.01 for a CPU;
  * active_adapters: adapters already running on the node (from the job registry) plus those this
  *          plan already placed there.
- * Adapters are placed one at a time in file order. A node's first adapter picks its best GPU and
- * needs room for base + adapter; the next ones join the same process (one base in memory) on the
- * same device and need room for one adapter (with --vram auto, a GPU too small for the plan as
+ * Adapters are placed one at a time in file order. A node runs one finetune process per GPU it
+ * uses (each with its own base in memory, as `finetune --gpus` does): an adapter is scored on
+ * each GPU of the node, where it either starts a process (room for base + adapter) or joins the
+ * process the plan already put there (room for one adapter more), and takes the best; a
+ * CPU-only node runs one process (with --vram auto, a GPU too small for the plan as
  * asked but large enough for the smallest plan counts as having room: tdm_place_budget). Excluded,
  * with the reason kept: unreachable nodes, nodes with GPUs whose tandem was built without CUDA
  * (why_no_cuda), nodes at max_adapters, devices without room, CPU-only nodes when the model has
@@ -78,7 +80,10 @@ typedef struct tdm_place_eval {
 typedef struct tdm_place_plan {
     size_t n_adapters, n_nodes;
     int *node_of;          /* (n_adapters) chosen node, -1 when none could take it */
-    int *device_of_node;   /* (n_nodes) GPU index the node's process uses, -1 CPU, -2 unused */
+    int *gpu_of;           /* (n_adapters) GPU index on that node (its process), -1 the CPU;
+                              NULL: device_of_node says (Slurm jobs) */
+    int *device_of_node;   /* (n_nodes) GPU index of the node's first adapter, -1 CPU, -2
+                              unused */
     int *adapters_on_node; /* (n_nodes) how many adapters the plan puts there */
     tdm_place_eval *evals; /* (n_adapters x n_nodes) row-major: evals[a * n_nodes + n] */
 } tdm_place_plan;

@@ -67,7 +67,12 @@ tdm_status tdm_slurm_script(const tdm_slurm_config *sl, const tdm_slurm_job *j, 
     add(&t, "#!/bin/sh\n");
     add(&t, "# Written by `tandem submit` (docs/cluster.md, \"Slurm\"): tandem job %s, %d adapter(s)\n",
         j->id, j->n_adapters);
-    add(&t, "# in one fused `tandem finetune` process. Resubmit by hand with: sbatch %s/job.sh\n",
+    /* several GPUs: `finetune --gpus all` runs one fused process per GPU of the job (the GPUs
+     * Slurm gave it: CUDA_VISIBLE_DEVICES), its adapters split by estimated tokens */
+    bool multi = sl->gpus_per_job > 1 && !strcmp(dev, "cuda");
+    add(&t, "# in %s. Resubmit by hand with: sbatch %s/job.sh\n",
+        multi ? "one fused `tandem finetune` process per GPU (--gpus all)"
+              : "one fused `tandem finetune` process",
         j->job_dir);
     /* #SBATCH lines are read by sbatch, not the shell: paths go unquoted (the workdir holds no
      * newline; config.c checks), names are Slurm words (checked on parsing). */
@@ -110,8 +115,9 @@ tdm_status tdm_slurm_script(const tdm_slurm_config *sl, const tdm_slurm_job *j, 
     /* --no-join: Slurm gave this job its GPU and memory; joining another job's process would
      * train outside this job's allocation and die with that job. */
     add(&t, "%s finetune %s --adapters-config \"$job_dir/adapters.toml\" --device %s --no-join "
-            "--resume",
-        q(keep, &nk, sl->shared.tandem), q(keep, &nk, j->model_dir), dev);
+            "--resume%s",
+        q(keep, &nk, sl->shared.tandem), q(keep, &nk, j->model_dir), dev,
+        multi ? " --gpus all" : "");
     for (size_t i = 0; i < j->n_pass && nk < 126; i++)
         add(&t, " %s", q(keep, &nk, j->pass[i]));
     add(&t, " &\n");

@@ -402,6 +402,31 @@ tdm_status tdm_device_growth_budget(const tdm_device *dev, int64_t *growable_mb,
     return TDM_OK;
 }
 
+tdm_status tdm_device_gpu_budgets(tdm_inventory *inv, int64_t **budget_mb, tdm_error *err)
+{
+    memset(inv, 0, sizeof *inv);
+    *budget_mb = NULL;
+    bool sim = false;
+    TDM_TRY(tdm_device_sim_compute(&sim, err));
+    tdm_error why = {0};
+    if (!can_use_cuda(sim, &why))
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "--gpus: %s (this tandem has no usable CUDA backend)", why.message);
+    TDM_TRY(tdm_inventory_query(inv, err));
+    *budget_mb = calloc(inv->n_gpus + 1, sizeof **budget_mb);
+    if (!*budget_mb) {
+        tdm_inventory_free(inv);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    tdm_ledger_state st;
+    tdm_ledger_state_init(&st);
+    ledger_now(&st); /* no ledger yet: nothing reserved */
+    for (size_t i = 0; i < inv->n_gpus; i++)
+        (*budget_mb)[i] = tdm_device_alone_mb(&inv->gpus[i], &st, NULL);
+    tdm_ledger_state_free(&st);
+    return TDM_OK;
+}
+
 /* Reserves the plan's memory (or adopts gpu run's reservation) and points CUDA at that GPU. */
 static tdm_status reserve(tdm_device *dev, const tdm_device_request *req, const tdm_model_mem *est,
                           tdm_error *err)

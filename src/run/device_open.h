@@ -132,6 +132,13 @@ typedef struct tdm_device_budget {
 tdm_status tdm_device_budget_query(const tdm_device_request *req, tdm_device_budget *out,
                                    tdm_error *err);
 
+/* Every GPU a CUDA run could use here (the inventory, CUDA_VISIBLE_DEVICES applied) into *inv,
+ * and (*budget_mb)[i], malloc'd, the budget a run alone can get on GPU i (tdm_device_alone_mb):
+ * what `finetune --gpus` splits a run's adapters with. Errors: no usable CUDA backend (a build
+ * without CUDA and without the simulated-GPU seam, no GPU listed): TDM_ERR_UNSUPPORTED; the
+ * inventory's. Free both (tdm_inventory_free, free). */
+tdm_status tdm_device_gpu_budgets(tdm_inventory *inv, int64_t **budget_mb, tdm_error *err);
+
 /* Opens the device req asks for. est is the run's memory plan on the CUDA backend (NULL when the
  * caller cannot make one: then --vram auto reserves TDM_CUDA_CONTEXT_MIB only... so pass one).
  * On success *dev holds a backend (and maybe a lease, released at exit as well). Errors:

@@ -11,29 +11,23 @@
 #include "train/memory_plan.h"
 #include "util/path_identity.h"
 
-/* Strings this run allocates for the trainer's adapter list, freed together at the end. */
-typedef struct owned_strings {
-    char **v;
-    size_t n, cap;
-} owned_strings;
-
 /* path as written when absolute, else base_dir/path; the copy is kept in o. NULL when out of
  * memory. */
-static const char *owned_path(owned_strings *o, const char *base_dir, const char *path)
+static const char *owned_path(tdm_run_adapters *o, const char *base_dir, const char *path)
 {
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 16;
-        char **v = realloc(o->v, cap * sizeof *v);
+    if (o->n_owned == o->cap_owned) {
+        size_t cap = o->cap_owned ? 2 * o->cap_owned : 16;
+        char **v = realloc(o->owned, cap * sizeof *v);
         if (!v) return NULL;
-        o->v = v;
-        o->cap = cap;
+        o->owned = v;
+        o->cap_owned = cap;
     }
     char *out;
     if (path[0] == '/' || !base_dir[0] || !strcmp(base_dir, "."))
         out = strdup(path);
     else if (asprintf(&out, "%s/%s", base_dir, path) < 0)
         out = NULL;
-    if (out) o->v[o->n++] = out;
+    if (out) o->owned[o->n_owned++] = out;
     return out;
 }
 
@@ -41,7 +35,7 @@ static const char *owned_path(owned_strings *o, const char *base_dir, const char
  * are relative to the file's own directory (as `tandem submit` resolves them). */
 static tdm_status adapters_from_config(const tdm_adapters_config *acfg, const char *config_file,
                                        const tdm_trainer_adapter *defaults,
-                                       tdm_trainer_adapter *ads, owned_strings *owned,
+                                       tdm_trainer_adapter *ads, tdm_run_adapters *owned,
                                        tdm_error *err)
 {
     char config_dir[4096];
@@ -261,39 +255,91 @@ out:
     return st;
 }
 
-tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, char **bad_lines,
-                            tdm_error *err)
+tdm_status tdm_run_adapters_load(tdm_run_opts *o, tdm_run_adapters *l, tdm_error *err)
 {
-    *bad_lines = NULL;
+    memset(l, 0, sizeof *l);
     if (!o->n_adapter_args == !o->adapters_config)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "finetune: give --adapter DATA.jsonl:OUT_DIR (one or more) or "
                         "--adapters-config FILE, not both");
-    if (o->device.gpu_share_given && !o->device.mps.enabled)
-        return tdm_fail(err, TDM_ERR_INVALID,
-                        "finetune: --gpu-share only applies with --experimental-mps");
-    tdm_adapters_config acfg = {0};
-    owned_strings owned = {0};
     tdm_status st;
-    int n = (int)o->n_adapter_args;
+    l->n = (int)o->n_adapter_args;
     if (o->adapters_config) {
-        if ((st = tdm_adapters_config_load(o->adapters_config, &acfg, err)) != TDM_OK) {
+        if ((st = tdm_adapters_config_load(o->adapters_config, &l->acfg, err)) != TDM_OK) {
             /* a mistake in the file is a usage error (exit 2); a file that cannot be read (a
              * FIFO, a directory, no permission) is a runtime one (exit 1) */
             if (err->status != TDM_ERR_IO) err->status = TDM_ERR_INVALID;
             return err->status;
         }
-        n = (int)acfg.n_adapters;
+        l->n = (int)l->acfg.n_adapters;
     }
-    tdm_trainer_adapter *ads = calloc((size_t)n, sizeof *ads);
-    if (!ads) {
-        st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        goto out;
+    l->ads = calloc((size_t)l->n + 1, sizeof *l->ads);
+    if (!l->ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    return o->adapters_config
+               ? adapters_from_config(&l->acfg, o->adapters_config, &o->adapter, l->ads, l, err)
+               : adapters_from_flags(o, l->ads, err);
+}
+
+void tdm_run_adapters_free(tdm_run_adapters *l)
+{
+    free(l->ads);
+    for (size_t i = 0; i < l->n_owned; i++)
+        free(l->owned[i]);
+    free(l->owned);
+    tdm_adapters_config_free(&l->acfg);
+    memset(l, 0, sizeof *l);
+}
+
+/* --adapter-subset I,J,...: keeps those adapters (0-based, each once, in the list's order). */
+static tdm_status apply_subset(const char *list, tdm_run_adapters *l, tdm_error *err)
+{
+    tdm_trainer_adapter *keep = calloc((size_t)l->n + 1, sizeof *keep);
+    bool *taken = calloc((size_t)l->n + 1, sizeof *taken);
+    if (!keep || !taken) {
+        free(keep);
+        free(taken);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     }
-    st = o->adapters_config
-             ? adapters_from_config(&acfg, o->adapters_config, &o->adapter, ads, &owned, err)
-             : adapters_from_flags(o, ads, err);
+    int n = 0;
+    const char *p = list;
+    tdm_status st = TDM_OK;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || v < 0 || v >= l->n || taken[v]) {
+            st = tdm_fail(err, TDM_ERR_INVALID,
+                          "--adapter-subset '%s': needs distinct adapter indices 0..%d", list,
+                          l->n - 1);
+            break;
+        }
+        taken[v] = true;
+        keep[n++] = l->ads[v];
+        p = *end ? end + 1 : end;
+    }
+    if (st == TDM_OK && !n)
+        st = tdm_fail(err, TDM_ERR_INVALID, "--adapter-subset: no adapter given");
+    if (st == TDM_OK) {
+        memcpy(l->ads, keep, (size_t)n * sizeof *keep);
+        l->n = n;
+    }
+    free(keep);
+    free(taken);
+    return st;
+}
+
+tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, char **bad_lines,
+                            tdm_error *err)
+{
+    *bad_lines = NULL;
+    if (o->device.gpu_share_given && !o->device.mps.enabled)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: --gpu-share only applies with --experimental-mps");
+    tdm_run_adapters l;
+    tdm_status st = tdm_run_adapters_load(o, &l, err);
+    if (st == TDM_OK && o->adapter_subset) st = apply_subset(o->adapter_subset, &l, err);
     if (st != TDM_OK) goto out;
+    tdm_trainer_adapter *ads = l.ads;
+    int n = l.n;
     tdm_run_context rc = tdm_run_context_for(&o->device.mps);
     if (strcmp(o->device.device, "cpu") && rc.max_checkpoint_interval_steps > 0)
         o->trainer.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
@@ -321,10 +367,6 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
         o->trainer.resume = resume;
     }
 out:
-    free(ads);
-    for (size_t i = 0; i < owned.n; i++)
-        free(owned.v[i]);
-    free(owned.v);
-    tdm_adapters_config_free(&acfg);
+    tdm_run_adapters_free(&l);
     return st;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "run/run_options.h"
+#include "train/adapters_config.h"
 
 /* One adapter about to be trained. */
 typedef struct tdm_run_adapter_info {
@@ -25,6 +26,19 @@ typedef struct tdm_finetune_hooks {
     void *user;
     FILE *profile_out; /* --profile-ops: where the per-op table goes at the end */
 } tdm_finetune_hooks;
+
+/* The adapters of a run: from --adapter flags (split at their first ':' in place) or the
+ * adapters.toml of --adapters-config (its paths relative to the file, its keys over the flags).
+ * Errors: TDM_ERR_INVALID for a wrong list or file (TDM_ERR_IO: a file that cannot be read). */
+typedef struct tdm_run_adapters {
+    tdm_trainer_adapter *ads; /* (n) */
+    int n;
+    tdm_adapters_config acfg; /* --adapters-config: the file, whose strings ads borrow */
+    char **owned;             /* (n_owned) paths made for ads, freed with the list */
+    size_t n_owned, cap_owned;
+} tdm_run_adapters;
+tdm_status tdm_run_adapters_load(tdm_run_opts *o, tdm_run_adapters *out, tdm_error *err);
+void tdm_run_adapters_free(tdm_run_adapters *l);
 
 /* Trains the adapters of o (o->trainer.model_dir set by the caller). Errors: TDM_ERR_INVALID
  * for a wrong adapter list or adapters.toml (exit 2), TDM_ERR_PARSE with *bad_lines (malloc'd

@@ -241,6 +241,11 @@ static const tdm_run_option table[] = {
      V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
        "train in a process of its own: never join another finetune, nor host one"),
      NULL, false},
+    /* several GPUs (docs/finetune.md, "Several GPUs") */
+    {"gpus", "all|N|UUID,UUID", F, DST(gpus),
+     V(TDM_OPT_LABEL, 0, 0, 0, 0, 0, NULL, "", "all, a count or a list of GPUs",
+       "spread the adapters over these GPUs: one process per GPU"),
+     NULL, false},
     {"profile-ops", NULL, F, DST(profile_ops),
      V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
        "print the time of every backend op at the end"),
@@ -253,6 +258,8 @@ static const tdm_run_option table[] = {
     /* hidden: no help line, not in the docs */
     {"list-options", NULL, F | E, DST(list_options),
      V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", NULL), NULL, false},
+    {"adapter-subset", "I,J", F, DST(adapter_subset),
+     V(TDM_OPT_LABEL, 0, 0, 0, 0, 0, NULL, "", "a list of adapter indices", NULL), NULL, false},
     {"help", NULL, F | E, DST(help), V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", NULL), NULL,
      false},
 };

@@ -37,6 +37,9 @@ typedef struct tdm_run_opts {
     bool no_join;                /* --no-join: neither join a host nor serve as one */
     int cotrain_takeovers;       /* no flag: host deaths this run survived (co-training) */
     int cotrain_rejoins;         /* no flag: hosts found at device open that ended unjoined */
+    const char *gpus;            /* --gpus all|N|UUID,UUID: one process per GPU, or NULL */
+    const char *adapter_subset;  /* --adapter-subset I,J (hidden): a --gpus parent's child
+                                    trains only these adapters (0-based) */
     bool list_options;           /* --list-options (hidden): print the table, for the docs test */
     bool help;
     /* eval only */

@@ -252,10 +252,26 @@ static void probe_node(submission *s, size_t n)
     }
 }
 
-/* Copies the model and the data of the adapters placed in group n (s->plan.node_of) to node
- * through tr, writes their adapters.toml to job_dir/adapters.toml on the node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
+/* The device of adapter a's process on its node: a GPU index, -1 the CPU. */
+static int process_gpu(const submission *s, size_t a)
+{
+    return s->plan.gpu_of ? s->plan.gpu_of[a] : s->plan.device_of_node[s->plan.node_of[a]];
+}
+
+/* Adapters of group n on device g (process_gpu). */
+static int process_adapters(const submission *s, size_t n, int g)
+{
+    int k = 0;
+    for (size_t a = 0; a < s->ac.n_adapters; a++)
+        k += s->plan.node_of[a] == (int)n && process_gpu(s, a) == g;
+    return k;
+}
+
+/* Copies the model and the data of the adapters placed in group n (s->plan.node_of) on device g
+ * (process_gpu) to node through tr, writes their adapters.toml to job_dir/adapters.toml on the
+ * node; *rmodel: the model's path there (malloc'd), *jadapters: the registry's adapter list. */
 static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_transport *tr,
-                             size_t n, const char *adir, const char *job_dir, char **rmodel,
+                             size_t n, int g, const char *adir, const char *job_dir, char **rmodel,
                              json_t *jadapters, char *remote_toml, size_t cap,
                              tdm_submit_hooks *hooks, tdm_error *err)
 {
@@ -274,7 +290,7 @@ static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_tr
             s->req->adapters_config);
     tdm_status st = TDM_OK;
     for (size_t a = 0; a < s->ac.n_adapters && st == TDM_OK; a++) {
-        if (s->plan.node_of[a] != (int)n) continue;
+        if (s->plan.node_of[a] != (int)n || process_gpu(s, a) != g) continue;
         const tdm_adapter_spec *sp = &s->ac.adapters[a];
         char *local = resolve(adir, sp->data), *rdata = NULL;
         char *rout = sp->output[0] == '/' ? strdup(sp->output) : resolve(node->workdir, sp->output);
@@ -307,9 +323,10 @@ static tdm_status stage_node(submission *s, const tdm_cluster_node *node, tdm_tr
     return st;
 }
 
-/* Starts node n's finetune detached: env CUDA_VISIBLE_DEVICES=UUID TANDEM finetune MODEL
- * --adapters-config TOML --device D [passed flags]; records the job. Takes jadapters. */
-static tdm_status launch_node(submission *s, size_t n, const char *id, const char *job_dir,
+/* Starts node n's finetune on device g (a GPU index, -1 the CPU) detached: env
+ * CUDA_VISIBLE_DEVICES=UUID TANDEM finetune MODEL --adapters-config TOML --device D [passed
+ * flags]; records the job. Takes jadapters. */
+static tdm_status launch_node(submission *s, size_t n, int g, const char *id, const char *job_dir,
                               const char *rmodel, const char *remote_toml, json_t *jadapters,
                               const char *submission_id, const char *now, tdm_submit_hooks *hooks,
                               tdm_error *err)
@@ -318,7 +335,7 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
     const char *fa[96];
     size_t k = 0;
     char cvd[160];
-    int g = s->plan.device_of_node[n];
+    int n_adapters = process_adapters(s, n, g);
     if (s->req->n_pass > 80) {
         json_decref(jadapters);
         return tdm_fail(err, TDM_ERR_INVALID, "too many finetune flags");
@@ -361,8 +378,8 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
         st = tdm_fail(err, err->status, "job %s started (pid %ld on %s) but not recorded: %s", id,
                       pid, node->name, err->message);
     else {
-        note(hooks, "%s: started job %s (pid %ld, %d adapter(s), log %s/log)", node->name, id, pid,
-             s->plan.adapters_on_node[n], job_dir);
+        note(hooks, "%s: started job %s (pid %ld, %d adapter(s) on %s, log %s/log)", node->name, id,
+             pid, n_adapters, g >= 0 ? s->gpus[n][g].uuid : "the CPU", job_dir);
         if (hooks->job) {
             tdm_submit_job j = {.id = id,
                                 .submission = submission_id,
@@ -370,7 +387,7 @@ static tdm_status launch_node(submission *s, size_t n, const char *id, const cha
                                 .job_dir = job_dir,
                                 .device = g >= 0 ? s->gpus[n][g].uuid : NULL,
                                 .pid = pid,
-                                .n_adapters = s->plan.adapters_on_node[n]};
+                                .n_adapters = n_adapters};
             hooks->job(&j, hooks->user);
         }
     }
@@ -399,23 +416,28 @@ static tdm_status start_nodes(submission *s, tdm_submit_hooks *hooks, tdm_error 
     for (size_t n = 0; n < s->cfg->n_nodes && st == TDM_OK; n++) {
         if (!s->plan.adapters_on_node[n]) continue;
         const tdm_cluster_node *node = &s->cfg->nodes[n];
-        char id[128], job_dir[4096], remote_toml[4200];
-        tdm_registry_new_id(node->name, id, sizeof id);
-        snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", node->workdir, id);
-        char *rmodel = NULL;
-        json_t *jadapters = json_array();
-        if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        st = stage_node(s, node, &s->tr[n], n, adir, job_dir, &rmodel, jadapters, remote_toml,
-                        sizeof remote_toml, hooks, err);
-        if (st != TDM_OK || s->req->stage_only) {
-            if (st == TDM_OK)
-                note(hooks, "%s: staged %s (not started: --stage-only)", node->name, remote_toml);
-            json_decref(jadapters);
-        } else {
-            st = launch_node(s, n, id, job_dir, rmodel, remote_toml, jadapters, submission_id, now,
-                             hooks, err);
+        /* one job per process: per GPU the plan uses on the node (the CPU: g = -1) */
+        for (int g = -1; g < (int)s->pn[n].n_gpus && st == TDM_OK; g++) {
+            if (!process_adapters(s, n, g)) continue;
+            char id[128], job_dir[4096], remote_toml[4200];
+            tdm_registry_new_id(node->name, id, sizeof id);
+            snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", node->workdir, id);
+            char *rmodel = NULL;
+            json_t *jadapters = json_array();
+            if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+            st = stage_node(s, node, &s->tr[n], n, g, adir, job_dir, &rmodel, jadapters,
+                            remote_toml, sizeof remote_toml, hooks, err);
+            if (st != TDM_OK || s->req->stage_only) {
+                if (st == TDM_OK)
+                    note(hooks, "%s: staged %s (not started: --stage-only)", node->name,
+                         remote_toml);
+                json_decref(jadapters);
+            } else {
+                st = launch_node(s, n, g, id, job_dir, rmodel, remote_toml, jadapters,
+                                 submission_id, now, hooks, err);
+            }
+            free(rmodel);
         }
-        free(rmodel);
     }
     if (st == TDM_OK && !s->req->stage_only)
         snprintf(hooks->submission, sizeof hooks->submission, "%s", submission_id);
@@ -459,9 +481,16 @@ static tdm_status slurm_group(submission *s, const char *device, size_t *n_jobs,
                         "(%lld) allows a CPU-only job; ask for GPUs (gpus_per_job: 1) or raise "
                         "cpu_max_params",
                         s->cfg->file, sl->line, (long long)params, (long long)sl->cpu_max_params);
-    size_t k = 0;
-    for (size_t c = 1; c <= n && c <= (size_t)sl->max_adapters; c++)
+    /* k: adapters per job; on GPUs, k_gpu per GPU (one fused process each: with gpus_per_job
+     * > 1 the job's finetune --gpus all splits them) */
+    size_t k = 0, per_job = (size_t)sl->max_adapters;
+    for (size_t c = 1; c <= n && c <= per_job; c++)
         if (!gpu || s->budget.gpu_mb[c] <= sl->gpu_vram_mb) k = c;
+    if (gpu && k && sl->gpus_per_job > 1) {
+        k *= (size_t)sl->gpus_per_job;
+        if (k > per_job) k = per_job;
+        if (k > n) k = n;
+    }
     if (!k)
         return tdm_fail(err, TDM_ERR_NEVER_FITS,
                         "one adapter needs %lld MiB of GPU memory (the --vram auto estimate), "
@@ -500,13 +529,16 @@ static void slurm_note_plan(const submission *s, size_t n_jobs, const char *devi
                                          used ? ", " : "", s->labels[a]);
         int k = s->plan.adapters_on_node[j];
         bool gpu = !strcmp(device, "cuda");
+        int g = sl->gpus_per_job > 1 ? sl->gpus_per_job : 1;
+        int per_gpu = (k + g - 1) / g; /* the most on one GPU when the split is even */
         if (gpu)
             note(hooks,
-                 "slurm job %zu of %zu: %s (%d adapter(s), --device cuda, --gres=gpu:%s%s1, "
-                 "plan %lld MiB of gpu_vram_mb %lld)",
-                 j + 1, n_jobs, names, k, sl->gpu_type ? sl->gpu_type : "",
-                 sl->gpu_type ? ":" : "", (long long)s->budget.gpu_mb[k],
-                 (long long)sl->gpu_vram_mb);
+                 "slurm job %zu of %zu: %s (%d adapter(s), --device cuda%s, --gres=gpu:%s%s%d, "
+                 "plan %lld MiB of gpu_vram_mb %lld%s)",
+                 j + 1, n_jobs, names, k, g > 1 ? " --gpus all" : "",
+                 sl->gpu_type ? sl->gpu_type : "", sl->gpu_type ? ":" : "", g,
+                 (long long)s->budget.gpu_mb[per_gpu], (long long)sl->gpu_vram_mb,
+                 g > 1 ? " per GPU" : "");
         else
             note(hooks, "slurm job %zu of %zu: %s (%d adapter(s), --device cpu%s, --mem=%lldM)",
                  j + 1, n_jobs, names, k, sl->gpus_per_job ? " on a GPU job (slurm.device cpu)" : "",
@@ -599,8 +631,8 @@ static tdm_status slurm_submit(submission *s, tdm_submit_hooks *hooks, tdm_error
             json_decref(jadapters);
             continue;
         }
-        st = stage_node(s, &sl->shared, &tr, j, adir, job_dir, &rmodel, jadapters, remote_toml,
-                        sizeof remote_toml, hooks, err);
+        st = stage_node(s, &sl->shared, &tr, j, s->plan.device_of_node[j], adir, job_dir, &rmodel,
+                        jadapters, remote_toml, sizeof remote_toml, hooks, err);
         if (st == TDM_OK)
             st = slurm_write_script(s, id, job_dir, rmodel, s->plan.adapters_on_node[j], script,
                                     sizeof script, &text, err);

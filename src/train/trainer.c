@@ -1544,6 +1544,49 @@ tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64
     return st;
 }
 
+tdm_status tdm_trainer_memory_fit_subset(const tdm_trainer *t, const int *subset, int n_subset,
+                                         int64_t budget_mb, int64_t context_mb, tdm_memory_fit *out,
+                                         tdm_error *err)
+{
+    tdm_plan_adapter *all = calloc((size_t)t->n + 1, sizeof *all);
+    tdm_plan_adapter *ads = calloc((size_t)n_subset + 1, sizeof *ads);
+    if (!all || !ads) {
+        free(all);
+        free(ads);
+        return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    }
+    int n = plan_adapters(t, t->split, false, all);
+    int g = 1, k = 0;
+    for (int i = 0; i < n_subset; i++) {
+        if (subset[i] < 0 || subset[i] >= n) continue;
+        ads[k++] = all[subset[i]];
+        if (t->ad[subset[i]].cfg.grad_accum > g) g = t->ad[subset[i]].cfg.grad_accum;
+    }
+    tdm_memory_fit_request req = {.config = t->mcfg_host,
+                                  .opts = model_opts(t),
+                                  .act = TDM_BE_BF16,
+                                  .adapters = ads,
+                                  .n_adapters = k,
+                                  .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
+                                  .grad_accum = g,
+                                  .context_mb = context_mb,
+                                  .budget_mb = budget_mb};
+    tdm_status st = k ? tdm_memory_plan_fit(&req, out, err)
+                      : tdm_fail(err, TDM_ERR_INVALID, "memory fit: no adapter in the subset");
+    free(ads);
+    free_plan_adapters(all, n);
+    return st;
+}
+
+double tdm_trainer_adapter_work(const tdm_trainer *t, int a)
+{
+    const adapter_state *s = &t->ad[a];
+    double tokens = 0;
+    for (uint32_t i = 0; i < s->ds.n_train; i++)
+        tokens += s->ds.samples[s->ds.train[i]].len;
+    return tokens * s->cfg.epochs;
+}
+
 tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
                                        tdm_error *err)
 {

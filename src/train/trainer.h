@@ -200,8 +200,20 @@ struct tdm_memory_fit;
 tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
                                   struct tdm_memory_fit *out, tdm_error *err);
 
-/* Applies a memory plan: gradient checkpointing and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
- * of its optimizer batch, in up to grad_accum x k passes per global step (training and
+/* tdm_trainer_memory_fit for the adapters subset[0..n_subset) of t alone (indices into t's
+ * adapters): the plan a process training only them would choose (`finetune --gpus` asks it of
+ * each GPU's group, run/gpu_split.h). */
+tdm_status tdm_trainer_memory_fit_subset(const tdm_trainer *t, const int *subset, int n_subset,
+                                         int64_t budget_mb, int64_t context_mb,
+                                         struct tdm_memory_fit *out, tdm_error *err);
+
+/* Adapter a's estimated work in tokens: its training samples x epochs x their mean length
+ * (tokens after truncation to max_seq_len), i.e. the sum of its training samples' lengths x
+ * epochs. */
+double tdm_trainer_adapter_work(const tdm_trainer *t, int a);
+
+/* Applies a memory plan: gradient checkpointing and split k >= 1: every adapter's pass takes
+ * at most ceil(batch_size / k) sequences of its optimizer batch, in up to grad_accum x k passes per global step (training and
  * validation). The optimizer batches, the data order, the steps, the schedule, the checkpoints
  * and records are those of k = 1; the gradient of a batch is the same sum over its tokens, so
  * the result equals k = 1 to float rounding (with LoRA dropout the masks of the pieces differ:

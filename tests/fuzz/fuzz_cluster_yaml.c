@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(cfg.n_nodes == 0 && cfg.nodes == NULL);
         CHECK(sl->shared.workdir && sl->shared.workdir[0] == '/' && !strchr(sl->shared.workdir, '\n'));
         CHECK(sl->shared.transport == TDM_TRANSPORT_LOCAL && !strcmp(sl->shared.name, "slurm"));
-        CHECK(sl->gpus_per_job == 0 || (sl->gpus_per_job == 1 && sl->gpu_vram_mb > 0));
+        CHECK(sl->gpus_per_job == 0 || (sl->gpus_per_job >= 1 && sl->gpu_vram_mb > 0));
         CHECK(sl->signal_grace_s >= 1 && sl->max_adapters >= 1);
         for (size_t e = 0; e < sl->n_extra; e++)
             CHECK(!strncmp(sl->extra[e], "--", 2) && !strpbrk(sl->extra[e], "\n\r"));

@@ -5,7 +5,8 @@
 # trains on the CPU while Slurm schedules the GPUs); watch's leaderboard and pull --best come from
 # the shared workdir; a job told to stop by USR1 (what --signal=B:USR1@N sends before a time
 # limit) checkpoints, requeues itself and ends with adapters equal to an uninterrupted run;
-# `cluster cancel` checkpoints and stops without requeueing; a malformed slurm block fails with
+# `cluster cancel` checkpoints and stops without requeueing; a job of two GPUs runs `finetune
+# --gpus all`, one process per GPU; a malformed slurm block fails with
 # FILE:LINE:COLUMN; a missing sbatch is named. Skips (77) when Slurm is not installed or not root.
 set -u
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -100,6 +101,24 @@ grep -q "ended (failed" "$WORK/last.out" || fail "cancel: $(cat "$WORK/last.out"
 [ "$(cat "$SHARED/jobs/$job/exit_code")" = 143 ] || fail "cancel: exit_code $(cat "$SHARED/jobs/$job/exit_code" 2>&1)"
 grep -q 'requeueing' "$SHARED/jobs/$job/log" && fail "a cancelled job requeued itself"
 ls -d "$SHARED"/cancel/c/checkpoint-* >/dev/null 2>&1 || fail "cancel left no checkpoint"
+
+# A job of two GPUs (gpus_per_job 2): --gres=gpu:2, and its `finetune --gpus all` runs one
+# process per GPU Slurm gave it (simulated GPUs at the GRES indices, computing on the CPU).
+sed -e 's/gpus_per_job: 1/gpus_per_job: 2/; s/  device: cpu .*//; s/max_adapters: 1/max_adapters: 2/' \
+    -e "s#  env:#  env:\n    TANDEM_FAKE_GPUS: \"uuid=GPU-slurm-0,name=Sim,total_mb=24000;uuid=GPU-slurm-1,name=Sim,total_mb=24000\"\n    TANDEM_SIM_GPU_COMPUTE: cpu#" \
+    "$WORK/cluster.yaml" >"$WORK/two.yaml"
+sed -e 's#out/#two/#' -e 's/^epochs = 2/epochs = 1/' "$WORK/adapters.toml" | awk '/^\[\[adapter\]\]/ {n++} n < 3' >"$WORK/two.toml"
+expect_exit 0 "$TANDEM" submit --cluster "$WORK/two.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/two.toml" "${FLAGS[@]}"
+job=$(sed -n 's/^slurm: submitted job \([^ ]*\) .*/\1/p' "$WORK/last.out")
+[ "$(echo "$job" | wc -w)" = 1 ] || fail "two adapters, two GPUs: one job expected: $(cat "$WORK/last.out" "$WORK/last.err")"
+grep -q '^#SBATCH --gres=gpu:2$' "$SHARED/jobs/$job/job.sh" || fail "no --gres=gpu:2 in $(cat "$SHARED/jobs/$job/job.sh")"
+expect_exit 0 timeout 300 "$TANDEM" cluster watch --interval 1 --until-done
+grep -q -- '--gpus: 2 adapter(s) on 2 of 2 GPU(s)' "$SHARED/jobs/$job/log" || fail "not split over the job's GPUs: $(cat "$SHARED/jobs/$job/log")"
+grep -q '^\[gpu 0\] .*reserved .* MiB on GPU-slurm-0' "$SHARED/jobs/$job/log" || fail "no process on GPU 0"
+grep -q '^\[gpu 1\] .*reserved .* MiB on GPU-slurm-1' "$SHARED/jobs/$job/log" || fail "no process on GPU 1"
+for a in a b; do [ -s "$SHARED/two/$a/adapter_model.safetensors" ] || fail "two-GPU job: $a not trained"; done
+[ "$(cat "$SHARED/jobs/$job/exit_code")" = 0 ] || fail "two-GPU job: exit_code $(cat "$SHARED/jobs/$job/exit_code" 2>&1)"
 
 # Mistakes: a malformed slurm block (FILE:LINE:COLUMN, exit 2), sbatch missing from PATH.
 printf 'scheduler: slurm\nslurm:\n  workdir: %s\n  gpu_vram_mb: 100\n  partiton: debug\n' "$SHARED" >"$WORK/bad.yaml"

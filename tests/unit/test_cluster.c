@@ -165,7 +165,7 @@ static void test_place_score_formula(void **state)
     tdm_place_plan_free(&p);
 }
 
-static void test_place_one_process_per_node_and_exclusions(void **state)
+static void test_place_one_process_per_gpu_and_exclusions(void **state)
 {
     tdm_place_gpu big[] = {{"GPU-0", "RTX 3090", 0.55, 5000}, {"GPU-1", "RTX 4090", 1.0, 3000}};
     tdm_place_gpu full = {"GPU-f", "RTX 4090", 1.0, 500};
@@ -182,15 +182,22 @@ static void test_place_one_process_per_node_and_exclusions(void **state)
     /* adapter 1: GPU-1 (3000/1000 x 1.0 = 3) beats GPU-0 (5 x 0.55 = 2.75) */
     assert_int_equal(p.node_of[0], 0);
     assert_int_equal(p.device_of_node[0], 1);
-    /* adapter 2: "two" can only use GPU-1 now: (3000-1000)/1000 x 1 x 1/2 = 1.0 > cpu 0.1 */
-    assert_true(fabs(p.evals[1 * 4 + 0].score - 1.0) < 1e-9);
-    assert_int_equal(p.evals[1 * 4 + 0].gpu, 1);
+    assert_int_equal(p.gpu_of[0], 1);
+    /* adapter 2: one process per GPU: joining GPU-1's scores (3000-1000)/1000 x 1 x 1/2 = 1.0,
+     * a process of its own on GPU-0 5000/1000 x 0.55 x 1/2 = 1.375 (needing base + adapter),
+     * both above the CPU node's 0.1 */
+    assert_true(fabs(p.evals[1 * 4 + 0].score - 1.375) < 1e-9);
+    assert_int_equal(p.evals[1 * 4 + 0].gpu, 0);
+    assert_int_equal(p.evals[1 * 4 + 0].need_mb, 1000);
     assert_int_equal(p.node_of[1], 0);
+    assert_int_equal(p.gpu_of[1], 0);
+    assert_int_equal(p.device_of_node[0], 1); /* the node's first adapter's */
     /* adapter 3: "two" is at max_adapters; the CPU node takes it */
     assert_false(p.evals[2 * 4 + 0].eligible);
     assert_string_equal(p.evals[2 * 4 + 0].why, "max_adapters 2 reached (0 running, 2 planned)");
     assert_int_equal(p.node_of[2], 3);
     assert_int_equal(p.device_of_node[3], -1);
+    assert_int_equal(p.gpu_of[2], -1);
     assert_true(fabs(p.evals[2 * 4 + 3].score - 8000.0 / 800 * 0.01) < 1e-9);
     assert_false(p.evals[0 * 4 + 1].eligible);
     assert_string_equal(p.evals[0 * 4 + 1].why,
@@ -228,8 +235,9 @@ static void test_place_smaller_plan(void **state)
     assert_int_equal(p.node_of[1], 0);
     assert_int_equal(p.evals[1].need_mb, 100);
     assert_int_equal(p.node_of[2], -1);
-    assert_string_equal(p.evals[2].why, "its process's GPU has 50 MiB free, needs 200 MiB (a "
-                                        "process of 3 adapter(s) at its smallest plan: 900 MiB)");
+    assert_string_equal(p.evals[2].why, "no GPU has room: the best has 50 MiB free, needs 200 MiB "
+                                        "(a process of 3 adapter(s) at its smallest plan: 900 "
+                                        "MiB)");
     tdm_place_plan_free(&p);
     /* a GPU with room for the plan as asked reserves it */
     small.free_mb = 5000;
@@ -289,7 +297,7 @@ int main(void)
         cmocka_unit_test(test_config_defaults_and_paths),
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_place_score_formula),
-        cmocka_unit_test(test_place_one_process_per_node_and_exclusions),
+        cmocka_unit_test(test_place_one_process_per_gpu_and_exclusions),
         cmocka_unit_test(test_place_smaller_plan),
         cmocka_unit_test(test_val_loss),
         cmocka_unit_test(test_leaderboard),
