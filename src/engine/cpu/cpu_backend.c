@@ -195,12 +195,40 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
 
 /* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
  * call with 1 and 3 threads differs in the last bits). So OpenBLAS always runs single-threaded,
- * and we cut C into tiles of fixed size (GEMM_TILE_M rows x GEMM_TILE_N columns, chosen by the
- * shape alone) that OpenMP threads compute independently: each element's sum is the same
- * whatever the thread count. Re-packing A and B per tile costs about (1/TILE_N + 1/TILE_M) of the
- * multiply-adds. */
-#define GEMM_TILE_M 128
+ * and we cut C into tiles whose size is chosen by the shape alone (gemm_tiles) and that OpenMP
+ * threads compute independently: each element's sum is the same whatever the thread count.
+ * Each tile re-packs its block of A and of B, which costs about (1/mb + 1/nb) / 2 of the
+ * multiply-adds in memory traffic, so tiles stay as large as the tile count allows: starting from
+ * 256 x 1024, the larger side is halved (to a multiple of 16, not under 32 rows / 64 columns)
+ * until there are GEMM_TILES_MIN tiles. 32 tiles keep 16 threads busy on a product with 1024
+ * rows and 896 columns (the old fixed 128 x 1024 tiles gave it 8: at most 8 threads worked),
+ * and cost a 1-thread run a few per cent of packing. */
+#define GEMM_TILE_M 256
 #define GEMM_TILE_N 1024
+#define GEMM_TILES_MIN 32
+
+static int64_t round16(int64_t x)
+{
+    return (x + 15) / 16 * 16;
+}
+
+/* The tile of C (mb rows x nb columns) for an m x n product. */
+static void gemm_tiles(int64_t m, int64_t n, int64_t *mb, int64_t *nb)
+{
+    int64_t tm = m < GEMM_TILE_M ? m : GEMM_TILE_M, tn = n < GEMM_TILE_N ? n : GEMM_TILE_N;
+    for (;;) {
+        int64_t tiles = ((m + tm - 1) / tm) * ((n + tn - 1) / tn);
+        if (tiles >= GEMM_TILES_MIN) break;
+        bool can_m = tm > 32, can_n = tn > 64;
+        if (can_n && (tn >= tm || !can_m))
+            tn = round16(tn / 2) > 64 ? round16(tn / 2) : 64;
+        else if (can_m)
+            tm = round16(tm / 2) > 32 ? round16(tm / 2) : 32;
+        else
+            break;
+    }
+    *mb = tm, *nb = tn;
+}
 
 void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
@@ -214,14 +242,16 @@ void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
-    int64_t tm = (m + GEMM_TILE_M - 1) / GEMM_TILE_M, tn = (n + GEMM_TILE_N - 1) / GEMM_TILE_N;
+    int64_t TM, TN;
+    gemm_tiles(m, n, &TM, &TN);
+    int64_t tm = (m + TM - 1) / TM, tn = (n + TN - 1) / TN;
     int64_t tiles = tm * tn;
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
     num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
     for (int64_t t = 0; t < tiles; t++) {
-        int64_t i0 = (t / tn) * GEMM_TILE_M, j0 = (t % tn) * GEMM_TILE_N;
-        int64_t mb = m - i0 < GEMM_TILE_M ? m - i0 : GEMM_TILE_M;
-        int64_t nb = n - j0 < GEMM_TILE_N ? n - j0 : GEMM_TILE_N;
+        int64_t i0 = (t / tn) * TM, j0 = (t % tn) * TN;
+        int64_t mb = m - i0 < TM ? m - i0 : TM;
+        int64_t nb = n - j0 < TN ? n - j0 : TN;
         const float *at = ta ? a + i0 : a + i0 * lda;
         const float *bt = tb ? b + j0 * ldb : b + j0;
         float *ct = c + i0 * ldc + j0;
@@ -445,7 +475,12 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     cpu->base.act_dtype = TDM_BE_F32;
     cpu->n_threads = opts->n_threads > 0 ? opts->n_threads : omp_get_max_threads();
     if (cpu->n_threads < 1) cpu->n_threads = 1;
-    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there). */
+    /* One pool for everything: the OpenMP loops outside the backend (NF4 quantization while the
+     * model loads) get the same count. */
+    if (opts->n_threads > 0) omp_set_num_threads(cpu->n_threads);
+    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there), and
+     * OpenBLAS's own threads (Debian's default libopenblas0-pthread has a pool of its own) would
+     * only compete with OpenMP's. */
     openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
     *out = &cpu->base;
