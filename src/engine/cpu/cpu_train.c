@@ -1,5 +1,6 @@
 /* cpu_train.c — the CPU backend's chunked cross-entropy, segmented LoRA, gradient norms and
  * multi-tensor AdamW. */
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +26,10 @@ static void ce_dh(int nt, const float *logits, const float *W, int64_t c, int64_
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nb > 1)
     for (int64_t b = 0; b < nb; b++) {
         int64_t v0 = b * CE_VBLOCK, kb = V - v0 < CE_VBLOCK ? V - v0 : CE_VBLOCK;
-        cpu_sgemm(1, false, false, c, d, kb, 1.0f, logits + v0, V, W + v0 * d, d, 0.0f,
-                  part + b * c * d, d);
+        /* one call per block (no tiles: they would re-pack the block's W rows per tile) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)c, (blasint)d,
+                    (blasint)kb, 1.0f, logits + v0, (blasint)V, W + v0 * d, (blasint)d, 0.0f,
+                    part + b * c * d, (blasint)d);
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < c * d; i++) {
