@@ -111,7 +111,7 @@ run_tandem() { # method threads steps [extra flags...]
     fi
     local thr; thr=$(grep -m1 -i 'thread' "$out/log.txt" | cut -c1-100)
     echo "   tokens/s $tok ($sps s/step), $(since "$t") s in all; ${thr:-no threads line}"
-    printf 'tandem\t%s\t%s\t%s\t%s\t%s\t%s\texit=%s\n' "$method" "$T" "$tok" "$sps" "$steps" "$(since "$t")" "$rc" >>"$ROWS"
+    printf 'tandem\t%s\t%s\t%s\t%s\t%s\t%s\texit=%s\n' "$method$([ $# -gt 0 ] && echo ' (profiled)')" "$T" "$tok" "$sps" "$steps" "$(since "$t")" "$rc" >>"$ROWS"
 }
 
 run_torch() { # threads steps [budget]

@@ -9,7 +9,9 @@
 #   make build ... && BUILD=build scripts/device/pack.sh     (writes .device-pack/device.tgz)
 # then on the device: carry .device-pack, run `bash scripts/device/cpu-speed.sh`.
 # Budget: runs are skipped after BUDGET seconds (default 300), so the call ends in about 6 minutes.
-# Results under $OUT: table.md, rows.tsv, profile.txt, cpu-speed.log, logs.tgz.
+# Results under $OUT: table.md, rows.tsv, profile.txt, cpu-speed.log, logs.tgz. The env of
+# bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
+# plan, e.g. for a smoke test here: PRESET=tiny RUNS=lora:2:1 TORCH_THREADS= TORCH_AFTER= PROFILE=.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/cpu-speed-out}
@@ -23,8 +25,9 @@ mkdir -p "$RES"
 {
     echo "# cores: nproc $(nproc), $(lscpu 2>/dev/null | grep -E '^(Model name|Socket|Thread|Core)' | tr -s ' ' | paste -sd';' -)"
     echo "# OpenBLAS in the pack: $(ls .device/lib | grep -i blas | paste -sd' ' -)"
-    BUDGET=${BUDGET:-300} PROFILE=lora:16:1 TORCH_THREADS="16" TORCH_AFTER="1:1" AFTER_BUDGET=220 \
-        RUNS="lora:16 qlora:16 lora:8 lora:4:2 lora:2:2 lora:1:1" \
+    BUDGET=${BUDGET:-300} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
+        TORCH_AFTER=${TORCH_AFTER-1:1} AFTER_BUDGET=${AFTER_BUDGET:-220} \
+        RUNS=${RUNS-lora:16 qlora:16 lora:8 lora:4:2 lora:2:2 lora:1:1} \
         WORK=/tmp/cpu-speed-work OUT=$RES bash bench/cpu_vs_torch.sh .device/tandem
 } 2>&1 | tee "$OUT/cpu-speed.log"
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
