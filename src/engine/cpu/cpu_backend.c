@@ -359,10 +359,16 @@ const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w, float **tmp
     return *tmp;
 }
 
-int64_t cpu_tile_rows(int64_t cols)
+int64_t cpu_tile_rows(int64_t rows, int64_t cols)
 {
-    int64_t rows = ((int64_t)1 << 20) / cols; /* 1 Mi floats = 4 MiB */
-    return rows < 16 ? 16 : rows;
+    /* equal tiles of at most 4 Mi floats (16 MiB; a multiple of 16 rows): a 4864 x 896 gate_proj
+     * is 2 tiles of 2432 rows, not 4 of 1170 and one of 184 (a product of 184 columns is all
+     * narrow GEMM tiles) */
+    int64_t max_rows = ((int64_t)1 << 22) / cols;
+    if (max_rows < 16) max_rows = 16;
+    int64_t n = (rows + max_rows - 1) / max_rows;
+    int64_t t = round16((rows + n - 1) / n);
+    return t > rows ? rows : t;
 }
 
 static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
@@ -394,8 +400,7 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
                   w->cols, beta, y, w->rows);
         return TDM_OK;
     }
-    int64_t tile = cpu_tile_rows(w->cols);
-    if (tile > w->rows) tile = w->rows;
+    int64_t tile = cpu_tile_rows(w->rows, w->cols);
     float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
@@ -419,8 +424,7 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
                   w->cols, beta, dx, w->cols);
         return TDM_OK;
     }
-    int64_t tile = cpu_tile_rows(w->cols);
-    if (tile > w->rows) tile = w->rows;
+    int64_t tile = cpu_tile_rows(w->rows, w->cols);
     float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
