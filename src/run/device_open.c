@@ -435,8 +435,9 @@ static int cpu_threads(const tdm_device_request *req, bool gpu)
     tdm_cpu_count c = tdm_cpu_usable();
     char quota[64] = "no cgroup CPU limit";
     if (c.quota > 0) snprintf(quota, sizeof quota, "cgroup CPU limit %d", c.quota);
-    note(req, "cpu: %d threads (the CPUs this process may use: affinity %d, %s; --threads N "
-              "to change)",
+    note(req,
+         "cpu: %d threads (the CPUs this process may use: affinity %d, %s; --threads N "
+         "to change)",
          c.usable, c.affinity, quota);
     return c.usable;
 }

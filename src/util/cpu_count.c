@@ -63,7 +63,8 @@ static int cgroup_quota(void)
             char f[2300], q[128], p[128];
             if (v2) {
                 snprintf(f, sizeof f, "%s%s/cpu.max", mount, path);
-                if (read_small(f, q, sizeof q) > 0) best = min_quota(best, tdm_cpu_quota_parse(q, NULL));
+                if (read_small(f, q, sizeof q) > 0)
+                    best = min_quota(best, tdm_cpu_quota_parse(q, NULL));
             } else {
                 snprintf(f, sizeof f, "%s%s/cpu.cfs_quota_us", mount, path);
                 if (read_small(f, q, sizeof q) > 0) {

@@ -832,8 +832,8 @@ static void ce_case(int64_t V)
         snprintf(nm, sizeof nm, "cross_entropy V %lld loss, chunk %lld of %lld rows", (long long)V,
                  (long long)chunks[k], (long long)m);
         check(nm, gl, lossd, m, 1e-6);
-        snprintf(nm, sizeof nm, "cross_entropy V %lld dh vs finite diff., chunk %lld",
-                 (long long)V, (long long)chunks[k]);
+        snprintf(nm, sizeof nm, "cross_entropy V %lld dh vs finite diff., chunk %lld", (long long)V,
+                 (long long)chunks[k]);
         check(nm, gh, fd, m * d, 1e-5);
         for (int64_t i = 0; i < m; i++)
             if (labels[i] == -100) {

@@ -275,15 +275,34 @@ static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64
     return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-static float *to_f32_copy(const void *p, int64_t n)
+/* bf16 <-> f32 of n elements, in blocks over the threads (exact: no rounding order involved). */
+#define CONVERT_BLOCK ((int64_t)1 << 16)
+
+static void convert(int nt, const void *src, void *dst, int64_t n, bool to_f32)
+{
+    int64_t nb = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i = b * CONVERT_BLOCK, len = n - i < CONVERT_BLOCK ? n - i : CONVERT_BLOCK;
+        if (to_f32)
+            tdm_bf16_to_f32_n((const uint16_t *)src + i, (float *)dst + i, (size_t)len);
+        else
+            tdm_f32_to_bf16_n((const float *)src + i, (uint16_t *)dst + i, (size_t)len);
+    }
+}
+
+/* bf16 operands of gemm (the CPU backend's own activations and weights are f32; this serves
+ * callers with bf16 buffers): converted once per call, in parallel. */
+static float *to_f32_copy(int nt, const void *p, int64_t n)
 {
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (out) tdm_bf16_to_f32_n(p, out, (size_t)n);
+    if (out) convert(nt, p, out, n, true);
     return out;
 }
 
 static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err)
 {
+    int nt = cpu_of(be)->n_threads;
     int64_t batch = g->batch > 0 ? g->batch : 1;
     float *ta = NULL, *tb = NULL, *tc = NULL;
     const float *a = g->a, *b = g->b;
@@ -292,20 +311,20 @@ static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *e
     int64_t b_rows = g->trans_b ? g->n : g->k, b_cols = g->trans_b ? g->k : g->n;
     int64_t c_span = span(g->m, g->n, g->ldc, batch, g->stride_c);
     if (g->a_dtype == TDM_BE_BF16 && g->k > 0)
-        a = ta = to_f32_copy(g->a, span(a_rows, a_cols, g->lda, batch, g->stride_a));
+        a = ta = to_f32_copy(nt, g->a, span(a_rows, a_cols, g->lda, batch, g->stride_a));
     if (g->b_dtype == TDM_BE_BF16 && g->k > 0)
-        b = tb = to_f32_copy(g->b, span(b_rows, b_cols, g->ldb, batch, g->stride_b));
-    if (g->c_dtype == TDM_BE_BF16) c = tc = to_f32_copy(g->c, c_span);
+        b = tb = to_f32_copy(nt, g->b, span(b_rows, b_cols, g->ldb, batch, g->stride_b));
+    if (g->c_dtype == TDM_BE_BF16) c = tc = to_f32_copy(nt, g->c, c_span);
     if ((g->a_dtype == TDM_BE_BF16 && g->k > 0 && !ta) ||
         (g->b_dtype == TDM_BE_BF16 && g->k > 0 && !tb) || (g->c_dtype == TDM_BE_BF16 && !tc)) {
         free(ta), free(tb), free(tc);
         return tdm_fail(err, TDM_ERR_NOMEM, "gemm: out of memory converting bf16 operands");
     }
     for (int64_t i = 0; i < batch; i++)
-        cpu_sgemm(cpu_of(be)->n_threads, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
+        cpu_sgemm(nt, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
                   a ? a + i * g->stride_a : NULL, g->lda, b ? b + i * g->stride_b : NULL, g->ldb,
                   g->beta, c + i * g->stride_c, g->ldc);
-    if (tc) tdm_f32_to_bf16_n(tc, g->c, (size_t)c_span);
+    if (tc) convert(nt, tc, g->c, c_span, false);
     free(ta), free(tb), free(tc);
     return TDM_OK;
 }

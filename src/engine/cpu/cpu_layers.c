@@ -145,9 +145,8 @@ static double attend_row(const float *qi, const float *k0, const float *v0, int6
  * count. Softmax: max and exp-sum in double per row, P = exp(s - lse) in float. */
 #define ATT_BLOCK 64
 
-static void att_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                     float *c, int64_t ldc)
+static void att_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
@@ -365,7 +364,8 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
             int64_t sq = blk[2 * b], i0 = blk[2 * b + 1], base = cu[sq];
             int64_t len = cu[sq + 1] - base;
             int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows;
-            const float *qb = q + (base + i0) * qld + h * D, *dob = dout + (base + i0) * qld + h * D;
+            const float *qb = q + (base + i0) * qld + h * D,
+                        *dob = dout + (base + i0) * qld + h * D;
             const float *kb = k + base * kld + kvh * D, *vb = v + base * kld + kvh * D;
             att_gemm(false, true, rows, nk, D, scale, qb, qld, kb, kld, 0.0f, p, nk);
             att_probs(p, rows, nk, i0, 0, NULL, lse + h * m + base + i0);
@@ -387,7 +387,8 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
             int64_t sq = blk[2 * b], j0 = blk[2 * b + 1], base = cu[sq];
             int64_t len = cu[sq + 1] - base;
             int64_t cols = len - j0 < ATT_BLOCK ? len - j0 : ATT_BLOCK, rows = len - j0;
-            const float *kb = k + (base + j0) * kld + kvh * D, *vb = v + (base + j0) * kld + kvh * D;
+            const float *kb = k + (base + j0) * kld + kvh * D,
+                        *vb = v + (base + j0) * kld + kvh * D;
             float *dkb = dk + (base + j0) * kld + kvh * D, *dvb = dv + (base + j0) * kld + kvh * D;
             for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
                 const float *qb = q + (base + j0) * qld + h * D;

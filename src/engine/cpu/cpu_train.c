@@ -27,9 +27,9 @@ static void ce_dh(int nt, const float *logits, const float *W, int64_t c, int64_
     for (int64_t b = 0; b < nb; b++) {
         int64_t v0 = b * CE_VBLOCK, kb = V - v0 < CE_VBLOCK ? V - v0 : CE_VBLOCK;
         /* one call per block (no tiles: they would re-pack the block's W rows per tile) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)c, (blasint)d,
-                    (blasint)kb, 1.0f, logits + v0, (blasint)V, W + v0 * d, (blasint)d, 0.0f,
-                    part + b * c * d, (blasint)d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)c, (blasint)d, (blasint)kb,
+                    1.0f, logits + v0, (blasint)V, W + v0 * d, (blasint)d, 0.0f, part + b * c * d,
+                    (blasint)d);
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < c * d; i++) {
