@@ -8,7 +8,8 @@
 #   3. runs `tandem finetune --device cpu --method M --threads T` (same shapes and settings,
 #      --log-every 1) for each "M:T" of RUNS; tokens/s from adapter 0's metrics.jsonl
 #      elapsed_ms between step WARMUP and step WARMUP+STEPS (loading and warm-up excluded);
-#   4. optionally one more tandem run with --profile-ops (PROFILE="M:T"): the op table;
+#   4. optionally, before the runs of 3., one tandem run with --profile-ops (PROFILE="M:T[:S]",
+#      1 timed step unless S): the op table in OUT/profile.txt;
 #   5. prints a table (tok/s, s/step, speed-up and parallel efficiency against tandem lora at
 #      1 thread, ratio to PyTorch at 16 threads) and writes it, rows.tsv and the logs to OUT.
 # A run is skipped when BUDGET seconds have passed since the start (the table says so).
@@ -17,7 +18,8 @@
 # Env: PRESET (qwen2.5-0.5b), BATCH (4), SEQ (256), WARMUP (1), STEPS (3; a "M:T:S" run entry
 # overrides the steps), RUNS ("lora:16 qlora:16 lora:8 lora:4:2 lora:2:2 lora:1:1"),
 # TORCH_THREADS ("16"; "16 1:1" adds a 1-thread run of 1 timed step), PROFILE ("", e.g.
-# "lora:16:1"), BUDGET (100000), TORCH_AFTER ("": PyTorch runs "T[:S]" after all the others,
+# "lora:16:1": run before RUNS), BUDGET (100000: no run starts after it), HARD_LIMIT (BUDGET +
+# 600: a run still going then is killed, its row FAIL), TORCH_AFTER ("": PyTorch runs "T[:S]" after all the others,
 # each only while under AFTER_BUDGET seconds, default 200), WORK (/tmp/tandem-cpu-vs-torch), OUT (default $OUT, else WORK/results), PYTHON
 # (python3), PY_LD_LIBRARY_PATH (the library path for Python; default LD_LIBRARY_PATH minus the
 # entries under .device/). Record results in docs/benchmarks.md with date, machine and command.
@@ -35,6 +37,7 @@ TORCH_AFTER=${TORCH_AFTER:-}
 AFTER_BUDGET=${AFTER_BUDGET:-200}
 PROFILE=${PROFILE:-}
 BUDGET=${BUDGET:-100000}
+HARD_LIMIT=${HARD_LIMIT:-$((BUDGET + 600))}
 WORK=${WORK:-/tmp/tandem-cpu-vs-torch}
 RES=${OUT:-$WORK/results}
 PYTHON=${PYTHON:-python3}
@@ -68,6 +71,8 @@ data_file() {
     echo "$f"
 }
 
+# run_limit: seconds a run may take before HARD_LIMIT (from the start) kills it (at least 10)
+run_limit() { awk -v a="$(since "$T0")" -v b="$HARD_LIMIT" 'BEGIN { l = int(b - a); print (l < 10 ? 10 : l) }'; }
 over_budget() { awk -v a="$(since "$T0")" -v b="${1:-$BUDGET}" 'BEGIN { exit !(a > b) }'; }
 has_threads=0
 "$TANDEM" finetune --help 2>&1 | grep -q -- '--threads' && has_threads=1
@@ -90,7 +95,7 @@ run_tandem() { # method threads steps [extra flags...]
     t=$(date +%s.%N)
     local want=$((WARMUP + steps)) data
     data=$(data_file $((BATCH * want)))
-    OMP_NUM_THREADS=$T TANDEM_LEDGER_DIR=$WORK/ledger timeout 900 "$TANDEM" finetune "$MODEL" \
+    OMP_NUM_THREADS=$T TANDEM_LEDGER_DIR=$WORK/ledger timeout "$(run_limit)" "$TANDEM" finetune "$MODEL" \
         --adapter "$data:$out/a0" --device cpu --method "$method" "${flags[@]}" --epochs 1 \
         --batch-size "$BATCH" --max-seq-len "$SEQ" --rank 16 --alpha 32 --targets q_proj,v_proj \
         --val-split 0 --log-every 1 --save-every 0 --no-shuffle --no-join "$@" >"$out/log.txt" 2>&1
@@ -123,7 +128,8 @@ run_torch() { # threads steps [budget]
     fi
     echo "== $name"
     t=$(date +%s.%N)
-    CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=$T LD_LIBRARY_PATH=$PY_LD "$PYTHON" "$HERE/peft_reference.py" train \
+    CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=$T LD_LIBRARY_PATH=$PY_LD timeout "$(run_limit)" \
+        "$PYTHON" "$HERE/peft_reference.py" train \
         --device cpu --dtype float32 --threads "$T" --model "$MODEL" \
         --data "$(data_file $((BATCH * (WARMUP + steps))))" \
         --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --steps "$steps" \
@@ -144,16 +150,16 @@ for spec in $TORCH_THREADS; do
     IFS=: read -r T S <<<"$spec"
     run_torch "$T" "${S:-$STEPS}"
 done
-for spec in $RUNS; do
-    IFS=: read -r M T S <<<"$spec"
-    run_tandem "$M" "$T" "${S:-$STEPS}"
-done
 if [ -n "$PROFILE" ]; then
     IFS=: read -r M T S <<<"$PROFILE"
     run_tandem "$M" "$T" "${S:-1}" --profile-ops
     sed -n '/^op profile/,$p' "$RES/tandem-$M-t$T-profile.log" | grep -v '^report:' | head -n 40 >"$RES/profile.txt"
     cat "$RES/profile.txt"
 fi
+for spec in $RUNS; do
+    IFS=: read -r M T S <<<"$spec"
+    run_tandem "$M" "$T" "${S:-$STEPS}"
+done
 for spec in $TORCH_AFTER; do
     IFS=: read -r T S <<<"$spec"
     run_torch "$T" "${S:-$STEPS}" "$AFTER_BUDGET"
