@@ -1,7 +1,7 @@
 /* cpu_train.c — CPU training throughput of the engine (tokens/s), used by bench/cpu_train_bench.sh.
  *
  *     bench_cpu_train MODEL_DIR N_ADAPTERS [--seq 256] [--rank 16] [--batch 2] [--steps 3]
- *                     [--warmup 1] [--method qlora|lora] [--threads 0]
+ *                     [--warmup 1] [--method qlora|lora] [--threads 0] [--profile 0|1]
  *
  * Loads MODEL_DIR (e.g. written by `tandem init-model --preset tiny`), creates N_ADAPTERS LoRA
  * adapters on q_proj,v_proj (rank r, alpha 2r, PEFT init: A uniform, B zero), and times full
@@ -10,7 +10,8 @@
  * per-adapter gradient norms, clip coefficients (max norm 1) and one multi-tensor AdamW update.
  * Prints one line: tokens/s = N_ADAPTERS * batch * seq * steps / time of the timed steps (the
  * warm-up steps are not timed: they grow the activation buffers). Library calls only; the
- * `finetune` CLI adds data loading and logging on top.
+ * `finetune` CLI adds data loading and logging on top. --profile 1 times every backend op of the
+ * timed steps (engine/op_profile.h) and prints the table to stderr (it costs a little time).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -21,6 +22,7 @@
 
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/op_profile.h"
 #include "util/rng.h"
 
 #define MAX_ADAPTERS 16
@@ -43,13 +45,13 @@ int main(int argc, char **argv)
     if (argc < 3) {
         fprintf(stderr,
                 "usage: %s MODEL_DIR N_ADAPTERS [--seq N] [--rank R] [--batch B] "
-                "[--steps S] [--warmup W] [--method qlora|lora] [--threads T]\n",
+                "[--steps S] [--warmup W] [--method qlora|lora] [--threads T] [--profile 0|1]\n",
                 argv[0]);
         return 2;
     }
     const char *dir = argv[1];
     int n_ad = atoi(argv[2]);
-    int seq = 256, rank = 16, batch = 2, steps = 3, warmup = 1, threads = 0;
+    int seq = 256, rank = 16, batch = 2, steps = 3, warmup = 1, threads = 0, profile = 0;
     const char *method = "qlora";
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--seq"))
@@ -66,6 +68,8 @@ int main(int argc, char **argv)
             method = argv[i + 1];
         else if (!strcmp(argv[i], "--threads"))
             threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--profile"))
+            profile = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_cpu_train: unknown option %s\n", argv[i]);
             return 2;
@@ -134,7 +138,11 @@ int main(int argc, char **argv)
     int64_t ntok[MAX_ADAPTERS];
     double t_start = 0;
     for (int step = 0; step < warmup + steps; step++) {
-        if (step == warmup) t_start = now_s();
+        if (step == warmup) {
+            if (profile && tdm_be_profile_enable(be, true, &err) != TDM_OK)
+                return die("profile", &err);
+            t_start = now_s();
+        }
         for (int a = 0; a < n_ad; a++)
             if (tdm_lora_zero_grad(ad[a], &err) != TDM_OK) return die("zero_grad", &err);
         if (tdm_model_step(m, ad, n_ad, &b, true, NULL, loss, ntok, &err) != TDM_OK)
@@ -152,6 +160,7 @@ int main(int argc, char **argv)
             return die("optimizer", &err);
     }
     double el = now_s() - t_start;
+    if (profile) tdm_be_profile_report(be, stderr);
     double toks = (double)rows * steps;
     printf("model %s method %s adapters %d seq %d batch/adapter %d rank %d: load %.2f s, "
            "%d timed steps %.3f s/step, %.1f tokens/s (loss of adapter 0 %.4f)\n",

@@ -19,6 +19,9 @@ Two modes, each printing one JSON object on its last stdout line (and into --jso
       T * B * seq / time. --barrier DIR --barrier-n N: after warm-up, wait until N processes
       have reached the barrier (three PEFT processes at once time the same window); the JSON
       then carries wall-clock t_start/t_end so the caller can compute the joint rate.
+      --device cpu [--threads N] [--dtype float32] (bench/cpu_vs_torch.sh): the same on the
+      host CPU, torch.set_num_threads(N), the base in float32 (the CPU reference of issue 20);
+      no synchronisation is needed there and the memory fields are null.
 """
 import argparse
 import json
@@ -87,13 +90,20 @@ def train(args):
     from peft import LoraConfig, get_peft_model
 
     t_load = time.time()
-    kw = {"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
-    try:  # straight onto the GPU (needs accelerate); else through host memory
-        model = AutoModelForCausalLM.from_pretrained(args.model, device_map="cuda", **kw)
-    except (ImportError, ValueError, RuntimeError) as e:
-        print(f"peft_reference: note: device_map='cuda' failed ({e}); loading on the host",
-              file=sys.stderr)
-        model = AutoModelForCausalLM.from_pretrained(args.model, **kw).to("cuda")
+    dev = args.device
+    cuda = dev == "cuda"
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    kw = {"dtype": getattr(torch, args.dtype), "attn_implementation": "sdpa"}
+    if not cuda:
+        model = AutoModelForCausalLM.from_pretrained(args.model, **kw)
+    else:
+        try:  # straight onto the GPU (needs accelerate); else through host memory
+            model = AutoModelForCausalLM.from_pretrained(args.model, device_map="cuda", **kw)
+        except (ImportError, ValueError, RuntimeError) as e:
+            print(f"peft_reference: note: device_map='cuda' failed ({e}); loading on the host",
+                  file=sys.stderr)
+            model = AutoModelForCausalLM.from_pretrained(args.model, **kw).to("cuda")
     model.config.use_cache = False
     tok_ok = None
     try:  # the directory must be a complete Hugging Face model: the tokenizer loads too
@@ -111,7 +121,8 @@ def train(args):
     n_lora = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     rows = read_tokens(args.data, args.seq, args.batch * (args.warmup + args.steps))
-    data = torch.tensor(rows, dtype=torch.long, device="cuda")  # [n_rows, seq]
+    data = torch.tensor(rows, dtype=torch.long, device=dev)  # [n_rows, seq]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     load_s = time.time() - t_load
 
     cursor = [0]
@@ -129,7 +140,7 @@ def train(args):
 
     for _ in range(args.warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     if args.barrier:
         os.makedirs(args.barrier, exist_ok=True)
         open(os.path.join(args.barrier, str(os.getpid())), "w").close()
@@ -144,7 +155,7 @@ def train(args):
     loss = None
     for _ in range(args.steps):
         loss = step()
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     t_end = time.time()
     tokens = args.steps * args.batch * args.seq
@@ -153,9 +164,10 @@ def train(args):
           "tok_s": tokens / dt, "t_start": t_start, "t_end": t_end, "load_s": load_s,
           "final_loss": float(loss.item()) if loss is not None else None,
           "lora_params": n_lora, "tokenizer_loaded": tok_ok, "barrier_met": barrier_met,
-          "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20,
-          "max_memory_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
-          "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+          "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+          "max_memory_reserved_mib": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
+          "gpu": torch.cuda.get_device_name(0) if cuda else None, "device": dev,
+          "threads": torch.get_num_threads(), "dtype": args.dtype, "torch": torch.__version__,
           "transformers": transformers.__version__, "peft": peft.__version__}, args.json)
 
 
@@ -181,6 +193,9 @@ def main():
     t.add_argument("--barrier")
     t.add_argument("--barrier-n", type=int, default=1)
     t.add_argument("--barrier-timeout", type=float, default=120.0)
+    t.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    t.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    t.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     t.add_argument("--json")
     args = ap.parse_args()
     matmul(args) if args.mode == "matmul" else train(args)

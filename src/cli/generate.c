@@ -25,8 +25,9 @@ static void usage(FILE *out)
         "usage: tandem generate MODEL_DIR (--prompt TEXT | --messages FILE.json | --file F.jsonl)\n"
         "                       [--adapter [NAME=]DIR|base ...] [--max-new-tokens N]\n"
         "                       [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-        "                       [--batch-size N] [--device auto|cpu|cuda] [--method qlora|lora]\n"
-        "                       [--no-double-quant] [--chat-template chatml|llama3|none]\n"
+        "                       [--batch-size N] [--device auto|cpu|cuda] [--threads N]\n"
+        "                       [--method qlora|lora] [--no-double-quant]\n"
+        "                       [--chat-template chatml|llama3|none]\n"
         "                       [--no-cache] [--json] [--top-logits N]\n\n"
         "Continues each prompt (one user turn, or a conversation) until the model's end-of-turn\n"
         "or EOS token, or N new tokens (default 64), under each adapter given (the bare base\n"
@@ -34,6 +35,7 @@ static void usage(FILE *out)
         "  --temperature   0 (the default) is greedy; > 0 samples, seeded by --seed (default 0)\n"
         "  --top-p, --top-k  keep the most likely ids only (with --temperature > 0)\n"
         "  --batch-size    sequences decoded together (default 16)\n"
+        "  --threads       CPU backend threads (default 0: the CPUs this process may use)\n"
         "  --method        qlora (NF4 base, the default) or lora (the base's precision)\n"
         "  --no-cache      recompute the whole sequence at every token (the reference)\n"
         "  --json          one JSON object per prompt and adapter: prompt, adapter, text,\n"
@@ -55,6 +57,7 @@ enum {
     G_SEED,
     G_BATCH,
     G_DEVICE,
+    G_THREADS,
     G_METHOD,
     G_NODQ,
     G_TMPL,
@@ -332,6 +335,7 @@ int tdm_cmd_generate(int argc, char **argv)
                                              {"seed", required_argument, NULL, G_SEED},
                                              {"batch-size", required_argument, NULL, G_BATCH},
                                              {"device", required_argument, NULL, G_DEVICE},
+                                             {"threads", required_argument, NULL, G_THREADS},
                                              {"method", required_argument, NULL, G_METHOD},
                                              {"no-double-quant", no_argument, NULL, G_NODQ},
                                              {"chat-template", required_argument, NULL, G_TMPL},
@@ -345,7 +349,7 @@ int tdm_cmd_generate(int argc, char **argv)
     slot slots[64];
     int n_slots = 0;
     bool nf4 = true, dq = true, json = false, tmpl_given = false, no_cache = false;
-    long max_new = 64, top_k = 0, batch = 16, seed = 0, n_top = 0;
+    long max_new = 64, top_k = 0, batch = 16, seed = 0, n_top = 0, threads = 0;
     double temperature = 0, top_p = 1;
     tdm_chat_template tmpl = TDM_CHAT_NONE;
     tdm_error err = {0};
@@ -411,6 +415,10 @@ int tdm_cmd_generate(int argc, char **argv)
                 return tdm_cli_fail(TDM_EXIT_USAGE,
                                     "generate: --device: '%s' is not auto, cpu or cuda", optarg);
             device = optarg;
+            break;
+        case G_THREADS:
+            if (!tdm_cli_parse_long(optarg, &threads) || threads < 0 || threads > 4096)
+                return tdm_cli_fail(TDM_EXIT_USAGE, "generate: --threads needs 0..4096");
             break;
         case G_METHOD:
             if (!strcmp(optarg, "qlora"))
@@ -553,8 +561,11 @@ int tdm_cmd_generate(int argc, char **argv)
                                .n_seqs = B,
                                .max_rank = 64,
                                .targets = (1u << TDM_LORA_N_TARGETS) - 1};
-    tdm_device_request req = {
-        .device = device, .task = "generate", .timeout_sec = 3600, .note = print_note};
+    tdm_device_request req = {.device = device,
+                              .threads = (int)threads,
+                              .task = "generate",
+                              .timeout_sec = 3600,
+                              .note = print_note};
     bool cpu = !strcmp(device, "cpu");
     tdm_model_mem est;
     if (!cpu) {

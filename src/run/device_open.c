@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "gpu/guard.h"
+#include "util/cpu_count.h"
 #include "train/memory_plan.h"
 
 static int64_t mib_up(uint64_t bytes)
@@ -477,6 +478,33 @@ static tdm_status reserve(tdm_device *dev, const tdm_device_request *req, const 
     return TDM_OK;
 }
 
+/* The CPU backend's thread count, said once in a note: --threads, else OMP_NUM_THREADS when it
+ * is a plain positive number, else the CPUs this process may use (util/cpu_count.h); 0 for a
+ * GPU run (its backend has no threads to set). */
+static int cpu_threads(const tdm_device_request *req, bool gpu)
+{
+    if (gpu) return 0;
+    if (req->threads > 0) {
+        note(req, "cpu: %d threads (--threads)", req->threads);
+        return req->threads;
+    }
+    const char *env = getenv("OMP_NUM_THREADS");
+    char *end;
+    long n = env ? strtol(env, &end, 10) : 0;
+    if (env && *env && !*end && n > 0 && n <= 4096) {
+        note(req, "cpu: %ld threads (OMP_NUM_THREADS; --threads N to change)", n);
+        return (int)n;
+    }
+    tdm_cpu_count c = tdm_cpu_usable();
+    char quota[64] = "no cgroup CPU limit";
+    if (c.quota > 0) snprintf(quota, sizeof quota, "cgroup CPU limit %d", c.quota);
+    note(req,
+         "cpu: %d threads (the CPUs this process may use: affinity %d, %s; --threads N "
+         "to change)",
+         c.usable, c.affinity, quota);
+    return c.usable;
+}
+
 tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const tdm_model_mem *est,
                            tdm_error *err)
 {
@@ -509,7 +537,7 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
             }
         }
     }
-    tdm_backend_opts bo = {0};
+    tdm_backend_opts bo = {.n_threads = cpu_threads(req, dev->gpu && !dev->simulated)};
     if (dev->simulated) {
         tdm_status st = tdm_backend_create(&dev->be, "cpu", &bo, err);
         if (st != TDM_OK) tdm_device_close(dev);
@@ -529,6 +557,7 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
     dev->keeper = NULL;
     if (dev->lease.held) tdm_reservation_release(&dev->lease, &rerr);
     dev->gpu = false;
+    bo.n_threads = cpu_threads(req, false);
     st = tdm_backend_create(&dev->be, "cpu", &bo, err);
     if (st != TDM_OK) tdm_device_close(dev);
     return st;

@@ -43,6 +43,7 @@ typedef void (*tdm_note_fn)(const char *line, void *user);
 /* What a run asks of its device: the --device/--vram/--no-wait-gpu/--timeout/MPS flags. */
 typedef struct tdm_device_request {
     const char *device; /* "auto", "cpu" or "cuda" */
+    int threads;        /* --threads: CPU backend threads; 0 = the CPUs this process may use */
     double vram_gib;    /* --vram GB; 0 = auto: the caller's estimate (tdm_device_open's est) */
     bool no_wait;       /* --no-wait-gpu: fail at once when the memory is not free */
     double timeout_sec; /* --timeout: waiting limit, then TDM_ERR_TIMEOUT (exit 75) */

@@ -52,6 +52,9 @@ COMMON=(--batch-size 4 --epochs 2 --val-split 0.1 --log-every 1 --eval-every 3 -
 
 write_toml run1.toml run1
 expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run1.toml "${COMMON[@]}"
+# the CPU backend's thread count is said once, at start
+[ "$(grep -Ec '^tandem: cpu: [0-9]+ threads \(' last.err)" = 1 ] ||
+    fail "no single 'cpu: N threads' line: $(grep -i thread last.err)"
 for a in reverse upper add; do
     d="run1/$a"
     for f in adapter_model.safetensors adapter_config.json trainer_state.json metadata.json \
@@ -88,9 +91,13 @@ jq -e ".epoch == 1" run1/add/metadata.json >/dev/null || fail "add epochs: $(jq 
 jq -e ".epoch == 3" run1/upper/metadata.json >/dev/null || fail "upper epochs"
 
 # determinism: the same command again gives the same bytes, also with --profile-ops (timing
-# every op changes nothing), which prints the per-op table at the end
+# every op changes nothing), which prints the per-op table at the end, and on one CPU (the
+# default thread count follows the affinity mask; results do not depend on it)
 write_toml run2.toml run2
-expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}" --profile-ops
+expect_exit 0 env -u OMP_NUM_THREADS taskset -c "$(taskset -pc $$ | sed 's/.*: *//; s/[,-].*//')" \
+    "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}" --profile-ops
+grep -q '^tandem: cpu: 1 threads (the CPUs this process may use: affinity 1' last.err ||
+    fail "one CPU in the mask: $(grep 'cpu:' last.err)"
 grep -q '^op profile (backend cpu)' last.err || fail "--profile-ops: no table"
 for op in linear_fwd linear_bwd lora_bwd cross_entropy adamw; do
     grep -Eq "^  $op +[1-9][0-9]* " last.err || fail "--profile-ops: no $op row with calls"

@@ -49,9 +49,14 @@ stop_and_resume USR1 0 usr1
 grep -l "step [0-9]* of [0-9]* saved" int1.err int2.err term1.err usr1.err \
     >/dev/null || fail "no stop saved a checkpoint"
 
-# a second Ctrl-C stops at once: one step of 4 sequences of ~510 tokens (about 5 s of CPU), two
-# SIGINTs 0.8 s apart, the process ends by the signal without the graceful stop's message
-awk 'BEGIN { for (i = 0; i < 4; i++) { s = ""; for (k = 0; k < 250; k++) s = s substr("abcdefghij", 1 + (i * 7 + k * 3) % 10, 1); printf("{\"instruction\": \"copy: %s\", \"response\": \"%s\"}\n", s, s) } }' >long.jsonl
+# a second Ctrl-C stops at once: one step of 8 sequences of ~2000 tokens (several seconds of CPU;
+# 4 of ~510 were enough before the CPU attention became GEMMs), two SIGINTs 0.8 s apart, the
+# process ends by the signal without the graceful stop's message
+long_data() { # long_data N CHARS: N copy tasks of CHARS characters each way
+    awk -v n="$1" -v c="$2" 'BEGIN { for (i = 0; i < n; i++) { s = ""; for (k = 0; k < c; k++) s = s substr("abcdefghij", 1 + (i * 7 + k * 3) % 10, 1); printf("{\"instruction\": \"copy: %s\", \"response\": \"%s\"}\n", s, s) } }'
+}
+long_data 8 990 >hard.jsonl
+long_data 8 490 >long.jsonl
 # perl runs it so that the raw wait status tells a death by signal from exit(130)
 status=$(perl -e '
     my $pid = fork();
@@ -61,7 +66,7 @@ status=$(perl -e '
     select(undef, undef, undef, 0.8); kill("INT", $pid);
     waitpid($pid, 0); my $s = $?;
     print(($s & 127) ? "signal " . ($s & 127) : "exit " . ($s >> 8))' \
-    "$TANDEM" finetune "$M" --adapter long.jsonl:hard2/long --batch-size 4 --max-seq-len 1024 \
+    "$TANDEM" finetune "$M" --adapter hard.jsonl:hard2/long --batch-size 8 --max-seq-len 2048 \
         --val-split 0 --device cpu)
 [ "$status" = "signal 2" ] || fail "second SIGINT: ended with $status, want signal 2: $(cat hard2.err)"
 grep -q "to continue exactly" hard2.err && fail "second SIGINT: graceful stop message printed"
@@ -69,9 +74,9 @@ grep -q "to continue exactly" hard2.err && fail "second SIGINT: graceful stop me
 # under `tandem gpu run`: SIGUSR1 to the wrapper is forwarded (Slurm signals the job's
 # processes), and a Ctrl-C to the whole process group (the terminal's way, which the wrapper
 # also forwards: two SIGINTs at once) is one graceful stop, not an immediate one
-# The runs train long.jsonl (two steps of two ~510-token sequences, seconds of CPU each even on a
-# fast machine), so the signal sent 0.5 s after the start lands inside the first step, never after
-# the end of the run.
+# The runs train long.jsonl (four steps of two ~1000-token sequences, about 0.6 s of CPU each on
+# the 2-core VM), so the signal sent 0.5 s after the start lands inside the run, never after its
+# end.
 LONG=(--batch-size 2 --max-seq-len 1024 --val-split 0 --epochs 1 --save-every 0 --seed 7 --device cpu)
 gpu_stop() { # gpu_stop SIGNAL RUN: the graceful stop's exit code, or "none"
     local sig=$1 run=$2

@@ -320,8 +320,9 @@ static const char *fmt_name(tdm_be_wformat f)
 
 static void test_weight_rows_and_linear(void **state)
 {
-    /* cols 8192 makes the CPU backend cut W into tiles of 128 rows: 300 rows = 3 tiles. */
-    const int64_t shapes[][2] = {{37, 70}, {300, 8192}};
+    /* 130 x 32768 is above the CPU backend's 4 Mi-float dequantization tile: 2 tiles (80 + 50
+     * rows), whose products linear_bwd sums */
+    const int64_t shapes[][2] = {{37, 70}, {130, 32768}};
     for (int f = 0; f < 4; f++)
         for (int s = 0; s < 2; s++) {
             tdm_be_wformat fmt = (tdm_be_wformat)f;
@@ -703,6 +704,9 @@ static void test_attention(void **state)
     attention_case(8, 2, 16, lens4, 4); /* GQA 4 */
     attention_case(4, 1, 16, lens3, 3); /* GQA 4, one KV head */
     attention_case(2, 2, 8, lens1, 1);  /* plain multi-head, one sequence */
+    /* sequences longer than the CPU backend's 64-row blocks: several query and key blocks */
+    const int32_t lens_long[] = {66, 2};
+    attention_case(2, 1, 2, lens_long, 2);
 }
 
 /* ====================================================================== SwiGLU ==== */
@@ -792,9 +796,10 @@ static double ce_loss(void *vc, double *h)
     return ref_ce(vc, h, NULL);
 }
 
-static void test_cross_entropy(void **state)
+/* V above 4096: the CPU backend's dH sums partial products over blocks of 4096 vocabulary rows */
+static void ce_case(int64_t V)
 {
-    int64_t m = 13, V = 37, d = 12;
+    int64_t m = 13, d = 12;
     /* three adapters' rows: [0,4) [4,9) [9,13), some labels ignored */
     int32_t labels[13] = {3, -100, 36, 0, 5, 5, -100, -100, 20, 1, 2, 30, -100};
     float weight[13];
@@ -824,10 +829,10 @@ static void test_cross_entropy(void **state)
         OK(tdm_be_cross_entropy(be, dh, &w, dl, dw, m, chunks[k], dloss, ddh, err));
         float *gl = get_f32(dloss, m), *gh = get_act(ddh, m * d);
         char nm[96];
-        snprintf(nm, sizeof nm, "cross_entropy loss, chunk %lld of %lld rows", (long long)chunks[k],
-                 (long long)m);
+        snprintf(nm, sizeof nm, "cross_entropy V %lld loss, chunk %lld of %lld rows", (long long)V,
+                 (long long)chunks[k], (long long)m);
         check(nm, gl, lossd, m, 1e-6);
-        snprintf(nm, sizeof nm, "cross_entropy dh vs finite differences, chunk %lld",
+        snprintf(nm, sizeof nm, "cross_entropy V %lld dh vs finite diff., chunk %lld", (long long)V,
                  (long long)chunks[k]);
         check(nm, gh, fd, m * d, 1e-5);
         for (int64_t i = 0; i < m; i++)
@@ -851,6 +856,12 @@ static void test_cross_entropy(void **state)
     free(h), free(Wd), free(hd), free(lossd), free(fd), free(wref), free3(bufs);
     tdm_be_free(be, dh), tdm_be_free(be, ddh), tdm_be_free(be, dl), tdm_be_free(be, dw),
         tdm_be_free(be, dloss);
+}
+
+static void test_cross_entropy(void **state)
+{
+    ce_case(37);
+    ce_case(4100);
 }
 
 /* ======================================================================== LoRA ==== */

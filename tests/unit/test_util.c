@@ -1,10 +1,11 @@
-/* Unit tests of src/util: errors, fault points, atomic writes, RFC 3339. */
+/* Unit tests of src/util: errors, fault points, atomic writes, RFC 3339, usable CPUs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "util/atomic_file.h"
+#include "util/cpu_count.h"
 #include "util/error.h"
 #include "util/fault.h"
 #include "util/json_file.h"
@@ -232,6 +234,38 @@ static void test_mkdir_p(void **state)
     free(huge);
 }
 
+/* cgroup CPU limits as their files hold them, and the affinity mask cutting the count. */
+static void test_cpu_count(void **state)
+{
+    assert_int_equal(tdm_cpu_quota_parse("max 100000\n", NULL), 0);
+    assert_int_equal(tdm_cpu_quota_parse("200000 100000\n", NULL), 2);
+    assert_int_equal(tdm_cpu_quota_parse("150000 100000", NULL), 2); /* 1.5 CPUs: 2 threads */
+    assert_int_equal(tdm_cpu_quota_parse("50000 100000", NULL), 1);
+    assert_int_equal(tdm_cpu_quota_parse("-1\n", "100000\n"), 0); /* v1: no limit */
+    assert_int_equal(tdm_cpu_quota_parse("400000\n", "100000\n"), 4);
+    assert_int_equal(tdm_cpu_quota_parse("garbage", NULL), 0);
+    assert_int_equal(tdm_cpu_quota_parse("100000 0", NULL), 0);
+    tdm_cpu_count c = tdm_cpu_usable();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_true(c.usable >= 1 && c.affinity >= 1 && c.affinity <= online);
+    assert_true(c.usable <= c.affinity && (c.quota == 0 || c.usable <= c.quota));
+    /* one CPU in the mask: one thread, whatever the host has */
+    cpu_set_t saved, one;
+    assert_int_equal(sched_getaffinity(0, sizeof saved, &saved), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &saved))
+        first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    tdm_cpu_count c1 = tdm_cpu_usable();
+    assert_int_equal(sched_setaffinity(0, sizeof saved, &saved), 0);
+    assert_int_equal(c1.affinity, 1);
+    assert_int_equal(c1.usable, 1);
+    printf("  usable CPUs %d (affinity %d, cgroup quota %d); with one CPU in the mask: %d\n",
+           c.usable, c.affinity, c.quota, c1.usable);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_atomic_write_failures_keep_old_content),
         cmocka_unit_test(test_read_missing_file),
         cmocka_unit_test(test_rfc3339),
+        cmocka_unit_test(test_cpu_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -195,12 +195,44 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
 
 /* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
  * call with 1 and 3 threads differs in the last bits). So OpenBLAS always runs single-threaded,
- * and we cut C into tiles of fixed size (GEMM_TILE_M rows x GEMM_TILE_N columns, chosen by the
- * shape alone) that OpenMP threads compute independently: each element's sum is the same
- * whatever the thread count. Re-packing A and B per tile costs about (1/TILE_N + 1/TILE_M) of the
- * multiply-adds. */
-#define GEMM_TILE_M 128
+ * and we cut C into tiles whose size is chosen by the shape alone (gemm_tiles) and that OpenMP
+ * threads compute independently: each element's sum is the same whatever the thread count.
+ * Each tile re-packs its block of A and of B, which costs about (1/mb + 1/nb) / 2 of the
+ * multiply-adds in memory traffic (measured on one core: 1024 x 896 x 896 in one call 118
+ * GFLOP/s, in 256 x 224 tiles 102, in 128 x 224 tiles 90), so tiles stay as large as the count
+ * allows: starting from 256 x 1024, the larger side is halved (to a multiple of 16, not under 32
+ * rows / 64 columns) until there are at least GEMM_TILES_BIG tiles or a multiple of
+ * GEMM_TILES_MIN, so that 16 threads get whole rounds of tiles: a product of 1024 rows and 896
+ * columns gets 16 tiles of 256 x 224 (the old fixed 128 x 1024 tiles gave it 8: at most 8
+ * threads worked), 1024 x 4864 gets 76 of 256 x 256 (not 20: 16 threads, then 4). */
+#define GEMM_TILE_M 256
 #define GEMM_TILE_N 1024
+#define GEMM_TILES_MIN 16
+#define GEMM_TILES_BIG 48
+
+static int64_t round16(int64_t x)
+{
+    return (x + 15) / 16 * 16;
+}
+
+/* The tile of C (mb rows x nb columns) for an m x n product. */
+static void gemm_tiles(int64_t m, int64_t n, int64_t *mb, int64_t *nb)
+{
+    int64_t tm = m < GEMM_TILE_M ? m : GEMM_TILE_M, tn = n < GEMM_TILE_N ? n : GEMM_TILE_N;
+    for (;;) {
+        int64_t tiles = ((m + tm - 1) / tm) * ((n + tn - 1) / tn);
+        if (tiles >= GEMM_TILES_BIG || (tiles >= GEMM_TILES_MIN && tiles % GEMM_TILES_MIN == 0))
+            break;
+        bool can_m = tm > 32, can_n = tn > 64;
+        if (can_n && (tn >= tm || !can_m))
+            tn = round16(tn / 2) > 64 ? round16(tn / 2) : 64;
+        else if (can_m)
+            tm = round16(tm / 2) > 32 ? round16(tm / 2) : 32;
+        else
+            break;
+    }
+    *mb = tm, *nb = tn;
+}
 
 void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
@@ -214,14 +246,16 @@ void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
-    int64_t tm = (m + GEMM_TILE_M - 1) / GEMM_TILE_M, tn = (n + GEMM_TILE_N - 1) / GEMM_TILE_N;
+    int64_t TM, TN;
+    gemm_tiles(m, n, &TM, &TN);
+    int64_t tm = (m + TM - 1) / TM, tn = (n + TN - 1) / TN;
     int64_t tiles = tm * tn;
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
     num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
     for (int64_t t = 0; t < tiles; t++) {
-        int64_t i0 = (t / tn) * GEMM_TILE_M, j0 = (t % tn) * GEMM_TILE_N;
-        int64_t mb = m - i0 < GEMM_TILE_M ? m - i0 : GEMM_TILE_M;
-        int64_t nb = n - j0 < GEMM_TILE_N ? n - j0 : GEMM_TILE_N;
+        int64_t i0 = (t / tn) * TM, j0 = (t % tn) * TN;
+        int64_t mb = m - i0 < TM ? m - i0 : TM;
+        int64_t nb = n - j0 < TN ? n - j0 : TN;
         const float *at = ta ? a + i0 : a + i0 * lda;
         const float *bt = tb ? b + j0 * ldb : b + j0;
         float *ct = c + i0 * ldc + j0;
@@ -241,15 +275,34 @@ static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64
     return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-static float *to_f32_copy(const void *p, int64_t n)
+/* bf16 <-> f32 of n elements, in blocks over the threads (exact: no rounding order involved). */
+#define CONVERT_BLOCK ((int64_t)1 << 16)
+
+static void convert(int nt, const void *src, void *dst, int64_t n, bool to_f32)
+{
+    int64_t nb = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n > TDM_CPU_PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i = b * CONVERT_BLOCK, len = n - i < CONVERT_BLOCK ? n - i : CONVERT_BLOCK;
+        if (to_f32)
+            tdm_bf16_to_f32_n((const uint16_t *)src + i, (float *)dst + i, (size_t)len);
+        else
+            tdm_f32_to_bf16_n((const float *)src + i, (uint16_t *)dst + i, (size_t)len);
+    }
+}
+
+/* bf16 operands of gemm (the CPU backend's own activations and weights are f32; this serves
+ * callers with bf16 buffers): converted once per call, in parallel. */
+static float *to_f32_copy(int nt, const void *p, int64_t n)
 {
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (out) tdm_bf16_to_f32_n(p, out, (size_t)n);
+    if (out) convert(nt, p, out, n, true);
     return out;
 }
 
 static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *err)
 {
+    int nt = cpu_of(be)->n_threads;
     int64_t batch = g->batch > 0 ? g->batch : 1;
     float *ta = NULL, *tb = NULL, *tc = NULL;
     const float *a = g->a, *b = g->b;
@@ -258,20 +311,20 @@ static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *e
     int64_t b_rows = g->trans_b ? g->n : g->k, b_cols = g->trans_b ? g->k : g->n;
     int64_t c_span = span(g->m, g->n, g->ldc, batch, g->stride_c);
     if (g->a_dtype == TDM_BE_BF16 && g->k > 0)
-        a = ta = to_f32_copy(g->a, span(a_rows, a_cols, g->lda, batch, g->stride_a));
+        a = ta = to_f32_copy(nt, g->a, span(a_rows, a_cols, g->lda, batch, g->stride_a));
     if (g->b_dtype == TDM_BE_BF16 && g->k > 0)
-        b = tb = to_f32_copy(g->b, span(b_rows, b_cols, g->ldb, batch, g->stride_b));
-    if (g->c_dtype == TDM_BE_BF16) c = tc = to_f32_copy(g->c, c_span);
+        b = tb = to_f32_copy(nt, g->b, span(b_rows, b_cols, g->ldb, batch, g->stride_b));
+    if (g->c_dtype == TDM_BE_BF16) c = tc = to_f32_copy(nt, g->c, c_span);
     if ((g->a_dtype == TDM_BE_BF16 && g->k > 0 && !ta) ||
         (g->b_dtype == TDM_BE_BF16 && g->k > 0 && !tb) || (g->c_dtype == TDM_BE_BF16 && !tc)) {
         free(ta), free(tb), free(tc);
         return tdm_fail(err, TDM_ERR_NOMEM, "gemm: out of memory converting bf16 operands");
     }
     for (int64_t i = 0; i < batch; i++)
-        cpu_sgemm(cpu_of(be)->n_threads, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
+        cpu_sgemm(nt, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
                   a ? a + i * g->stride_a : NULL, g->lda, b ? b + i * g->stride_b : NULL, g->ldb,
                   g->beta, c + i * g->stride_c, g->ldc);
-    if (tc) tdm_f32_to_bf16_n(tc, g->c, (size_t)c_span);
+    if (tc) convert(nt, tc, g->c, c_span, false);
     free(ta), free(tb), free(tc);
     return TDM_OK;
 }
@@ -325,10 +378,16 @@ const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w, float **tmp
     return *tmp;
 }
 
-int64_t cpu_tile_rows(int64_t cols)
+int64_t cpu_tile_rows(int64_t rows, int64_t cols)
 {
-    int64_t rows = ((int64_t)1 << 20) / cols; /* 1 Mi floats = 4 MiB */
-    return rows < 16 ? 16 : rows;
+    /* equal tiles of at most 4 Mi floats (16 MiB; a multiple of 16 rows): a 4864 x 896 gate_proj
+     * is 2 tiles of 2432 rows, not 4 of 1170 and one of 184 (a product of 184 columns is all
+     * narrow GEMM tiles) */
+    int64_t max_rows = ((int64_t)1 << 22) / cols;
+    if (max_rows < 16) max_rows = 16;
+    int64_t n = (rows + max_rows - 1) / max_rows;
+    int64_t t = round16((rows + n - 1) / n);
+    return t > rows ? rows : t;
 }
 
 static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
@@ -360,8 +419,7 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
                   w->cols, beta, y, w->rows);
         return TDM_OK;
     }
-    int64_t tile = cpu_tile_rows(w->cols);
-    if (tile > w->rows) tile = w->rows;
+    int64_t tile = cpu_tile_rows(w->rows, w->cols);
     float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
@@ -385,8 +443,7 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
                   w->cols, beta, dx, w->cols);
         return TDM_OK;
     }
-    int64_t tile = cpu_tile_rows(w->cols);
-    if (tile > w->rows) tile = w->rows;
+    int64_t tile = cpu_tile_rows(w->rows, w->cols);
     float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
@@ -445,7 +502,12 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     cpu->base.act_dtype = TDM_BE_F32;
     cpu->n_threads = opts->n_threads > 0 ? opts->n_threads : omp_get_max_threads();
     if (cpu->n_threads < 1) cpu->n_threads = 1;
-    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there). */
+    /* One pool for everything: the OpenMP loops outside the backend (NF4 quantization while the
+     * model loads) get the same count. */
+    if (opts->n_threads > 0) omp_set_num_threads(cpu->n_threads);
+    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there), and
+     * OpenBLAS's own threads (Debian's default libopenblas0-pthread has a pool of its own) would
+     * only compete with OpenMP's. */
     openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
     *out = &cpu->base;

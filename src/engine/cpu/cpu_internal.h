@@ -45,8 +45,10 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
  * *tmp owns (free it). NULL on allocation failure. */
 const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w, float **tmp);
 
-/* Rows of W per dequantized tile in linear_fwd / linear_bwd: about 4 MiB of f32. */
-int64_t cpu_tile_rows(int64_t cols);
+/* Rows of W (rows x cols) per dequantized tile in linear_fwd / linear_bwd: equal tiles of at
+ * most 16 MiB of f32 (the tile is dequantized by all threads, then multiplied while it is in
+ * the caches). */
+int64_t cpu_tile_rows(int64_t rows, int64_t cols);
 
 /* Op entry points defined in cpu_layers.c and cpu_train.c. */
 tdm_status cpu_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,

@@ -1,6 +1,7 @@
 /* cpu_layers.c — the CPU backend's layer ops: embedding, RMSNorm, RoPE, attention, SwiGLU.
  * Row reductions accumulate in double, sequentially within a row; rows are spread over threads,
  * so every output is computed by one thread in a fixed order (thread-count independent). */
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,8 +110,7 @@ static double dotf(const float *a, const float *b, int64_t n)
 
 /* One query row qi (D) against keys k0[j * kld] and values v0[j * kld], j < n_keys: scores,
  * max, exp-sum (double), output oi (D) = softmax-weighted values; returns the log-sum-exp. p
- * (n_keys) and acc (D) are the caller's scratch. attention_fwd and attention_kv both run it, so a
- * decode step computes a row exactly as the full forward does. */
+ * (n_keys) and acc (D) are the caller's scratch (attention_kv's decode rows). */
 static double attend_row(const float *qi, const float *k0, const float *v0, int64_t kld,
                          int64_t n_keys, int64_t D, float scale, double *p, double *acc, float *oi)
 {
@@ -135,57 +135,137 @@ static double attend_row(const float *qi, const float *k0, const float *v0, int6
     return l;
 }
 
-/* One task per (sequence, query head); each query row of the task is computed in full by the
- * task's thread: scores against keys 0..i of its sequence, max, exp-sum (double), lse, output. */
+/* ---- attention over whole sequences (training forward and backward) ----
+ * Blocks of ATT_BLOCK query rows (forward, dq) or key rows (dk, dv) are the tasks, so a batch of
+ * 4 sequences of 256 tokens and 14 heads gives the threads 224 forward tasks, not 56 (one per
+ * sequence and head) nor, in the backward, 8 (one per sequence and KV head). Within a task the
+ * scores, the probabilities and their products with V, dO, K and Q are single-threaded GEMMs
+ * (att_gemm) over the block, with the masked part of the last block set to 0; every output
+ * element is written by one task in a fixed order, so results do not depend on the thread
+ * count. Softmax: max and exp-sum in double per row, P = exp(s - lse) in float. */
+#define ATT_BLOCK 64
+
+static void att_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
+                c, (blasint)ldc);
+}
+
+static tdm_status check_seqs(const tdm_be_seqs *s, const char *op, tdm_error *err)
+{
+    const int32_t *cu = s->cu_seqlens;
+    if (cu[0] != 0 || cu[s->n_seqs] != s->m)
+        return tdm_fail(err, TDM_ERR_INVALID, "%s: cu_seqlens must run from 0 to m", op);
+    for (int64_t i = 0; i < s->n_seqs; i++)
+        if (cu[i + 1] < cu[i] || cu[i + 1] - cu[i] > s->max_seqlen)
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "%s: sequence %lld length invalid or above max_seqlen", op,
+                            (long long)i);
+    return TDM_OK;
+}
+
+/* The blocks of ATT_BLOCK rows of every sequence: (*blocks)[2b] = sequence, [2b+1] = first row
+ * within it. Returns the count, or -1 when out of memory. */
+static int64_t att_blocks(const tdm_be_seqs *s, int64_t **blocks)
+{
+    const int32_t *cu = s->cu_seqlens;
+    int64_t n = 0;
+    for (int64_t q = 0; q < s->n_seqs; q++)
+        n += (cu[q + 1] - cu[q] + ATT_BLOCK - 1) / ATT_BLOCK;
+    *blocks = malloc((size_t)(2 * n + 1) * sizeof(int64_t));
+    if (!*blocks) return -1;
+    int64_t b = 0;
+    for (int64_t q = 0; q < s->n_seqs; q++)
+        for (int64_t r = 0; r < cu[q + 1] - cu[q]; r += ATT_BLOCK)
+            (*blocks)[2 * b] = q, (*blocks)[2 * b + 1] = r, b++;
+    return n;
+}
+
+/* P (rows x n_keys, ld n_keys) from scores, in place: row r is query i0 + r, key j of the block
+ * is j0 + j; keys after the query are masked to 0. lse: the row's log-sum-exp when computing
+ * (lse_out), else read from lse_in. */
+static void att_probs(float *p, int64_t rows, int64_t n_keys, int64_t i0, int64_t j0,
+                      float *lse_out, const float *lse_in)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *pr = p + r * n_keys;
+        int64_t vis = i0 + r - j0 + 1; /* keys j0 .. i0 + r */
+        if (vis > n_keys) vis = n_keys;
+        if (vis < 0) vis = 0;
+        float l;
+        if (lse_out) {
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < vis; j++)
+                if (pr[j] > mx) mx = pr[j];
+            for (int64_t j = 0; j < vis; j++)
+                sum += exp((double)pr[j] - mx);
+            l = (float)(mx + log(sum));
+            lse_out[r] = l;
+        } else {
+            l = lse_in[r];
+        }
+        for (int64_t j = 0; j < vis; j++)
+            pr[j] = expf(pr[j] - l);
+        for (int64_t j = vis; j < n_keys; j++)
+            pr[j] = 0.0f;
+    }
+}
+
 tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv, const void *kv,
                              const void *vv, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale, void *outv, float *lse, tdm_error *err)
 {
+    TDM_TRY(check_seqs(s, "attention_fwd", err));
     const int32_t *cu = s->cu_seqlens;
-    if (cu[0] != 0 || cu[s->n_seqs] != s->m)
-        return tdm_fail(err, TDM_ERR_INVALID, "attention_fwd: cu_seqlens must run from 0 to m");
-    for (int64_t i = 0; i < s->n_seqs; i++)
-        if (cu[i + 1] < cu[i] || cu[i + 1] - cu[i] > s->max_seqlen)
-            return tdm_fail(err, TDM_ERR_INVALID,
-                            "attention_fwd: sequence %lld length invalid or above max_seqlen",
-                            (long long)i);
     const float *q = qv, *k = kv, *v = vv;
     float *out = outv;
     int64_t D = head_dim, qld = n_heads * D, kld = n_kv_heads * D, group = n_heads / n_kv_heads;
-    int64_t n_tasks = s->n_seqs * n_heads;
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
+    int64_t *blk;
+    int64_t nb = att_blocks(s, &blk);
+    if (nb < 0) return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
+    int64_t n_tasks = nb * n_heads;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
 #pragma omp parallel num_threads(nt) if (s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN)
     {
-        double *p = malloc((size_t)maxlen * sizeof(double));
-        double *acc = malloc((size_t)D * sizeof(double));
-        if (!p || !acc) {
+        float *p = malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
+        float *l = malloc((size_t)ATT_BLOCK * sizeof(float));
+        if (!p || !l) {
 #pragma omp atomic write
             oom = true;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; t++) {
-            if (!p || !acc) continue;
-            int64_t sq = t / n_heads, h = t % n_heads, kvh = h / group;
-            int64_t base = cu[sq], len = cu[sq + 1] - cu[sq];
-            for (int64_t i = 0; i < len; i++)
-                lse[h * s->m + base + i] =
-                    (float)attend_row(q + (base + i) * qld + h * D, k + base * kld + kvh * D,
-                                      v + base * kld + kvh * D, kld, i + 1, D, scale, p, acc,
-                                      out + (base + i) * qld + h * D);
+            if (!p || !l) continue;
+            int64_t b = t / n_heads, h = t % n_heads, kvh = h / group;
+            int64_t sq = blk[2 * b], i0 = blk[2 * b + 1], base = cu[sq];
+            int64_t len = cu[sq + 1] - base;
+            int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows;
+            const float *qb = q + (base + i0) * qld + h * D;
+            const float *kb = k + base * kld + kvh * D, *vb = v + base * kld + kvh * D;
+            att_gemm(false, true, rows, nk, D, scale, qb, qld, kb, kld, 0.0f, p, nk);
+            att_probs(p, rows, nk, i0, 0, l, NULL);
+            att_gemm(false, false, rows, D, nk, 1.0f, p, nk, vb, kld, 0.0f,
+                     out + (base + i0) * qld + h * D, qld);
+            for (int64_t r = 0; r < rows; r++)
+                lse[h * s->m + base + i0 + r] = l[r];
         }
         free(p);
-        free(acc);
+        free(l);
     }
+    free(blk);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
     return TDM_OK;
 }
 
 /* The new keys and values go into their slots first; then one task per (sequence, query head)
- * computes each new row with attend_row, as cpu_attention_fwd computes the row at that position,
- * so a decode step gives the bits the full forward gives when the cached keys and values are the
- * same. */
+ * computes each new row with attend_row (dot products and the softmax in double, one row at a
+ * time: a decode step has one new row per sequence, too few for GEMMs). cpu_attention_fwd
+ * computes the same values with float GEMMs over blocks, so the two agree within f32 rounding,
+ * not bit for bit. */
 tdm_status cpu_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs, int64_t m,
                             const void *qv, const void *kv, const void *vv, void *kcv, void *vcv,
                             int64_t n_slots, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
@@ -236,85 +316,103 @@ tdm_status cpu_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t 
     return TDM_OK;
 }
 
-/* One task per (sequence, KV head): it owns dk/dv of that head's rows in that sequence and dq of
- * the query heads of its group, so no two threads write the same element. With
- * P_ij = exp(scale q_i.k_j - lse_i), Di = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - Di):
+/* With P_ij = exp(scale q_i.k_j - lse_i), Di = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - Di):
  *   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i P_ij dout_i
- * (the last two summed over the group's query heads in head order, then i order). */
+ * in two passes so that each output has one owner: tasks (query block, head) recompute P and dS
+ * of their rows against keys 0..end of the block and write dq; tasks (key block, KV head)
+ * recompute them for the rows from the block's first key on and sum dk and dv over the group's
+ * query heads in head order. P and dS are computed twice (7 GEMMs per block instead of 5); the
+ * backward gets as many tasks as the forward. */
 tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv, const void *kv,
                              const void *vv, const void *outv, const float *lse, const void *doutv,
                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                              void *dqv, void *dkv, void *dvv, tdm_error *err)
 {
+    TDM_TRY(check_seqs(s, "attention_bwd", err));
     const int32_t *cu = s->cu_seqlens;
-    if (cu[0] != 0 || cu[s->n_seqs] != s->m)
-        return tdm_fail(err, TDM_ERR_INVALID, "attention_bwd: cu_seqlens must run from 0 to m");
-    for (int64_t i = 0; i < s->n_seqs; i++)
-        if (cu[i + 1] < cu[i] || cu[i + 1] - cu[i] > s->max_seqlen)
-            return tdm_fail(err, TDM_ERR_INVALID,
-                            "attention_bwd: sequence %lld length invalid or above max_seqlen",
-                            (long long)i);
     const float *q = qv, *k = kv, *v = vv, *out = outv, *dout = doutv;
     float *dq = dqv, *dk = dkv, *dv = dvv;
     int64_t D = head_dim, qld = n_heads * D, kld = n_kv_heads * D, group = n_heads / n_kv_heads;
-    int64_t n_tasks = s->n_seqs * n_kv_heads;
-    int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
+    int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1, m = s->m;
+    int64_t *blk;
+    int64_t nb = att_blocks(s, &blk);
+    float *Di = malloc((size_t)(m * n_heads > 0 ? m * n_heads : 1) * sizeof(float));
+    if (nb < 0 || !Di) {
+        free(blk), free(Di);
+        return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
+    }
     int nt = cpu_of(be)->n_threads;
+    bool par = s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN;
+#pragma omp parallel for schedule(static) num_threads(nt) if (par)
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < n_heads; h++)
+            Di[h * m + i] = (float)dotf(dout + i * qld + h * D, out + i * qld + h * D, D);
     bool oom = false;
-#pragma omp parallel num_threads(nt) if (s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN)
+#pragma omp parallel num_threads(nt) if (par)
     {
-        double *dka = malloc((size_t)(maxlen * D) * sizeof(double));
-        double *dva = malloc((size_t)(maxlen * D) * sizeof(double));
-        double *dqa = malloc((size_t)D * sizeof(double));
-        if (!dka || !dva || !dqa) {
+        float *p = malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
+        float *dp = malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
+        if (!p || !dp) {
 #pragma omp atomic write
             oom = true;
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < n_tasks; t++) {
-            if (!dka || !dva || !dqa) continue;
-            int64_t sq = t / n_kv_heads, kvh = t % n_kv_heads;
-            int64_t base = cu[sq], len = cu[sq + 1] - cu[sq];
-            memset(dka, 0, (size_t)(len * D) * sizeof(double));
-            memset(dva, 0, (size_t)(len * D) * sizeof(double));
-            for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-                for (int64_t i = 0; i < len; i++) {
-                    const float *qi = q + (base + i) * qld + h * D;
-                    const float *oi = out + (base + i) * qld + h * D;
-                    const float *doi = dout + (base + i) * qld + h * D;
-                    double Di = dotf(doi, oi, D);
-                    double l = lse[h * s->m + base + i];
-                    memset(dqa, 0, (size_t)D * sizeof(double));
-                    for (int64_t j = 0; j <= i; j++) {
-                        const float *kj = k + (base + j) * kld + kvh * D;
-                        const float *vj = v + (base + j) * kld + kvh * D;
-                        double pij = exp((double)scale * dotf(qi, kj, D) - l);
-                        double ds = pij * (dotf(doi, vj, D) - Di);
-                        double *dkj = dka + j * D, *dvj = dva + j * D;
-                        for (int64_t e = 0; e < D; e++) {
-                            dqa[e] += ds * kj[e];
-                            dkj[e] += ds * qi[e];
-                            dvj[e] += pij * doi[e];
-                        }
-                    }
-                    float *dqi = dq + (base + i) * qld + h * D;
-                    for (int64_t e = 0; e < D; e++)
-                        dqi[e] = (float)(scale * dqa[e]);
-                }
+        /* dq: rows [i0, i0 + rows) of head h against keys [0, i0 + rows) */
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t t = 0; t < nb * n_heads; t++) {
+            if (!p || !dp) continue;
+            int64_t b = t / n_heads, h = t % n_heads, kvh = h / group;
+            int64_t sq = blk[2 * b], i0 = blk[2 * b + 1], base = cu[sq];
+            int64_t len = cu[sq + 1] - base;
+            int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows;
+            const float *qb = q + (base + i0) * qld + h * D,
+                        *dob = dout + (base + i0) * qld + h * D;
+            const float *kb = k + base * kld + kvh * D, *vb = v + base * kld + kvh * D;
+            att_gemm(false, true, rows, nk, D, scale, qb, qld, kb, kld, 0.0f, p, nk);
+            att_probs(p, rows, nk, i0, 0, NULL, lse + h * m + base + i0);
+            att_gemm(false, true, rows, nk, D, 1.0f, dob, qld, vb, kld, 0.0f, dp, nk);
+            for (int64_t r = 0; r < rows; r++) {
+                float di = Di[h * m + base + i0 + r];
+                for (int64_t j = 0; j < nk; j++)
+                    dp[r * nk + j] = p[r * nk + j] * (dp[r * nk + j] - di);
             }
-            for (int64_t j = 0; j < len; j++) {
-                float *dkj = dk + (base + j) * kld + kvh * D;
-                float *dvj = dv + (base + j) * kld + kvh * D;
-                for (int64_t e = 0; e < D; e++) {
-                    dkj[e] = (float)(scale * dka[j * D + e]);
-                    dvj[e] = (float)dva[j * D + e];
+            att_gemm(false, false, rows, D, nk, scale, dp, nk, kb, kld, 0.0f,
+                     dq + (base + i0) * qld + h * D, qld);
+        }
+        /* dk, dv: keys [j0, j0 + cols) of KV head kvh against rows [j0, len), every query head
+         * of the group */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < nb * n_kv_heads; t++) {
+            if (!p || !dp) continue;
+            int64_t b = t / n_kv_heads, kvh = t % n_kv_heads;
+            int64_t sq = blk[2 * b], j0 = blk[2 * b + 1], base = cu[sq];
+            int64_t len = cu[sq + 1] - base;
+            int64_t cols = len - j0 < ATT_BLOCK ? len - j0 : ATT_BLOCK, rows = len - j0;
+            const float *kb = k + (base + j0) * kld + kvh * D,
+                        *vb = v + (base + j0) * kld + kvh * D;
+            float *dkb = dk + (base + j0) * kld + kvh * D, *dvb = dv + (base + j0) * kld + kvh * D;
+            for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+                const float *qb = q + (base + j0) * qld + h * D;
+                const float *dob = dout + (base + j0) * qld + h * D;
+                float beta = h == kvh * group ? 0.0f : 1.0f;
+                att_gemm(false, true, rows, cols, D, scale, qb, qld, kb, kld, 0.0f, p, cols);
+                att_probs(p, rows, cols, j0, j0, NULL, lse + h * m + base + j0);
+                att_gemm(false, true, rows, cols, D, 1.0f, dob, qld, vb, kld, 0.0f, dp, cols);
+                /* dv += P^T dO */
+                att_gemm(true, false, cols, D, rows, 1.0f, p, cols, dob, qld, beta, dvb, kld);
+                for (int64_t r = 0; r < rows; r++) {
+                    float di = Di[h * m + base + j0 + r];
+                    for (int64_t j = 0; j < cols; j++)
+                        dp[r * cols + j] = p[r * cols + j] * (dp[r * cols + j] - di);
                 }
+                /* dk += scale dS^T Q */
+                att_gemm(true, false, cols, D, rows, scale, dp, cols, qb, qld, beta, dkb, kld);
             }
         }
-        free(dka);
-        free(dva);
-        free(dqa);
+        free(p);
+        free(dp);
     }
+    free(blk);
+    free(Di);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     return TDM_OK;
 }

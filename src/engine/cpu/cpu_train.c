@@ -1,5 +1,6 @@
 /* cpu_train.c — the CPU backend's chunked cross-entropy, segmented LoRA, gradient norms and
  * multi-tensor AdamW. */
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +11,39 @@
 
 #define IGNORE_INDEX (-100)
 
-/* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each)
- * max / exp-sum in double, loss, and the logits buffer overwritten with dlogits; then
- * dH (c, d) = dlogits W in a second GEMM. Peak extra memory: chunk_rows * V floats. */
+/* dH (c, d) = dlogits (c, V) W (V, d) with V (the vocabulary, ~152K) the long side: a tiled
+ * GEMM would cut only c and d, and every tile would stream its own copy of W (the few big tiles
+ * leave threads idle, many small ones multiply the traffic). So K is split instead: fixed blocks
+ * of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d) into its own
+ * slice of part; then dH = the partials summed in block order. Fixed blocks and a fixed order:
+ * the same bits whatever the thread count. */
+#define CE_VBLOCK 4096
+
+static void ce_dh(int nt, const float *logits, const float *W, int64_t c, int64_t V, int64_t d,
+                  float *part, float *dh)
+{
+    int64_t nb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nb > 1)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t v0 = b * CE_VBLOCK, kb = V - v0 < CE_VBLOCK ? V - v0 : CE_VBLOCK;
+        /* one call per block (no tiles: they would re-pack the block's W rows per tile) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)c, (blasint)d, (blasint)kb,
+                    1.0f, logits + v0, (blasint)V, W + v0 * d, (blasint)d, 0.0f, part + b * c * d,
+                    (blasint)d);
+    }
+#pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
+    for (int64_t i = 0; i < c * d; i++) {
+        float s = part[i];
+        for (int64_t b = 1; b < nb; b++)
+            s += part[b * c * d + i];
+        dh[(i / d) * d + i % d] = s;
+    }
+}
+
+/* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
+ * exp-sum (float exponentials, summed in double), loss, and the logits buffer overwritten with
+ * dlogits; then dH (c, d) = dlogits W (ce_dh). Peak extra memory: chunk_rows * V floats, plus
+ * chunk_rows * d floats per CE_VBLOCK vocabulary rows for dH's partial products. */
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
                              const int32_t *labels, const float *weight, int64_t m,
                              int64_t chunk_rows, float *loss, void *dhv, tdm_error *err)
@@ -28,8 +59,10 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     float *wtmp = NULL;
     const float *W = cpu_dense_f32(cpu, w, &wtmp);
     float *logits = malloc((size_t)(chunk_rows * V) * sizeof(float));
-    if (!W || !logits) {
-        free(wtmp), free(logits);
+    int64_t nvb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
+    float *part = dhv ? malloc((size_t)(nvb * chunk_rows * d) * sizeof(float)) : NULL;
+    if (!W || !logits || (dhv && !part)) {
+        free(wtmp), free(logits), free(part);
         return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
                         (long long)chunk_rows, (long long)V);
     }
@@ -48,22 +81,24 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                 memset(l, 0, (size_t)V * sizeof(float));
                 continue;
             }
-            double mx = -INFINITY;
+            float mx = -INFINITY;
             for (int64_t j = 0; j < V; j++)
                 if (l[j] > mx) mx = l[j];
             double sum = 0;
             for (int64_t j = 0; j < V; j++)
-                sum += exp((double)l[j] - mx);
-            double lse = mx + log(sum);
+                sum += (double)expf(l[j] - mx);
+            double lse = (double)mx + log(sum);
             loss[r0 + i] = (float)(lse - (double)l[lab]);
-            double wt = weight[r0 + i];
+            float wt = weight[r0 + i], flse = (float)lse;
             for (int64_t j = 0; j < V; j++)
-                l[j] = (float)(wt * (exp((double)l[j] - lse) - (j == lab ? 1.0 : 0.0)));
+                l[j] = wt * expf(l[j] - flse);
+            l[lab] -= wt;
         }
-        if (dh) cpu_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh + r0 * d, d);
+        if (dh) ce_dh(nt, logits, W, c, V, d, part, dh + r0 * d);
     }
     free(wtmp);
     free(logits);
+    free(part);
     return TDM_OK;
 }
 

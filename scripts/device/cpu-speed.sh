@@ -1,0 +1,40 @@
+#!/bin/bash
+# On the GPU machine's host CPU (16 cores; the GPU is not used: tandem --device cpu, PyTorch with
+# CUDA_VISIBLE_DEVICES=): issue 20's measurement, bench/cpu_vs_torch.sh with Qwen2.5-0.5B shapes
+# (random weights), batch 4 x 256, r16 q_proj,v_proj:
+#   PyTorch + PEFT fp32 at 16 threads (torch.set_num_threads), a --profile-ops run of tandem lora
+#   at 16 threads (1 step), tandem lora at 16, 8, 4, 2, 1 threads and qlora at 16, PyTorch at 1
+#   thread last if under 200 s have passed. One warm-up step, then 3 timed steps (2 at 4 threads,
+#   1 at 2 and 1). No run starts after 250 s; one still going at 330 s is killed (its row FAIL).
+# Built HERE first (the build machine), with or without CUDA:
+#   make build ... && BUILD=build scripts/device/pack.sh     (writes .device-pack/device.tgz)
+# then on the device: carry .device-pack, run `bash scripts/device/cpu-speed.sh`.
+# Budget: under 6 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds; env overrides them).
+# Results under $OUT: table.md, rows.tsv, profile.txt, cpu-speed.log, logs.tgz. The env of
+# bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
+# plan, e.g. for a smoke test here: PRESET=tiny RUNS=lora:2:1 TORCH_THREADS= TORCH_AFTER= PROFILE=.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/cpu-speed-out}
+mkdir -p "$OUT"
+. scripts/device/device-env.sh
+export LD_LIBRARY_PATH=$DEVICE_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CUDA_VISIBLE_DEVICES=
+RES=/tmp/cpu-speed-res
+rm -rf "$RES"
+mkdir -p "$RES"
+{
+    echo "# cores: nproc $(nproc), $(lscpu 2>/dev/null | grep -E '^(Model name|Socket|Thread|Core)' | tr -s ' ' | paste -sd';' -)"
+    echo "# OpenBLAS in the pack: $(ls .device/lib | grep -i blas | paste -sd' ' -)"
+    BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
+        TORCH_AFTER=${TORCH_AFTER-1:1} AFTER_BUDGET=${AFTER_BUDGET:-200} \
+        RUNS=${RUNS-lora:16 qlora:16 lora:8 lora:4:2 lora:2:1 lora:1:1} \
+        WORK=/tmp/cpu-speed-work OUT=$RES bash bench/cpu_vs_torch.sh .device/tandem
+} 2>&1 | tee "$OUT/cpu-speed.log"
+cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
+cp "$RES/profile.txt" "$OUT/" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res 2>/dev/null
+echo
+echo "rows (side method threads tok/s s/step steps wall note):"
+if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
+cat "$RES/table.md"
