@@ -28,10 +28,23 @@
 #include "model/lora_targets.h"
 #include "util/error.h"
 
+/* What gradient checkpointing recomputes in backward (docs/engine.md, "Recompute"). */
+typedef enum tdm_recompute {
+    TDM_RECOMPUTE_LAYER = 0, /* keep only each layer's input; recompute the whole layer */
+    TDM_RECOMPUTE_MLP,       /* keep all but gate/up outputs; recompute gate_proj and up_proj */
+    TDM_RECOMPUTE_ATTN,      /* keep gate/up outputs, attention output, x_mid; recompute the
+                              * norms and q/k/v projections */
+} tdm_recompute;
+
+/* "layer", "mlp" or "attn"; false for anything else. */
+bool tdm_recompute_parse(const char *s, tdm_recompute *out);
+const char *tdm_recompute_name(tdm_recompute r);
+
 typedef struct tdm_model_opts {
     bool nf4;          /* "qlora": decoder projections stored in NF4 and dequantized on the fly */
     bool double_quant; /* with nf4: 8-bit absmax (QLoRA's double quantization) */
-    bool grad_checkpoint; /* keep only each layer's input; recompute the layer in backward */
+    bool grad_checkpoint;    /* keep fewer activations; recompute the rest in backward */
+    tdm_recompute recompute; /* with grad_checkpoint: what is recomputed */
 } tdm_model_opts;
 
 typedef struct tdm_model tdm_model;
@@ -69,8 +82,9 @@ typedef struct tdm_lora {
      * create. Module t of layer l uses the mask seed tdm_lora_dropout_module_seed(dropout_seed,
      * l, t) = tdm_dropout_derive(tdm_dropout_derive(dropout_seed, l), t) (engine/dropout.h), with
      * rows counted from the adapter's segment, so the mask depends on the adapter, its step and
-     * the piece's position in the step's batch, the layer and the module only: fused = alone, q/k/v get independent masks, and
-     * the backward and a gradient-checkpointing recompute regenerate it. */
+     * the piece's position in the step's batch, the layer and the module only: fused = alone, q/k/v
+     * get independent masks, and the backward and a gradient-checkpointing recompute regenerate it.
+     */
     float dropout;
     uint64_t dropout_seed; /* the caller sets it before each training step: tdm_lora_dropout_seed */
 } tdm_lora;
@@ -215,6 +229,11 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
  * allocated again for exactly the plan (nothing at all for a plan of 0 rows). Call between steps
  * only. The backend's scratch is kept (it only grows). */
 tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err);
+
+/* Switches gradient checkpointing (and its recompute mode) of a loaded model; the activation
+ * workspace is freed and allocated again by the next step or tdm_model_reserve. Call between
+ * steps only (a benchmark measuring every mode on one load: bench/train_bench.c). */
+void tdm_model_set_recompute(tdm_model *m, bool grad_checkpoint, tdm_recompute recompute);
 
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);

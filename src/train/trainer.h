@@ -149,6 +149,7 @@ typedef struct tdm_trainer_opts {
     bool nf4;          /* --method qlora */
     bool double_quant; /* with nf4 */
     bool grad_checkpoint;
+    tdm_recompute recompute; /* --recompute: what checkpointing recomputes */
     tdm_train_schedule schedule;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
