@@ -1513,15 +1513,17 @@ tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64
     return st;
 }
 
-tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
-                                       tdm_error *err)
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint,
+                                       tdm_recompute recompute, int split, tdm_error *err)
 {
     if (split < 1 || split > 65536)
         return tdm_fail(err, TDM_ERR_INVALID, "memory plan: split %d not in 1..65536", split);
-    if (t->model && grad_checkpoint != t->o.grad_checkpoint)
+    if (t->model && (grad_checkpoint != t->o.grad_checkpoint ||
+                     (grad_checkpoint && recompute != t->o.recompute)))
         return tdm_fail(err, TDM_ERR_INVALID,
                         "memory plan: gradient checkpointing is chosen before the model is loaded");
     t->o.grad_checkpoint = grad_checkpoint;
+    t->o.recompute = recompute;
     t->split = split;
     return TDM_OK;
 }

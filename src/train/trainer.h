@@ -201,8 +201,8 @@ struct tdm_memory_fit;
 tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
                                   struct tdm_memory_fit *out, tdm_error *err);
 
-/* Applies a memory plan: gradient checkpointing (before tdm_trainer_attach only: it is the
- * model's) and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
+/* Applies a memory plan: gradient checkpointing and its recompute mode (before
+ * tdm_trainer_attach only: they are the model's) and split k >= 1: every adapter's pass takes at most ceil(batch_size / k) sequences
  * of its optimizer batch, in up to grad_accum x k passes per global step (training and
  * validation). The optimizer batches, the data order, the steps, the schedule, the checkpoints
  * and records are those of k = 1; the gradient of a batch is the same sum over its tokens, so
@@ -210,8 +210,8 @@ tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64
  * each piece draws from its position in the batch). tdm_trainer_memory_estimate and the
  * workspace attach reserves follow the plan. TDM_ERR_INVALID for k out of range or a change of
  * checkpointing after attach. */
-tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
-                                       tdm_error *err);
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint,
+                                       tdm_recompute recompute, int split, tdm_error *err);
 /* The split in use (1 unless tdm_trainer_set_memory_plan chose another). */
 int tdm_trainer_split(const tdm_trainer *t);
 
