@@ -72,8 +72,8 @@ int64_t tdm_memory_plan_mb(const tdm_model_mem *e, int64_t context_mb);
  *      when the options ask for checkpointing or for that mode);
  *   3. gradient checkpointing in the options' recompute mode (skipped when the options already
  *      ask for it);
- *   4. gradient checkpointing (the options' mode) and split k = 2, 3, ...: every adapter's micro-batch
- *      ceil(batch_size / k), and up to grad_accum x k passes per optimizer step, so each
+ *   4. gradient checkpointing (the options' mode) and split k = 2, 3, ...: every adapter's
+ *      micro-batch ceil(batch_size / k), and up to grad_accum x k passes per optimizer step, so each
  *      optimizer batch (batch_size x grad_accum sequences) is the same, only computed in smaller
  *      pieces (the trainer's result is equal to float rounding; with LoRA dropout the masks
  *      differ); a k whose micro-batches equal the previous k's is skipped, down to k =
