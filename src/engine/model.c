@@ -60,8 +60,8 @@ static unsigned keep_of(const tdm_model_opts *o)
 {
     if (!o->grad_checkpoint) return KEEP_ALL;
     switch (o->recompute) {
-    case TDM_RECOMPUTE_MLP:
-        return KEEP_ALL & ~KEEP_GU;
+    case TDM_RECOMPUTE_MLP: /* the two norms are recomputed too: elementwise, nearly free */
+        return KEEP_SMALL | KEEP_QKV | KEEP_ATTN | KEEP_XMID;
     case TDM_RECOMPUTE_ATTN:
         return KEEP_SMALL | KEEP_ATTN | KEEP_XMID | KEEP_GU;
     case TDM_RECOMPUTE_LAYER:

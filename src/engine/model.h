@@ -31,7 +31,8 @@
 /* What gradient checkpointing recomputes in backward (docs/engine.md, "Recompute"). */
 typedef enum tdm_recompute {
     TDM_RECOMPUTE_LAYER = 0, /* keep only each layer's input; recompute the whole layer */
-    TDM_RECOMPUTE_MLP,       /* keep all but gate/up outputs; recompute gate_proj and up_proj */
+    TDM_RECOMPUTE_MLP,       /* keep q/k/v, attention output, x_mid; recompute the norms,
+                              * gate_proj and up_proj */
     TDM_RECOMPUTE_ATTN,      /* keep gate/up outputs, attention output, x_mid; recompute the
                               * norms and q/k/v projections */
 } tdm_recompute;

@@ -213,7 +213,7 @@ static const tdm_run_option table[] = {
      NULL, true},
     {"recompute", "layer|mlp|attn", F, DST(trainer.recompute),
      V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_recompute, "layer", "layer, mlp or attn",
-       "what --grad-checkpoint recomputes: the layer, gate/up, or norms and q/k/v"),
+       "what --grad-checkpoint recomputes: the layer, norms and gate/up, or norms and q/k/v"),
      NULL, true},
     /* data */
     {"seed", "S", F, DST(adapter.seed),
