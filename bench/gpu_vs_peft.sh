@@ -18,6 +18,9 @@
 #                       7b:   1x4 1x4gc 3x4 peft1x4           other presets: 1x4 3x4 peft1x4
 #   --skip-peft       tandem only          --skip-tandem    PEFT only
 #   --skip-matmul     no bf16 matmul measurement (MFU then uses another call's rate at --combine)
+#                     The rate: bench_train --matmul 8192 (tandem's own cuBLASLt GEMM path) when
+#                     a bench_train binary is next to TANDEM_BIN or in its bin/ (BENCH_TRAIN=PATH
+#                     names one), else torch.matmul
 #   --warmup K        untimed steps first (5)        --steps T   timed steps (20)
 #   --device D        tandem's --device (cuda); `cpu` for a local smoke run without a GPU
 #   --work DIR        models, data and run directories (/tmp/tandem-gpu-bench); a model already
@@ -115,18 +118,17 @@ combine() {
     }' "$@"
 }
 
-# flops_per_token MODEL_DIR: model FLOPs of one trained token (LoRA on q_proj,v_proj, rank RANK,
-# sequence SEQ), the same count for tandem and PEFT (docs/benchmarks.md):
+# flops_per_token MODEL_DIR: frozen-base FLOPs of one trained token (sequence SEQ), the same
+# count for tandem and PEFT (docs/benchmarks.md, "MFU"):
 #   N     = L * (d*H*hd + 2*d*KV*hd + H*hd*d + 3*d*f) + d*V   matmul weights: q,k,v,o,gate,up,down
 #                                                             per layer, plus the lm_head
 #   base  = 2*N (forward) + 2*N (backward, activation gradients only: the base is frozen)
-#   lora  = L * 6*r * ((d + H*hd) + (d + KV*hd))             forward 2r(in+out), backward weight
-#                                                             and activation gradients 4r(in+out)
 #   attn  = L * 6 * S * H*hd                                  QK^T and PV: 2*2*S*H*hd forward,
 #                                                             halved by the causal mask, x3 with
 #                                                             the backward (2x forward)
-#   total = base + lora + attn. Recomputation under --grad-checkpoint is not counted (MFU counts
-#   the model's work, not the implementation's), nor norms, RoPE, SwiGLU, softmax or the optimizer.
+#   total = base + attn. Not counted: the LoRA matmuls (0.3 % at 7B r16 q,v), recomputation under
+#   --grad-checkpoint (MFU counts the model's work, not the implementation's), norms, RoPE,
+#   SwiGLU, softmax and the optimizer.
 cfg_int() { sed -n "s/.*\"$2\": *\([0-9][0-9]*\).*/\1/p" "$1/config.json" | head -n 1; }
 flops_per_token() {
     local dir=$1 d f L H KV hd V
@@ -136,13 +138,12 @@ flops_per_token() {
     V=$(cfg_int "$dir" vocab_size)
     [ -n "$KV" ] || KV=$H
     [ -n "$hd" ] || hd=$((d / H))
-    awk -v d="$d" -v f="$f" -v L="$L" -v H="$H" -v KV="$KV" -v hd="$hd" -v V="$V" -v r="$RANK" \
+    awk -v d="$d" -v f="$f" -v L="$L" -v H="$H" -v KV="$KV" -v hd="$hd" -v V="$V" \
         -v S="$SEQ" 'BEGIN {
         N = L * (d * H * hd + 2 * d * KV * hd + H * hd * d + 3 * d * f) + d * V
         base = 4 * N
-        lora = L * 6 * r * ((d + H * hd) + (d + KV * hd))
         attn = L * 6 * S * H * hd
-        printf "%.0f\n", base + lora + attn }'
+        printf "%.0f\n", base + attn }'
 }
 
 if [ "${1:-}" = "--combine" ]; then
@@ -417,8 +418,18 @@ MATMUL=-
 echo "# gpu_vs_peft $STAMP: models $MODELS, warm-up $WARMUP + $STEPS timed steps, seq $SEQ, rank $RANK, $TARGETS, device $DEVICE"
 echo "# plan: ${PLAN[*]/%/;}"
 echo "# python: $PY with LD_LIBRARY_PATH='$PY_LD'"
-if [ "$DRY" = 1 ]; then
-    [ "$SKIP_MATMUL" = 1 ] || echo "== matmul: $PY $HERE/peft_reference.py matmul --n 8192 --runs 10"
+# the engine's own GEMM timing, when its bench_train binary is there
+if [ -z "${BENCH_TRAIN:-}" ]; then
+    for c in "$(dirname "$TANDEM")/bench_train" "$(dirname "$TANDEM")/bin/bench_train"; do
+        [ -x "$c" ] && { BENCH_TRAIN=$c; break; }
+    done
+fi
+if [ "$DRY" = 1 ] && [ "$SKIP_MATMUL" = 0 ]; then
+    if [ -n "${BENCH_TRAIN:-}" ]; then
+        echo "== matmul: $BENCH_TRAIN --matmul 8192 --device cuda (on cuda; else torch.matmul)"
+    else
+        echo "== matmul: $PY $HERE/peft_reference.py matmul --n 8192 --runs 10"
+    fi
 fi
 if [ "$DRY" = 0 ]; then
     mkdir -p "$WORK/models" "$WORK/data" "$WORK/runs" "$RES" || die "cannot create $WORK / $RES"
@@ -429,9 +440,15 @@ if [ "$DRY" = 0 ]; then
     echo "# GPU: ${GPU:-none}; compute apps before the run: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';')"
 fi
 T_ALL=$(now)
+# the matmul rate: the engine's own cuBLASLt GEMM when bench_train is there, else torch.matmul
 if [ "$SKIP_MATMUL" = 0 ] && [ "$DRY" = 0 ]; then
     t0=$(now)
-    if py "$HERE/peft_reference.py" matmul --json "$RES/matmul-$STAMP.json" >"$RES/matmul-$STAMP.log" 2>&1; then
+    if [ -n "${BENCH_TRAIN:-}" ] && [ "$DEVICE" = cuda ] &&
+        "$BENCH_TRAIN" --matmul 8192 --device cuda >"$RES/matmul-$STAMP.log" 2>&1; then
+        MATMUL=$(sed -n 's/.*tdm_be_linear_fwd: \([0-9.]*\) TFLOP.*/\1/p' "$RES/matmul-$STAMP.log")
+        echo "== bf16 matmul 8192^3, tandem's cuBLASLt GEMM ($BENCH_TRAIN): median $MATMUL TFLOP/s"
+        row matmul - - - - - - - - "$MATMUL" "$(since "$t0")" "tdm_be_linear_fwd (cuBLASLt) bf16 8192^3, median of 10"
+    elif py "$HERE/peft_reference.py" matmul --json "$RES/matmul-$STAMP.json" >"$RES/matmul-$STAMP.log" 2>&1; then
         MATMUL=$(jnum tflops_median "$RES/matmul-$STAMP.json")
         echo "== bf16 matmul 8192^3: median $MATMUL TFLOP/s (min $(jnum tflops_min "$RES/matmul-$STAMP.json"), max $(jnum tflops_max "$RES/matmul-$STAMP.json"))"
         row matmul - - - - - - - - "$MATMUL" "$(since "$t0")" "torch.matmul bf16 8192^3, median of 10"

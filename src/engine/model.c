@@ -41,15 +41,62 @@ typedef struct acts {
     float *U[NT];           /* (M, u_ld) f32: x A^T of each module some adapter targets */
 } acts;
 
+/* Groups of a layer's activations that a training step keeps per layer (workspace.keep); what a
+ * layer does not keep lives in one copy shared by all layers and is recomputed in backward from
+ * what it keeps (recompute_layer). docs/engine.md, "Recompute". */
+enum {
+    KEEP_SMALL = 1u << 0, /* rstd1, rstd2 and the U of every targeted module (f32, rows x rank) */
+    KEEP_XN1 = 1u << 1,   /* xn1 */
+    KEEP_QKV = 1u << 2,   /* q, k, v (and q_pre, k_pre, rstd_q, rstd_k with q/k norms) */
+    KEEP_ATTN = 1u << 3,  /* attn, lse */
+    KEEP_XMID = 1u << 4,  /* x_mid */
+    KEEP_XN2 = 1u << 5,   /* xn2 */
+    KEEP_GU = 1u << 6,    /* g, u */
+    KEEP_ALL = (1u << 7) - 1,
+};
+
+/* What a training step keeps per layer: everything without checkpointing, else by o->recompute. */
+static unsigned keep_of(const tdm_model_opts *o)
+{
+    if (!o->grad_checkpoint) return KEEP_ALL;
+    switch (o->recompute) {
+    case TDM_RECOMPUTE_MLP: /* the two norms are recomputed too: elementwise, nearly free */
+        return KEEP_SMALL | KEEP_QKV | KEEP_ATTN | KEEP_XMID;
+    case TDM_RECOMPUTE_ATTN:
+        return KEEP_SMALL | KEEP_ATTN | KEEP_XMID | KEEP_GU;
+    case TDM_RECOMPUTE_LAYER:
+    default:
+        return 0;
+    }
+}
+
+static const char *const recompute_names[] = {"layer", "mlp", "attn"};
+
+bool tdm_recompute_parse(const char *s, tdm_recompute *out)
+{
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, recompute_names[i])) {
+            *out = (tdm_recompute)i;
+            return true;
+        }
+    return false;
+}
+
+const char *tdm_recompute_name(tdm_recompute r)
+{
+    return (unsigned)r < 3 ? recompute_names[r] : "?";
+}
+
 /* Device workspace of a step, carved out of one allocation. */
 typedef struct workspace {
     int64_t m, cu_cap, u_ld;
     unsigned tmask;
-    int n_sets;
+    int n_sets;    /* L (a training step) or 1 (forward only) */
+    unsigned keep; /* the KEEP_* groups each set keeps (0 forward only); the rest is shared */
     void *base;
     uint64_t bytes;
     void **x;   /* (L + 1) x (M, H): each layer's input, x[L] the final norm's input */
-    acts *sets; /* L sets, or 1 set reused layer by layer (checkpointing / forward only) */
+    acts *sets; /* L sets (their unkept tensors one shared copy), or 1 set (forward only) */
     void *dres, *dxn, *d1, *d2, *hre, *dattn, *dq, *dk, *dv, *hf;
     float *rstd_f, *loss, *lw;
     int32_t *tokens, *labels, *pos, *cu;
@@ -454,7 +501,64 @@ static void *carve(carver *c, int64_t n, tdm_be_dtype dt)
     return p;
 }
 
-/* Lays out (or, with c->base NULL, only measures) the workspace. */
+/* Carves into *A the tensors of groups `groups` (KEEP_*). */
+static void carve_acts(const tdm_model_config *cf, tdm_be_dtype a, const workspace *w,
+                       unsigned groups, acts *A, carver *c)
+{
+    int64_t M = w->m, H = cf->hidden_size, I = cf->intermediate_size;
+    int64_t Q = cf->num_heads * cf->head_dim, K = cf->num_kv_heads * cf->head_dim;
+    tdm_be_dtype f = TDM_BE_F32;
+    if (groups & KEEP_SMALL) {
+        A->rstd1 = carve(c, M, f);
+        A->rstd2 = carve(c, M, f);
+    }
+    if (groups & KEEP_ATTN) A->lse = carve(c, M * cf->num_heads, f);
+    if (groups & KEEP_XN1) A->xn1 = carve(c, M * H, a);
+    if (groups & KEEP_QKV) {
+        if (cf->qk_norm) {
+            A->rstd_q = carve(c, M * cf->num_heads, f);
+            A->rstd_k = carve(c, M * cf->num_kv_heads, f);
+            A->q_pre = carve(c, M * Q, a);
+            A->k_pre = carve(c, M * K, a);
+        }
+        A->q = carve(c, M * Q, a);
+        A->k = carve(c, M * K, a);
+        A->v = carve(c, M * K, a);
+    }
+    if (groups & KEEP_ATTN) A->attn = carve(c, M * Q, a);
+    if (groups & KEEP_XMID) A->x_mid = carve(c, M * H, a);
+    if (groups & KEEP_XN2) A->xn2 = carve(c, M * H, a);
+    if (groups & KEEP_GU) {
+        A->g = carve(c, M * I, a);
+        A->u = carve(c, M * I, a);
+    }
+    if (groups & KEEP_SMALL)
+        for (int t = 0; t < NT; t++)
+            if (w->tmask & TDM_LORA_BIT(t)) A->U[t] = carve(c, M * w->u_ld, f);
+}
+
+/* Copies into *A the pointers of *from for the groups `groups`. */
+static void share_acts(const acts *from, unsigned groups, acts *A)
+{
+    if (groups & KEEP_SMALL) {
+        A->rstd1 = from->rstd1, A->rstd2 = from->rstd2;
+        memcpy(A->U, from->U, sizeof A->U);
+    }
+    if (groups & KEEP_XN1) A->xn1 = from->xn1;
+    if (groups & KEEP_QKV) {
+        A->rstd_q = from->rstd_q, A->rstd_k = from->rstd_k;
+        A->q_pre = from->q_pre, A->k_pre = from->k_pre;
+        A->q = from->q, A->k = from->k, A->v = from->v;
+    }
+    if (groups & KEEP_ATTN) A->attn = from->attn, A->lse = from->lse;
+    if (groups & KEEP_XMID) A->x_mid = from->x_mid;
+    if (groups & KEEP_XN2) A->xn2 = from->xn2;
+    if (groups & KEEP_GU) A->g = from->g, A->u = from->u;
+}
+
+/* Lays out (or, with c->base NULL, only measures) the workspace: each layer's input, the groups
+ * every layer keeps (w->keep), one shared copy of the others, then the
+ * backward's scratch. */
 static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, carver *c)
 {
     int64_t M = w->m, H = cf->hidden_size, I = cf->intermediate_size;
@@ -464,28 +568,13 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
         void *p = carve(c, M * H, a);
         if (w->x) w->x[l] = p;
     }
+    unsigned kept = w->keep & KEEP_ALL;
+    acts shared = {0};
+    carve_acts(cf, a, w, KEEP_ALL & ~kept, &shared, c);
     for (int s = 0; s < w->n_sets; s++) {
         acts A = {0};
-        A.rstd1 = carve(c, M, f);
-        A.rstd2 = carve(c, M, f);
-        A.lse = carve(c, M * cf->num_heads, f);
-        A.xn1 = carve(c, M * H, a);
-        if (cf->qk_norm) {
-            A.rstd_q = carve(c, M * cf->num_heads, f);
-            A.rstd_k = carve(c, M * cf->num_kv_heads, f);
-            A.q_pre = carve(c, M * Q, a);
-            A.k_pre = carve(c, M * K, a);
-        }
-        A.q = carve(c, M * Q, a);
-        A.k = carve(c, M * K, a);
-        A.v = carve(c, M * K, a);
-        A.attn = carve(c, M * Q, a);
-        A.x_mid = carve(c, M * H, a);
-        A.xn2 = carve(c, M * H, a);
-        A.g = carve(c, M * I, a);
-        A.u = carve(c, M * I, a);
-        for (int t = 0; t < NT; t++)
-            if (w->tmask & TDM_LORA_BIT(t)) A.U[t] = carve(c, M * w->u_ld, f);
+        carve_acts(cf, a, w, kept, &A, c);
+        share_acts(&shared, KEEP_ALL & ~kept, &A);
         if (w->sets) w->sets[s] = A;
     }
     w->dres = carve(c, M * H, a);
@@ -507,20 +596,21 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
     w->cu = carve(c, w->cu_cap, TDM_BE_I32);
 }
 
-/* Makes the workspace cover `want` (its shape fields m, cu_cap, u_ld, tmask, n_sets): kept when
- * it already does, otherwise allocated again for exactly that shape. */
+/* Makes the workspace cover `want` (its shape fields m, cu_cap, u_ld, tmask, n_sets, keep): kept
+ * when it already does, otherwise allocated again for exactly that shape. */
 static tdm_status ws_ensure(tdm_model *m, const workspace *want, tdm_error *err)
 {
     workspace *w = &m->ws;
     if (w->base && w->m >= want->m && w->cu_cap >= want->cu_cap && w->u_ld >= want->u_ld &&
-        (w->tmask & want->tmask) == want->tmask && w->n_sets >= want->n_sets)
+        (w->tmask & want->tmask) == want->tmask && w->n_sets >= want->n_sets &&
+        (w->keep & want->keep) == want->keep)
         return TDM_OK;
     tdm_be_free(m->be, w->base);
     free(w->x);
     free(w->sets);
     memset(w, 0, sizeof *w);
     w->m = want->m, w->cu_cap = want->cu_cap, w->u_ld = want->u_ld, w->tmask = want->tmask;
-    w->n_sets = want->n_sets;
+    w->n_sets = want->n_sets, w->keep = want->keep;
     w->x = calloc((size_t)m->cfg.num_layers + 1, sizeof *w->x);
     w->sets = calloc((size_t)w->n_sets, sizeof *w->sets);
     if (!w->x || !w->sets) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
@@ -639,8 +729,8 @@ static tdm_status layer_attention(step *s, int l, acts *A, tdm_error *err)
     if (ks && !ks->prefill) {
         tdm_kv_cache *kv = ks->kv;
         return tdm_be_attention_kv(m->be, ks->seqs, s->b->n_seqs, s->M, A->q, A->k, A->v,
-                                   kv_layer(kv, l, 0), kv_layer(kv, l, 1), kv->n_slots, kv->cap,
-                                   nh, nkv, hd, scale, A->attn, err);
+                                   kv_layer(kv, l, 0), kv_layer(kv, l, 1), kv->n_slots, kv->cap, nh,
+                                   nkv, hd, scale, A->attn, err);
     }
     tdm_be_seqs sq = seqs_of(s);
     TDM_TRY(tdm_be_attention_fwd(m->be, &sq, A->q, A->k, A->v, nh, nkv, hd, scale, A->attn, A->lse,
@@ -769,6 +859,52 @@ static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, void *x_out,
     return tdm_be_axpy(be, x_out, A->x_mid, m->act, M * H, 1.0f, err);
 }
 
+/* Recomputes what layer l did not keep (keep: the KEEP_* groups it kept) from what it kept,
+ * exactly as layer_fwd formed it (the same ops on the same inputs: bit-identical). With nothing
+ * kept the whole forward runs again (the MLP's output apart). */
+static tdm_status recompute_layer(step *s, int l, const void *x, acts *A, unsigned keep,
+                                  tdm_error *err)
+{
+    if (!(keep & KEEP_SMALL)) return layer_fwd(s, l, x, A, s->m->ws.hf, false, err);
+    tdm_model *m = s->m;
+    tdm_backend *be = m->be;
+    const tdm_model_config *c = &m->cfg;
+    layer_weights *L = &m->layers[l];
+    int64_t M = s->M, H = c->hidden_size, hd = c->head_dim;
+    int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
+    float eps = (float)c->rms_norm_eps;
+    bool qkv = !(keep & KEEP_QKV), attn = !(keep & KEEP_ATTN), xmid = !(keep & KEEP_XMID);
+    bool gu = !(keep & KEEP_GU);
+    if (!(keep & KEEP_XN1))
+        TDM_TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
+    if (qkv) {
+        void *qo = c->qk_norm ? A->q_pre : A->q, *ko = c->qk_norm ? A->k_pre : A->k;
+        TDM_TRY(proj_fwd(s, l, TDM_LORA_Q, A->xn1, qo, A->U[TDM_LORA_Q], err));
+        TDM_TRY(proj_fwd(s, l, TDM_LORA_K, A->xn1, ko, A->U[TDM_LORA_K], err));
+        TDM_TRY(proj_fwd(s, l, TDM_LORA_V, A->xn1, A->v, A->U[TDM_LORA_V], err));
+        if (c->qk_norm) {
+            TDM_TRY(
+                tdm_be_rmsnorm_fwd(be, A->q_pre, L->q_norm, M * nh, hd, eps, A->q, A->rstd_q, err));
+            TDM_TRY(tdm_be_rmsnorm_fwd(be, A->k_pre, L->k_norm, M * nkv, hd, eps, A->k, A->rstd_k,
+                                       err));
+        }
+        TDM_TRY(tdm_be_rope(be, A->q, M, nh, hd, Q, m->ws.pos, m->inv_freq, false, err));
+        TDM_TRY(tdm_be_rope(be, A->k, M, nkv, hd, K, m->ws.pos, m->inv_freq, false, err));
+    }
+    if (attn) TDM_TRY(layer_attention(s, l, A, err));
+    if (xmid) {
+        TDM_TRY(proj_fwd(s, l, TDM_LORA_O, A->attn, A->x_mid, A->U[TDM_LORA_O], err));
+        TDM_TRY(tdm_be_axpy(be, A->x_mid, x, m->act, M * H, 1.0f, err));
+    }
+    if (!(keep & KEEP_XN2))
+        TDM_TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
+    if (gu) {
+        TDM_TRY(proj_fwd(s, l, TDM_LORA_GATE, A->xn2, A->g, A->U[TDM_LORA_GATE], err));
+        TDM_TRY(proj_fwd(s, l, TDM_LORA_UP, A->xn2, A->u, A->U[TDM_LORA_UP], err));
+    }
+    return TDM_OK;
+}
+
 /* Backward of one layer: dres (M, H) holds dL/d(x_out) on entry and dL/d(x) on return. */
 static tdm_status layer_bwd(step *s, int l, const void *x, acts *A, tdm_error *err)
 {
@@ -868,12 +1004,13 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
         tmask |= adapters[i]->targets;
         if (adapters[i]->rank > u_ld) u_ld = adapters[i]->rank;
     }
-    bool keep_all = backward && !m->opts.grad_checkpoint;
+    unsigned keep = backward ? keep_of(&m->opts) : 0;
     workspace want = {.m = M,
                       .cu_cap = b->n_seqs + 1,
                       .u_ld = u_ld,
                       .tmask = tmask,
-                      .n_sets = keep_all ? (int)L : 1};
+                      .n_sets = backward ? (int)L : 1,
+                      .keep = keep};
     TDM_TRY(ws_ensure(m, &want, err));
     workspace *w = &m->ws;
 
@@ -922,7 +1059,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
     /* forward */
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
     for (int64_t l = 0; st == TDM_OK && l < L; l++)
-        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[keep_all ? l : 0], w->x[l + 1], true, err);
+        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[backward ? l : 0], w->x[l + 1], true, err);
     if (st == TDM_OK)
         st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
                                 w->rstd_f, err);
@@ -947,9 +1084,8 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
         st = tdm_be_rmsnorm_bwd(be, w->dxn, w->x[L], m->final_norm, w->rstd_f, M, H, w->dres, 0.0f,
                                 err);
         for (int64_t l = L - 1; st == TDM_OK && l >= 0; l--) {
-            acts *A = &w->sets[keep_all ? l : 0];
-            if (!keep_all) /* recompute the layer from its kept input */
-                st = layer_fwd(&s, (int)l, w->x[l], A, w->hf, false, err);
+            acts *A = &w->sets[l];
+            if (keep != KEEP_ALL) st = recompute_layer(&s, (int)l, w->x[l], A, keep, err);
             if (st == TDM_OK) st = layer_bwd(&s, (int)l, w->x[l], A, err);
         }
     }
@@ -1118,23 +1254,23 @@ static uint64_t weight_bytes(int64_t numel, bool quantize, bool double_quant, td
 
 /* What the plan's largest step asks of the CUDA backend's scratch. */
 static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_model_opts *o,
-                                            tdm_be_dtype act, const tdm_model_mem_plan *p)
+                                       tdm_be_dtype act, const tdm_model_mem_plan *p)
 {
     return (tdm_be_step_shape){.m = p->rows,
-                                    .hidden = c->hidden_size,
-                                    .inter = c->intermediate_size,
-                                    .q_dim = c->num_heads * c->head_dim,
-                                    .kv_dim = c->num_kv_heads * c->head_dim,
-                                    .heads = c->num_heads,
-                                    .kv_heads = c->num_kv_heads,
-                                    .head_dim = c->head_dim,
-                                    .vocab = c->vocab_size,
-                                    .ce_chunk = ce_chunk_rows(c, act),
-                                    .max_rank = p->max_rank,
-                                    .nf4 = o->nf4,
-                                    .backward = p->backward,
-                                    .lora_params = p->lora_params,
-                                    .lora_module_params = p->lora_module_params};
+                               .hidden = c->hidden_size,
+                               .inter = c->intermediate_size,
+                               .q_dim = c->num_heads * c->head_dim,
+                               .kv_dim = c->num_kv_heads * c->head_dim,
+                               .heads = c->num_heads,
+                               .kv_heads = c->num_kv_heads,
+                               .head_dim = c->head_dim,
+                               .vocab = c->vocab_size,
+                               .ce_chunk = ce_chunk_rows(c, act),
+                               .max_rank = p->max_rank,
+                               .nf4 = o->nf4,
+                               .backward = p->backward,
+                               .lora_params = p->lora_params,
+                               .lora_module_params = p->lora_module_params};
 }
 
 /* The workspace parameters of the plan's largest step, as tdm_model_step would ask for them. */
@@ -1145,7 +1281,8 @@ static void plan_workspace(const tdm_model_config *c, const tdm_model_opts *o,
     w->cu_cap = p->n_seqs + 1;
     w->u_ld = p->max_rank > 0 ? p->max_rank : 1;
     w->tmask = p->targets;
-    w->n_sets = p->backward && !o->grad_checkpoint ? (int)c->num_layers : 1;
+    w->n_sets = p->backward ? (int)c->num_layers : 1;
+    w->keep = p->backward ? keep_of(o) : 0;
 }
 
 tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
@@ -1158,6 +1295,16 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
     TDM_TRY(ws_ensure(m, &want, err));
     tdm_be_step_shape sh = scratch_shape(&m->cfg, &m->opts, m->act, p);
     return tdm_be_reserve_scratch(m->be, &sh, err);
+}
+
+void tdm_model_set_recompute(tdm_model *m, bool grad_checkpoint, tdm_recompute recompute)
+{
+    tdm_model_set_grad_checkpoint(m, grad_checkpoint, recompute);
+    workspace *w = &m->ws;
+    tdm_be_free(m->be, w->base);
+    free(w->x);
+    free(w->sets);
+    memset(w, 0, sizeof *w);
 }
 
 tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
@@ -1177,9 +1324,14 @@ tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *e
     return p->rows > 0 ? ws_ensure(m, &want, err) : TDM_OK;
 }
 
-void tdm_model_set_grad_checkpoint(tdm_model *m, bool on)
+void tdm_model_set_grad_checkpoint(tdm_model *m, bool on, tdm_recompute recompute)
 {
-    m->opts.grad_checkpoint = on;
+    m->opts.grad_checkpoint = on, m->opts.recompute = recompute;
+}
+
+tdm_recompute tdm_model_recompute(const tdm_model *m)
+{
+    return m->opts.recompute;
 }
 
 bool tdm_model_grad_checkpoint(const tdm_model *m)

@@ -28,10 +28,24 @@
 #include "model/lora_targets.h"
 #include "util/error.h"
 
+/* What gradient checkpointing recomputes in backward (docs/engine.md, "Recompute"). */
+typedef enum tdm_recompute {
+    TDM_RECOMPUTE_LAYER = 0, /* keep only each layer's input; recompute the whole layer */
+    TDM_RECOMPUTE_MLP,       /* keep q/k/v, attention output, x_mid; recompute the norms,
+                              * gate_proj and up_proj */
+    TDM_RECOMPUTE_ATTN,      /* keep gate/up outputs, attention output, x_mid; recompute the
+                              * norms and q/k/v projections */
+} tdm_recompute;
+
+/* "layer", "mlp" or "attn"; false for anything else. */
+bool tdm_recompute_parse(const char *s, tdm_recompute *out);
+const char *tdm_recompute_name(tdm_recompute r);
+
 typedef struct tdm_model_opts {
     bool nf4;          /* "qlora": decoder projections stored in NF4 and dequantized on the fly */
     bool double_quant; /* with nf4: 8-bit absmax (QLoRA's double quantization) */
-    bool grad_checkpoint; /* keep only each layer's input; recompute the layer in backward */
+    bool grad_checkpoint;    /* keep fewer activations; recompute the rest in backward */
+    tdm_recompute recompute; /* with grad_checkpoint: what is recomputed */
 } tdm_model_opts;
 
 typedef struct tdm_model tdm_model;
@@ -69,8 +83,9 @@ typedef struct tdm_lora {
      * create. Module t of layer l uses the mask seed tdm_lora_dropout_module_seed(dropout_seed,
      * l, t) = tdm_dropout_derive(tdm_dropout_derive(dropout_seed, l), t) (engine/dropout.h), with
      * rows counted from the adapter's segment, so the mask depends on the adapter, its step and
-     * the piece's position in the step's batch, the layer and the module only: fused = alone, q/k/v get independent masks, and
-     * the backward and a gradient-checkpointing recompute regenerate it. */
+     * the piece's position in the step's batch, the layer and the module only: fused = alone, q/k/v
+     * get independent masks, and the backward and a gradient-checkpointing recompute regenerate it.
+     */
     float dropout;
     uint64_t dropout_seed; /* the caller sets it before each training step: tdm_lora_dropout_seed */
 } tdm_lora;
@@ -217,12 +232,16 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
  * only. The backend's scratch is kept (it only grows). */
 tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err);
 
-/* Switches gradient checkpointing between two steps (a co-training host re-planning for a join):
- * the workspace holds nothing from one step to the next, so only its size follows, at the next
- * tdm_model_fit (smaller: checkpointing on) or tdm_model_reserve / step (larger: off). A step's
- * result is the same either way (backward recomputes the layer's forward from its kept input). */
-void tdm_model_set_grad_checkpoint(tdm_model *m, bool on);
+/* Switches gradient checkpointing and its recompute mode between two steps (a co-training host
+ * re-planning for a join): the workspace holds nothing from one step to the next, so only its
+ * size follows, at the next tdm_model_fit (smaller) or tdm_model_reserve / step (larger). A
+ * step's result is the same either way (backward recomputes what the mode did not keep). */
+void tdm_model_set_grad_checkpoint(tdm_model *m, bool on, tdm_recompute recompute);
 bool tdm_model_grad_checkpoint(const tdm_model *m);
+tdm_recompute tdm_model_recompute(const tdm_model *m);
+/* The same, and the activation workspace freed at once, allocated again by the next step or
+ * tdm_model_reserve (a benchmark measuring every mode on one load: bench/train_bench.c). */
+void tdm_model_set_recompute(tdm_model *m, bool grad_checkpoint, tdm_recompute recompute);
 
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);

@@ -976,6 +976,7 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
         uint64_t scratch = 0;
         bool granted = true, replan = false;
         bool gc0 = tdm_trainer_grad_checkpoint(t);
+        tdm_recompute rc0 = tdm_trainer_recompute(t);
         int split0 = tdm_trainer_split(t);
         int64_t before = on_gpu(s) ? s->dev->budget_mb : 0;
         tdm_join_admission adm = {0};
@@ -988,14 +989,16 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
                 scratch = adm.plan.est.backend_scratch;
                 with_mb = adm.plan.mb;
                 target = adm.target_mb;
-                replan = adm.plan.grad_checkpoint != gc0 || adm.plan.split != split0;
+                replan = adm.plan.grad_checkpoint != gc0 || adm.plan.split != split0 ||
+                         (gc0 && adm.plan.recompute != rc0);
                 if (target > before)
                     st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait,
                                            &w->ticket, &granted, &rep, &e);
             }
         }
         if (st == TDM_OK && granted && replan) {
-            st = tdm_trainer_set_memory_plan(t, adm.plan.grad_checkpoint, adm.plan.split, &e);
+            st = tdm_trainer_set_memory_plan(t, adm.plan.grad_checkpoint, adm.plan.recompute,
+                                             adm.plan.split, &e);
             if (st == TDM_OK) note_plan(s, w, &adm, growable);
         }
         if (st != TDM_OK) {
@@ -1054,7 +1057,7 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
         if (!ok) {
             /* back to the plan and the reservation before this join */
             tdm_error ignored = {0};
-            if (replan) (void)tdm_trainer_set_memory_plan(t, gc0, split0, &ignored);
+            if (replan) (void)tdm_trainer_set_memory_plan(t, gc0, rc0, split0, &ignored);
             if (on_gpu(s) && s->dev->budget_mb > before) {
                 int64_t ticket = 0;
                 bool shrunk = false;

@@ -183,7 +183,8 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
                  (long long)fit.asked.mb, where, chosen, (long long)fit.chosen.mb);
         o->device.note(line, o->device.note_user);
     }
-    return tdm_trainer_set_memory_plan(tr, fit.chosen.grad_checkpoint, fit.chosen.split, err);
+    return tdm_trainer_set_memory_plan(tr, fit.chosen.grad_checkpoint, fit.chosen.recompute,
+                                       fit.chosen.split, err);
 }
 
 /* Device open, attach, train, record the memory. Frees tr (before the backend it lives on);

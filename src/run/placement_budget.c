@@ -67,8 +67,10 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
         if (weights_differ && a > 0) ads[a].weight = 0.5;
     }
     const tdm_trainer_opts *t = &ro->trainer;
-    tdm_model_opts mo = {
-        .nf4 = t->nf4, .double_quant = t->double_quant, .grad_checkpoint = t->grad_checkpoint};
+    tdm_model_opts mo = {.nf4 = t->nf4,
+                         .double_quant = t->double_quant,
+                         .grad_checkpoint = t->grad_checkpoint,
+                         .recompute = t->recompute};
     bool sync = t->schedule == TDM_SCHEDULE_SYNCHRONIZED;
     tdm_status st = TDM_OK;
     for (size_t k = 1; k <= n && st == TDM_OK; k++) {

@@ -59,6 +59,13 @@ static tdm_status parse_device(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
+static tdm_status parse_recompute(const char *arg, void *dst, tdm_error *err)
+{
+    if (!tdm_recompute_parse(arg, (tdm_recompute *)dst))
+        return tdm_fail(err, TDM_ERR_INVALID, "'%s' is not layer, mlp or attn", arg);
+    return TDM_OK;
+}
+
 /* --join auto|require, stored as join_require */
 static tdm_status parse_join(const char *arg, void *dst, tdm_error *err)
 {
@@ -172,7 +179,11 @@ static const tdm_run_option table[] = {
     ADAPTER_ROW("max-seq-len", "N", F | E, adapter.max_seq_len, TDM_ADAPTER_KEY_MAX_SEQ_LEN, true),
     {"grad-checkpoint", NULL, F, DST(trainer.grad_checkpoint),
      V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
-       "keep only each layer's input; recompute in backward"),
+       "keep fewer activations; recompute the rest in backward"),
+     NULL, true},
+    {"recompute", "layer|mlp|attn", F, DST(trainer.recompute),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_recompute, "layer", "layer, mlp or attn",
+       "what --grad-checkpoint recomputes: the layer, norms and gate/up, or norms and q/k/v"),
      NULL, true},
     /* data */
     ADAPTER_ROW("seed", "S", F, adapter.seed, TDM_ADAPTER_KEY_SEED, true),

@@ -104,21 +104,24 @@ static int micro_of(int batch_size, int split)
     return (batch_size + split - 1) / split;
 }
 
-/* The estimate of one plan: grad checkpointing gc, every adapter's micro-batch at split k. */
+/* The estimate of one plan: grad checkpointing gc recomputing rc, every adapter's micro-batch at
+ * split k. */
 static tdm_status plan_at(const tdm_memory_fit_request *req, tdm_plan_adapter *ads, bool gc,
-                          int split, tdm_plan_rung rung, tdm_memory_plan_choice *out,
-                          tdm_error *err)
+                          tdm_recompute rc, int split, tdm_plan_rung rung,
+                          tdm_memory_plan_choice *out, tdm_error *err)
 {
     for (int a = 0; a < req->n_adapters; a++)
         ads[a].micro_batch = micro_of(ads[a].batch_size, split);
     tdm_model_opts mo = req->opts;
     mo.grad_checkpoint = gc;
+    mo.recompute = rc;
     memset(out, 0, sizeof *out);
     TDM_TRY(tdm_run_memory_estimate(req->config, &mo, req->act, ads, req->n_adapters,
                                     req->synchronized, &out->est, err));
     if (out->est.backend_scratch < req->scratch_floor) out->est.backend_scratch = req->scratch_floor;
     out->rung = rung;
     out->grad_checkpoint = gc;
+    out->recompute = rc;
     out->split = split;
     out->micro_batch = ads[0].micro_batch;
     out->batch_size = ads[0].batch_size;
@@ -145,17 +148,20 @@ tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit
     tdm_status st;
     tdm_memory_plan_choice c;
     bool user_gc = req->opts.grad_checkpoint;
+    tdm_recompute rc = req->opts.recompute;
     /* 1. as asked */
-    if ((st = plan_at(req, ads, user_gc, 1, TDM_PLAN_AS_ASKED, &c, err)) != TDM_OK) goto done;
+    if ((st = plan_at(req, ads, user_gc, rc, 1, TDM_PLAN_AS_ASKED, &c, err)) != TDM_OK) goto done;
     out->asked = c;
     out->n_tried = 1;
     if (c.mb <= req->budget_mb) {
         out->fits = true;
         out->chosen = c;
     }
-    /* 2. gradient checkpointing */
-    if (!user_gc) {
-        if ((st = plan_at(req, ads, true, 1, TDM_PLAN_GRAD_CHECKPOINT, &c, err)) != TDM_OK)
+    /* 2. checkpointing that recomputes only the norms and q/k/v (a few percent of a step), when
+     * the run's own mode is another */
+    if (!user_gc && rc != TDM_RECOMPUTE_ATTN) {
+        if ((st = plan_at(req, ads, true, TDM_RECOMPUTE_ATTN, 1, TDM_PLAN_RECOMPUTE_ATTN, &c,
+                          err)) != TDM_OK)
             goto done;
         out->n_tried++;
         if (!out->fits && c.mb <= req->budget_mb) {
@@ -163,7 +169,17 @@ tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit
             out->chosen = c;
         }
     }
-    /* 3. micro-batches, down to 1 sequence each; the smallest plan is the last one (always
+    /* 3. gradient checkpointing as --recompute says (default: the whole layer) */
+    if (!user_gc) {
+        if ((st = plan_at(req, ads, true, rc, 1, TDM_PLAN_GRAD_CHECKPOINT, &c, err)) != TDM_OK)
+            goto done;
+        out->n_tried++;
+        if (!out->fits && c.mb <= req->budget_mb) {
+            out->fits = true;
+            out->chosen = c;
+        }
+    }
+    /* 4. micro-batches, down to 1 sequence each; the smallest plan is the last one (always
      * computed: it is what an admission that does not fit reports) */
     for (int k = 2; k <= max_batch; k++) {
         bool same = true; /* k - 1 gave the same micro-batches */
@@ -175,7 +191,8 @@ tdm_status tdm_memory_plan_fit(const tdm_memory_fit_request *req, tdm_memory_fit
             k = max_batch - 1;
             continue;
         }
-        if ((st = plan_at(req, ads, true, k, TDM_PLAN_MICRO_BATCH, &c, err)) != TDM_OK) goto done;
+        if ((st = plan_at(req, ads, true, rc, k, TDM_PLAN_MICRO_BATCH, &c, err)) != TDM_OK)
+            goto done;
         out->n_tried++;
         if (!out->fits && c.mb <= req->budget_mb) {
             out->fits = true;
@@ -216,12 +233,18 @@ tdm_status tdm_memory_plan_admit(const tdm_join_admit_request *req, tdm_join_adm
 void tdm_memory_plan_describe(const tdm_memory_plan_choice *c, char *buf, size_t cap)
 {
     if (!cap) return;
+    char mode[40] = "";
+    if (c->grad_checkpoint && c->recompute != TDM_RECOMPUTE_LAYER)
+        snprintf(mode, sizeof mode, " --recompute %s", tdm_recompute_name(c->recompute));
     if (c->rung == TDM_PLAN_AS_ASKED) {
-        snprintf(buf, cap, "the plan as asked%s", c->grad_checkpoint ? " (--grad-checkpoint)" : "");
+        snprintf(buf, cap, "the plan as asked%s%s%s",
+                 c->grad_checkpoint ? " (--grad-checkpoint" : "", mode,
+                 c->grad_checkpoint ? ")" : "");
         return;
     }
     if (c->split <= 1) {
-        snprintf(buf, cap, "gradient checkpointing");
+        snprintf(buf, cap, "gradient checkpointing%s%s%s", *mode ? " (" : "", *mode ? mode + 1 : "",
+                 *mode ? ")" : "");
         return;
     }
     if (c->alike)

@@ -68,9 +68,12 @@ int64_t tdm_memory_plan_mb(const tdm_model_mem *e, int64_t context_mb);
  * A run's plans, in the order tdm_memory_plan_fit tries them:
  *   1. as asked: grad checkpointing as the options say, every adapter's micro-batch its
  *      batch_size;
- *   2. gradient checkpointing (skipped when the options already ask for it);
- *   3. gradient checkpointing and split k = 2, 3, ...: every adapter's micro-batch
- *      ceil(batch_size / k), and up to grad_accum x k passes per optimizer step, so each
+ *   2. gradient checkpointing recomputing only the norms and q/k/v (TDM_RECOMPUTE_ATTN; skipped
+ *      when the options ask for checkpointing or for that mode);
+ *   3. gradient checkpointing in the options' recompute mode (skipped when the options already
+ *      ask for it);
+ *   4. gradient checkpointing (the options' mode) and split k = 2, 3, ...: every adapter's
+ *      micro-batch ceil(batch_size / k), and up to grad_accum x k passes per optimizer step, so each
  *      optimizer batch (batch_size x grad_accum sequences) is the same, only computed in smaller
  *      pieces (the trainer's result is equal to float rounding; with LoRA dropout the masks
  *      differ); a k whose micro-batches equal the previous k's is skipped, down to k =
@@ -80,6 +83,7 @@ typedef enum tdm_plan_rung {
     TDM_PLAN_AS_ASKED = 0,
     TDM_PLAN_GRAD_CHECKPOINT = 1,
     TDM_PLAN_MICRO_BATCH = 2,
+    TDM_PLAN_RECOMPUTE_ATTN = 3, /* checkpointing that recomputes only norms and q/k/v */
 } tdm_plan_rung;
 
 typedef struct tdm_memory_fit_request {
@@ -100,12 +104,13 @@ typedef struct tdm_memory_fit_request {
 typedef struct tdm_memory_plan_choice {
     tdm_plan_rung rung;
     bool grad_checkpoint;
-    int split;       /* k: every micro-batch is ceil(batch_size / k); 1: none */
-    int micro_batch; /* adapter 0's micro-batch, ceil(batch_size / split) */
-    int batch_size;  /* adapter 0's batch_size */
-    bool alike;      /* every adapter has that batch_size */
-    int grad_accum;  /* passes per optimizer step at most: the run's grad_accum x split */
-    int64_t mb;      /* tdm_memory_plan_mb of est */
+    tdm_recompute recompute; /* with grad_checkpoint: what is recomputed */
+    int split;               /* k: every micro-batch is ceil(batch_size / k); 1: none */
+    int micro_batch;         /* adapter 0's micro-batch, ceil(batch_size / split) */
+    int batch_size;          /* adapter 0's batch_size */
+    bool alike;              /* every adapter has that batch_size */
+    int grad_accum;          /* passes per optimizer step at most: the run's grad_accum x split */
+    int64_t mb;              /* tdm_memory_plan_mb of est */
     tdm_model_mem est;
 } tdm_memory_plan_choice;
 

@@ -499,7 +499,8 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
     t->be = be;
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.nf4 && t->o.double_quant,
-                         .grad_checkpoint = t->o.grad_checkpoint};
+                         .grad_checkpoint = t->o.grad_checkpoint,
+                         .recompute = t->o.recompute};
     if ((st = tdm_model_load(&t->model, be, t->o.model_dir, &mo, err)) != TDM_OK) return st;
     t->mcfg = tdm_model_get_config(t->model);
     for (int a = 0; a < t->n; a++)
@@ -1470,7 +1471,8 @@ static tdm_model_opts model_opts(const tdm_trainer *t)
 {
     return (tdm_model_opts){.nf4 = t->o.nf4,
                             .double_quant = t->o.double_quant,
-                            .grad_checkpoint = t->o.grad_checkpoint};
+                            .grad_checkpoint = t->o.grad_checkpoint,
+                            .recompute = t->o.recompute};
 }
 
 /* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's
@@ -1587,28 +1589,33 @@ double tdm_trainer_adapter_work(const tdm_trainer *t, int a)
     return tokens * s->cfg.epochs;
 }
 
-tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
-                                       tdm_error *err)
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint,
+                                       tdm_recompute recompute, int split, tdm_error *err)
 {
     if (split < 1 || split > 65536)
         return tdm_fail(err, TDM_ERR_INVALID, "memory plan: split %d not in 1..65536", split);
     bool old_gc = t->o.grad_checkpoint;
+    tdm_recompute old_rc = t->o.recompute;
     int old_split = t->split;
     t->o.grad_checkpoint = grad_checkpoint;
+    t->o.recompute = recompute;
     t->split = split;
-    if (!t->model || (old_gc == grad_checkpoint && old_split == split)) return TDM_OK;
+    if (!t->model || (old_gc == grad_checkpoint && old_split == split &&
+                      (!grad_checkpoint || old_rc == recompute)))
+        return TDM_OK;
     /* between two steps of an attached trainer: the model switches checkpointing (its workspace
      * holds nothing across steps) and the workspace follows the unfinished adapters' step,
      * given back when smaller (tdm_model_fit), allocated now when larger (tdm_model_reserve) */
-    tdm_model_set_grad_checkpoint(t->model, grad_checkpoint);
+    tdm_model_set_grad_checkpoint(t->model, grad_checkpoint, recompute);
     tdm_model_mem_plan plan;
     tdm_status st = memory_plan(t, &plan, err);
     if (st == TDM_OK) st = tdm_model_fit(t->model, &plan, err);
     if (st == TDM_OK) st = tdm_model_reserve(t->model, &plan, err);
     if (st != TDM_OK) { /* the plan before: it fitted a moment ago */
         t->o.grad_checkpoint = old_gc;
+        t->o.recompute = old_rc;
         t->split = old_split;
-        tdm_model_set_grad_checkpoint(t->model, old_gc);
+        tdm_model_set_grad_checkpoint(t->model, old_gc, old_rc);
         tdm_error ignored = {0};
         if (memory_plan(t, &plan, &ignored) == TDM_OK)
             (void)tdm_model_reserve(t->model, &plan, &ignored);
@@ -1619,6 +1626,11 @@ tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int
 bool tdm_trainer_grad_checkpoint(const tdm_trainer *t)
 {
     return t->o.grad_checkpoint;
+}
+
+tdm_recompute tdm_trainer_recompute(const tdm_trainer *t)
+{
+    return t->o.recompute;
 }
 
 int tdm_trainer_split(const tdm_trainer *t)

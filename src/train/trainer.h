@@ -150,6 +150,7 @@ typedef struct tdm_trainer_opts {
     bool nf4;          /* --method qlora */
     bool double_quant; /* with nf4 */
     bool grad_checkpoint;
+    tdm_recompute recompute; /* --recompute: what checkpointing recomputes */
     tdm_train_schedule schedule;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */
@@ -212,8 +213,9 @@ tdm_status tdm_trainer_memory_fit_subset(const tdm_trainer *t, const int *subset
  * epochs. */
 double tdm_trainer_adapter_work(const tdm_trainer *t, int a);
 
-/* Applies a memory plan: gradient checkpointing and split k >= 1: every adapter's pass takes
- * at most ceil(batch_size / k) sequences of its optimizer batch, in up to grad_accum x k passes per global step (training and
+/* Applies a memory plan: gradient checkpointing and its recompute mode, and split k >= 1: every
+ * adapter's pass takes at most ceil(batch_size / k) sequences of its optimizer batch, in up to
+ * grad_accum x k passes per global step (training and
  * validation). The optimizer batches, the data order, the steps, the schedule, the checkpoints
  * and records are those of k = 1; the gradient of a batch is the same sum over its tokens, so
  * the result equals k = 1 to float rounding (with LoRA dropout the masks of the pieces differ:
@@ -224,10 +226,12 @@ double tdm_trainer_adapter_work(const tdm_trainer *t, int a);
  * adapters' largest step under the new plan: given back when smaller, allocated at once when
  * larger (TDM_ERR_NOMEM then, with the plan before restored). TDM_ERR_INVALID for k out of
  * range. */
-tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint, int split,
-                                       tdm_error *err);
+tdm_status tdm_trainer_set_memory_plan(tdm_trainer *t, bool grad_checkpoint,
+                                       tdm_recompute recompute, int split, tdm_error *err);
 /* Whether the plan in use checkpoints gradients. */
 bool tdm_trainer_grad_checkpoint(const tdm_trainer *t);
+/* Its recompute mode (meaningful with checkpointing). */
+tdm_recompute tdm_trainer_recompute(const tdm_trainer *t);
 /* The split in use (1 unless tdm_trainer_set_memory_plan chose another). */
 int tdm_trainer_split(const tdm_trainer *t);
 

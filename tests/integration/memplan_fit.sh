@@ -2,7 +2,8 @@
 # --vram auto chooses a plan that fits the budget a run can get (docs/finetune.md, "Plans that
 # fit"), with real `tandem finetune` processes on a simulated GPU (TANDEM_FAKE_GPUS): another
 # process outside the ledger holds all but B MiB, as on the issue's simulated 24 GB card. The
-# plan as asked when it fits; gradient checkpointing when only that fits; then micro-batches
+# plan as asked when it fits; checkpointing that recomputes only norms and q/k/v, then gradient
+# checkpointing, when only that fits; then micro-batches
 # (same optimizer batch); a run whose smallest plan exceeds the GPU's reservable capacity fails
 # at once (exit 1) naming the budget it needs; an explicit --vram is reserved as given; under
 # tandem gpu run its reservation is the budget. The
@@ -39,10 +40,20 @@ asked=$(reserved)
 expect_exit 0 ft gc 100000 0 --grad-checkpoint
 gc=$(reserved)
 [ -n "$asked" ] && [ -n "$gc" ] && [ "$gc" -lt "$asked" ] || fail "asked $asked MiB, checkpointing $gc MiB"
+# --grad-checkpoint --recompute attn: between the two
+expect_exit 0 ft gcattn 100000 0 --grad-checkpoint --recompute attn
+attn=$(reserved)
+[ -n "$attn" ] && [ "$attn" -lt "$asked" ] && [ "$attn" -gt "$gc" ] || fail "asked $asked MiB, --recompute attn $attn MiB, checkpointing $gc MiB"
 
-# 2. one MiB less than the plan as asked: gradient checkpointing, said in one line
-expect_exit 0 ft rung1 100000 $((100000 - asked + 1))
-grep -q "^tandem: --vram auto: the plan as asked needs $asked MiB, more than the $((asked - 1)) MiB this run can get on GPU-sim-0 (Sim) with $((100000 - asked + 1)) MiB held outside the ledger: using gradient checkpointing, $gc MiB$" "$WORK/last.err" \
+# 2. one MiB less than the plan as asked: checkpointing that recomputes norms and q/k/v; one MiB
+# less than that: gradient checkpointing; each said in one line
+expect_exit 0 ft rung0 100000 $((100000 - asked + 1))
+grep -q "^tandem: --vram auto: the plan as asked needs $asked MiB, more than the $((asked - 1)) MiB this run can get on GPU-sim-0 (Sim) with $((100000 - asked + 1)) MiB held outside the ledger: using gradient checkpointing (--recompute attn), $attn MiB$" "$WORK/last.err" \
+    || fail "--recompute attn line: $(cat "$WORK/last.err")"
+[ "$(reserved)" = "$attn" ] || fail "reserved $(reserved), not --recompute attn's $attn MiB"
+[ -f "$WORK/rung0/adapter_model.safetensors" ] || fail "rung0 did not train"
+expect_exit 0 ft rung1 100000 $((100000 - attn + 1))
+grep -q "^tandem: --vram auto: the plan as asked needs $asked MiB, more than the $((attn - 1)) MiB this run can get on GPU-sim-0 (Sim) with $((100000 - attn + 1)) MiB held outside the ledger: using gradient checkpointing, $gc MiB$" "$WORK/last.err" \
     || fail "checkpointing line: $(cat "$WORK/last.err")"
 [ "$(reserved)" = "$gc" ] || fail "reserved $(reserved), not checkpointing's $gc MiB"
 [ -f "$WORK/rung1/adapter_model.safetensors" ] || fail "rung1 did not train"

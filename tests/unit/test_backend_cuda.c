@@ -1001,7 +1001,7 @@ static void model_case(const char *preset, bool nf4, unsigned targets, float p)
     io.dtype = TDM_DTYPE_F32;
     tdm_model_config cfg;
     OK(tdm_init_model(dir, &io, &cfg, err));
-    tdm_model_opts mo = {nf4, false, false};
+    tdm_model_opts mo = {.nf4 = nf4};
     tdm_backend *bes[2] = {gpu, cpu};
     tdm_model *mdl[2];
     tdm_lora *ad[2];
@@ -1070,6 +1070,87 @@ static void test_model_step_dropout(void **state)
     model_case("tiny-qwen3", false, TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V), 0.3f);
 }
 
+/* Gradient checkpointing on the GPU, every recompute mode: the loss and every LoRA gradient
+ * bit-identical to the step that keeps everything (the recompute runs the same kernels on the
+ * same inputs), with LoRA dropout on every module. */
+static void test_model_step_recompute(void **state)
+{
+    (void)state;
+    const char *presets[2] = {"tiny", "tiny-qwen3"};
+    for (int pi = 0; pi < 2; pi++) {
+        char dir[] = "/tmp/tandem-cuda-recompute-XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        tdm_init_model_opts io = {0};
+        io.preset = presets[pi];
+        io.seed = 11;
+        io.dtype = TDM_DTYPE_F32;
+        tdm_model_config cfg;
+        OK(tdm_init_model(dir, &io, &cfg, err));
+        int32_t tokens[45], labels[45], cu[4] = {0, 20, 33, 45};
+        for (int i = 0; i < 45; i++) {
+            tokens[i] = (int32_t)(tdm_rng_next(&rng) % (uint64_t)cfg.vocab_size);
+            labels[i] = i % 7 == 3 ? -100 : tokens[i];
+        }
+        tdm_batch_seg seg = {0, 0, 45};
+        tdm_batch b = {45, tokens, labels, cu, 3, &seg, 1};
+        unsigned all = (1u << TDM_LORA_N_TARGETS) - 1;
+        float *ref = NULL;
+        double ref_loss = 0;
+        int64_t n = 0;
+        for (int mode = -1; mode < 3; mode++) { /* -1: no checkpointing */
+            tdm_model_opts mo = {.nf4 = pi == 0,
+                                 .grad_checkpoint = mode >= 0,
+                                 .recompute = mode >= 0 ? (tdm_recompute)mode : 0};
+            tdm_model *m;
+            tdm_lora *a;
+            OK(tdm_model_load(&m, gpu, dir, &mo, err));
+            OK(tdm_lora_create(&a, m, 8, 2.0f, all, err));
+            a->dropout = 0.1f;
+            a->dropout_seed = tdm_lora_dropout_seed(7, 3, 1);
+            tdm_rng r;
+            tdm_rng_seed(&r, 99);
+            for (int l = 0; l < cfg.num_layers; l++)
+                for (int t = 0; t < TDM_LORA_N_TARGETS; t++) {
+                    int64_t in, out;
+                    tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
+                    float *A = malloc((size_t)(8 * in) * sizeof *A);
+                    float *B = malloc((size_t)(out * 8) * sizeof *B);
+                    for (int64_t i = 0; i < 8 * in; i++)
+                        A[i] = 0.05f * (2.0f * (float)tdm_rng_uniform(&r) - 1.0f);
+                    for (int64_t i = 0; i < out * 8; i++)
+                        B[i] = 0.05f * (2.0f * (float)tdm_rng_uniform(&r) - 1.0f);
+                    OK(tdm_lora_set(a, l, (tdm_lora_target)t, A, B, err));
+                    free(A), free(B);
+                }
+            OK(tdm_lora_zero_grad(a, err));
+            double loss;
+            int64_t ntok;
+            OK(tdm_model_step(m, &a, 1, &b, true, NULL, &loss, &ntok, err));
+            float *g = get(gpu, a->grads, TDM_BE_F32, a->n_params);
+            if (mode < 0) {
+                ref = g, ref_loss = loss, n = a->n_params;
+            } else {
+                int64_t diff = 0;
+                for (int64_t i = 0; i < n; i++)
+                    diff += memcmp(&g[i], &ref[i], sizeof *g) != 0;
+                printf("  recompute %-5s %-10s: loss %.9g (no checkpointing %.9g), %lld of %lld "
+                       "gradients differ; activations %.1f KiB\n",
+                       tdm_recompute_name((tdm_recompute)mode), presets[pi], loss, ref_loss,
+                       (long long)diff, (long long)n, (double)tdm_model_activation_bytes(m) / 1024);
+                assert_true(loss == ref_loss);
+                assert_int_equal(diff, 0);
+                free(g);
+            }
+            tdm_lora_free(a);
+            tdm_model_free(m);
+        }
+        free(ref);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
 static int setup(void **state)
 {
     tdm_error err = {0};
@@ -1121,6 +1202,7 @@ int main(void)
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_model_step),
         cmocka_unit_test(test_model_step_dropout),
+        cmocka_unit_test(test_model_step_recompute),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

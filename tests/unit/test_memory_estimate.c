@@ -93,14 +93,18 @@ typedef struct mem_case {
     tdm_model_mem est;
 } mem_case;
 
+/* ckpt: 0 no gradient checkpointing, else 1 + the tdm_recompute mode */
 static void case_open(mem_case *k, const char *preset, const char *dir_suffix, bool nf4, bool dq,
-                      bool ckpt)
+                      int ckpt)
 {
     char dir[400];
     snprintf(dir, sizeof dir, "%s/%s%s", tmpdir, preset, dir_suffix);
     tdm_init_model_opts io = {.preset = preset, .seed = 5, .dtype = TDM_DTYPE_F32};
     OK(tdm_init_model(dir, &io, &k->cfg, err));
-    k->mo = (tdm_model_opts){.nf4 = nf4, .double_quant = dq, .grad_checkpoint = ckpt};
+    k->mo = (tdm_model_opts){.nf4 = nf4,
+                             .double_quant = dq,
+                             .grad_checkpoint = ckpt > 0,
+                             .recompute = ckpt > 0 ? (tdm_recompute)(ckpt - 1) : 0};
     OK(tdm_model_load(&k->m, be, dir, &k->mo, err));
     const unsigned t0 = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
     const unsigned t1 = TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_DOWN);
@@ -133,7 +137,7 @@ static void case_close(mem_case *k)
     tdm_model_free(k->m);
 }
 
-static void check(const char *preset, bool nf4, bool dq, bool ckpt)
+static void check(const char *preset, bool nf4, bool dq, int ckpt)
 {
     mem_case k;
     case_open(&k, preset, "", nf4, dq, ckpt);
@@ -155,7 +159,7 @@ static void check(const char *preset, bool nf4, bool dq, bool ckpt)
 /* tdm_model_reserve allocates the plan's workspace before any step, exactly the estimate's
  * activation bytes; the steps of the plan (a smaller one, then the planned one) then allocate
  * nothing more through the backend: its peak stays at what was held after the reserve. */
-static void check_reserve(const char *preset, bool nf4, bool ckpt)
+static void check_reserve(const char *preset, bool nf4, int ckpt)
 {
     mem_case k;
     case_open(&k, preset, "-reserve", nf4, false, ckpt);
@@ -184,28 +188,34 @@ static void check_reserve(const char *preset, bool nf4, bool ckpt)
 static void test_reserve_holds_the_plan(void **state)
 {
     (void)state;
-    check_reserve("tiny-llama", false, false);
-    check_reserve("tiny", true, true);
+    check_reserve("tiny-llama", false, 0);
+    check_reserve("tiny", true, 1);
+    check_reserve("tiny", true, 1 + TDM_RECOMPUTE_MLP);
+    check_reserve("tiny-llama", false, 1 + TDM_RECOMPUTE_ATTN);
 }
 
 static void test_llama_dense(void **state)
 {
     (void)state;
-    check("tiny-llama", false, false, false);
-    check("tiny-llama", false, false, true);
+    check("tiny-llama", false, false, 0);
+    check("tiny-llama", false, false, 1);
+    check("tiny-llama", false, false, 1 + TDM_RECOMPUTE_MLP);
+    check("tiny-llama", false, false, 1 + TDM_RECOMPUTE_ATTN);
 }
 
 static void test_qwen3_nf4(void **state)
 {
     (void)state;
-    check("tiny-qwen3", true, false, false);
-    check("tiny-qwen3", true, true, true);
+    check("tiny-qwen3", true, false, 0);
+    check("tiny-qwen3", true, true, 1);
+    check("tiny-qwen3", true, true, 1 + TDM_RECOMPUTE_MLP);
+    check("tiny-qwen3", true, false, 1 + TDM_RECOMPUTE_ATTN);
 }
 
 static void test_qwen2_nf4_dq(void **state)
 {
     (void)state;
-    check("tiny", true, true, false);
+    check("tiny", true, true, 0);
 }
 
 /* The backend's scratch grows with the batch (activation-sized slots) and the NF4 tile only
@@ -214,17 +224,17 @@ static void test_scratch_shape(void **state)
 {
     (void)state;
     tdm_be_step_shape s = {.m = 2048,
-                                .hidden = 896,
-                                .inter = 4864,
-                                .q_dim = 896,
-                                .kv_dim = 128,
-                                .heads = 14,
-                                .vocab = 151936,
-                                .ce_chunk = 110,
-                                .max_rank = 16,
-                                .nf4 = false,
-                                .backward = true,
-                                .lora_params = 1000000};
+                           .hidden = 896,
+                           .inter = 4864,
+                           .q_dim = 896,
+                           .kv_dim = 128,
+                           .heads = 14,
+                           .vocab = 151936,
+                           .ce_chunk = 110,
+                           .max_rank = 16,
+                           .nf4 = false,
+                           .backward = true,
+                           .lora_params = 1000000};
     uint64_t dense = tdm_cuda_scratch_bytes(&s);
     s.nf4 = true;
     uint64_t q = tdm_cuda_scratch_bytes(&s);

@@ -186,7 +186,8 @@ static tdm_memory_fit fit_7b(const char *const *flags, int n, int64_t budget_mb,
         (tdm_memory_fit_request){.config = &cfg,
                                  .opts = {.nf4 = ro.trainer.nf4,
                                           .double_quant = ro.trainer.double_quant,
-                                          .grad_checkpoint = ro.trainer.grad_checkpoint},
+                                          .grad_checkpoint = ro.trainer.grad_checkpoint,
+                                          .recompute = ro.trainer.recompute},
                                  .act = TDM_BE_BF16,
                                  .adapters = ads,
                                  .n_adapters = n,
@@ -225,7 +226,9 @@ static void test_fit_7b_on_24g(void **state)
     assert_int_equal(one.chosen.split, 1);
     assert_true(three.asked.mb > CARD_24G_MIB);
     assert_true(three.fits);
-    assert_int_equal(three.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    assert_true(three.chosen.rung == TDM_PLAN_RECOMPUTE_ATTN ||
+                three.chosen.rung == TDM_PLAN_GRAD_CHECKPOINT);
+    assert_true(three.chosen.grad_checkpoint && three.chosen.split == 1);
     assert_true(three.chosen.mb <= CARD_24G_MIB);
     /* the weights are counted once: three adapters cost far less than three processes */
     assert_true(three.chosen.mb < 2 * one.asked.mb);
@@ -240,9 +243,10 @@ static void test_fit_7b_on_24g(void **state)
 }
 
 /* The order, each rung chosen exactly when the ones before do not fit: budgets just below each
- * rung's MiB walk down as asked -> checkpointing -> micro-batch 2 x 2 -> micro-batch 1 x 4 ->
- * nothing (the smallest reported). With --grad-checkpoint the checkpointing rung is the plan as
- * asked and the next is micro-batching. */
+ * rung's MiB walk down as asked -> checkpointing recomputing only norms and q/k/v -> checkpointing
+ * -> micro-batch 2 x 2 -> micro-batch 1 x 4 -> nothing (the smallest reported). With
+ * --grad-checkpoint the checkpointing rungs are the plan as asked and the next is micro-batching;
+ * with --recompute attn (no --grad-checkpoint) the checkpointing rung is that mode's. */
 static void test_fit_order(void **state)
 {
     (void)state;
@@ -258,12 +262,26 @@ static void test_fit_order(void **state)
     assert_true(f.smallest.grad_checkpoint);
     f = fit_7b(b4, 3, asked - 1, ads, &req);
     assert_true(f.fits);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_RECOMPUTE_ATTN);
+    assert_true(f.chosen.grad_checkpoint);
+    assert_int_equal(f.chosen.recompute, TDM_RECOMPUTE_ATTN);
+    assert_int_equal(f.chosen.split, 1);
+    char what[256];
+    tdm_memory_plan_describe(&f.chosen, what, sizeof what);
+    assert_string_equal(what, "gradient checkpointing (--recompute attn)");
+    int64_t attn = f.chosen.mb;
+    assert_true(attn < asked);
+    f = fit_7b(b4, 3, attn - 1, ads, &req);
+    assert_true(f.fits);
     assert_int_equal(f.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
     assert_true(f.chosen.grad_checkpoint);
+    assert_int_equal(f.chosen.recompute, TDM_RECOMPUTE_LAYER);
     assert_int_equal(f.chosen.split, 1);
     assert_int_equal(f.chosen.grad_accum, 1);
+    tdm_memory_plan_describe(&f.chosen, what, sizeof what);
+    assert_string_equal(what, "gradient checkpointing");
     int64_t gc = f.chosen.mb;
-    assert_true(gc < asked);
+    assert_true(gc < attn);
     f = fit_7b(b4, 3, gc - 1, ads, &req);
     assert_true(f.fits);
     assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
@@ -271,7 +289,6 @@ static void test_fit_order(void **state)
     assert_int_equal(f.chosen.split, 2);
     assert_int_equal(f.chosen.micro_batch, 2);
     assert_int_equal(f.chosen.grad_accum, 2);
-    char what[256];
     tdm_memory_plan_describe(&f.chosen, what, sizeof what);
     assert_string_equal(what, "gradient checkpointing and micro-batch 2 x accumulation 2 "
                               "(optimizer batch 4 x 1 unchanged)");
@@ -289,9 +306,9 @@ static void test_fit_order(void **state)
     assert_false(f.fits);
     assert_int_equal(f.smallest.mb, k4);
     assert_int_equal(f.chosen.mb, k4); /* the smallest, for a run that waits for it */
-    print_message("7B, three adapters B4x512: as asked %lld, checkpointing %lld, micro-batch 2 "
-                  "%lld, micro-batch 1 %lld MiB\n",
-                  (long long)asked, (long long)gc, (long long)k2, (long long)k4);
+    print_message("7B, three adapters B4x512: as asked %lld, checkpointing --recompute attn %lld, "
+                  "checkpointing %lld, micro-batch 2 %lld, micro-batch 1 %lld MiB\n",
+                  (long long)asked, (long long)attn, (long long)gc, (long long)k2, (long long)k4);
     /* --grad-checkpoint given: no checkpointing rung, micro-batches next */
     static const char *const b4gc[] = {"max-seq-len",     "512", "batch-size", "4",
                                        "grad-checkpoint", NULL};
@@ -303,6 +320,16 @@ static void test_fit_order(void **state)
     f = fit_7b(b4gc, 3, gc - 1, ads, &req);
     assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
     assert_int_equal(f.chosen.mb, k2);
+    static const char *const b4attn[] = {"max-seq-len", "512",  "batch-size", "4",
+                                         "recompute",   "attn", NULL};
+    f = fit_7b(b4attn, 3, asked - 1, ads, &req);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    assert_int_equal(f.chosen.recompute, TDM_RECOMPUTE_ATTN);
+    assert_int_equal(f.chosen.mb, attn);
+    f = fit_7b(b4attn, 3, attn - 1, ads, &req);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
+    assert_int_equal(f.chosen.recompute, TDM_RECOMPUTE_ATTN);
+    assert_true(f.chosen.mb > k2); /* micro-batches keep attn's tensors */
     /* adapters of different batch sizes share the split */
     f = fit_7b(b4, 2, 0, ads, &req);
     ads[1].batch_size = 6;
@@ -336,14 +363,19 @@ static void test_trainer_fit_is_what_it_reserves(void **state)
     tdm_model_mem est;
     assert_int_equal(tdm_trainer_memory_estimate(t, &est, &err), TDM_OK);
     assert_int_equal(tdm_device_reservation_mb(&est), big.asked.mb);
-    /* a budget below the plan as asked and the checkpointing one: micro-batches */
+    /* a budget below the plan as asked and both checkpointing ones: micro-batches */
     assert_int_equal(tdm_trainer_memory_fit(t, big.asked.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
                      TDM_OK);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_RECOMPUTE_ATTN);
+    assert_int_equal(tdm_trainer_memory_fit(t, f.chosen.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
+                     TDM_OK);
+    assert_int_equal(f.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
     int64_t gc_mb = f.chosen.mb;
     assert_int_equal(tdm_trainer_memory_fit(t, gc_mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err), TDM_OK);
     assert_true(f.fits);
     assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
-    assert_int_equal(tdm_trainer_set_memory_plan(t, f.chosen.grad_checkpoint, f.chosen.split, &err),
+    assert_int_equal(tdm_trainer_set_memory_plan(t, f.chosen.grad_checkpoint, f.chosen.recompute,
+                                                 f.chosen.split, &err),
                      TDM_OK);
     assert_int_equal(tdm_trainer_split(t), f.chosen.split);
     assert_int_equal(tdm_trainer_memory_estimate(t, &est, &err), TDM_OK);

@@ -110,7 +110,8 @@ static void train_split(int k, pass_seen *seen)
     tdm_trainer *t = NULL;
     tdm_error err = {0};
     if (tdm_trainer_create(&t, &o, ads, 2, NULL, &err) != TDM_OK) fail_msg("%s", err.message);
-    if (tdm_trainer_set_memory_plan(t, false, k, &err) != TDM_OK) fail_msg("%s", err.message);
+    if (tdm_trainer_set_memory_plan(t, false, TDM_RECOMPUTE_LAYER, k, &err) != TDM_OK)
+        fail_msg("%s", err.message);
     tdm_backend *be = NULL;
     assert_int_equal(tdm_backend_create(&be, "cpu", NULL, &err), TDM_OK);
     tdm_status st = tdm_trainer_attach(t, be, &err);
@@ -242,14 +243,15 @@ static void test_split_range(void **state)
     tdm_trainer *t = NULL;
     tdm_error err = {0};
     assert_int_equal(tdm_trainer_create(&t, &o, &ad, 1, NULL, &err), TDM_OK);
-    assert_int_equal(tdm_trainer_set_memory_plan(t, false, 0, &err), TDM_ERR_INVALID);
+    assert_int_equal(tdm_trainer_set_memory_plan(t, false, TDM_RECOMPUTE_LAYER, 0, &err),
+                     TDM_ERR_INVALID);
     assert_int_equal(tdm_trainer_split(t), 1);
     /* the estimate follows the plan: smaller with checkpointing, smaller again with split 4 */
     tdm_model_mem whole, gc, micro;
     assert_int_equal(tdm_trainer_memory_estimate(t, &whole, &err), TDM_OK);
-    assert_int_equal(tdm_trainer_set_memory_plan(t, true, 1, &err), TDM_OK);
+    assert_int_equal(tdm_trainer_set_memory_plan(t, true, TDM_RECOMPUTE_LAYER, 1, &err), TDM_OK);
     assert_int_equal(tdm_trainer_memory_estimate(t, &gc, &err), TDM_OK);
-    assert_int_equal(tdm_trainer_set_memory_plan(t, true, 4, &err), TDM_OK);
+    assert_int_equal(tdm_trainer_set_memory_plan(t, true, TDM_RECOMPUTE_LAYER, 4, &err), TDM_OK);
     assert_int_equal(tdm_trainer_memory_estimate(t, &micro, &err), TDM_OK);
     assert_true(gc.activations < whole.activations);
     assert_true(micro.activations < gc.activations);

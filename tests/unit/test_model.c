@@ -289,24 +289,29 @@ static void fd_check(const char *preset, bool nf4, float dropout)
         assert_true(fabs(Le - L0) > 1e-4 * fabs(L0));
     }
 
-    /* gradient checkpointing: the same bits */
-    tdm_model *mc;
-    tdm_model_opts oc = o;
-    oc.grad_checkpoint = true;
-    OK(tdm_model_load(&mc, be, dir, &oc, err));
-    tdm_lora *ac;
-    OK(tdm_lora_create(&ac, mc, 3, 0.7f, (1u << TDM_LORA_N_TARGETS) - 1, err));
-    randomize(ac, 11);
-    ac->dropout = dropout; /* the recompute regenerates the forward's masks */
-    ac->dropout_seed = dseed;
-    double Lc = total_loss(mc, &ac, 1, &tb.b, true);
-    float *gc = malloc((size_t)np * sizeof(float));
-    OK(tdm_be_download_f32(be, gc, ac->grads, TDM_BE_F32, np, err));
-    assert_true(Lc == L0);
-    assert_memory_equal(gc, grad, (size_t)np * sizeof(float));
-    free(gc);
-    tdm_lora_free(ac);
-    tdm_model_free(mc);
+    /* gradient checkpointing, every recompute mode: the same bits, and less kept */
+    uint64_t kept_all = tdm_model_activation_bytes(m);
+    for (int mode = 0; mode < 3; mode++) {
+        tdm_model *mc;
+        tdm_model_opts oc = o;
+        oc.grad_checkpoint = true;
+        oc.recompute = (tdm_recompute)mode;
+        OK(tdm_model_load(&mc, be, dir, &oc, err));
+        tdm_lora *ac;
+        OK(tdm_lora_create(&ac, mc, 3, 0.7f, (1u << TDM_LORA_N_TARGETS) - 1, err));
+        randomize(ac, 11);
+        ac->dropout = dropout; /* the recompute regenerates the forward's masks */
+        ac->dropout_seed = dseed;
+        double Lc = total_loss(mc, &ac, 1, &tb.b, true);
+        float *gc = malloc((size_t)np * sizeof(float));
+        OK(tdm_be_download_f32(be, gc, ac->grads, TDM_BE_F32, np, err));
+        assert_true(Lc == L0);
+        assert_memory_equal(gc, grad, (size_t)np * sizeof(float));
+        assert_true(tdm_model_activation_bytes(mc) < kept_all);
+        free(gc);
+        tdm_lora_free(ac);
+        tdm_model_free(mc);
+    }
 
     free(grad), free(p);
     tdm_lora_free(a);

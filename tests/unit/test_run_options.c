@@ -51,6 +51,7 @@ static void test_defaults(void **state)
     assert_true(o.adapter.weight == 1.0);
     assert_true(o.trainer.nf4 && o.trainer.double_quant && o.adapter.shuffle);
     assert_false(o.trainer.resume || o.trainer.grad_checkpoint || o.adapter.use_rslora);
+    assert_int_equal(o.trainer.recompute, TDM_RECOMPUTE_LAYER);
     assert_true(o.adapter.val_split == 0.05);
     assert_int_equal(o.adapter.seed, 42);
     assert_int_equal(o.adapter.save_every, 500);
@@ -78,10 +79,10 @@ static void test_defaults(void **state)
 static void test_parse(void **state)
 {
     (void)state;
-    char *argv[] = {"finetune",      "model",         "--rank",       "8",
-                    "--adapter",     "a.jsonl:out/a", "--no-shuffle", "--targets",
-                    "q_proj,k_proj", "--vram",        "2.5",          "--adapter",
-                    "b.jsonl:out/b", "--gpu-share",   "30",           NULL};
+    char *argv[] = {
+        "finetune",  "model",         "--rank", "8",   "--adapter", "a.jsonl:out/a", "--no-shuffle",
+        "--targets", "q_proj,k_proj", "--vram", "2.5", "--adapter", "b.jsonl:out/b", "--gpu-share",
+        "30",        "--recompute",   "attn",   NULL};
     int argc = (int)(sizeof argv / sizeof *argv) - 1;
     tdm_run_opts o;
     tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
@@ -99,6 +100,7 @@ static void test_parse(void **state)
     assert_int_equal(o.n_adapter_args, 2);
     assert_string_equal(o.adapter_args[1], "b.jsonl:out/b");
     assert_true(o.device.gpu_share_given && o.device.mps.gpu_share_pct == 30);
+    assert_int_equal(o.trainer.recompute, TDM_RECOMPUTE_ATTN);
     free(pos);
     free(o.adapter_args);
 }
@@ -148,6 +150,7 @@ static void test_errors(void **state)
         {"--lora-dropout", "1", "--lora-dropout needs a probability in [0, 1), not '1'"},
         {"--vram", "-1", "--vram needs a positive number of GiB or 'auto', not '-1'"},
         {"--method", "full", "--method: 'full' is not qlora or lora"},
+        {"--recompute", "all", "--recompute: 'all' is not layer, mlp or attn"},
         {"--seed", "-3", "--seed needs a non-negative integer, not '-3'"},
         {"--gpu-share", "0", "--gpu-share needs a percentage 1..100"},
         {"--rnak", "3", "unknown or incomplete option '--rnak'; did you mean '--rank'?"},

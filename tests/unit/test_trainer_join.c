@@ -179,7 +179,7 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
     int64_t g = tdm_trainer_global_step(t);
     if (p->replan && g == p->join_at) {
         p->used_before_replan = be_used();
-        TDM_TRY(tdm_trainer_set_memory_plan(t, p->replan_gc, p->replan_split, err));
+        TDM_TRY(tdm_trainer_set_memory_plan(t, p->replan_gc, TDM_RECOMPUTE_LAYER, p->replan_split, err));
         p->used_after_replan = be_used();
         assert_int_equal(tdm_trainer_grad_checkpoint(t), p->replan_gc);
         assert_int_equal(tdm_trainer_split(t), p->replan_split);
