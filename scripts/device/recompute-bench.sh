@@ -33,22 +33,34 @@ while [ $# -gt 0 ]; do
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 BD=build-device
-echo "== 1. building with CUDA ($BD/)"
-cmake -S . -B $BD -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90-real >"$OUT/cmake.log" 2>&1 &&
-    cmake --build $BD -j 16 --target tandem test_backend_cuda bench_train >>"$OUT/cmake.log" 2>&1 ||
-    { tail -n 30 "$OUT/cmake.log"; exit 1; }
-echo "built in $((SECONDS - T0)) s"
-KERNELS="nf4_dequant attention lora adamw cross_entropy rmsnorm swiglu rope"
 DEVPID=
-if [ $KERNELS_TOO = 1 ]; then
-    # shellcheck disable=SC2046,SC2086 # one target per kernel
-    nice cmake --build $BD -j 8 --target $(printf 'dev_%s ' $KERNELS) >"$OUT/cmake-dev.log" 2>&1 &
-    DEVPID=$!
+KERNELS="nf4_dequant attention lora adamw cross_entropy rmsnorm swiglu rope"
+if [ -f .device-pack/device.tgz ]; then
+    # the binaries scripts/device/pack.sh built on the build machine (the GPU image lacks the
+    # Debian libraries tandem links)
+    echo "== 1. unpacking .device-pack"
+    source scripts/device/device-env.sh
+    export LD_LIBRARY_PATH=$DEVICE_LD
+    TANDEM=.device/tandem TEST_CUDA=.device/bin/test_backend_cuda BENCH=.device/bin/bench_train
+    DEVBIN=.device/bin
+else
+    echo "== 1. building with CUDA ($BD/)"
+    cmake -S . -B $BD -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90-real >"$OUT/cmake.log" 2>&1 &&
+        cmake --build $BD -j 16 --target tandem test_backend_cuda bench_train >>"$OUT/cmake.log" 2>&1 ||
+        { tail -n 30 "$OUT/cmake.log"; exit 1; }
+    TANDEM=$BD/tandem TEST_CUDA=$BD/tests/test_backend_cuda BENCH=$BD/bench_train
+    DEVBIN=$BD/dev/cuda
+    if [ $KERNELS_TOO = 1 ]; then
+        # shellcheck disable=SC2046,SC2086 # one target per kernel
+        nice cmake --build $BD -j 8 --target $(printf 'dev_%s ' $KERNELS) >"$OUT/cmake-dev.log" 2>&1 &
+        DEVPID=$!
+    fi
 fi
+echo "ready in $((SECONDS - T0)) s"
 
 echo "== 2. test_backend_cuda ($((SECONDS - T0)) s)"
-timeout 150 $BD/tests/test_backend_cuda >"$OUT/test_backend_cuda.log" 2>&1
+timeout 150 $TEST_CUDA >"$OUT/test_backend_cuda.log" 2>&1
 TRC=$?
 grep -E '^\[  (PASSED|FAILED) \]|recompute|model .* loss gpu' "$OUT/test_backend_cuda.log"
 echo "test_backend_cuda exit $TRC"
@@ -57,20 +69,20 @@ echo "== 3. 7B, batch 4, variable length ($((SECONDS - T0)) s)"
 M=/tmp/recompute-bench-7b
 if [ ! -f $M/.complete ]; then
     rm -rf $M
-    $BD/tandem init-model $M --preset qwen2.5-7b >"$OUT/init-model.log" 2>&1 || { tail "$OUT/init-model.log"; exit 1; }
+    $TANDEM init-model $M --preset qwen2.5-7b >"$OUT/init-model.log" 2>&1 || { tail "$OUT/init-model.log"; exit 1; }
     touch $M/.complete
     echo "init-model done ($((SECONDS - T0)) s)"
 fi
-$BD/bench_train $M --device cuda --batch 4 --len var --median 245 --max-len 2048 \
+$BENCH $M --device cuda --batch 4 --len var --median 245 --max-len 2048 \
     --warmup 3 --steps "$STEPS" --modes none,layer,mlp,attn --matmul 8192 | tee "$OUT/bench-7b.txt"
 BRC=${PIPESTATUS[0]}
 echo "bench_train exit $BRC ($((SECONDS - T0)) s)"
 
 if [ $KERNELS_TOO = 1 ] && [ $((SECONDS - T0)) -lt 200 ]; then
     echo "== 4. dev/cuda validations ($((SECONDS - T0)) s)"
-    wait "$DEVPID"
+    [ -n "$DEVPID" ] && wait "$DEVPID"
     for k in $KERNELS; do
-        exe=$BD/dev/cuda/$k
+        exe=$DEVBIN/$k
         [ -x "$exe" ] || { echo "$k: not built (see $OUT/cmake-dev.log)"; continue; }
         [ $((SECONDS - T0)) -lt 225 ] || { echo "$k: skipped (time)"; continue; }
         timeout 30 "$exe" --quick >"$OUT/dev-$k.log" 2>&1
