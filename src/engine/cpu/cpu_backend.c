@@ -194,44 +194,31 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
 /* ---- GEMM ---- */
 
 /* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
- * call with 1 and 3 threads differs in the last bits). So OpenBLAS always runs single-threaded,
- * and we cut C into tiles whose size is chosen by the shape alone (gemm_tiles) and that OpenMP
- * threads compute independently: each element's sum is the same whatever the thread count.
- * Each tile re-packs its block of A and of B, which costs about (1/mb + 1/nb) / 2 of the
- * multiply-adds in memory traffic (measured on one core: 1024 x 896 x 896 in one call 118
- * GFLOP/s, in 256 x 224 tiles 102, in 128 x 224 tiles 90), so tiles stay as large as the count
- * allows: starting from 256 x 1024, the larger side is halved (to a multiple of 16, not under 32
- * rows / 64 columns) until there are at least GEMM_TILES_BIG tiles or a multiple of
- * GEMM_TILES_MIN, so that 16 threads get whole rounds of tiles: a product of 1024 rows and 896
- * columns gets 16 tiles of 256 x 224 (the old fixed 128 x 1024 tiles gave it 8: at most 8
- * threads worked), 1024 x 4864 gets 76 of 256 x 256 (not 20: 16 threads, then 4). */
-#define GEMM_TILE_M 256
+ * call with 1 and 3 threads differs in the last bits), and on the block it is handed. So OpenBLAS
+ * always runs single-threaded, and we cut C into tiles that OpenMP threads compute independently:
+ * each element's sum is the same whatever the thread count. The tile must not depend on the
+ * number of rows either: rows are tokens, and an adapter co-trained beside others (more rows in
+ * the fused batch) must get the bits it gets alone. So tiles are GEMM_TILE_M rows (fixed) by a
+ * width chosen from n alone: from GEMM_TILE_N, halved (to a multiple of 16, not under 64) until
+ * there are GEMM_COL_TILES_MIN column tiles. At 1024 rows x 896 columns that is 8 x 4 = 32 tiles
+ * (the old fixed 128 x 1024 tiles gave it 8: at most 8 threads worked). Each tile re-packs its
+ * block of A and of B, about (1/mb + 1/nb) / 2 of the multiply-adds in memory traffic. */
+#define GEMM_TILE_M 128
 #define GEMM_TILE_N 1024
-#define GEMM_TILES_MIN 16
-#define GEMM_TILES_BIG 48
+#define GEMM_COL_TILES_MIN 4
 
 static int64_t round16(int64_t x)
 {
     return (x + 15) / 16 * 16;
 }
 
-/* The tile of C (mb rows x nb columns) for an m x n product. */
+/* The tile of C (mb rows x nb columns) for an m x n product: a function of n only. */
 static void gemm_tiles(int64_t m, int64_t n, int64_t *mb, int64_t *nb)
 {
-    int64_t tm = m < GEMM_TILE_M ? m : GEMM_TILE_M, tn = n < GEMM_TILE_N ? n : GEMM_TILE_N;
-    for (;;) {
-        int64_t tiles = ((m + tm - 1) / tm) * ((n + tn - 1) / tn);
-        if (tiles >= GEMM_TILES_BIG || (tiles >= GEMM_TILES_MIN && tiles % GEMM_TILES_MIN == 0))
-            break;
-        bool can_m = tm > 32, can_n = tn > 64;
-        if (can_n && (tn >= tm || !can_m))
-            tn = round16(tn / 2) > 64 ? round16(tn / 2) : 64;
-        else if (can_m)
-            tm = round16(tm / 2) > 32 ? round16(tm / 2) : 32;
-        else
-            break;
-    }
-    *mb = tm, *nb = tn;
+    int64_t tn = n < GEMM_TILE_N ? n : GEMM_TILE_N;
+    while ((n + tn - 1) / tn < GEMM_COL_TILES_MIN && tn > 64)
+        tn = round16(tn / 2) > 64 ? round16(tn / 2) : 64;
+    *mb = m < GEMM_TILE_M ? m : GEMM_TILE_M, *nb = tn;
 }
 
 void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
