@@ -117,7 +117,9 @@ long u/a a; pa=$!
 wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].queue[]] | length')\" = 1 ]"
 long u/b b; pb=$!
 wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].queue[]] | length')\" = 2 ]"
-"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk "BEGIN{printf \"%.10f\", $P/1024}")" \
+# w takes the joiner's reservation and the 2 MiB of slack, so that no re-planned rung of the
+# host's memory plan (--recompute, checkpointing) fits without the growth waiting for w
+"$TANDEM" gpu run --gpu GPU-sim-0 --vram "$(awk "BEGIN{printf \"%.10f\", ($P + 2)/1024}")" \
     --task w -- sleep 120 >w.out 2>&1 &
 w=$!
 wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].queue[]] | length')\" = 3 ]"
