@@ -106,6 +106,14 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
     if (s->has_save_every) fprintf(f, "save_every = %" PRId64 "\n", s->save_every);
     if (s->has_save_total_limit) fprintf(f, "save_total_limit = %d\n", s->save_total_limit);
     if (s->has_log_every) fprintf(f, "log_every = %" PRId64 "\n", s->log_every);
+    if (s->has_task) fprintf(f, "task = \"%s\"\n", s->task);
+    if (s->has_chat_template)
+        fprintf(f, "chat_template = \"%s\"\n", tdm_chat_template_name(s->chat_template));
+    if (s->has_train_on_prompt)
+        fprintf(f, "train_on_prompt = %s\n", s->train_on_prompt ? "true" : "false");
+    if (s->has_skip_bad_lines)
+        fprintf(f, "skip_bad_lines = %s\n", s->skip_bad_lines ? "true" : "false");
+    if (s->has_no_shuffle) fprintf(f, "no_shuffle = %s\n", s->no_shuffle ? "true" : "false");
 }
 
 static char *resolve(const char *base_dir, const char *path)
