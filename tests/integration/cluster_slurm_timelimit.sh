@@ -33,8 +33,18 @@ slurm:
     OMP_NUM_THREADS: "1"
 Y
 three_adapters 16
-# c: 1200 steps, 35-200 s of one core here (idle to loaded), longer than the 0-30 s a run has before its USR1.
-EPOCHS=400
+# c must train longer than the 0-30 s a run has before its USR1 but finish in a few runs, on an
+# idle or a loaded machine and under ASan (4-6x slower): so its length is measured, not fixed.
+# A timed run of 20 epochs (60 steps, 3 per epoch) gives one core's step rate here; c gets about
+# 80 s of it (40-160 s if the load halves or doubles: 1-6 requeues).
+cal_start=$(date +%s%N)
+OMP_NUM_THREADS=1 "$TANDEM" finetune "$WORK/model" --adapter "$WORK/data/c.jsonl:$WORK/cal" --device cpu \
+    --no-join --epochs 20 --batch-size 4 --max-seq-len 32 --rank 4 --val-split 0.25 >"$WORK/cal.log" 2>&1 ||
+    fail "the calibration run: $(tail -5 "$WORK/cal.log")"
+cal_ms=$(( ($(date +%s%N) - cal_start) / 1000000 ))
+EPOCHS=$(( 80 * 60 * 1000 / (cal_ms * 3) ))
+[ "$EPOCHS" -ge 40 ] || EPOCHS=40
+echo "calibration: 60 steps in $cal_ms ms; c trains $EPOCHS epochs ($((EPOCHS * 3)) steps)"
 cat >"$WORK/tl.toml" <<T
 max_seq_len = 32
 batch_size = 4
