@@ -723,6 +723,12 @@ static void publish(tdm_cotrain_serving *s, tdm_trainer *t)
                              .n_adapters = k,
                              .adapters = ads};
     snprintf(st.schedule, sizeof st.schedule, "%s", tdm_train_schedule_name(s->schedule));
+    st.has_plan = true;
+    st.grad_checkpoint = tdm_trainer_grad_checkpoint(t);
+    if (st.grad_checkpoint)
+        snprintf(st.recompute, sizeof st.recompute, "%s",
+                 tdm_recompute_name(tdm_trainer_recompute(t)));
+    st.split = tdm_trainer_split(t);
     json_t *j = tdm_cotrain_status_json(&st);
     free(ads); /* its strings are borrowed */
     tdm_error e = {0};

@@ -95,6 +95,10 @@ grow_to=$((cap - $(budget_of $holder))) # --vram GB rounds up to whole MiB
 "$TANDEM" finetune "$M" --adapter long.jsonl:co/j "${JOIN[@]}" "${COMMON[@]}" >join.out 2>join.err &
 joiner=$!
 wait_until 30 budget_is $host "$P2gc"
+# gpu status shows the plan the host re-planned to (the host's status: checkpointing, split 1)
+plan_is() { "$TANDEM" gpu status --json | jq -e ".cotrain_hosts[0].status.plan | $1" >/dev/null; }
+wait_until 20 plan_is '.grad_checkpoint == true and (.recompute | type) == "string" and .split == 1' ||
+    fail "gpu status does not show the re-plan: $("$TANDEM" gpu status --json | jq -c '.cotrain_hosts[0].status.plan')"
 wait $joiner || fail "joiner exited $?: $(cat join.err)"
 grep -q "joined the finetune of pid $host (same base model on GPU-sim-0)" join.err ||
     fail "the joiner did not join the host: $(cat join.err)"
@@ -115,6 +119,9 @@ back=$(grep "$back_re" host.err | sed -n 's/.*: using it, \([0-9]*\) MiB, instea
 wait_until 20 grep -q "co-training: $((P2gc - back)) MiB released, reservation now $back MiB (1 adapter(s) training)" host.err ||
     fail "the host did not release P2gc - $back MiB: $(grep co-training host.err)"
 wait_until 20 budget_is $host "$back" || fail "the ledger holds $(budget_of $host) MiB for the host, not $back"
+wait_until 20 plan_is '. == {"grad_checkpoint": false, "recompute": null, "split": 1}' ||
+    fail "gpu status does not show the plan as asked again: $("$TANDEM" gpu status --json | jq -c '.cotrain_hosts[0].status.plan')"
+"$TANDEM" gpu status | grep -q "plan no checkpointing, split 1" || fail "gpu status text lacks the plan: $("$TANDEM" gpu status)"
 # two more steps as asked, then SIGTERM: the host's checkpoint at its step N equals its adapter
 # trained alone to step N (as asked, then checkpointing while the joiner trained, then as asked
 # again: the same adapter within the fused == alone bound)
