@@ -17,23 +17,7 @@ unset TANDEM_FAKE_GPUS
 slurm_start 2 2
 SHARED="$WORK/shared"
 mkdir -p "$SHARED"
-cat >"$WORK/cluster.yaml" <<Y
-scheduler: slurm
-slurm:
-  partition: debug
-  time: "10"
-  gpus_per_job: 1
-  gpu_vram_mb: 24000
-  device: cpu          # the GPUs are simulated: --gres is scheduled, the CPU trains
-  max_adapters: 1
-  cpu_max_params: 50M
-  signal_grace: 30
-  workdir: $SHARED
-  tandem: $TANDEM
-  env:
-    TANDEM_LEDGER_DIR: $WORK/ledger
-    OMP_NUM_THREADS: "1"
-Y
+slurm_cluster_yaml "$WORK/cluster.yaml"
 three_adapters 16
 FLAGS=(--rank 4 --val-split 0.25 --save-every 2)
 slurm_wait_idle 30
@@ -48,7 +32,7 @@ grep -q "^job_dir='.*'_\"\$SLURM_ARRAY_TASK_ID\"$" "$WORK/last.out" || fail "dry
 grep -q '^#SBATCH --signal=B:USR1@30$' "$WORK/last.out" || fail "dry run: --signal"
 grep -q -- "finetune .*--device cpu --no-join --resume '--rank' '4'" "$WORK/last.out" || fail "dry run: the finetune line: $(grep finetune "$WORK/last.out")"
 # array: false: three scripts, three sbatch calls
-sed 's/^  max_adapters: 1$/  max_adapters: 1\n  array: false/' "$WORK/cluster.yaml" >"$WORK/noarray.yaml"
+slurm_cluster_yaml "$WORK/noarray.yaml" array=false
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/noarray.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}" --dry-run
 [ "$(grep -c '^#SBATCH --gres=gpu:1$' "$WORK/last.out")" = 3 ] || fail "array: false: three scripts: $(cat "$WORK/last.out")"
@@ -122,9 +106,8 @@ ls -d "$SHARED"/cancel/c/checkpoint-* >/dev/null 2>&1 || fail "cancel left no ch
 
 # A job of two GPUs (gpus_per_job 2): --gres=gpu:2, and its `finetune --gpus all` runs one
 # process per GPU Slurm gave it (simulated GPUs at the GRES indices, computing on the CPU).
-sed -e 's/gpus_per_job: 1/gpus_per_job: 2/; s/  device: cpu .*//; s/max_adapters: 1/max_adapters: 2/' \
-    -e "s#  env:#  env:\n    TANDEM_FAKE_GPUS: \"uuid=GPU-slurm-0,name=Sim,total_mb=24000;uuid=GPU-slurm-1,name=Sim,total_mb=24000\"\n    TANDEM_SIM_GPU_COMPUTE: cpu#" \
-    "$WORK/cluster.yaml" >"$WORK/two.yaml"
+slurm_cluster_yaml "$WORK/two.yaml" gpus_per_job=2 device= max_adapters=2 env.TANDEM_SIM_GPU_COMPUTE=cpu \
+    env.TANDEM_FAKE_GPUS='"uuid=GPU-slurm-0,name=Sim,total_mb=24000;uuid=GPU-slurm-1,name=Sim,total_mb=24000"'
 sed -e 's#out/#two/#' -e 's/^epochs = 2/epochs = 1/' "$WORK/adapters.toml" | awk '/^\[\[adapter\]\]/ {n++} n < 3' >"$WORK/two.toml"
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/two.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/two.toml" "${FLAGS[@]}"

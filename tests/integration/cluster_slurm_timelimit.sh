@@ -15,23 +15,7 @@ unset TANDEM_FAKE_GPUS
 slurm_start 1 2
 SHARED="$WORK/shared"
 mkdir -p "$SHARED"
-cat >"$WORK/cluster.yaml" <<Y
-scheduler: slurm
-slurm:
-  partition: debug
-  time: "1"
-  signal_grace: 30
-  gpus_per_job: 1
-  gpu_vram_mb: 24000
-  device: cpu
-  max_adapters: 1
-  cpu_max_params: 50M
-  workdir: $SHARED
-  tandem: $TANDEM
-  env:
-    TANDEM_LEDGER_DIR: $WORK/ledger
-    OMP_NUM_THREADS: "1"
-Y
+slurm_cluster_yaml "$WORK/cluster.yaml" time='"1"'
 three_adapters 16
 # c: 1200 steps, 35-200 s of one core here (idle to loaded), longer than the 0-30 s a run has before its USR1.
 EPOCHS=400
