@@ -6,7 +6,8 @@
 # the GPUs; `array: false` makes them three sbatch calls); status, logs, watch's leaderboard and
 # pull --best work per task, from the shared workdir; a job told to stop by USR1 (what --signal=B:USR1@N sends before a time
 # limit) checkpoints, requeues itself and ends with adapters equal to an uninterrupted run;
-# `cluster cancel` checkpoints and stops without requeueing; a job of two GPUs runs `finetune
+# `cluster cancel` of one array task checkpoints and stops it without requeueing, the other
+# tasks untouched; a job of two GPUs runs `finetune
 # --gpus all`, one process per GPU; a malformed slurm block fails with
 # FILE:LINE:COLUMN; a missing sbatch is named. Skips (77) when Slurm is not installed or not root.
 set -u
@@ -92,17 +93,54 @@ grep -q 'restart 1' "$jdir/log" || fail "no second run after the requeue: $(tail
 cmp -s "$WORK/ref/c/adapter_model.safetensors" "$SHARED/long/c/adapter_model.safetensors" \
     || fail "requeued run differs from the uninterrupted one"
 
-# cluster cancel: checkpoint, no requeue, exit 143 recorded.
-sed -i 's#long/c#cancel/c#' "$WORK/long.toml"
+# cluster cancel of one task of a job array: scancel of ARRAYID_1 only. Task 1 (b) checkpoints and
+# ends (exit 143, no requeue, `cancelled` in watch); tasks 0 and 2 go on running and complete once.
+sed -e 's#out/#arr/#' -e 's/^epochs = 2/epochs = 30/' -e 's#^output = "arr/b"#&\nepochs = 12#' \
+    "$WORK/adapters.toml" >"$WORK/arr.toml"
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
-    --adapters-config "$WORK/long.toml" "${FLAGS[@]}"
-job=$(sed -n 's/^slurm: submitted job \([^ ]*\) .*/\1/p' "$WORK/last.out")
-wait_until 120 test -d "$SHARED/cancel/c/checkpoint-2"
+    --adapters-config "$WORK/arr.toml" "${FLAGS[@]}"
+arr=$(sed -n 's/.* one sbatch --array=0-2: Slurm job array \([0-9]*\) .*/\1/p' "$WORK/last.out")
+job=$(sed -n "s/^slurm: submitted job \([^ ]*_1\) as Slurm job ${arr}_1 .*/\1/p" "$WORK/last.out")
+[ -n "$arr" ] && [ -n "$job" ] || fail "cancel: no array task 1: $(cat "$WORK/last.out" "$WORK/last.err")"
+wait_until 120 test -d "$SHARED/arr/b/checkpoint-2"
 expect_exit 0 timeout 120 "$TANDEM" cluster cancel "$job"
+grep -q "USR1 sent to Slurm job ${arr}_1;" "$WORK/last.out" || fail "cancel: not ${arr}_1: $(cat "$WORK/last.out" "$WORK/last.err")"
 grep -q "ended (failed" "$WORK/last.out" || fail "cancel: $(cat "$WORK/last.out" "$WORK/last.err")"
+for i in 0 2; do
+    [ "$(slurm_job_state "${arr}_$i")" = RUNNING ] || fail "cancel of task 1 stopped task $i: $(slurm_job_state "${arr}_$i")"
+done
+expect_exit 1 timeout 300 "$TANDEM" cluster watch --interval 1 --until-done # 1: a failed job
+grep -Eq "^$job +slurm +failed +1 +cancelled by .tandem cluster cancel." "$WORK/last.out" ||
+    fail "watch: task 1 not shown cancelled: $(cat "$WORK/last.out")"
+expect_exit 1 "$TANDEM" cluster watch --once --json
+jq -e --arg j "$job" '[.jobs[] | select(.id == $j and .state == "failed" and .exit_code == 143 and .cancelled == true)] | length == 1' \
+    "$WORK/last.out" >/dev/null || fail "task 1 cancelled: $(jq -c '[.jobs[] | {id, state, exit_code, cancelled, why}]' "$WORK/last.out")"
 [ "$(cat "$SHARED/jobs/$job/exit_code")" = 143 ] || fail "cancel: exit_code $(cat "$SHARED/jobs/$job/exit_code" 2>&1)"
-grep -q 'requeueing' "$SHARED/jobs/$job/log" && fail "a cancelled job requeued itself"
-ls -d "$SHARED"/cancel/c/checkpoint-* >/dev/null 2>&1 || fail "cancel left no checkpoint"
+grep -q 'requeueing' "$SHARED/jobs/$job/log" && fail "a cancelled task requeued itself"
+ls -d "$SHARED"/arr/b/checkpoint-* >/dev/null 2>&1 || fail "cancel left no checkpoint"
+[ -s "$SHARED/arr/b/adapter_model.safetensors" ] && fail "the cancelled task trained to the end"
+for i in 0 2; do
+    t=${job%_1}_$i
+    jq -e --arg s "${arr}_$i" '[.jobs[] | select(.slurm_job_id == $s and .state == "finished" and .slurm_state == "COMPLETED" and .slurm_restarts == 0 and (.cancelled | not))] | length == 1' \
+        "$WORK/last.out" >/dev/null || fail "task $i did not complete on its own: $(jq -c '[.jobs[] | {slurm_job_id, state, slurm_state, slurm_restarts, why}]' "$WORK/last.out")"
+    [ "$(grep -c '^== .* slurm job [0-9]*_'$i' on ' "$SHARED/jobs/$t/log")" = 1 ] && ! grep -q 'USR1' "$SHARED/jobs/$t/log" ||
+        fail "task $i was signalled or ran again: $(cat "$SHARED/jobs/$t/log")"
+done
+for a in a c; do [ -s "$SHARED/arr/$a/adapter_model.safetensors" ] || fail "task of $a: not trained"; done
+# Resumed by hand (sbatch --array=1 job.sh): a new Slurm id, so the old cancel marker does not
+# stop it: Slurm's USR1 requeues it, and it completes from the checkpoints.
+expect_exit 0 sbatch --parsable --array=1 --chdir="$SHARED" "$SHARED/jobs/${job%_1}/job.sh"
+again=$(cut -d';' -f1 "$WORK/last.out")_1
+wait_until 120 test -d "$SHARED/arr/b/checkpoint-12"
+scancel --signal=USR1 --batch "$again" || fail "scancel --signal=USR1 $again"
+again_ended() { case $(slurm_job_state "$again") in COMPLETED | FAILED | CANCELLED | TIMEOUT) ;; *) false ;; esac; }
+wait_until 120 again_ended
+grep -q "checkpointed after USR1; requeueing job $again\$" "$SHARED/jobs/$job/log" &&
+    grep -q "slurm job $again on .*restart 1," "$SHARED/jobs/$job/log" ||
+    fail "the resubmitted task did not requeue on USR1: $(tail -5 "$SHARED/jobs/$job/log")"
+[ "$(slurm_job_state "$again")" = COMPLETED ] && [ "$(cat "$SHARED/jobs/$job/exit_code")" = 0 ] &&
+    [ -s "$SHARED/arr/b/adapter_model.safetensors" ] ||
+    fail "the resubmitted task did not complete: $(slurm_job_state "$again"): $(tail -5 "$SHARED/jobs/$job/log")"
 
 # A job of two GPUs (gpus_per_job 2): --gres=gpu:2, and its `finetune --gpus all` runs one
 # process per GPU Slurm gave it (simulated GPUs at the GRES indices, computing on the CPU).
