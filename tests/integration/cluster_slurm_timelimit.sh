@@ -15,23 +15,7 @@ unset TANDEM_FAKE_GPUS
 slurm_start 1 2
 SHARED="$WORK/shared"
 mkdir -p "$SHARED"
-cat >"$WORK/cluster.yaml" <<Y
-scheduler: slurm
-slurm:
-  partition: debug
-  time: "1"
-  signal_grace: 30
-  gpus_per_job: 1
-  gpu_vram_mb: 24000
-  device: cpu
-  max_adapters: 1
-  cpu_max_params: 50M
-  workdir: $SHARED
-  tandem: $TANDEM
-  env:
-    TANDEM_LEDGER_DIR: $WORK/ledger
-    OMP_NUM_THREADS: "1"
-Y
+slurm_cluster_yaml "$WORK/cluster.yaml" time='"1"'
 three_adapters 16
 # c must train longer than the 0-30 s a run has before its USR1 but finish in a few runs, on an
 # idle or a loaded machine and under ASan (4-6x slower): so its length is measured, not fixed.
