@@ -23,15 +23,8 @@ M="$WORK/tiny"
 cd "$WORK" || exit 1
 # the joiner's data: 16 samples of ~250 tokens, batches of 8 x 256: activations dominate its plan
 # (as asked about 60 MiB, with checkpointing about half); huge: one sample of ~10k tokens
-python3 - <<'PY'
-import json, random
-r = random.Random(1)
-def words(n): return " ".join("".join(r.choice("abcdefgh") for _ in range(r.randint(2, 6))) for _ in range(n))
-with open("long.jsonl", "w") as f:
-    for _ in range(16): f.write(json.dumps({"text": words(60)}) + "\n")
-with open("huge.jsonl", "w") as f:
-    for _ in range(2): f.write(json.dumps({"text": words(2000)}) + "\n")
-PY
+word_samples long.jsonl 16 60
+word_samples huge.jsonl 2 2000 2
 COMMON=(--val-split 0 --log-every 1 --lr-schedule constant --seed 7 --device cuda)
 HOST=(--batch-size 2 --max-seq-len 64)
 JOIN=(--batch-size 8 --max-seq-len 256 --epochs 2)
