@@ -15,7 +15,8 @@
 # target >= 1.1x the aggregate tok/s at <= 0.7x the memory of --no-join). Binary: .device-pack/device.tgz when carried
 # (scripts/device/pack.sh), else built now (cmake with CUDA, build-device/). Writes
 # $OUT/cotrain-24gb.log and the runs' stderr. Budget: under 5 minutes (build ~2 min, 7B init
-# ~40 s, the two modes ~2 min); N (default 96 samples: 24 steps a job) shortens it; CO_ONLY=1
+# ~40 s, the two modes ~2 min); N (default 96 samples: 24 steps a job; 480 with FREE_GIB=0)
+# sets the length; CO_ONLY=1
 # runs the co-training mode alone (no --no-join comparison: when device time is short).
 set -u
 cd "$(dirname "$0")/../.."
@@ -48,7 +49,9 @@ gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | 
 t=$SECONDS
 "$T" init-model m --preset qwen2.5-7b >/dev/null || { echo "init-model failed"; exit 1; }
 echo "init-model qwen2.5-7b: $((SECONDS - t)) s"
-N=${N:-96}
+# The whole GPU compares memory with three --no-join jobs that run at once: they must overlap
+# for most of their run (a 7B base loads in ~4 s), so each trains longer there.
+if [ "$FREE_GIB" = 0 ]; then N=${N:-480}; else N=${N:-96}; fi
 for j in 0 1 2; do
     awk -v n="$N" -v seed=$((300 + j)) 'BEGIN { srand(seed)
         for (i = 0; i < n; i++) { printf "{\"input_ids\": ["
