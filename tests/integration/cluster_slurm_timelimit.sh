@@ -5,7 +5,8 @@
 # at most grace + 30 s are left: here at the first check of each run, about 25 s in; a kill would
 # come at least 30 s later). Task 1 (c) trains longer than one
 # run: it checkpoints on Slurm's USR1, requeues itself as ARRAYID_1, resumes, and finishes with an
-# adapter byte-identical to an uninterrupted run of it here; task 0 (a) is short and runs once.
+# adapter byte-identical to an uninterrupted run of it here; task 0 (a) is short and runs once
+# (more only by requeues of its own).
 # This test sends no signal itself. Its own test (about two minutes) so it runs beside the others.
 set -u
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -71,9 +72,12 @@ grep -q "slurm job $sid on .*restart 1," "$log" || fail "no second run of $sid: 
 grep -q 'DUE TO TIME LIMIT' "$log" && fail "$sid hit its time limit: $(cat "$log")"
 cmp -s "$WORK/ref/c/adapter_model.safetensors" "$SHARED/tl/c/adapter_model.safetensors" ||
     fail "c after Slurm's time-limit requeue differs from the uninterrupted run"
-# task 0: its own job, run once (the requeue of task 1 did not requeue the array)
+# task 0: its own job (the requeue of task 1 did not requeue the array): it runs once, plus once
+# per requeue of its own (short as it is, a slow machine, e.g. under ASan, can reach its USR1)
 a_log="$SHARED/jobs/${job%_1}_0/log"
-[ "$(grep -c '^== .* slurm job [0-9]*_0 on ' "$a_log")" = 1 ] || fail "task 0 ran other than once: $(cat "$a_log")"
+a_runs=$(grep -c '^== .* slurm job [0-9]*_0 on ' "$a_log")
+a_own=$(grep -c 'checkpointed after USR1; requeueing job [0-9]*_0$' "$a_log")
+[ "$a_runs" = $((a_own + 1)) ] || fail "task 0 ran $a_runs times with $a_own requeue(s) of its own: $(cat "$a_log")"
 [ -s "$SHARED/tl/a/adapter_model.safetensors" ] || fail "task 0 (a) not trained"
 echo "c: $(grep -c 'requeueing job' "$log") requeue(s) on Slurm's USR1"
 finish
