@@ -60,9 +60,6 @@ json_t *tdm_cotrain_status_json(const tdm_cotrain_status *s)
     return o;
 }
 
-/* The optional "plan" object into out (has_plan stays false when absent). */
-static tdm_status parse_plan(const json_t *o, tdm_cotrain_status *out, tdm_error *err);
-
 /* ---------------------------------------------------------------------- reading ---- */
 
 static tdm_status bad(tdm_error *err, const char *field, int index)
@@ -148,6 +145,30 @@ static tdm_status parse_adapter(const json_t *o, int i, tdm_cotrain_status_adapt
     return TDM_OK;
 }
 
+/* The optional "plan" object into out (has_plan stays false when absent). */
+static tdm_status parse_plan(const json_t *plan, tdm_cotrain_status *out, tdm_error *err)
+{
+    if (!plan) return TDM_OK;
+    if (!json_is_object(plan)) return bad(err, "plan", -1);
+    json_t *gc = json_object_get(plan, "grad_checkpoint");
+    if (!json_is_boolean(gc)) return bad(err, "plan.grad_checkpoint", -1);
+    out->grad_checkpoint = json_is_true(gc);
+    json_t *rc = json_object_get(plan, "recompute");
+    if (out->grad_checkpoint) {
+        const char *r = json_string_value(rc);
+        tdm_recompute mode;
+        if (!r || !tdm_recompute_parse(r, &mode)) return bad(err, "plan.recompute", -1);
+        snprintf(out->recompute, sizeof out->recompute, "%s", r);
+    } else if (!json_is_null(rc)) {
+        return bad(err, "plan.recompute", -1);
+    }
+    int64_t split;
+    if (!get_int(plan, "split", 1, 1 << 20, &split)) return bad(err, "plan.split", -1);
+    out->split = (int)split;
+    out->has_plan = true;
+    return TDM_OK;
+}
+
 tdm_status tdm_cotrain_status_parse(const json_t *o, tdm_cotrain_status *out, tdm_error *err)
 {
     memset(out, 0, sizeof *out);
@@ -182,29 +203,6 @@ tdm_status tdm_cotrain_status_parse(const json_t *o, tdm_cotrain_status *out, td
             return st;
         }
     }
-    return TDM_OK;
-}
-
-static tdm_status parse_plan(const json_t *plan, tdm_cotrain_status *out, tdm_error *err)
-{
-    if (!plan) return TDM_OK;
-    if (!json_is_object(plan)) return bad(err, "plan", -1);
-    json_t *gc = json_object_get(plan, "grad_checkpoint");
-    if (!json_is_boolean(gc)) return bad(err, "plan.grad_checkpoint", -1);
-    out->grad_checkpoint = json_is_true(gc);
-    json_t *rc = json_object_get(plan, "recompute");
-    if (out->grad_checkpoint) {
-        const char *r = json_string_value(rc);
-        tdm_recompute mode;
-        if (!r || !tdm_recompute_parse(r, &mode)) return bad(err, "plan.recompute", -1);
-        snprintf(out->recompute, sizeof out->recompute, "%s", r);
-    } else if (!json_is_null(rc)) {
-        return bad(err, "plan.recompute", -1);
-    }
-    int64_t split;
-    if (!get_int(plan, "split", 1, 1 << 20, &split)) return bad(err, "plan.split", -1);
-    out->split = (int)split;
-    out->has_plan = true;
     return TDM_OK;
 }
 

@@ -201,6 +201,21 @@ static tdm_status put(tdm_model *m, const float *host, int64_t n, tdm_be_dtype d
     return tdm_be_upload_f32(m->be, *out, dt, host, n, err);
 }
 
+/* The double-quantized absmax of an NF4 weight onto the device: absmax_q (nblocks u8), absmax2
+ * (ceil(nblocks / 256) f32) and offset into w, which becomes NF4_DQ. */
+static tdm_status put_absmax_dq(tdm_model *m, const uint8_t *absmax_q, const float *absmax2,
+                                int64_t nblocks, float offset, tdm_be_weight *w, tdm_error *err)
+{
+    void *aq = NULL, *a2 = NULL;
+    int64_t n2 = (nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
+    w->format = TDM_BE_W_NF4_DQ;
+    tdm_status st = dev_alloc(m, TDM_BE_U8, nblocks, &aq, err);
+    if (st == TDM_OK) st = tdm_be_upload(m->be, aq, absmax_q, (size_t)nblocks, err);
+    if (st == TDM_OK) st = put(m, absmax2, n2, TDM_BE_F32, &a2, err);
+    w->absmax_q = aq, w->absmax2 = a2, w->offset = offset;
+    return st;
+}
+
 /* Fills a frozen weight descriptor from host f32 data: NF4 (quantized here) or dense. */
 static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int64_t cols,
                              bool quantize, tdm_be_weight *w, tdm_error *err)
@@ -224,13 +239,7 @@ static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int6
     if (st == TDM_OK) st = tdm_be_upload(m->be, codes, q.packed, (size_t)(q.numel + 1) / 2, err);
     w->codes = codes;
     if (st == TDM_OK && q.double_quant) {
-        void *aq = NULL, *a2 = NULL;
-        int64_t n2 = (q.nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
-        w->format = TDM_BE_W_NF4_DQ;
-        st = dev_alloc(m, TDM_BE_U8, q.nblocks, &aq, err);
-        if (st == TDM_OK) st = tdm_be_upload(m->be, aq, q.absmax_q, (size_t)q.nblocks, err);
-        if (st == TDM_OK) st = put(m, q.absmax2, n2, TDM_BE_F32, &a2, err);
-        w->absmax_q = aq, w->absmax2 = a2, w->offset = q.offset;
+        st = put_absmax_dq(m, q.absmax_q, q.absmax2, q.nblocks, q.offset, w, err);
     } else if (st == TDM_OK) {
         void *am = NULL;
         w->format = TDM_BE_W_NF4;
@@ -248,19 +257,12 @@ static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int6
 typedef struct quant_staging {
     void *src, *absmax;
     size_t src_bytes, absmax_bytes;
-    float *host_absmax; /* double quantization: the absmax downloaded */
-    uint8_t *host_absmax_q;
-    float *host_absmax2;
-    size_t host_blocks;
 } quant_staging;
 
 static void quant_staging_free(tdm_backend *be, quant_staging *q)
 {
     tdm_be_free(be, q->src);
     tdm_be_free(be, q->absmax);
-    free(q->host_absmax);
-    free(q->host_absmax_q);
-    free(q->host_absmax2);
     memset(q, 0, sizeof *q);
 }
 
@@ -314,28 +316,25 @@ static tdm_status put_weight_quantized_on_device(tdm_model *m, const tdm_st_tens
     TDM_TRY(staging_grow(m->be, &qs->absmax, &qs->absmax_bytes, (size_t)nblocks * sizeof(float),
                          err));
     TDM_TRY(tdm_be_quantize_nf4(m->be, qs->src, kind, n, codes, qs->absmax, err));
-    if ((size_t)nblocks > qs->host_blocks) {
-        free(qs->host_absmax), free(qs->host_absmax_q), free(qs->host_absmax2);
-        qs->host_absmax = malloc((size_t)nblocks * sizeof(float));
-        qs->host_absmax_q = malloc((size_t)nblocks);
-        qs->host_absmax2 = malloc((size_t)nblocks * sizeof(float)); /* >= ceil(nblocks / 256) */
-        qs->host_blocks = (size_t)nblocks;
-        if (!qs->host_absmax || !qs->host_absmax_q || !qs->host_absmax2) {
-            qs->host_blocks = 0;
-            return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        }
-    }
-    TDM_TRY(tdm_be_download(m->be, qs->host_absmax, qs->absmax, (size_t)nblocks * sizeof(float),
-                            err));
+    /* the second level on the host (1/64 of the elements), as tdm_nf4_quantize does it */
     int64_t n2 = (nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
-    tdm_nf4_double_quantize(qs->host_absmax, nblocks, qs->host_absmax_q, qs->host_absmax2,
-                            &w->offset);
-    m->load_times.quantize_s += seconds_since(&t0);
-    void *aq = NULL, *a2 = NULL;
-    TDM_TRY(dev_alloc(m, TDM_BE_U8, nblocks, &aq, err));
-    TDM_TRY(tdm_be_upload(m->be, aq, qs->host_absmax_q, (size_t)nblocks, err));
-    TDM_TRY(put(m, qs->host_absmax2, n2, TDM_BE_F32, &a2, err));
-    w->format = TDM_BE_W_NF4_DQ, w->absmax_q = aq, w->absmax2 = a2;
+    float *absmax_h = malloc((size_t)nblocks * sizeof(float));
+    uint8_t *absmax_q = malloc((size_t)nblocks);
+    float *absmax2 = malloc((size_t)n2 * sizeof(float));
+    tdm_status st = absmax_h && absmax_q && absmax2
+                        ? tdm_be_download(m->be, absmax_h, qs->absmax,
+                                          (size_t)nblocks * sizeof(float), err)
+                        : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (st == TDM_OK) {
+        float offset;
+        tdm_nf4_double_quantize(absmax_h, nblocks, absmax_q, absmax2, &offset);
+        m->load_times.quantize_s += seconds_since(&t0);
+        st = put_absmax_dq(m, absmax_q, absmax2, nblocks, offset, w, err);
+    }
+    free(absmax_h);
+    free(absmax_q);
+    free(absmax2);
+    TDM_TRY(st);
     m->load_times.upload_s += seconds_since(&t0);
     return TDM_OK;
 }

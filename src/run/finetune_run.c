@@ -196,8 +196,8 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
 /* One line on the base's load: at 7B it is the wait before anyone's first step (a joiner's too). */
 static void note_load_times(const tdm_trainer *tr, const tdm_run_opts *o)
 {
-    const tdm_model_load_times *lt = tdm_model_get_load_times(tdm_trainer_model(tr));
     if (!o->device.note) return;
+    const tdm_model_load_times *lt = tdm_model_get_load_times(tdm_trainer_model(tr));
     char line[256];
     snprintf(line, sizeof line,
              "base loaded in %.1f s (read %.1f s, quantize %.1f s, upload %.1f s)", lt->total_s,

@@ -66,14 +66,13 @@ wait_until 10 plan_is '. == {"grad_checkpoint": false, "recompute": null, "split
     fail "gpu status does not show the plan as asked"
 # two more steps as asked, then SIGTERM: its checkpoint at step N equals training as asked
 # alone (--no-join) to step N
-step_of() { sed -n 's/.* step \([0-9]*\)\/[0-9]* .*/\1/p' run.out | tail -1; }
-s0=$(step_of)
-wait_until 120 sh -c "[ \"\$(sed -n 's/.* step \\([0-9]*\\)\\/[0-9]* .*/\\1/p' run.out | tail -1)\" -ge $((s0 + 2)) ]"
+s0=$(last_step run.out)
+wait_until 120 step_at_least run.out $((s0 + 2))
 kill -TERM $run
 wait $run
 rc=$?
 [ $rc -eq 143 ] || fail "the run exited $rc after SIGTERM: $(tail -3 run.err)"
-N=$(ls co/a | sed -n 's/^checkpoint-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+N=$(last_checkpoint co/a)
 [ -n "$N" ] && [ "$N" -ge $((s0 + 2)) ] || fail "the run's last checkpoint is '$N', before step $((s0 + 2))"
 "$TANDEM" finetune "$M" --adapter long.jsonl:ref/a "${F[@]}" --save-every "$N" --no-join \
     --device cpu >ref.out 2>ref.err &

@@ -118,9 +118,8 @@ wait_until 20 plan_is '. == {"grad_checkpoint": false, "recompute": null, "split
 # two more steps as asked, then SIGTERM: the host's checkpoint at its step N equals its adapter
 # trained alone to step N (as asked, then checkpointing while the joiner trained, then as asked
 # again: the same adapter within the fused == alone bound)
-step_of() { sed -n 's/.* step \([0-9]*\)\/[0-9]* .*/\1/p' host.out | tail -1; }
-s0=$(step_of)
-wait_until 60 sh -c "[ \"\$(sed -n 's/.* step \\([0-9]*\\)\\/[0-9]* .*/\\1/p' host.out | tail -1)\" -ge $((s0 + 2)) ]"
+s0=$(last_step host.out)
+wait_until 60 step_at_least host.out $((s0 + 2))
 kill $holder
 wait $holder
 
@@ -128,7 +127,7 @@ kill -TERM $host
 wait $host
 rc=$?
 [ $rc -eq 143 ] || fail "host exited $rc after SIGTERM"
-N=$(ls co/host | sed -n 's/^checkpoint-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+N=$(last_checkpoint co/host)
 [ -n "$N" ] && [ "$N" -ge $((s0 + 2)) ] || fail "the host's last checkpoint is '$N', before step $((s0 + 2))"
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/host "${HOST[@]}" "${COMMON[@]}" --epochs 1500 \
     --save-every "$N" --no-join --device cpu >ref-host.out 2>ref-host.err &
