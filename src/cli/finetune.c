@@ -72,18 +72,63 @@ static bool stop_requested(void *user)
     return stop_signal != 0;
 }
 
-/* Installs (on) or removes (off) the graceful-stop handlers. They are on only from the end of
- * the wait for GPU memory to the end of training: while queued, a signal still ends the process
- * at once (its queue ticket is cleaned up as a dead PID's), and there is nothing to save. */
-static void stop_handlers(bool on)
+/* What a SIGUSR1 before the first step prints: made before the handler is installed (a
+ * handler may only write(2) a ready buffer). */
+static char *early_usr1_text;
+static size_t early_usr1_len;
+
+/* SIGUSR1 before training starts (queued for GPU memory, loading the base, waiting to join):
+ * nothing to save, so the process ends at once, as INT/TERM do then, but with status 0: Slurm's
+ * --signal=USR1@N asks for a checkpoint before the time limit, and the batch script requeues a
+ * job whose finetune answered that with 0 (a death by the signal, 138, would end the job for
+ * good instead). The queue ticket is cleaned up as a dead PID's. */
+static void on_early_usr1(int sig)
+{
+    (void)sig;
+    if (early_usr1_text) {
+        ssize_t w = write(STDERR_FILENO, early_usr1_text, early_usr1_len);
+        (void)w;
+    }
+    _exit(TDM_EXIT_OK);
+}
+
+/* The signal plan of one run, by phase (docs/finetune.md, "Stopping"):
+ *   TDM_STOP_EARLY     before training: INT/TERM end the process (default action), USR1 ends it
+ *                      with status 0 (on_early_usr1);
+ *   TDM_STOP_GRACEFUL  from the end of the wait for GPU memory and the load to the end of
+ *                      training: all three only set stop_signal (on_stop_signal);
+ *   TDM_STOP_DONE      after training: INT/TERM default again; USR1 ignored, the work it asks
+ *                      to save is saved already. */
+typedef enum { TDM_STOP_EARLY, TDM_STOP_GRACEFUL, TDM_STOP_DONE } stop_phase;
+
+static void stop_handlers(stop_phase phase)
 {
     struct sigaction sa = {0};
-    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
+    sa.sa_handler = phase == TDM_STOP_GRACEFUL ? on_stop_signal : SIG_DFL;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = phase == TDM_STOP_GRACEFUL ? on_stop_signal
+                    : phase == TDM_STOP_EARLY  ? on_early_usr1
+                                               : SIG_IGN;
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* early_usr1_text for this command line (a --gpus child: its parent tells the command). */
+static void early_usr1_prepare(const char *cmdline, bool child)
+{
+    bool has_resume = strstr(cmdline, " --resume") != NULL;
+    char *t = NULL;
+    int n = child ? asprintf(&t, "\ntandem: SIGUSR1: stopped before the first step of this run "
+                                 "(nothing new to save)\n")
+                  : asprintf(&t,
+                             "\ntandem: SIGUSR1: stopped before the first step of this run "
+                             "(nothing new to save)\ntandem: to continue, run:\n  %s%s\n",
+                             cmdline, has_resume ? "" : " --resume");
+    if (n < 0) return; /* out of memory: the stop stays silent, its status is still 0 */
+    early_usr1_text = t;
+    early_usr1_len = (size_t)n;
 }
 
 /* The command line as typed, shell-quoted where needed, for the "resume with" hint (getopt
@@ -318,7 +363,7 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
     fflush(stdout);
     /* the device is open and the model loaded: from here a stop signal is honoured with a
      * checkpoint (before, while waiting for GPU memory or loading, it ends the process) */
-    stop_handlers(true);
+    stop_handlers(TDM_STOP_GRACEFUL);
 }
 
 int tdm_cmd_finetune(int argc, char **argv)
@@ -386,8 +431,12 @@ int tdm_cmd_finetune(int argc, char **argv)
         char *bad = NULL;
         stop_signal = 0;
         hard_armed = 0;
+        early_usr1_prepare(cmdline, ro.adapter_subset != NULL);
+        stop_handlers(TDM_STOP_EARLY);
         tdm_status st = tdm_run_finetune(&ro, &hooks, &bad, &err);
-        stop_handlers(false);
+        stop_handlers(TDM_STOP_DONE);
+        free(early_usr1_text);
+        early_usr1_text = NULL;
         if (st == TDM_ERR_STOPPED) {
             code = report_stop(&pc, cmdline, ro.adapter_subset != NULL, &err);
         } else if (st == TDM_OK && ro.trainer.resume && pc.resumed > 0 && pc.resumed_done == pc.n) {

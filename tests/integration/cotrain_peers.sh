@@ -17,12 +17,15 @@ expect_exit 0 "$TANDEM" init-model "$WORK/m1" --preset tiny --seed 1
 expect_exit 0 "$TANDEM" init-model "$WORK/m2" --preset tiny --seed 2
 cp -r "$WORK/m1" "$WORK/m1-copy"
 
-# start_host NAME ARGS...: a host in the background (output $WORK/NAME.out), waits for "host PID".
+# start_host NAME ARGS...: a host in the background (output $WORK/NAME.out), waits for "host PID"
+# with its own pid: a reused NAME.out still holds the previous host's line until the new process
+# truncates it, and a joiner started on that line would find no host.
 start_host() {
     local name=$1; shift
     "$PEER" host "$@" >"$WORK/$name.out" 2>&1 &
-    eval "${name}_pid=$!"
-    wait_until 10 grep -q '^host ' "$WORK/$name.out"
+    local pid=$!
+    eval "${name}_pid=$pid"
+    wait_until 10 grep -qx "host $pid" "$WORK/$name.out"
 }
 
 # 1. Join: a copy of the model at another path has the same identity; the joiner gets its
@@ -53,6 +56,7 @@ ls "$L"/cotrain-*.json "$L"/cotrain-*.sock >/dev/null 2>&1 && fail "files left a
 # 4. Host death while a joiner is attached: kill -9 (EOF) and SIGSTOP (silence).
 for how in KILL STOP; do
     start_host h2 "$L" "$WORK/m1" --hold
+    rm -f "$WORK/j.out" # the last round's "admitted 1" must not satisfy this round's wait
     ("$PEER" join "$L" "$WORK/m1" >"$WORK/j.out" 2>&1; echo "exit $?" >>"$WORK/j.out") &
     jpid=$!
     wait_until 10 grep -q '^admitted 1$' "$WORK/j.out"

@@ -3,7 +3,9 @@
 #    0, a message saying what was saved and the command to resume; --resume then gives the
 #    uninterrupted run's adapter bytes and logged losses (four runs);
 #  - a second SIGINT (later than the repeat window) ends the process at once, by the signal;
-#  - under `tandem gpu run`: SIGUSR1 is forwarded, a process-group Ctrl-C is one graceful stop.
+#  - under `tandem gpu run`: SIGUSR1 is forwarded, a process-group Ctrl-C is one graceful stop;
+#  - SIGUSR1 before the first step (queued for a simulated GPU's memory) ends the run at once
+#    with exit 0 and the command to continue, as a Slurm batch script needs to requeue it.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 M="$WORK/tiny"
 "$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
@@ -15,18 +17,23 @@ ads() { # ads PREFIX: the --adapter flags of a run into PREFIX/
     echo --adapter data/reverse.jsonl:$1/reverse --adapter data/add.jsonl:$1/add
 }
 
-# the uninterrupted reference
+# the uninterrupted reference; its length (ms, load included) spreads the signals over a run
+t0=$(date +%s%N)
 expect_exit 0 "$TANDEM" finetune "$M" $(ads ref) "${COMMON[@]}"
+RUN_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "reference run: $RUN_MS ms"
 
 # stop_and_resume SIGNAL WANT_EXIT RUN: starts a run, sends SIGNAL at a random moment after
-# training began, checks the graceful stop, resumes and compares with the reference
+# training began (within the first 80 % of the reference run's length: a fixed 0-3 s let all
+# four signals of a fast machine land after the end), checks the graceful stop, resumes and
+# compares with the reference
 stop_and_resume() {
     local sig=$1 want=$2 run=$3
     "$TANDEM" finetune "$M" $(ads $run) "${COMMON[@]}" >$run.out 2>$run.err &
     local pid=$!
     wait_until 60 grep -q "^adapter 1:" $run.out
-    sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
-    sleep $((RANDOM % 3))
+    local ms=$(( RANDOM * (RUN_MS * 8 / 10) / 32768 ))
+    sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"
     kill -s "$sig" $pid 2>/dev/null
     wait $pid
     local got=$?
@@ -98,5 +105,35 @@ grep -q "to continue exactly" gint.err && [ "$got" = 130 ] || fail "gpu run + gr
 expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:gint/long "${LONG[@]}" --resume
 expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:lref/long "${LONG[@]}"
 same_run lref gint "Ctrl-C under gpu run then --resume differs" long
+
+# SIGUSR1 while queued: a holder takes 1 GiB of a simulated GPU's 1700 MiB ledger capacity, the
+# finetune (a 1261 MiB plan) waits for its
+# memory, and Slurm's "time is nearly up" must end it with 0 (a death by the signal, 138, would
+# end the job instead of requeueing it); its resume then trains from the start
+(
+    FAILURES=0
+    export TANDEM_FAKE_GPUS="uuid=GPU-sim-stop,name=Sim,total_mb=2000" TANDEM_SIM_GPU_COMPUTE=cpu
+    "$TANDEM" gpu run --vram 1 -- sleep 120 >holder.out 2>holder.err &
+    holder=$!
+    wait_until 20 sh -c "\"$TANDEM\" gpu status --json | grep -q '\"pids\"'"
+    "$TANDEM" finetune "$M" --adapter long.jsonl:qusr/long "${LONG[@]/cpu/cuda}" --no-join \
+        >qusr.out 2>qusr.err &
+    pid=$!
+    wait_until 30 grep -q "waiting for" qusr.err
+    kill -USR1 $pid
+    wait $pid
+    got=$?
+    [ "$got" = 0 ] || fail "SIGUSR1 while queued: exit $got, want 0: $(cat qusr.err)"
+    grep -q "^tandem: SIGUSR1: stopped before the first step of this run (nothing new to save)$" \
+        qusr.err || fail "SIGUSR1 while queued: no stop message: $(cat qusr.err)"
+    grep -q -- "--no-join --resume$" qusr.err || fail "SIGUSR1 while queued: no resume command"
+    [ -e qusr/long/adapter_model.safetensors ] && fail "SIGUSR1 while queued: an adapter was written"
+    kill $holder
+    wait $holder
+    expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:qusr/long "${LONG[@]/cpu/cuda}" \
+        --no-join --resume
+    [ -s qusr/long/adapter_model.safetensors ] || fail "resume after SIGUSR1 while queued: no adapter"
+    exit "$FAILURES"
+) || FAILURES=$((FAILURES + $?))
 
 finish
