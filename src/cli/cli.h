@@ -34,6 +34,10 @@ int tdm_cli_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2
 /* Maps a library status to an exit code and prints err->message. */
 int tdm_cli_fail_err(const tdm_error *err);
 
+/* What a tandem command line lacks to continue the run it started: " --resume", or "" when it
+ * has that flag already (the "to continue, run:" hints). */
+const char *tdm_cli_resume_suffix(const char *cmdline);
+
 /* Strict number parsing for flags: the whole string must be a number in range. */
 bool tdm_cli_parse_double(const char *s, double *out);
 bool tdm_cli_parse_long(const char *s, long *out);

@@ -79,3 +79,8 @@ bool tdm_cli_parse_long(const char *s, long *out)
     *out = v;
     return true;
 }
+
+const char *tdm_cli_resume_suffix(const char *cmdline)
+{
+    return strstr(cmdline, " --resume") ? "" : " --resume";
+}

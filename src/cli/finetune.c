@@ -118,14 +118,12 @@ static void stop_handlers(stop_phase phase)
 /* early_usr1_text for this command line (a --gpus child: its parent tells the command). */
 static void early_usr1_prepare(const char *cmdline, bool child)
 {
-    bool has_resume = strstr(cmdline, " --resume") != NULL;
+    const char *head = "\ntandem: SIGUSR1: stopped before the first step of this run (nothing "
+                       "new to save)\n";
     char *t = NULL;
-    int n = child ? asprintf(&t, "\ntandem: SIGUSR1: stopped before the first step of this run "
-                                 "(nothing new to save)\n")
-                  : asprintf(&t,
-                             "\ntandem: SIGUSR1: stopped before the first step of this run "
-                             "(nothing new to save)\ntandem: to continue, run:\n  %s%s\n",
-                             cmdline, has_resume ? "" : " --resume");
+    int n = child ? asprintf(&t, "%s", head)
+                  : asprintf(&t, "%standem: to continue, run:\n  %s%s\n", head, cmdline,
+                             tdm_cli_resume_suffix(cmdline));
     if (n < 0) return; /* out of memory: the stop stays silent, its status is still 0 */
     early_usr1_text = t;
     early_usr1_len = (size_t)n;
@@ -293,10 +291,9 @@ static int report_stop(const progress_ctx *pc, const char *cmdline, bool child,
                     pc->outputs[a] ? pc->outputs[a] : "?", (long long)pc->step[a],
                     (long long)pc->total[a]);
     }
-    bool has_resume = strstr(cmdline, " --resume") != NULL;
     if (!child) /* a --gpus child: its parent tells the command of the whole run */
         fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
-                has_resume ? "" : " --resume");
+                tdm_cli_resume_suffix(cmdline));
     return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : TDM_EXIT_OK;
 }
 

@@ -376,15 +376,14 @@ int tdm_cmd_finetune_gpus(tdm_run_opts *ro, int argc, char **args, const char *c
         if (worst < 0 || severity(c) > severity(&kids[worst])) worst = i;
     }
     if (code == TDM_EXIT_OK && worst >= 0) code = kids[worst].code;
-    bool has_resume = strstr(cmdline, " --resume") != NULL;
     if (n_bad)
         fprintf(stderr,
                 "tandem: --gpus: %d of %d GPU process(es) did not finish; the others ran to their "
                 "end. To train what is left (every finished adapter is kept), run:\n  %s%s\n",
-                n_bad, n_kids, cmdline, has_resume ? "" : " --resume");
+                n_bad, n_kids, cmdline, tdm_cli_resume_suffix(cmdline));
     else if (got_signal)
         fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
-                has_resume ? "" : " --resume");
+                tdm_cli_resume_suffix(cmdline));
     for (int i = 0; i < n_kids; i++) {
         free(kids[i].buf[0]);
         free(kids[i].buf[1]);

@@ -107,33 +107,32 @@ expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:lref/long "${LONG[@]}
 same_run lref gint "Ctrl-C under gpu run then --resume differs" long
 
 # SIGUSR1 while queued: a holder takes 1 GiB of a simulated GPU's 1700 MiB ledger capacity, the
-# finetune (a 1261 MiB plan) waits for its
-# memory, and Slurm's "time is nearly up" must end it with 0 (a death by the signal, 138, would
-# end the job instead of requeueing it); its resume then trains from the start
-(
-    FAILURES=0
-    export TANDEM_FAKE_GPUS="uuid=GPU-sim-stop,name=Sim,total_mb=2000" TANDEM_SIM_GPU_COMPUTE=cpu
-    "$TANDEM" gpu run --vram 1 -- sleep 120 >holder.out 2>holder.err &
-    holder=$!
-    wait_until 20 sh -c "\"$TANDEM\" gpu status --json | grep -q '\"pids\"'"
-    "$TANDEM" finetune "$M" --adapter long.jsonl:qusr/long "${LONG[@]/cpu/cuda}" --no-join \
-        >qusr.out 2>qusr.err &
-    pid=$!
-    wait_until 30 grep -q "waiting for" qusr.err
-    kill -USR1 $pid
-    wait $pid
-    got=$?
-    [ "$got" = 0 ] || fail "SIGUSR1 while queued: exit $got, want 0: $(cat qusr.err)"
-    grep -q "^tandem: SIGUSR1: stopped before the first step of this run (nothing new to save)$" \
-        qusr.err || fail "SIGUSR1 while queued: no stop message: $(cat qusr.err)"
-    grep -q -- "--no-join --resume$" qusr.err || fail "SIGUSR1 while queued: no resume command"
-    [ -e qusr/long/adapter_model.safetensors ] && fail "SIGUSR1 while queued: an adapter was written"
-    kill $holder
-    wait $holder
-    expect_exit 0 "$TANDEM" finetune "$M" --adapter long.jsonl:qusr/long "${LONG[@]/cpu/cuda}" \
-        --no-join --resume
-    [ -s qusr/long/adapter_model.safetensors ] || fail "resume after SIGUSR1 while queued: no adapter"
-    exit "$FAILURES"
-) || FAILURES=$((FAILURES + $?))
+# finetune (a 1261 MiB plan) waits for its memory, and Slurm's "time is nearly up" must end it
+# with 0 (a death by the signal, 138, would end the job instead of requeueing it); its resume
+# then trains from the start
+SIM=(TANDEM_FAKE_GPUS="uuid=GPU-sim-stop,name=Sim,total_mb=2000" TANDEM_SIM_GPU_COMPUTE=cpu)
+reserved_on_sim() {
+    [ "$(env "${SIM[@]}" "$TANDEM" gpu status --json | jq '[.gpus[].reservations[]] | length')" -ge 1 ]
+}
+env "${SIM[@]}" "$TANDEM" gpu run --vram 1 -- sleep 120 >holder.out 2>holder.err &
+holder=$!
+wait_until 20 reserved_on_sim
+env "${SIM[@]}" "$TANDEM" finetune "$M" --adapter long.jsonl:qusr/long "${LONG[@]/cpu/cuda}" \
+    --no-join >qusr.out 2>qusr.err &
+pid=$!
+wait_until 30 grep -q "waiting for" qusr.err
+kill -USR1 $pid
+wait $pid
+got=$?
+[ "$got" = 0 ] || fail "SIGUSR1 while queued: exit $got, want 0: $(cat qusr.err)"
+grep -q "^tandem: SIGUSR1: stopped before the first step of this run (nothing new to save)$" \
+    qusr.err || fail "SIGUSR1 while queued: no stop message: $(cat qusr.err)"
+grep -q -- "--no-join --resume$" qusr.err || fail "SIGUSR1 while queued: no resume command"
+[ -e qusr/long/adapter_model.safetensors ] && fail "SIGUSR1 while queued: an adapter was written"
+kill $holder
+wait $holder
+expect_exit 0 env "${SIM[@]}" "$TANDEM" finetune "$M" --adapter long.jsonl:qusr/long \
+    "${LONG[@]/cpu/cuda}" --no-join --resume
+[ -s qusr/long/adapter_model.safetensors ] || fail "resume after SIGUSR1 while queued: no adapter"
 
 finish

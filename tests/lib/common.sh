@@ -107,10 +107,6 @@ sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
 PY
 }
 
-# three_adapters LINES: the tiny model ($WORK/model), data a, b (varied lines) and c (nearly one
-# repeated line: the clear winner at its high learning rate) of LINES lines each, and
-# $WORK/adapters.toml training them as labels a, b, c into out/a, out/b, out/c (the cluster tests'
-# three-adapter submission).
 # last_step FILE: the step of the last progress line ("... step S/T ...") in FILE (empty: none);
 # step_at_least FILE N: whether it is >= N (for wait_until); last_checkpoint DIR: the highest
 # N of DIR/checkpoint-N (empty: none).
@@ -132,6 +128,10 @@ with open(path, "w") as f:
 PY
 }
 
+# three_adapters LINES: the tiny model ($WORK/model), data a, b (varied lines) and c (nearly one
+# repeated line: the clear winner at its high learning rate) of LINES lines each, and
+# $WORK/adapters.toml training them as labels a, b, c into out/a, out/b, out/c (the cluster tests'
+# three-adapter submission).
 three_adapters() {
     local lines=$1 n i
     "$TANDEM" init-model "$WORK/model" --preset tiny --seed 1 >/dev/null || fail "init-model"
