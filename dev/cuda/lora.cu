@@ -277,6 +277,12 @@ int main(int argc, char **argv)
         run_case({{0, 4096, 16, 2.0f, p}}, 4096, 896, 128, false);
         run_case({{0, 2048, 16, 2.0f, p}, {2048, 4096, 16, 2.0f, p}, {4096, 6144, 16, 2.0f, p}},
                  6144, 4096, 4096, false);
+        /* 1.5B q and v (1536 -> 1536, 1536 -> 256), three co-trained adapters of batch 8 x ~288
+         * variable-length tokens (scripts/device/cotrain-gpu.sh) */
+        run_case({{0, 2304, 16, 2.0f, p}, {2304, 4608, 16, 2.0f, p}, {4608, 6912, 16, 2.0f, p}},
+                 6912, 1536, 1536, false);
+        run_case({{0, 2304, 16, 2.0f, p}, {2304, 4608, 16, 2.0f, p}, {4608, 6912, 16, 2.0f, p}},
+                 6912, 1536, 256, false);
     }
     return g_failures ? 1 : 0;
 }
