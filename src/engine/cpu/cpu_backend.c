@@ -191,18 +191,117 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
     return TDM_OK;
 }
 
-/* ---- GEMM ---- */
+/* ---- GEMM ----
+ *
+ * Every product must give the same bits whatever the thread count, and a row of C the same bits
+ * whatever the number of rows around it (rows are tokens: an adapter co-trained beside others
+ * must get the bits it gets alone). OpenBLAS (0.3.21, measured with tests/unit/test_backend_ops.c
+ * and by hand over random shapes) keeps both, with two exceptions that cpu_blas_sgemm steers
+ * around:
+ *  - its single-threaded and threaded drivers cut K differently when the last K block is between
+ *    GEMM_Q and 2 GEMM_Q long (single: half rounded up to the unroll, threaded: half rounded
+ *    up), so 1 thread and 2 threads differ for such k. With k a multiple of 32 (and GEMM_Q one,
+ *    as on every x86 kernel) both cut alike; any other k > 32 is done as two calls, the
+ *    multiple-of-32 part then the rest (under 32: one block in both drivers), the second adding
+ *    into C (beta 1), which is what OpenBLAS does between its own K blocks;
+ *  - products of m n k <= 10^6 go to its "small matrix" kernels, whose sums run in another order:
+ *    a row computed in a product of few rows would differ from the same row in a large product.
+ *    Such calls are padded with zero rows (or zero columns, whichever needs less scratch) to just
+ *    above 10^6, so every call takes the regular kernels.
+ * Apart from K, which row and column blocks the work is cut into never changes an element's sum.
+ * So with the OpenMP build of OpenBLAS (its threads are OpenMP's one pool) a product is one
+ * threaded call from the backend's serial code; called inside one of our parallel regions it
+ * runs single-threaded. With another build (pthread: a pool of its own; serial) OpenBLAS runs
+ * single-threaded and cpu_sgemm cuts C into tiles that OpenMP threads share; a tile is a
+ * sub-block, so both ways give the same bits. */
+#define BLAS_SMALL_MNK 1e6
+#define BLAS_K_ALIGN 32
 
-/* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
- * call with 1 and 3 threads differs in the last bits), and on the block it is handed. So OpenBLAS
- * always runs single-threaded, and we cut C into tiles that OpenMP threads compute independently:
- * each element's sum is the same whatever the thread count. The tile must not depend on the
- * number of rows either: rows are tokens, and an adapter co-trained beside others (more rows in
- * the fused batch) must get the bits it gets alone. So tiles are GEMM_TILE_M rows (fixed) by a
- * width chosen from n alone: from GEMM_TILE_N, halved (to a multiple of 16, not under 64) until
- * there are GEMM_COL_TILES_MIN column tiles. At 1024 rows x 896 columns that is 8 x 4 = 32 tiles
- * (the old fixed 128 x 1024 tiles gave it 8: at most 8 threads worked). Each tile re-packs its
- * block of A and of B, about (1/mb + 1/nb) / 2 of the multiply-adds in memory traffic. */
+static void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
+                c, (blasint)ldc);
+}
+
+/* One call of at most one K block's worth of cutting (see above), padded out of the small
+ * kernels' range. Returns false when the padding's scratch cannot be allocated (the call is then
+ * made unpadded: right, only possibly other bits). */
+static bool blas_regular(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc)
+{
+    double mnk = (double)m * (double)n * (double)k;
+    if (mnk > BLAS_SMALL_MNK) {
+        blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return true;
+    }
+    int64_t mp = (int64_t)(BLAS_SMALL_MNK / ((double)n * (double)k)) + 1;
+    int64_t np = (int64_t)(BLAS_SMALL_MNK / ((double)m * (double)k)) + 1;
+    bool rows = mp * (k + n) <= np * (k + m);
+    int64_t M = rows ? mp : m, N = rows ? n : np;
+    float *ap = rows ? calloc((size_t)(M * k), sizeof(float)) : NULL;
+    float *bp = rows ? NULL : calloc((size_t)(N * k), sizeof(float));
+    float *cp = calloc((size_t)(M * N), sizeof(float));
+    if ((rows && !ap) || (!rows && !bp) || !cp) {
+        free(ap), free(bp), free(cp);
+        blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return false;
+    }
+    if (rows) { /* A: m rows of op(A) into M; ta: A is (k, m) */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < k; j++)
+                ap[ta ? j * M + i : i * k + j] = ta ? a[j * lda + i] : a[i * lda + j];
+    } else { /* B: n columns of op(B) into N; tb: B is (n, k) */
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t l = 0; l < k; l++)
+                bp[tb ? j * k + l : l * N + j] = tb ? b[j * ldb + l] : b[l * ldb + j];
+    }
+    if (beta != 0.0f)
+        for (int64_t i = 0; i < m; i++)
+            memcpy(cp + i * N, c + i * ldc, (size_t)n * sizeof(float));
+    blas_call(ta, tb, M, N, k, alpha, rows ? ap : a, rows ? (ta ? M : k) : lda, rows ? b : bp,
+              rows ? ldb : (tb ? k : N), beta, cp, N);
+    for (int64_t i = 0; i < m; i++)
+        memcpy(c + i * ldc, cp + i * N, (size_t)n * sizeof(float));
+    free(ap), free(bp), free(cp);
+    return true;
+}
+
+void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                    int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        /* BLAS would scale C by beta; beta == 0 must not read C (it may hold NaN). */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    /* OpenBLAS's OpenMP build takes its thread count from the ICV (and 1 inside a parallel
+     * region); the pthread and serial builds were set to 1 thread at backend creation. */
+    int prev = omp_in_parallel() ? nt : omp_get_max_threads();
+    if (prev != nt) omp_set_num_threads(nt);
+    int64_t k1 = k <= BLAS_K_ALIGN ? k : k - k % BLAS_K_ALIGN;
+    blas_regular(ta, tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (k1 < k)
+        blas_regular(ta, tb, m, n, k - k1, alpha, ta ? a + k1 * lda : a + k1, lda,
+                     tb ? b + k1 : b + k1 * ldb, ldb, 1.0f, c, ldc);
+    if (prev != nt) omp_set_num_threads(prev);
+}
+
+bool cpu_blas_threaded(void)
+{
+    return openblas_get_parallel() == 2; /* 0 serial, 1 pthread, 2 OpenMP build */
+}
+
+/* Tiles for a BLAS that is not OpenMP's: GEMM_TILE_M rows (fixed: a function of n alone, not of
+ * the rows) by a width from GEMM_TILE_N halved (to a multiple of 16, not under 64) until there
+ * are GEMM_COL_TILES_MIN column tiles. Each tile re-packs its block of A and of B. */
 #define GEMM_TILE_M 128
 #define GEMM_TILE_N 1024
 #define GEMM_COL_TILES_MIN 4
@@ -221,16 +320,13 @@ static void gemm_tiles(int64_t m, int64_t n, int64_t *mb, int64_t *nb)
     *mb = m < GEMM_TILE_M ? m : GEMM_TILE_M, *nb = tn;
 }
 
-void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-               int64_t ldc)
+void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+               float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+               float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        /* BLAS would scale C by beta; beta == 0 must not read C (it may hold NaN). */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++)
-                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    int nt = cpu->n_threads;
+    if (cpu->blas_threaded || m == 0 || n == 0 || k == 0) {
+        cpu_blas_sgemm(nt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     int64_t TM, TN;
@@ -245,13 +341,8 @@ void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
         int64_t nb = n - j0 < TN ? n - j0 : TN;
         const float *at = ta ? a + i0 : a + i0 * lda;
         const float *bt = tb ? b + j0 * ldb : b + j0;
-        float *ct = c + i0 * ldc + j0;
-        if (beta == 0.0f)
-            for (int64_t i = 0; i < mb; i++)
-                memset(ct + i * ldc, 0, (size_t)nb * sizeof(float));
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (blasint)mb, (blasint)nb, (blasint)k, alpha, at, (blasint)lda, bt, (blasint)ldb,
-                    beta, ct, (blasint)ldc);
+        cpu_blas_sgemm(1, ta, tb, mb, nb, k, alpha, at, lda, bt, ldb, beta, c + i0 * ldc + j0,
+                       ldc);
     }
 }
 
@@ -308,7 +399,7 @@ static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *e
         return tdm_fail(err, TDM_ERR_NOMEM, "gemm: out of memory converting bf16 operands");
     }
     for (int64_t i = 0; i < batch; i++)
-        cpu_sgemm(nt, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
+        cpu_sgemm(cpu_of(be), g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
                   a ? a + i * g->stride_a : NULL, g->lda, b ? b + i * g->stride_b : NULL, g->ldb,
                   g->beta, c + i * g->stride_c, g->ldc);
     if (tc) convert(nt, tc, g->c, c_span, false);
@@ -402,7 +493,7 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu->n_threads, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data,
+        cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data,
                   w->cols, beta, y, w->rows);
         return TDM_OK;
     }
@@ -412,7 +503,7 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu->n_threads, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols,
+        cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols,
                   beta, (float *)y + r0, w->rows);
     }
     free(buf);
@@ -426,7 +517,7 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data,
+        cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data,
                   w->cols, beta, dx, w->cols);
         return TDM_OK;
     }
@@ -436,7 +527,7 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
+        cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
                   w->rows, buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
     }
     free(buf);
@@ -492,10 +583,13 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     /* One pool for everything: the OpenMP loops outside the backend (NF4 quantization while the
      * model loads) get the same count. */
     if (opts->n_threads > 0) omp_set_num_threads(cpu->n_threads);
-    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there), and
-     * OpenBLAS's own threads (Debian's default libopenblas0-pthread has a pool of its own) would
-     * only compete with OpenMP's. */
-    openblas_set_num_threads(1);
+    /* OpenBLAS's OpenMP build: one threaded call per product (cpu_blas_sgemm). Any other build
+     * runs single-threaded on tiles (cpu_sgemm): the pthread build's own pool would only compete
+     * with OpenMP's. TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same
+     * bits: a comparison, and a way around a BLAS that misbehaves). */
+    const char *mode = getenv("TANDEM_CPU_GEMM");
+    cpu->blas_threaded = cpu_blas_threaded() && !(mode && !strcmp(mode, "tiles"));
+    if (!cpu_blas_threaded()) openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
     *out = &cpu->base;
     return TDM_OK;
