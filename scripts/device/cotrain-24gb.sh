@@ -10,7 +10,9 @@
 # Reports whether they co-trained (joined, re-plan lines), the wall time from the first launch
 # to the last exit, aggregate tok/s (every job trains N samples of exactly 512 tokens), the peak
 # GPU memory above the holder's (nvidia-smi, sampled every 0.5 s) and the host's reservation
-# over time; a short table last. Binary: .device-pack/device.tgz when carried
+# over time, and how long after the last launch the host admitted the last join; a short table
+# last. FREE_GIB=0 runs the same without a holder: the whole GPU (the issue's first H200 case,
+# target >= 1.1x the aggregate tok/s at <= 0.7x the memory of --no-join). Binary: .device-pack/device.tgz when carried
 # (scripts/device/pack.sh), else built now (cmake with CUDA, build-device/). Writes
 # $OUT/cotrain-24gb.log and the runs' stderr. Budget: under 5 minutes (build ~2 min, 7B init
 # ~40 s, the two modes ~2 min); N (default 96 samples: 24 steps a job) shortens it.
@@ -18,7 +20,9 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/cotrain-24gb-out}
 mkdir -p "$OUT"
-exec > >(tee "$OUT/cotrain-24gb.log") 2>&1
+FREE_GIB=${FREE_GIB:-24}
+LOG=cotrain-24gb; [ "$FREE_GIB" = 0 ] && LOG=cotrain-7b-h200
+exec > >(tee "$OUT/$LOG.log") 2>&1
 T0=$SECONDS
 R=$PWD
 if [ -f .device-pack/device.tgz ]; then
@@ -35,7 +39,7 @@ else
 fi
 echo "built/unpacked in $((SECONDS - T0)) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-W=/tmp/cotrain-24gb
+W=/tmp/$LOG
 rm -rf "$W"
 mkdir -p "$W"
 cd "$W" || exit 1
@@ -57,21 +61,23 @@ cat >holder.py <<'PY'
 import subprocess, time, torch
 torch.cuda.init(); torch.empty(1, device="cuda")
 free = int(subprocess.check_output(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"]).split()[0])
-take = free - 24576
+take = free - int(__import__("os").environ["FREE_GIB"]) * 1024
 blocks = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(take >> 10)]
 if take & 1023: blocks.append(torch.empty((take & 1023) << 20, dtype=torch.uint8, device="cuda"))
 print(f"holder: took {take} MiB", flush=True)
 open("holder.ready", "w").close()
 time.sleep(3600)
 PY
-python3 holder.py &
-HOLDER=$!
-trap 'kill $HOLDER 2>/dev/null' EXIT
-for _ in $(seq 120); do [ -f holder.ready ] && break; sleep 0.5; done
-[ -f holder.ready ] || { echo "holder did not start"; exit 1; }
-sleep 1
+if [ "$FREE_GIB" != 0 ]; then
+    FREE_GIB=$FREE_GIB python3 holder.py &
+    HOLDER=$!
+    trap 'kill $HOLDER 2>/dev/null' EXIT
+    for _ in $(seq 120); do [ -f holder.ready ] && break; sleep 0.5; done
+    [ -f holder.ready ] || { echo "holder did not start"; exit 1; }
+    sleep 1
+fi
 BASE=$(gpu_used)
-echo "GPU used with the holder: $BASE MiB (24 GiB left)"
+echo "GPU used before the jobs: $BASE MiB (FREE_GIB=$FREE_GIB; 0: no holder)"
 
 F=(--device cuda --epochs 1 --val-split 0 --save-every 0 --log-every 8)
 # run_mode NAME FLAGS...: three jobs 5 s apart; prints "seconds peak_mib_above_holder"
@@ -91,6 +97,12 @@ d = json.load(sys.stdin); print(int(__import__("time").time()), ";".join("pid=%s
         pids+=($!)
         [ $j -lt 2 ] && sleep 5
     done
+    local tl
+    tl=$(date +%s.%N)
+    # co-training: seconds from the last launch to the host's admission of its second join
+    ( while ! grep -q "joined: adapter 2" "$name-0.err" 2>/dev/null; do
+          kill -0 "${pids[0]}" 2>/dev/null || exit 0; sleep 0.2; done
+      awk -v a="$tl" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f\n", b-a}' >"last-join-$name" ) &
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     t1=$(date +%s.%N)
     kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
@@ -110,10 +122,12 @@ read -r S_NJ M_NJ < <(run_mode nojoin --no-join)
 grep -hE "reserved|waiting for" nojoin-1.err | head -n 3
 cp co-*.err nojoin-*.err res-co res-nojoin "$OUT/" 2>/dev/null
 echo
-echo "| 7B x3 QLoRA B4 x 512, 24 GiB card, 5 s apart | wall s | aggregate tok/s | peak GPU MiB (above holder) |"
+echo "| 7B x3 QLoRA B4 x 512, $FREE_GIB GiB free (0: whole GPU), 5 s apart | wall s | aggregate tok/s | peak GPU MiB (above holder) |"
 echo "| --- | --- | --- | --- |"
 awk -v t="$TOK" -v s="$S_CO" -v m="$M_CO" -v j="$JOINED" 'BEGIN { printf "| co-training (default; %d of 2 joined) | %s | %.0f | %s |\n", j, s, t / s, m }'
-awk -v t="$TOK" -v s="$S_NJ" -v m="$M_NJ" 'BEGIN { printf "| --no-join (one after another) | %s | %.0f | %s |\n", s, t / s, m }'
+awk -v t="$TOK" -v s="$S_NJ" -v m="$M_NJ" 'BEGIN { printf "| --no-join | %s | %.0f | %s |\n", s, t / s, m }'
 awk -v a="$S_CO" -v b="$S_NJ" 'BEGIN { printf "| co-training wall / --no-join wall | %.2fx (target <= 1.1x) | %.2fx tok/s | |\n", a / b, b / a }'
 echo "| host re-plan | ${REPLAN:-none} | | |"
+echo "| last join admitted after the last launch | $(cat last-join-co 2>/dev/null || echo never) s (target <= 10 s) | | |"
+awk -v a="$M_CO" -v b="$M_NJ" 'BEGIN { if (b > 0) printf "| peak memory co / --no-join | %.2fx | | |\n", a / b }'
 echo "total $((SECONDS - T0)) s"

@@ -7,7 +7,11 @@
 #  2. The issue's benchmark: three 1.5B finetunes (batch 8, variable-length data, 64..512 tokens)
 #     launched 5 s apart, co-training (default flags) vs --no-join: aggregate tok/s (all tokens
 #     trained / first launch to last exit) and peak GPU memory (nvidia-smi memory.used above the
-#     idle figure), side by side.
+#     idle figure), side by side; and the bound co-training can reach: the same three adapters in
+#     one process from the start (`fused`), and one adapter alone (`alone`, its tok/s).
+#  3. A takeover on the real GPU: two qwen2.5-0.5b finetunes joined; kill -9 of the host once
+#     the joiner's adapter has a checkpoint; the joiner takes over (reserves anew, resumes) and
+#     finishes; its reservation is the only one, none is left at the end.
 # Binary: .device-pack/device.tgz when carried (scripts/device/pack.sh after a CUDA build here),
 # else built now with CUDA (cmake, build-device/). Writes $OUT/cotrain-gpu.log, $OUT/*.json.
 # Budget: under 5 minutes on an H200 (part 2 is skipped when part 1 left less than 150 s).
@@ -116,6 +120,17 @@ run_mode() { # run_mode NAME FLAGS...: three jobs 5 s apart; prints "seconds pea
 }
 read -r S_CO M_CO < <(run_mode co)
 read -r S_NJ M_NJ < <(run_mode nojoin --no-join)
+# one process training the three adapters from the start: what co-training would reach if the
+# later jobs had joined at once; and one adapter alone: the single-job rate
+export TANDEM_LEDGER_DIR=$W/ledger-fused
+t0=$(date +%s.%N)
+"$T" finetune m15 --adapter v0.jsonl:o-fused/a0 --adapter v1.jsonl:o-fused/a1 \
+    --adapter v2.jsonl:o-fused/a2 "${B[@]}" >fused.out 2>fused.err || echo "fused: exit $?"
+S_FU=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+TOK0=$(python3 -c 'import json,sys; print(sum(len(json.loads(l)["input_ids"]) for l in open(sys.argv[1])))' v0.jsonl)
+t0=$(date +%s.%N)
+"$T" finetune m15 --adapter v0.jsonl:o-alone/a0 "${B[@]}" >alone.out 2>alone.err || echo "alone: exit $?"
+S_AL=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
 grep -hE "reservation grown|released|joined" co-0.err | head -n 6
 cp co-*.err nojoin-*.err "$OUT/" 2>/dev/null
 echo
@@ -125,5 +140,31 @@ awk -v t="$TOK" -v s="$S_CO" -v m="$M_CO" 'BEGIN { printf "| co-training (defaul
 awk -v t="$TOK" -v s="$S_NJ" -v m="$M_NJ" 'BEGIN { printf "| --no-join | %s | %.0f | %s |\n", s, t / s, m }'
 awk -v a="$S_CO" -v b="$S_NJ" -v c="$M_CO" -v d="$M_NJ" 'BEGIN {
     printf "| ratio | | %.2fx (target >= 1.4x) | %.2fx |\n", b / a, (d > 0 ? c / d : 0) }'
+awk -v t="$TOK" -v s="$S_FU" -v b="$S_NJ" 'BEGIN { printf "| fused from the start (one process, 3 adapters) | %s | %.0f (%.2fx --no-join) | |\n", s, t / s, b / s }'
+awk -v t="$TOK0" -v s="$S_AL" 'BEGIN { printf "| one adapter alone | %s | %.0f | |\n", s, t / s }'
 printf '| part 1: joined | %s | processes on the GPU (max) | %s | growth | %s |\n' "$JOINED" "$NPROC" "$GROWN"
+
+# ---- 3. takeover on the real GPU ---------------------------------------------------------------
+echo "== 3. kill -9 of a host on the GPU; the joiner takes over ($((SECONDS - T0)) s)"
+export TANDEM_LEDGER_DIR=$W/ledger-takeover
+F3=(--device cuda --max-seq-len 128 --batch-size 4 --log-every 20 --val-split 0 --save-every 10)
+"$T" finetune m05 --adapter data/reverse.jsonl:o3/host "${F3[@]}" --epochs 6 >t-host.out 2>t-host.err &
+th=$!
+sleep 2
+"$T" finetune m05 --adapter data/add.jsonl:o3/join "${F3[@]}" --epochs 2 >t-join.out 2>t-join.err &
+tj=$!
+for _ in $(seq 120); do [ -d o3/join/checkpoint-10 ] && break; sleep 0.25; done
+JOINED3=$(grep -c "joined the finetune of pid $th " t-join.err)
+kill -9 $th; wait $th 2>/dev/null
+sleep 3
+RES3=$(reservations)
+NAPPS3=$(apps | awk -F';' '{print NF}')
+wait $tj; TRC=$?
+TOOK=$(grep -c "taking over: .* on GPU" t-join.err)
+RESUMED=$(grep -c "resuming from .*o3/join/checkpoint-" t-join.out)
+LEFT=$(reservations)
+grep -E "died|taking over|reserved|resuming" t-join.err t-join.out | head -n 6
+cp t-host.err t-join.err t-join.out "$OUT/" 2>/dev/null
+printf '| part 3: joined %s | orphan exit %s | took over %s | resumed %s | reservation after the kill: %s (%s GPU processes) | left at the end: %s |\n' \
+    "$JOINED3" "$TRC" "$TOOK" "$RESUMED" "$RES3" "${NAPPS3:-0}" "${LEFT:-none}"
 echo "total $((SECONDS - T0)) s"

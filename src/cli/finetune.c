@@ -408,9 +408,10 @@ int tdm_cmd_finetune(int argc, char **argv)
         } else if (st != TDM_OK) {
             if (bad) {
                 fputs(bad, stderr);
-                code = tdm_cli_fail(TDM_EXIT_FAILURE,
-                                    "bad lines in the training data; nothing was written (fix "
-                                    "them, or --skip-bad-lines)");
+                code = tdm_cli_fail(
+                    TDM_EXIT_FAILURE,
+                    "bad lines in the training data; nothing was written (fix them, or pass "
+                    "--skip-bad-lines; in adapters.toml: skip_bad_lines = true)");
             } else if (st == TDM_ERR_BUSY) {
                 /* --no-wait-gpu: the memory is not free now (alone, or for a join): try later */
                 code = tdm_cli_fail(TDM_EXIT_TIMEOUT, "%s", err.message);

@@ -255,8 +255,10 @@ int tdm_cmd_finetune_gpus(tdm_run_opts *ro, int argc, char **args, const char *c
         int code;
         if (bad) {
             fputs(bad, stderr);
-            code = tdm_cli_fail(TDM_EXIT_FAILURE, "bad lines in the training data; nothing was "
-                                                  "written (fix them, or --skip-bad-lines)");
+            code = tdm_cli_fail(
+                TDM_EXIT_FAILURE,
+                "bad lines in the training data; nothing was written (fix them, or pass "
+                "--skip-bad-lines; in adapters.toml: skip_bad_lines = true)");
         } else {
             code = tdm_cli_fail_err(&err);
         }

@@ -410,7 +410,8 @@ static tdm_status parse_node(walk *w, const yaml_node_t *m, tdm_cluster_node *n)
 static const char *const slurm_keys[] = {
     "partition", "account",     "qos",    "time",   "gpus_per_job", "gpu_type",
     "gpu_vram_mb", "cpus_per_gpu", "mem_per_gpu", "constraint", "extra", "workdir",
-    "tandem",    "env",         "device", "signal_grace", "max_adapters", "cpu_max_params"};
+    "tandem",    "env",         "device", "signal_grace", "max_adapters", "cpu_max_params",
+    "array"};
 
 /* Characters a Slurm name (partition, account, qos, GPU type, constraint) may hold: sbatch gets
  * it as one argument, and the batch script's #SBATCH line must not be able to carry more. */
@@ -454,6 +455,7 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
     sl->gpus_per_job = 1;
     sl->signal_grace_s = TDM_SLURM_DEFAULT_SIGNAL_GRACE_S;
     sl->max_adapters = TDM_SLURM_DEFAULT_MAX_ADAPTERS;
+    sl->array = true;
     sl->cpu_max_params = TDM_CLUSTER_DEFAULT_CPU_MAX_PARAMS;
     if (m->type != YAML_MAPPING_NODE)
         return at(w, m, TDM_ERR_PARSE, "slurm must be a mapping (partition, workdir, ...)");
@@ -511,6 +513,12 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
         } else if (!strcmp(key, "cpu_max_params")) {
             st = int_field(w, v, "slurm.cpu_max_params", 1, INT64_C(1) << 50, true,
                            &sl->cpu_max_params);
+        } else if (!strcmp(key, "array")) {
+            if ((st = scalar(w, v, "slurm.array", &text)) == TDM_OK) {
+                if (!strcmp(text, "true")) sl->array = true;
+                else if (!strcmp(text, "false")) sl->array = false;
+                else st = at(w, v, TDM_ERR_INVALID, "slurm.array must be true or false, not '%s'", text);
+            }
         } else if (!strcmp(key, "device")) {
             if ((st = scalar(w, v, "slurm.device", &text)) == TDM_OK) {
                 if (!strcmp(text, "auto")) sl->device = TDM_SLURM_DEVICE_AUTO;

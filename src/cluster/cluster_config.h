@@ -101,6 +101,7 @@ typedef struct tdm_slurm_config {
     tdm_slurm_device device;
     int signal_grace_s; /* --signal=B:USR1@N: the checkpoint's head start before a time limit */
     int max_adapters;   /* most adapters in one job's fused process */
+    bool array;         /* jobs whose scripts differ only by index go as one job array */
     int64_t cpu_max_params;
     /* The shared workdir as the submitting machine sees it (every compute node sees it at the
      * same path): a local node named "slurm" with workdir, tandem and env of the block. Staging,

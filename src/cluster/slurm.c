@@ -65,19 +65,32 @@ tdm_status tdm_slurm_script(const tdm_slurm_config *sl, const tdm_slurm_job *j, 
     text t = {0};
     const char *dev = tdm_slurm_job_device(sl);
     add(&t, "#!/bin/sh\n");
-    add(&t, "# Written by `tandem submit` (docs/cluster.md, \"Slurm\"): tandem job %s, %d adapter(s)\n",
-        j->id, j->n_adapters);
     /* several GPUs: `finetune --gpus all` runs one fused process per GPU of the job (the GPUs
      * Slurm gave it: CUDA_VISIBLE_DEVICES), its adapters split by estimated tokens */
     bool multi = sl->gpus_per_job > 1 && !strcmp(dev, "cuda");
-    add(&t, "# in %s. Resubmit by hand with: sbatch %s/job.sh\n",
-        multi ? "one fused `tandem finetune` process per GPU (--gpus all)"
-              : "one fused `tandem finetune` process",
-        j->job_dir);
+    const char *how = multi ? "one fused `tandem finetune` process per GPU (--gpus all)"
+                            : "one fused `tandem finetune` process";
+    if (j->array_n > 0) {
+        add(&t, "# Written by `tandem submit` (docs/cluster.md, \"Slurm\"): tandem jobs %s_0 to "
+                "%s_%d as one job array;\n",
+            j->id, j->id, j->array_n - 1);
+        add(&t, "# task N runs the adapters of %s_N/adapters.toml in %s.\n", j->job_dir, how);
+        add(&t, "# Resubmit task N by hand with: sbatch --array=N %s/job.sh\n", j->job_dir);
+    } else {
+        add(&t, "# Written by `tandem submit` (docs/cluster.md, \"Slurm\"): tandem job %s, %d "
+                "adapter(s)\n",
+            j->id, j->n_adapters);
+        add(&t, "# in %s. Resubmit by hand with: sbatch %s/job.sh\n", how, j->job_dir);
+    }
     /* #SBATCH lines are read by sbatch, not the shell: paths go unquoted (the workdir holds no
      * newline; config.c checks), names are Slurm words (checked on parsing). */
     add(&t, "#SBATCH --job-name=tandem-%s\n", j->id);
-    add(&t, "#SBATCH --output=%s/log\n", j->job_dir);
+    if (j->array_n > 0) {
+        add(&t, "#SBATCH --array=0-%d\n", j->array_n - 1);
+        add(&t, "#SBATCH --output=%s_%%a/log\n", j->job_dir);
+    } else {
+        add(&t, "#SBATCH --output=%s/log\n", j->job_dir);
+    }
     add(&t, "#SBATCH --open-mode=append\n");
     add(&t, "#SBATCH --chdir=%s\n", sl->shared.workdir);
     add(&t, "#SBATCH --requeue\n");
@@ -103,13 +116,17 @@ tdm_status tdm_slurm_script(const tdm_slurm_config *sl, const tdm_slurm_job *j, 
     char *keep[128];
     size_t nk = 0;
     const char *jd = q(keep, &nk, j->job_dir);
-    add(&t, "\nset -u\njob_dir=%s\n", jd);
+    if (j->array_n > 0) add(&t, "\nset -u\njob_dir=%s_\"$SLURM_ARRAY_TASK_ID\"\n", jd);
+    else add(&t, "\nset -u\njob_dir=%s\n", jd);
+    /* an array task's own id: its SLURM_JOB_ID may be the whole array's */
+    add(&t, "slurm_id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-}}\n"
+            "slurm_id=${slurm_id:-$SLURM_JOB_ID}\n");
     for (size_t e = 0; e < sl->shared.n_env && nk < 100; e++) {
         const char *kv = sl->shared.env[e];
         const char *eq = strchr(kv, '=');
         add(&t, "export %.*s=%s\n", (int)(eq - kv), kv, q(keep, &nk, eq + 1));
     }
-    add(&t, "echo \"== $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) slurm job $SLURM_JOB_ID on "
+    add(&t, "echo \"== $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) slurm job $slurm_id on "
             "$(hostname), restart ${SLURM_RESTART_COUNT:-0}, CUDA_VISIBLE_DEVICES="
             "${CUDA_VISIBLE_DEVICES:-}\"\n");
     /* --no-join: Slurm gave this job its GPU and memory; joining another job's process would
@@ -134,8 +151,8 @@ tdm_status tdm_slurm_script(const tdm_slurm_config *sl, const tdm_slurm_job *j, 
         "    break\n"
         "done\n"
         "if [ \"$stopping\" = 1 ] && [ ! -e \"$job_dir/cancel\" ] && [ \"$rc\" = 0 ]; then\n"
-        "    echo \"== checkpointed after USR1; requeueing job $SLURM_JOB_ID\"\n"
-        "    scontrol requeue \"$SLURM_JOB_ID\" && exit 0\n"
+        "    echo \"== checkpointed after USR1; requeueing job $slurm_id\"\n"
+        "    scontrol requeue \"$slurm_id\" && exit 0\n"
         "    echo \"== scontrol requeue failed; resubmit $job_dir/job.sh to resume\"\n"
         "fi\n"
         "# stopped by `tandem cluster cancel` (after its checkpoint): 143, as a SIGTERM'd finetune\n"

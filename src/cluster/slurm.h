@@ -14,6 +14,12 @@
  *     requeue.
  *   - the finetune's exit status goes to JOB_DIR/exit_code (temp + rename) when the job ends
  *     without a requeue: the record of last resort once Slurm has forgotten the job.
+ *
+ * A job array (array_n > 0): jobs of one submission whose scripts differ only by their job
+ * directory go as one `sbatch --array=0-(N-1)` script in WORKDIR/jobs/ID/job.sh; task i is
+ * tandem job ID_i, its directory WORKDIR/jobs/ID_i (picked by SLURM_ARRAY_TASK_ID), its Slurm
+ * id ARRAYID_i. A task requeues itself by that id: its own SLURM_JOB_ID may be the array's id,
+ * and `scontrol requeue ARRAYID` would requeue every task.
  */
 #ifndef TANDEM_CLUSTER_SLURM_H
 #define TANDEM_CLUSTER_SLURM_H
@@ -27,9 +33,11 @@
 /* One job to write: the adapters are already in job_dir/adapters.toml. */
 typedef struct tdm_slurm_job {
     const char *id;           /* tandem's job id: --job-name tandem-<id> */
-    const char *job_dir;      /* WORKDIR/jobs/<id>, created by the caller */
+    const char *job_dir;      /* WORKDIR/jobs/<id>, created by the caller; of an array: the
+                                 script's directory, the tasks' are job_dir_<task> */
     const char *model_dir;    /* the staged model, inside the workdir */
-    int n_adapters;           /* for the script's comment */
+    int n_adapters;           /* for the script's comment (not in an array's) */
+    int array_n;              /* > 0: a job array of this many tasks (--array=0-(N-1)) */
     int64_t cpu_mem_mb;       /* CPU-only job: --mem (the placement estimate); 0: not given */
     const char *const *pass;  /* (n_pass) the finetune flags submit passes on */
     size_t n_pass;

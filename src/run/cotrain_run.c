@@ -789,8 +789,45 @@ static void plan_start(tdm_cotrain_serving *s, tdm_trainer *t)
     s->plan_mb = plan_mb(s, &est);
 }
 
+/* After adapters left, on a GPU, nothing released yet: the plan of the adapters still training
+ * goes back to the fastest one the reservation holds (tdm_trainer_leave_replan: checkpointing
+ * off, a lighter --recompute rung, a lower split; never past the user's own flags), said in one
+ * line. Not while joins wait for memory: the head one's admission plans everything with its
+ * adapters, and what is released now is room for it. */
+static void replan_after_leave(tdm_cotrain_serving *s, tdm_trainer *t, int active, int left)
+{
+    if (!on_gpu(s) || active < 1 || s->n_wait > 0) return;
+    tdm_leave_replan_request rq = {.reservation_mb = s->dev->budget_mb, .plan_mb = s->plan_mb};
+    rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    rq.fit.scratch_floor = s->scratch_hw;
+    tdm_leave_replan lr;
+    tdm_error e = {0};
+    if (tdm_trainer_leave_replan(t, &rq, &lr, &e) != TDM_OK) {
+        note(s->note, s->note_user, "warning: co-training: no faster plan computed: %s",
+             e.message);
+        return;
+    }
+    if (!lr.faster) return;
+    if (tdm_trainer_set_memory_plan(t, lr.plan.grad_checkpoint, lr.plan.recompute, lr.plan.split,
+                                    &e) != TDM_OK) {
+        note(s->note, s->note_user, "warning: co-training: keeping the plan in use: %s",
+             e.message);
+        return;
+    }
+    if (lr.plan.est.backend_scratch > s->scratch_hw) s->scratch_hw = lr.plan.est.backend_scratch;
+    char was[256], now[256];
+    tdm_memory_plan_describe(&lr.current, was, sizeof was);
+    tdm_memory_plan_describe(&lr.plan, now, sizeof now);
+    note(s->note, s->note_user,
+         "co-training: %d adapter(s) left, %d training: %s fits the %lld MiB this finetune's "
+         "reservation holds for its plan on %s: using it, %lld MiB, instead of %s, %lld MiB",
+         left, active, now, (long long)lr.budget_mb, s->dev->lease.gpu_uuid,
+         (long long)lr.plan.mb, was, (long long)lr.current.mb);
+}
+
 /* Adapters left since the last boundary (finished, handed back): their device memory is freed
- * (tdm_trainer_shrink) and the reservation shrinks by what the plan of the rest needs less. */
+ * (tdm_trainer_shrink), the plan goes back to a faster one when the reservation holds it
+ * (replan_after_leave), and the reservation shrinks by what the plan of the rest needs less. */
 static void shrink_after_leave(tdm_cotrain_serving *s, tdm_trainer *t)
 {
     int active = active_adapters(t);
@@ -798,11 +835,13 @@ static void shrink_after_leave(tdm_cotrain_serving *s, tdm_trainer *t)
         s->n_active = active;
         return;
     }
+    int left = s->n_active - active;
     s->n_active = active;
     tdm_error e = {0};
     tdm_model_mem est;
-    if (tdm_trainer_shrink(t, &e) != TDM_OK ||
-        tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) {
+    tdm_status st = tdm_trainer_shrink(t, &e);
+    if (st == TDM_OK) replan_after_leave(s, t, active, left);
+    if (st != TDM_OK || tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) {
         note(s->note, s->note_user, "warning: memory of the adapters that left not released: %s",
              e.message);
         return;

@@ -75,6 +75,12 @@ static tdm_status adapters_from_config(const tdm_adapters_config *acfg, const ch
         if (s->has_save_every) t->save_every = s->save_every;
         if (s->has_save_total_limit) t->save_total_limit = s->save_total_limit;
         if (s->has_log_every) t->log_every = s->log_every;
+        if (s->has_task) t->task = s->task;
+        if (s->has_chat_template)
+            t->chat_template = s->chat_template, t->chat_template_given = true;
+        if (s->has_train_on_prompt) t->train_on_prompt = s->train_on_prompt;
+        if (s->has_skip_bad_lines) t->skip_bad_lines = s->skip_bad_lines;
+        if (s->has_no_shuffle) t->shuffle = !s->no_shuffle;
         if (t->max_seq_len < 2)
             return tdm_fail(err, TDM_ERR_INVALID, "%s:%u: max_seq_len must be >= 2", acfg->file,
                             s->key_line[TDM_ADAPTER_KEY_MAX_SEQ_LEN]);

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/chat_template.h"
 #include "train/lr_schedule.h"
 #include "util/suggest.h"
 
@@ -22,33 +21,12 @@ static tdm_status parse_method(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
-static tdm_status parse_task(const char *arg, void *dst, tdm_error *err)
-{
-    if (strcmp(arg, "instruct"))
-        return tdm_fail(err, TDM_ERR_INVALID, "only 'instruct' is supported");
-    *(const char **)dst = arg;
-    return TDM_OK;
-}
-
 static tdm_status parse_schedule(const char *arg, void *dst, tdm_error *err)
 {
     if (!tdm_train_schedule_parse(arg, (tdm_train_schedule *)dst))
         return tdm_fail(err, TDM_ERR_INVALID,
                         "'%s' is not synchronized, round-robin or priority-val-loss", arg);
     return TDM_OK;
-}
-
-/* dst: the whole tdm_trainer_adapter (the template and whether one was given). */
-static tdm_status parse_chat_template(const char *arg, void *dst, tdm_error *err)
-{
-    tdm_trainer_adapter *t = dst;
-    if (!*arg) { /* the default: detected from the tokenizer */
-        t->chat_template_given = false;
-        return TDM_OK;
-    }
-    tdm_status st = tdm_chat_template_parse(arg, &t->chat_template, err);
-    if (st == TDM_OK) t->chat_template_given = true;
-    return st;
 }
 
 static tdm_status parse_device(const char *arg, void *dst, tdm_error *err)
@@ -150,9 +128,7 @@ static const tdm_run_option table[] = {
      V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "",
        "qlora: fp32 absmax per block instead of 8-bit double quantization"),
      NULL, true},
-    {"task", "instruct", F, DST(adapter.task),
-     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_task, "instruct", "instruct", "the only task today"),
-     NULL, true},
+    ADAPTER_ROW("task", "instruct", F, adapter, TDM_ADAPTER_KEY_TASK, true),
     /* the adapter */
     ADAPTER_ROW("rank", "N", F, adapter.rank, TDM_ADAPTER_KEY_RANK, true),
     ADAPTER_ROW("alpha", "N", F, adapter.alpha, TDM_ADAPTER_KEY_ALPHA, true),
@@ -166,8 +142,10 @@ static const tdm_run_option table[] = {
     /* optimisation */
     ADAPTER_ROW("lr", "X", F, adapter.lr, TDM_ADAPTER_KEY_LEARNING_RATE, true),
     ADAPTER_ROW("weight-decay", "X", F, adapter.weight_decay, TDM_ADAPTER_KEY_WEIGHT_DECAY, true),
-    ADAPTER_ROW("max-grad-norm", "X", F, adapter.max_grad_norm, TDM_ADAPTER_KEY_MAX_GRAD_NORM, true),
-    ADAPTER_ROW("lr-schedule", "cosine|linear|constant", F, adapter.lr_kind, TDM_ADAPTER_KEY_LR_SCHEDULE, true),
+    ADAPTER_ROW("max-grad-norm", "X", F, adapter.max_grad_norm, TDM_ADAPTER_KEY_MAX_GRAD_NORM,
+                true),
+    ADAPTER_ROW("lr-schedule", "cosine|linear|constant", F, adapter, TDM_ADAPTER_KEY_LR_SCHEDULE,
+                true),
     ADAPTER_ROW("warmup-steps", "N", F, adapter.warmup_steps, TDM_ADAPTER_KEY_WARMUP_STEPS, true),
     ADAPTER_ROW("epochs", "N", F, adapter.epochs, TDM_ADAPTER_KEY_EPOCHS, true),
     ADAPTER_ROW("batch-size", "N", F, adapter.batch_size, TDM_ADAPTER_KEY_BATCH_SIZE, true),
@@ -187,24 +165,19 @@ static const tdm_run_option table[] = {
      NULL, true},
     /* data */
     ADAPTER_ROW("seed", "S", F, adapter.seed, TDM_ADAPTER_KEY_SEED, true),
-    {"no-shuffle", NULL, F, DST(adapter.shuffle),
-     V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "", "file order every epoch"), NULL, true},
+    ADAPTER_ROW("no-shuffle", NULL, F, adapter.shuffle, TDM_ADAPTER_KEY_NO_SHUFFLE, true),
     ADAPTER_ROW("val-split", "F", F, adapter.val_split, TDM_ADAPTER_KEY_VAL_SPLIT, true),
-    {"chat-template", "chatml|llama3|none", F | E, DST(adapter),
-     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_chat_template, "", "chatml, llama3 or none",
-       "chat template (default: detected)"),
-     NULL, true},
-    {"train-on-prompt", NULL, F, DST(adapter.train_on_prompt),
-     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "", "count the prompt's tokens in the loss too"),
-     NULL, true},
-    {"skip-bad-lines", NULL, F, DST(adapter.skip_bad_lines),
-     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
-       "train on the good lines of a file with bad ones"),
-     NULL, true},
+    ADAPTER_ROW("chat-template", "chatml|llama3|none", F | E, adapter,
+                TDM_ADAPTER_KEY_CHAT_TEMPLATE, true),
+    ADAPTER_ROW("train-on-prompt", NULL, F, adapter.train_on_prompt,
+                TDM_ADAPTER_KEY_TRAIN_ON_PROMPT, true),
+    ADAPTER_ROW("skip-bad-lines", NULL, F, adapter.skip_bad_lines, TDM_ADAPTER_KEY_SKIP_BAD_LINES,
+                true),
     /* steps */
     ADAPTER_ROW("eval-every", "N", F, adapter.eval_every, TDM_ADAPTER_KEY_EVAL_EVERY, true),
     ADAPTER_ROW("save-every", "N", F, adapter.save_every, TDM_ADAPTER_KEY_SAVE_EVERY, true),
-    ADAPTER_ROW("save-total-limit", "N", F, adapter.save_total_limit, TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT, true),
+    ADAPTER_ROW("save-total-limit", "N", F, adapter.save_total_limit,
+                TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT, true),
     ADAPTER_ROW("log-every", "N", F, adapter.log_every, TDM_ADAPTER_KEY_LOG_EVERY, true),
     {"schedule", "synchronized|round-robin|priority-val-loss", F, DST(trainer.schedule),
      V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_schedule, "synchronized",
@@ -408,7 +381,7 @@ void tdm_run_opts_default(tdm_run_opts *o, unsigned command)
             if (first) *(bool *)((char *)o + r->offset) = !v->bool_value;
             continue;
         }
-        if (!*v->default_text && v->parse != parse_chat_template) continue;
+        if (!*v->default_text) continue; /* --chat-template: detected (trainer's default) */
         tdm_error e = {0};
         tdm_run_option_set(o, r, v->default_text, &e); /* the table's defaults are valid */
     }

@@ -21,6 +21,7 @@
 #include "cluster/transport.h"
 #include "model/config.h"
 #include "util/atomic_file.h"
+#include "util/mkdir_p.h"
 #include "util/timeutil.h"
 
 static void note(const tdm_submit_hooks *h, const char *fmt, ...)
@@ -106,6 +107,14 @@ static void write_adapter(FILE *f, const tdm_adapter_spec *s, const char *data, 
     if (s->has_save_every) fprintf(f, "save_every = %" PRId64 "\n", s->save_every);
     if (s->has_save_total_limit) fprintf(f, "save_total_limit = %d\n", s->save_total_limit);
     if (s->has_log_every) fprintf(f, "log_every = %" PRId64 "\n", s->log_every);
+    if (s->has_task) fprintf(f, "task = \"%s\"\n", s->task);
+    if (s->has_chat_template)
+        fprintf(f, "chat_template = \"%s\"\n", tdm_chat_template_name(s->chat_template));
+    if (s->has_train_on_prompt)
+        fprintf(f, "train_on_prompt = %s\n", s->train_on_prompt ? "true" : "false");
+    if (s->has_skip_bad_lines)
+        fprintf(f, "skip_bad_lines = %s\n", s->skip_bad_lines ? "true" : "false");
+    if (s->has_no_shuffle) fprintf(f, "no_shuffle = %s\n", s->no_shuffle ? "true" : "false");
 }
 
 static char *resolve(const char *base_dir, const char *path)
@@ -546,22 +555,45 @@ static void slurm_note_plan(const submission *s, size_t n_jobs, const char *devi
     }
 }
 
-/* Writes job_dir/job.sh atomically and returns its path in script (cap bytes). */
-static tdm_status slurm_write_script(const submission *s, const char *id, const char *job_dir,
-                                     const char *rmodel, int k, char *script, size_t cap,
-                                     char **text, tdm_error *err)
+/* The batch script's inputs for plan job j: a job array of array_n tasks when array_n > 0. */
+static tdm_slurm_job slurm_job_of(const submission *s, size_t j, const char *id,
+                                  const char *job_dir, const char *model, int array_n)
 {
     const tdm_slurm_config *sl = &s->cfg->slurm;
-    tdm_slurm_job j = {.id = id,
-                       .job_dir = job_dir,
-                       .model_dir = rmodel,
-                       .n_adapters = k,
-                       .cpu_mem_mb = sl->gpus_per_job ? 0 : s->budget.cpu_mb[k],
-                       .pass = s->req->pass_argv,
-                       .n_pass = s->req->n_pass};
-    TDM_TRY(tdm_slurm_script(sl, &j, text, err));
-    snprintf(script, cap, "%s/job.sh", job_dir);
-    return tdm_atomic_write(script, *text, strlen(*text), 0755, err);
+    int k = s->plan.adapters_on_node[j];
+    return (tdm_slurm_job){.id = id,
+                           .job_dir = job_dir,
+                           .model_dir = model,
+                           .n_adapters = k,
+                           .array_n = array_n,
+                           .cpu_mem_mb = sl->gpus_per_job ? 0 : s->budget.cpu_mb[k],
+                           .pass = s->req->pass_argv,
+                           .n_pass = s->req->n_pass};
+}
+
+/* Which plan jobs go as one job array: those whose array scripts are the same text (so they
+ * differ only by the task index; a CPU job of another adapter count asks for another --mem and
+ * stays apart). group[j] = the first job of j's group; slurm.array false: each job alone. */
+static tdm_status slurm_arrays(const submission *s, size_t n_jobs, size_t *group, tdm_error *err)
+{
+    char **text = calloc(n_jobs ? n_jobs : 1, sizeof *text);
+    if (!text) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    tdm_status st = TDM_OK;
+    for (size_t j = 0; j < n_jobs && st == TDM_OK; j++) {
+        group[j] = j;
+        if (!s->cfg->slurm.array) continue;
+        tdm_slurm_job sj = slurm_job_of(s, j, "ID", "DIR", "MODEL", 2);
+        st = tdm_slurm_script(&s->cfg->slurm, &sj, &text[j], err);
+        for (size_t i = 0; i < j && st == TDM_OK; i++)
+            if (group[i] == i && !strcmp(text[i], text[j])) {
+                group[j] = i;
+                break;
+            }
+    }
+    for (size_t j = 0; j < n_jobs; j++)
+        free(text[j]);
+    free(text);
+    return st;
 }
 
 static tdm_status slurm_record(const submission *s, const char *id, const char *job_dir,
@@ -588,7 +620,95 @@ static tdm_status slurm_record(const submission *s, const char *id, const char *
     return st;
 }
 
-/* Stage into the shared workdir, write each job's adapters.toml and job.sh, sbatch each. */
+/* One sbatch call: the plan jobs members[0..c) (c > 1: one job array, task i = members[i]).
+ * Stages each job's adapters into its directory, writes the script, submits, records each job
+ * (an array task: tandem job ID_i, Slurm job ARRAYID_i). */
+static tdm_status slurm_submit_group(submission *s, tdm_transport *tr, const size_t *members,
+                                     size_t c, const char *adir, const char *submission_id,
+                                     const char *now, tdm_submit_hooks *hooks, tdm_error *err)
+{
+    const tdm_slurm_config *sl = &s->cfg->slurm;
+    int array_n = c > 1 ? (int)c : 0;
+    char id[128], dir[4096], script[4200], slurm_id[64];
+    tdm_registry_new_id("slurm", id, sizeof id);
+    snprintf(dir, sizeof dir, "%s/jobs/%s", sl->shared.workdir, id);
+    snprintf(script, sizeof script, "%s/job.sh", dir);
+    char *text = NULL;
+    if (s->req->dry_run) {
+        /* Nothing is copied or written: the script names where the model would be. */
+        char model[4200];
+        snprintf(model, sizeof model, "%s/models/<sha256 of %s>", sl->shared.workdir,
+                 s->req->model_dir);
+        tdm_slurm_job sj = slurm_job_of(s, members[0], id, dir, model, array_n);
+        TDM_TRY(tdm_slurm_script(sl, &sj, &text, err));
+        hooks->script(script, text, hooks->user);
+        free(text);
+        return TDM_OK;
+    }
+    char (*task_id)[160] = calloc(c, sizeof *task_id);
+    char (*task_dir)[4200] = calloc(c, sizeof *task_dir);
+    json_t **jad = calloc(c, sizeof *jad);
+    char *rmodel = NULL;
+    tdm_status st = task_id && task_dir && jad ? TDM_OK
+                                               : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < c && st == TDM_OK; i++) {
+        char remote_toml[4300];
+        snprintf(task_id[i], sizeof task_id[i], array_n ? "%s_%zu" : "%s", id, i);
+        snprintf(task_dir[i], sizeof task_dir[i], array_n ? "%s_%zu" : "%s", dir, i);
+        free(rmodel);
+        rmodel = NULL;
+        if (!(jad[i] = json_array())) st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+        else
+            st = stage_node(s, &sl->shared, tr, members[i], s->plan.device_of_node[members[i]],
+                            adir, task_dir[i], &rmodel, jad[i], remote_toml, sizeof remote_toml,
+                            hooks, err);
+    }
+    if (st == TDM_OK && array_n) st = tdm_mkdir_p(dir, 0755, err);
+    if (st == TDM_OK) {
+        tdm_slurm_job sj = slurm_job_of(s, members[0], id, dir, rmodel, array_n);
+        st = tdm_slurm_script(sl, &sj, &text, err);
+    }
+    if (st == TDM_OK) st = tdm_atomic_write(script, text, strlen(text), 0755, err);
+    if (st == TDM_OK && s->req->stage_only) {
+        note(hooks, "slurm: staged %s (not submitted: --stage-only)", script);
+    } else if (st == TDM_OK && (st = tdm_slurm_sbatch(script, sl->shared.workdir, slurm_id,
+                                                      sizeof slurm_id, err)) == TDM_OK) {
+        if (array_n)
+            note(hooks, "slurm: jobs %s_0 to %s_%d went as one sbatch --array=0-%d: Slurm job "
+                        "array %s (%s)",
+                 id, id, array_n - 1, array_n - 1, slurm_id, script);
+        for (size_t i = 0; i < c && st == TDM_OK; i++) {
+            char sid[96];
+            snprintf(sid, sizeof sid, array_n ? "%s_%zu" : "%s", slurm_id, i);
+            st = slurm_record(s, task_id[i], task_dir[i], sid, rmodel, script, jad[i],
+                              submission_id, now, err);
+            jad[i] = NULL;
+            if (st != TDM_OK) break;
+            int k = s->plan.adapters_on_node[members[i]];
+            note(hooks, "slurm: submitted job %s as Slurm job %s (%d adapter(s), log %s/log)",
+                 task_id[i], sid, k, task_dir[i]);
+            tdm_submit_job sj = {.id = task_id[i],
+                                 .submission = submission_id,
+                                 .node = "slurm",
+                                 .job_dir = task_dir[i],
+                                 .device = NULL,
+                                 .pid = 0,
+                                 .n_adapters = k};
+            if (hooks->job) hooks->job(&sj, hooks->user);
+        }
+    }
+    for (size_t i = 0; jad && i < c; i++)
+        json_decref(jad[i]);
+    free(jad);
+    free(task_id);
+    free(task_dir);
+    free(text);
+    free(rmodel);
+    return st;
+}
+
+/* Stage into the shared workdir, write each job's adapters.toml and job.sh, sbatch each job, or
+ * each job array of jobs whose scripts differ only by index. */
 static tdm_status slurm_submit(submission *s, tdm_submit_hooks *hooks, tdm_error *err)
 {
     const tdm_slurm_config *sl = &s->cfg->slurm;
@@ -596,72 +716,35 @@ static tdm_status slurm_submit(submission *s, tdm_submit_hooks *hooks, tdm_error
     size_t n_jobs = 0;
     TDM_TRY(slurm_group(s, device, &n_jobs, err));
     slurm_note_plan(s, n_jobs, device, hooks);
-    if (s->req->dry_run && !hooks->script) return TDM_OK;
+    size_t *group = calloc(n_jobs ? n_jobs : 1, sizeof *group);
+    size_t *members = calloc(n_jobs ? n_jobs : 1, sizeof *members);
+    tdm_status st = group && members ? slurm_arrays(s, n_jobs, group, err)
+                                     : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
     tdm_transport tr;
-    TDM_TRY(tdm_transport_init(&tr, &sl->shared, NULL, err));
+    bool tr_ok = false;
+    if (st == TDM_OK && !(s->req->dry_run && !hooks->script)) {
+        st = tdm_transport_init(&tr, &sl->shared, NULL, err);
+        tr_ok = st == TDM_OK;
+    }
     char adir[PATH_MAX];
     adapters_dir(s, adir, sizeof adir);
     char submission_id[128], now[32];
     tdm_registry_new_id(NULL, submission_id, sizeof submission_id);
     tdm_format_rfc3339(time(NULL), now, sizeof now);
-    tdm_status st = TDM_OK;
-    for (size_t j = 0; j < n_jobs && st == TDM_OK; j++) {
-        char id[128], job_dir[4096], remote_toml[4200], script[4200], slurm_id[64];
-        tdm_registry_new_id("slurm", id, sizeof id);
-        snprintf(job_dir, sizeof job_dir, "%s/jobs/%s", sl->shared.workdir, id);
-        char *rmodel = NULL, *text = NULL;
-        json_t *jadapters = json_array();
-        if (!jadapters) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
-        if (s->req->dry_run) {
-            /* Nothing is copied or written: the script names where the model would be. */
-            char model[4200];
-            snprintf(model, sizeof model, "%s/models/<sha256 of %s>", sl->shared.workdir,
-                     s->req->model_dir);
-            tdm_slurm_job sj = {.id = id, .job_dir = job_dir, .model_dir = model,
-                                .n_adapters = s->plan.adapters_on_node[j],
-                                .cpu_mem_mb = sl->gpus_per_job ? 0
-                                              : s->budget.cpu_mb[s->plan.adapters_on_node[j]],
-                                .pass = s->req->pass_argv, .n_pass = s->req->n_pass};
-            st = tdm_slurm_script(sl, &sj, &text, err);
-            if (st == TDM_OK) {
-                snprintf(script, sizeof script, "%s/job.sh", job_dir);
-                hooks->script(script, text, hooks->user);
-            }
-            free(text);
-            json_decref(jadapters);
-            continue;
-        }
-        st = stage_node(s, &sl->shared, &tr, j, s->plan.device_of_node[j], adir, job_dir, &rmodel,
-                        jadapters, remote_toml, sizeof remote_toml, hooks, err);
-        if (st == TDM_OK)
-            st = slurm_write_script(s, id, job_dir, rmodel, s->plan.adapters_on_node[j], script,
-                                    sizeof script, &text, err);
-        if (st == TDM_OK && s->req->stage_only) {
-            note(hooks, "slurm: staged %s (not submitted: --stage-only)", script);
-        } else if (st == TDM_OK &&
-                   (st = tdm_slurm_sbatch(script, sl->shared.workdir, slurm_id, sizeof slurm_id,
-                                          err)) == TDM_OK) {
-            st = slurm_record(s, id, job_dir, slurm_id, rmodel, script, jadapters, submission_id,
-                              now, err);
-            jadapters = NULL;
-            if (st == TDM_OK) {
-                note(hooks, "slurm: submitted job %s as Slurm job %s (%d adapter(s), log %s/log)",
-                     id, slurm_id, s->plan.adapters_on_node[j], job_dir);
-                tdm_submit_job sj = {.id = id,
-                                     .submission = submission_id,
-                                     .node = "slurm",
-                                     .job_dir = job_dir,
-                                     .device = NULL,
-                                     .pid = 0,
-                                     .n_adapters = s->plan.adapters_on_node[j]};
-                if (hooks->job) hooks->job(&sj, hooks->user);
-            }
-        }
-        json_decref(jadapters);
-        free(text);
-        free(rmodel);
+    for (size_t g = 0; tr_ok && g < n_jobs && st == TDM_OK; g++) {
+        if (group[g] != g) continue;
+        size_t c = 0;
+        for (size_t j = g; j < n_jobs; j++)
+            if (group[j] == g) members[c++] = j;
+        if (c > 1)
+            note(hooks, "slurm jobs %zu to %zu of %zu: one job array of %zu tasks (their batch "
+                        "scripts differ only by the task index)",
+                 g + 1, members[c - 1] + 1, n_jobs, c);
+        st = slurm_submit_group(s, &tr, members, c, adir, submission_id, now, hooks, err);
     }
-    if (st == TDM_OK && !s->req->stage_only && !s->req->dry_run)
+    free(group);
+    free(members);
+    if (st == TDM_OK && tr_ok && !s->req->stage_only && !s->req->dry_run)
         snprintf(hooks->submission, sizeof hooks->submission, "%s", submission_id);
     return st;
 }

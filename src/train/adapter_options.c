@@ -10,6 +10,7 @@
 
 #include "train/adapters_config.h"
 #include "train/lr_schedule.h"
+#include "train/trainer.h"
 
 static tdm_status parse_targets(const char *arg, void *dst, tdm_error *err)
 {
@@ -28,14 +29,38 @@ static tdm_status parse_seed(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
+/* The words: dst is the whole tdm_trainer_adapter, each parser sets its own field(s). */
 static tdm_status parse_lr_schedule(const char *arg, void *dst, tdm_error *err)
 {
-    return tdm_lr_kind_parse(arg, (tdm_lr_kind *)dst, err);
+    return tdm_lr_kind_parse(arg, &((tdm_trainer_adapter *)dst)->lr_kind, err);
+}
+
+static tdm_status parse_task(const char *arg, void *dst, tdm_error *err)
+{
+    if (strcmp(arg, "instruct"))
+        return tdm_fail(err, TDM_ERR_INVALID, "unknown task '%.64s' (use instruct, the only one)",
+                        arg);
+    ((tdm_trainer_adapter *)dst)->task = "instruct"; /* static: outlives a TOML document */
+    return TDM_OK;
+}
+
+/* a named template (else the default: detected from the base model's tokenizer) */
+static tdm_status parse_chat_template(const char *arg, void *dst, tdm_error *err)
+{
+    tdm_trainer_adapter *t = dst;
+    TDM_TRY(tdm_chat_template_parse(arg, &t->chat_template, err));
+    t->chat_template_given = true;
+    return TDM_OK;
 }
 
 #define PATH_ROW(accepts, help)                                                                    \
     {                                                                                              \
         TDM_OPT_PATH, 0, 0, false, false, false, NULL, "", accepts, help                           \
+    }
+/* a flag that stores flag_value; the key: true or false */
+#define BOOL_ROW(flag_value, help)                                                                 \
+    {                                                                                              \
+        TDM_OPT_BOOL, 0, 0, false, false, flag_value, NULL, "", "true or false", help              \
     }
 
 /* Columns: key, {kind, min, max, min_open, max_open, bool_value, parse, default, accepts, help},
@@ -192,9 +217,33 @@ const tdm_adapter_option tdm_adapter_options[TDM_ADAPTER_KEY_COUNT] = {
                                    true,
                                    "log_every = 10",
                                    NULL},
+    [TDM_ADAPTER_KEY_TASK] = {"task",
+                              {TDM_OPT_ENUM, 0, 0, false, false, false, parse_task, "instruct",
+                               "instruct", "the only task today"},
+                              true,
+                              "task = \"instruct\"",
+                              NULL},
+    [TDM_ADAPTER_KEY_CHAT_TEMPLATE] = {"chat_template",
+                                       {TDM_OPT_ENUM, 0, 0, false, false, false,
+                                        parse_chat_template, "", "chatml, llama3 or none",
+                                        "chat template (default: detected)"},
+                                       true,
+                                       "chat_template = \"chatml\"",
+                                       NULL},
+    [TDM_ADAPTER_KEY_TRAIN_ON_PROMPT] = {"train_on_prompt",
+                                         BOOL_ROW(true,
+                                                  "count the prompt's tokens in the loss too"),
+                                         true, "train_on_prompt = true", NULL},
+    [TDM_ADAPTER_KEY_SKIP_BAD_LINES] = {"skip_bad_lines",
+                                        BOOL_ROW(true, "train on the good lines of a file with "
+                                                       "bad ones"),
+                                        true, "skip_bad_lines = true", NULL},
+    [TDM_ADAPTER_KEY_NO_SHUFFLE] = {"no_shuffle", BOOL_ROW(false, "file order every epoch"), true,
+                                    "no_shuffle = true", NULL},
 };
 
 #undef PATH_ROW
+#undef BOOL_ROW
 
 const char *tdm_adapter_key_name(tdm_adapter_key key)
 {

@@ -21,8 +21,10 @@ typedef enum tdm_option_kind {
     TDM_OPT_INT,   /* whole number in [min, max] */
     TDM_OPT_FLOAT, /* number in the range (open ends marked); the command line wants it finite */
     TDM_OPT_SIZE,  /* GiB (> 0) or "auto" (stored as 0) */
-    TDM_OPT_ENUM,  /* one of a few words */
-    TDM_OPT_BOOL,  /* a flag without value: stores bool_value */
+    TDM_OPT_ENUM,  /* one of a few words; an adapter row's parser sets its field of the
+                      tdm_trainer_adapter given as destination */
+    TDM_OPT_BOOL,  /* a flag without value: stores bool_value; as an adapters.toml key, true
+                      or false: true does what the flag does, false the opposite */
     TDM_OPT_PATH,  /* a file or directory name */
     TDM_OPT_LABEL, /* an adapter's name: [A-Za-z0-9._-]{1,TDM_ADAPTER_LABEL_MAX} */
     TDM_OPT_LIST,  /* comma-separated names, or a repeatable flag */
@@ -68,6 +70,12 @@ typedef enum tdm_adapter_key {
     TDM_ADAPTER_KEY_SAVE_EVERY,
     TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT,
     TDM_ADAPTER_KEY_LOG_EVERY,
+    /* how its data is read (words and booleans) */
+    TDM_ADAPTER_KEY_TASK,
+    TDM_ADAPTER_KEY_CHAT_TEMPLATE,
+    TDM_ADAPTER_KEY_TRAIN_ON_PROMPT,
+    TDM_ADAPTER_KEY_SKIP_BAD_LINES,
+    TDM_ADAPTER_KEY_NO_SHUFFLE,
     TDM_ADAPTER_KEY_COUNT
 } tdm_adapter_key;
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "train/lr_schedule.h"
+#include "train/trainer.h"
 #include "util/atomic_file.h"
 #include "util/suggest.h"
 #include "util/path_identity.h"
@@ -212,6 +213,8 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     const char *str = NULL;
     int64_t i = 0;
     double x = 0;
+    bool b = false;
+    tdm_trainer_adapter words = {0}; /* where the rows' word parsers put what they read */
     tdm_status st = TDM_OK;
     switch (o->value.kind) {
     case TDM_OPT_PATH: st = check_path(v, o->key, &str, err); break;
@@ -219,13 +222,16 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     case TDM_OPT_INT: st = check_int(o, v, &i, err); break;
     case TDM_OPT_FLOAT: st = check_number(o, v, &x, err); break;
     case TDM_OPT_LIST: st = check_targets(v, &s->targets, err); break; /* targets: the only list */
-    case TDM_OPT_ENUM: /* a word, checked by the row's parser (lr_schedule: the only enum) */
+    case TDM_OPT_ENUM: /* a word, checked by the row's parser, as its flag is */
         st = tdm_toml_as_string(v, o->key, &str, err);
-        if (st == TDM_OK && (st = o->value.parse(str, &s->lr_schedule, err)) != TDM_OK)
+        if (st == TDM_OK && (st = o->value.parse(str, &words, err)) != TDM_OK)
             st = locate(err, v, o->key);
         break;
+    case TDM_OPT_BOOL:
+        st = tdm_toml_as_bool(v, o->key, &b, err);
+        break;
     case TDM_OPT_SIZE:
-    case TDM_OPT_BOOL: st = tdm_fail(err, TDM_ERR_INVALID, "%s: no adapters.toml check", o->key);
+        st = tdm_fail(err, TDM_ERR_INVALID, "%s: no adapters.toml check", o->key);
     }
     if (st != TDM_OK)
         return st;
@@ -245,7 +251,9 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
     case TDM_ADAPTER_KEY_LORA_DROPOUT: s->has_lora_dropout = true, s->lora_dropout = x; break;
     case TDM_ADAPTER_KEY_SEED: s->has_seed = true, s->seed = (uint64_t)i; break;
     case TDM_ADAPTER_KEY_GRAD_ACCUM: s->has_grad_accum = true, s->grad_accum = (int)i; break;
-    case TDM_ADAPTER_KEY_LR_SCHEDULE: s->has_lr_schedule = true; break;
+    case TDM_ADAPTER_KEY_LR_SCHEDULE:
+        s->has_lr_schedule = true, s->lr_schedule = words.lr_kind;
+        break;
     case TDM_ADAPTER_KEY_WARMUP_STEPS: s->has_warmup_steps = true, s->warmup_steps = i; break;
     case TDM_ADAPTER_KEY_WEIGHT_DECAY: s->has_weight_decay = true, s->weight_decay = x; break;
     case TDM_ADAPTER_KEY_MAX_GRAD_NORM: s->has_max_grad_norm = true, s->max_grad_norm = x; break;
@@ -256,6 +264,21 @@ static tdm_status set_key(tdm_adapter_spec *s, tdm_adapter_key k, const tdm_toml
         s->has_save_total_limit = true, s->save_total_limit = (int)i;
         break;
     case TDM_ADAPTER_KEY_LOG_EVERY: s->has_log_every = true, s->log_every = i; break;
+    case TDM_ADAPTER_KEY_TASK:
+        s->has_task = true, s->task = words.task;
+        break;
+    case TDM_ADAPTER_KEY_CHAT_TEMPLATE:
+        s->has_chat_template = true, s->chat_template = words.chat_template;
+        break;
+    case TDM_ADAPTER_KEY_TRAIN_ON_PROMPT:
+        s->has_train_on_prompt = true, s->train_on_prompt = b;
+        break;
+    case TDM_ADAPTER_KEY_SKIP_BAD_LINES:
+        s->has_skip_bad_lines = true, s->skip_bad_lines = b;
+        break;
+    case TDM_ADAPTER_KEY_NO_SHUFFLE:
+        s->has_no_shuffle = true, s->no_shuffle = b;
+        break;
     case TDM_ADAPTER_KEY_COUNT: break;
     }
     if (st == TDM_OK)
@@ -292,6 +315,11 @@ static void apply_defaults(tdm_adapter_spec *s, const tdm_adapter_spec *d)
     INHERIT(save_every, TDM_ADAPTER_KEY_SAVE_EVERY)
     INHERIT(save_total_limit, TDM_ADAPTER_KEY_SAVE_TOTAL_LIMIT)
     INHERIT(log_every, TDM_ADAPTER_KEY_LOG_EVERY)
+    INHERIT(task, TDM_ADAPTER_KEY_TASK)
+    INHERIT(chat_template, TDM_ADAPTER_KEY_CHAT_TEMPLATE)
+    INHERIT(train_on_prompt, TDM_ADAPTER_KEY_TRAIN_ON_PROMPT)
+    INHERIT(skip_bad_lines, TDM_ADAPTER_KEY_SKIP_BAD_LINES)
+    INHERIT(no_shuffle, TDM_ADAPTER_KEY_NO_SHUFFLE)
 #undef INHERIT
 }
 
@@ -336,8 +364,12 @@ static tdm_status unknown_key(const tdm_toml_value *table, const tdm_toml_entry 
 {
     const char *names[TDM_ADAPTER_KEY_COUNT];
     size_t n = tdm_adapter_key_names(names, false);
-    char hint[96], known[512];
+    char hint[256], known[512], negated[80];
     did_you_mean(e->key, names, n, "'", "'", hint, sizeof hint);
+    snprintf(negated, sizeof negated, "no_%.64s", e->key); /* shuffle = false: no_shuffle = true */
+    if (!hint[0] && tdm_adapter_key_find(negated) >= 0)
+        snprintf(hint, sizeof hint, "; did you mean '%.67s'? (%.67s = true turns %.64s off)",
+                 negated, negated, e->key);
     key_list(defaultable_only, known, sizeof known);
     return tdm_toml_fail_at_key(err, TDM_ERR_INVALID, table, e, "unknown key '%.64s'%s%s (%s: %s)",
                                 e->key, where, hint, which, known);

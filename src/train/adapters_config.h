@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "model/lora_targets.h"
+#include "tokenizer/chat_template.h"
 #include "train/adapter_options.h"
 #include "train/lr_schedule.h"
 #include "util/error.h"
@@ -96,6 +97,17 @@ typedef struct tdm_adapter_spec {
     int save_total_limit; /* 0..TDM_ADAPTER_SAVE_TOTAL_LIMIT_MAX */
     bool has_log_every;
     int64_t log_every; /* >= 1 */
+    /* how its data is read (tdm_trainer_adapter's task, chat_template, ...) */
+    bool has_task;
+    const char *task; /* "instruct" (a static string, not owned) */
+    bool has_chat_template;
+    tdm_chat_template chat_template; /* named: detection off */
+    bool has_train_on_prompt;
+    bool train_on_prompt;
+    bool has_skip_bad_lines;
+    bool skip_bad_lines;
+    bool has_no_shuffle;
+    bool no_shuffle; /* as written: true = file order every epoch (the trainer's shuffle off) */
 
     uint32_t line; /* line of this adapter's [[adapter]] header */
     /* Line of the value behind each key (0 when unset); for a value inherited from the file's

@@ -230,6 +230,69 @@ tdm_status tdm_memory_plan_admit(const tdm_join_admit_request *req, tdm_join_adm
     return TDM_OK;
 }
 
+/* The place of the plan (gc, rc, split) in tdm_memory_plan_fit's order for a run whose options
+ * ask for (user_gc, user_rc): 0 as asked, 1 checkpointing with --recompute attn, 2 checkpointing
+ * in another mode, 1 + k micro-batches at split k. Smaller is faster. */
+static int plan_place(bool user_gc, tdm_recompute user_rc, bool gc, tdm_recompute rc, int split,
+                      tdm_plan_rung *rung)
+{
+    if (split > 1) {
+        *rung = TDM_PLAN_MICRO_BATCH;
+        return 1 + split;
+    }
+    if (gc == user_gc && (!gc || rc == user_rc)) {
+        *rung = TDM_PLAN_AS_ASKED;
+        return 0;
+    }
+    if (gc && rc == TDM_RECOMPUTE_ATTN) {
+        *rung = TDM_PLAN_RECOMPUTE_ATTN;
+        return 1;
+    }
+    *rung = TDM_PLAN_GRAD_CHECKPOINT;
+    return 2;
+}
+
+tdm_status tdm_memory_plan_after_leave(const tdm_leave_replan_request *req,
+                                       tdm_leave_replan *out, tdm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    const tdm_memory_fit_request *f = &req->fit;
+    if (req->split < 1)
+        return tdm_fail(err, TDM_ERR_INVALID, "memory plan: split %d < 1", req->split);
+    if (f->n_adapters < 1 || !f->adapters)
+        return tdm_fail(err, TDM_ERR_INVALID, "memory plan: no adapter");
+    tdm_memory_fit_request fr = *f;
+    fr.budget_mb = req->plan_mb; /* the reservation held, less its slack */
+    out->budget_mb = fr.budget_mb;
+    TDM_TRY(tdm_memory_plan_fit(&fr, &out->fit, err));
+    out->plan = out->fit.chosen;
+    /* the plan in use, for the adapters still training */
+    tdm_plan_adapter *ads = malloc((size_t)f->n_adapters * sizeof *ads);
+    if (!ads) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    memcpy(ads, f->adapters, (size_t)f->n_adapters * sizeof *ads);
+    bool ugc = f->opts.grad_checkpoint;
+    tdm_recompute urc = f->opts.recompute;
+    tdm_plan_rung rung;
+    int cur = plan_place(ugc, urc, req->grad_checkpoint, req->recompute, req->split, &rung);
+    tdm_status st = plan_at(&fr, ads, req->grad_checkpoint, req->recompute, req->split, rung,
+                            &out->current, err);
+    free(ads);
+    if (st != TDM_OK) return st;
+    const tdm_memory_plan_choice *p = &out->plan, *c = &out->current;
+    int at = plan_place(ugc, urc, p->grad_checkpoint, p->recompute, p->split, &rung);
+    /* what a step computes changes: checkpointing, its mode, or some adapter's micro-batch */
+    bool differs = p->grad_checkpoint != c->grad_checkpoint ||
+                   (p->grad_checkpoint && p->recompute != c->recompute);
+    for (int a = 0; a < f->n_adapters && !differs; a++)
+        differs = micro_of(f->adapters[a].batch_size, p->split) !=
+                  micro_of(f->adapters[a].batch_size, c->split);
+    out->faster = out->fit.fits && at < cur && differs;
+    int64_t slack = req->reservation_mb - req->plan_mb;
+    out->target_mb = (out->faster ? p->mb : c->mb) + slack;
+    if (out->target_mb < 1) out->target_mb = 1;
+    return TDM_OK;
+}
+
 void tdm_memory_plan_describe(const tdm_memory_plan_choice *c, char *buf, size_t cap)
 {
     if (!cap) return;

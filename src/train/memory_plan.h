@@ -169,6 +169,42 @@ typedef struct tdm_join_admission {
 tdm_status tdm_memory_plan_admit(const tdm_join_admit_request *req, tdm_join_admission *out,
                                  tdm_error *err);
 
+/* ---- back to a faster plan after adapters left (the co-training host, docs/co-training.md
+ * "Memory admission") -------------------------------------------------------------------------
+ *
+ * A host that re-planned for a join (checkpointing, a --recompute rung, micro-batches) trains
+ * that plan, of plan_mb MiB, in a reservation of reservation_mb (their difference: --vram GB's
+ * slack, which stays). When adapters leave, the plan of those still training may be faster
+ * within what the reservation holds now, before anything is released: the first of
+ * tdm_memory_plan_fit's plans (fit: the adapters still training, --grad-checkpoint and
+ * --recompute as the user gave them: never a plan faster than the user's flags ask for) of at
+ * most reservation_mb - slack = plan_mb MiB. It is taken only when it comes before the plan in
+ * use (grad_checkpoint, recompute, split) in that order and changes what a step computes (a
+ * split whose micro-batches are the plan in use's is not faster); its reservation is target_mb =
+ * plan.mb + slack, and the host releases the rest. */
+typedef struct tdm_leave_replan_request {
+    tdm_memory_fit_request fit; /* the adapters still training; its budget_mb is set here */
+    int64_t reservation_mb;     /* the host's reservation now, nothing released yet */
+    int64_t plan_mb;            /* the MiB of the plan in use, with the adapters that left */
+    bool grad_checkpoint;       /* the plan in use */
+    tdm_recompute recompute;
+    int split;
+} tdm_leave_replan_request;
+
+typedef struct tdm_leave_replan {
+    bool faster; /* plan is faster than the plan in use and fits: switch to it */
+    tdm_memory_plan_choice plan;    /* the first that fits (fits false: the smallest) */
+    tdm_memory_plan_choice current; /* the plan in use, for the adapters still training */
+    tdm_memory_fit fit;
+    int64_t budget_mb; /* the plan budget the fit was given: reservation_mb - slack */
+    int64_t target_mb; /* the reservation plan needs (faster), else current's */
+} tdm_leave_replan;
+
+/* Decides whether the plan goes back (above). Pure arithmetic. Errors: the fit's;
+ * TDM_ERR_INVALID for a split < 1. */
+tdm_status tdm_memory_plan_after_leave(const tdm_leave_replan_request *req,
+                                       tdm_leave_replan *out, tdm_error *err);
+
 /* A phrase for one line of output, written to buf (cap bytes): "the plan as asked", "gradient
  * checkpointing", "gradient checkpointing and micro-batch 2 x accumulation 4 (optimizer batch 4
  * x 2 unchanged)" (adapters of different batch sizes: "micro-batches of batch_size / 2"). */

@@ -156,7 +156,8 @@ struct tdm_trainer {
      * ceil(batch_size / split) sequences of its batch, in up to grad_accum x split passes per
      * global step; the optimizer batches are those of split 1 */
     int split;
-    bool gc_asked; /* --grad-checkpoint as the user gave it (the plans' "as asked") */
+    bool gc_asked;          /* --grad-checkpoint as the user gave it (the plans' "as asked") */
+    tdm_recompute rc_asked; /* --recompute as the user gave it */
     char base_id[TDM_BASE_IDENTITY_LEN]; /* the base model's identity, for metadata.json */
 };
 
@@ -291,6 +292,7 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
     t->n = n_adapters;
     t->split = 1;
     t->gc_asked = opts->grad_checkpoint;
+    t->rc_asked = opts->recompute;
     t->ad = calloc((size_t)n_adapters, sizeof *t->ad);
     if (!t->ad) {
         free(t);
@@ -1522,6 +1524,7 @@ static tdm_status fit_request(const tdm_trainer *t, bool active_only, const tdm_
     if (extra && max_grad_accum(extra) > accum) accum = max_grad_accum(extra);
     tdm_model_opts mo = model_opts(t);
     mo.grad_checkpoint = t->gc_asked;
+    mo.recompute = t->rc_asked;
     *req = (tdm_memory_fit_request){.config = t->mcfg_host,
                                     .opts = mo,
                                     .act = TDM_BE_BF16,
@@ -2145,6 +2148,24 @@ tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *
     r.fit.context_mb = req->fit.context_mb;
     r.fit.scratch_floor = req->fit.scratch_floor;
     tdm_status st = tdm_memory_plan_admit(&r, out, err);
+    free_plan_adapters(ads, n);
+    return st;
+}
+
+tdm_status tdm_trainer_leave_replan(const tdm_trainer *t, const tdm_leave_replan_request *req,
+                                    tdm_leave_replan *out, tdm_error *err)
+{
+    tdm_leave_replan_request r = *req;
+    tdm_plan_adapter *ads = NULL;
+    int n = 0;
+    TDM_TRY(fit_request(t, true, NULL, &r.fit, &ads, &n, err));
+    r.fit.context_mb = req->fit.context_mb;
+    r.fit.scratch_floor = req->fit.scratch_floor;
+    r.grad_checkpoint = t->o.grad_checkpoint;
+    r.recompute = t->o.recompute;
+    r.split = t->split;
+    tdm_status st = n > 0 ? tdm_memory_plan_after_leave(&r, out, err)
+                          : tdm_fail(err, TDM_ERR_INVALID, "memory plan: no adapter training");
     free_plan_adapters(ads, n);
     return st;
 }

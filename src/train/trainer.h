@@ -315,6 +315,18 @@ tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *
                                   struct tdm_join_admission *out, tdm_error *err);
 tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *first,
                                    tdm_error *err);
+
+/* After adapters left: whether the plan of t's unfinished adapters goes back to a faster one
+ * within the reservation held (tdm_memory_plan_after_leave, train/memory_plan.h), measured on
+ * their data, with --grad-checkpoint and --recompute as the user gave them and the plan in use
+ * (the rest of req is the caller's: reservation_mb, plan_mb, fit.context_mb,
+ * fit.scratch_floor). Apply a faster answer with tdm_trainer_set_memory_plan. TDM_ERR_INVALID
+ * when no adapter is training. */
+struct tdm_leave_replan_request;
+struct tdm_leave_replan;
+tdm_status tdm_trainer_leave_replan(const tdm_trainer *t,
+                                    const struct tdm_leave_replan_request *req,
+                                    struct tdm_leave_replan *out, tdm_error *err);
 void tdm_trainer_join_free(tdm_trainer_join *j);
 
 /* Gives back the device memory of adapters that left (finished or detached): their device

@@ -239,6 +239,9 @@ static void check_adapters(const uint8_t *data, size_t size)
         CHECK(!s->has_epochs || (s->epochs >= 1 && s->epochs <= TDM_ADAPTER_EPOCHS_MAX));
         CHECK(!s->has_weight || (isfinite(s->weight) && s->weight > 0));
         CHECK(s->has_rank == (s->key_line[TDM_ADAPTER_KEY_RANK] != 0));
+        CHECK(!s->has_task || !strcmp(s->task, "instruct"));
+        CHECK(!s->has_chat_template || (unsigned)s->chat_template <= TDM_CHAT_LLAMA3);
+        CHECK(s->has_no_shuffle == (s->key_line[TDM_ADAPTER_KEY_NO_SHUFFLE] != 0));
         CHECK(!s->label || (strlen(s->label) >= 1 && strlen(s->label) <= TDM_ADAPTER_LABEL_MAX));
         for (size_t j = 0; j < i; j++)
             CHECK(!s->label || !cfg.adapters[j].label || strcmp(s->label, cfg.adapters[j].label));

@@ -1,9 +1,10 @@
 #!/bin/bash
 # `scheduler: slurm` against a real Slurm (issue 17, part 2): munged, slurmctld and two slurmd
 # daemons started here (tests/lib/slurm.sh), each node with two fake GPU GRES. Three adapters with
-# max_adapters 1 become three batch jobs that ask for --gres=gpu:1 (device: cpu, so the tiny model
-# trains on the CPU while Slurm schedules the GPUs); watch's leaderboard and pull --best come from
-# the shared workdir; a job told to stop by USR1 (what --signal=B:USR1@N sends before a time
+# max_adapters 1 become three jobs whose scripts differ only by index: one job array of three tasks
+# that ask for --gres=gpu:1 (device: cpu, so the tiny model trains on the CPU while Slurm schedules
+# the GPUs; `array: false` makes them three sbatch calls); status, logs, watch's leaderboard and
+# pull --best work per task, from the shared workdir; a job told to stop by USR1 (what --signal=B:USR1@N sends before a time
 # limit) checkpoints, requeues itself and ends with adapters equal to an uninterrupted run;
 # `cluster cancel` checkpoints and stops without requeueing; a job of two GPUs runs `finetune
 # --gpus all`, one process per GPU; a malformed slurm block fails with
@@ -37,28 +38,45 @@ three_adapters 16
 FLAGS=(--rank 4 --val-split 0.25 --save-every 2)
 slurm_wait_idle 30
 
-# --dry-run: the three batch scripts, nothing written, nothing submitted.
+# --dry-run: one array script for the three jobs, nothing written, nothing submitted.
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}" --dry-run
-[ "$(grep -c '^#SBATCH --gres=gpu:1$' "$WORK/last.out")" = 3 ] || fail "dry run: three scripts with --gres=gpu:1: $(cat "$WORK/last.out")"
+[ "$(grep -c '^#SBATCH --gres=gpu:1$' "$WORK/last.out")" = 1 ] || fail "dry run: one array script: $(cat "$WORK/last.out")"
+grep -q '^#SBATCH --array=0-2$' "$WORK/last.out" || fail "dry run: --array=0-2: $(cat "$WORK/last.out")"
+grep -q '^#SBATCH --output=.*_%a/log$' "$WORK/last.out" || fail "dry run: one log per task"
+grep -q "^job_dir='.*'_\"\$SLURM_ARRAY_TASK_ID\"$" "$WORK/last.out" || fail "dry run: the task's directory"
 grep -q '^#SBATCH --signal=B:USR1@30$' "$WORK/last.out" || fail "dry run: --signal"
 grep -q -- "finetune .*--device cpu --no-join --resume '--rank' '4'" "$WORK/last.out" || fail "dry run: the finetune line: $(grep finetune "$WORK/last.out")"
+# array: false: three scripts, three sbatch calls
+sed 's/^  max_adapters: 1$/  max_adapters: 1\n  array: false/' "$WORK/cluster.yaml" >"$WORK/noarray.yaml"
+expect_exit 0 "$TANDEM" submit --cluster "$WORK/noarray.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}" --dry-run
+[ "$(grep -c '^#SBATCH --gres=gpu:1$' "$WORK/last.out")" = 3 ] || fail "array: false: three scripts: $(cat "$WORK/last.out")"
+grep -q -- '--array' "$WORK/last.out" && fail "array: false still made an array"
 [ -z "$(ls -A "$SHARED")" ] || fail "dry run wrote into the workdir: $(ls -A "$SHARED")"
 [ -z "$(squeue -h)" ] || fail "dry run submitted: $(squeue -h)"
 
-# Three adapters, three Slurm jobs, all finish; the leaderboard and pull --best.
+# Three adapters, one array of three tasks, all finish; status, logs, the leaderboard, pull --best.
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}"
-[ "$(grep -c 'as Slurm job' "$WORK/last.out")" = 3 ] || fail "three Slurm jobs expected: $(cat "$WORK/last.out" "$WORK/last.err")"
+[ "$(grep -c 'one sbatch --array=0-2' "$WORK/last.out")" = 1 ] || fail "one sbatch --array: $(cat "$WORK/last.out" "$WORK/last.err")"
+arr=$(sed -n 's/.* one sbatch --array=0-2: Slurm job array \([0-9]*\) .*/\1/p' "$WORK/last.out")
+for i in 0 1 2; do
+    grep -q "^slurm: submitted job .*_$i as Slurm job ${arr}_$i " "$WORK/last.out" || fail "task $i: $(cat "$WORK/last.out")"
+done
 expect_exit 0 timeout 300 "$TANDEM" cluster watch --interval 1 --until-done
 expect_exit 0 "$TANDEM" cluster watch --once --json
 cp "$WORK/last.out" "$WORK/board.json"
-[ "$(jq '[.jobs[] | select(.state == "finished" and .slurm_state == "COMPLETED")] | length' "$WORK/board.json")" = 3 ] \
-    || fail "three completed jobs: $(jq -c '[.jobs[] | {state, slurm_state, why}]' "$WORK/board.json")"
+[ "$(jq --arg a "$arr" '[.jobs[] | select(.state == "finished" and .slurm_state == "COMPLETED" and (.slurm_job_id | test("^" + $a + "_[0-2]$")))] | length' "$WORK/board.json")" = 3 ] \
+    || fail "three completed array tasks: $(jq -c '[.jobs[] | {slurm_job_id, state, slurm_state, why}]' "$WORK/board.json")"
 [ "$(jq -r '.leaderboard[0].label' "$WORK/board.json")" = c ] || fail "c should win: $(jq -c '.leaderboard' "$WORK/board.json")"
 for log in "$SHARED"/jobs/*/log; do
     grep -Eq 'CUDA_VISIBLE_DEVICES=[0-9]' "$log" || fail "$log: --gres=gpu:1 gave no CUDA_VISIBLE_DEVICES"
 done
+[ "$(ls "$SHARED"/jobs/*/log | wc -l)" = 3 ] || fail "one log per task: $(ls "$SHARED"/jobs/*)"
+task2=$(jq -r --arg s "${arr}_2" '.jobs[] | select(.slurm_job_id == $s) | .id' "$WORK/board.json")
+expect_exit 0 "$TANDEM" cluster logs "$task2"
+grep -q "slurm job ${arr}_2 on " "$WORK/last.out" || fail "cluster logs of task 2: $(cat "$WORK/last.out" "$WORK/last.err")"
 expect_exit 0 timeout 60 "$TANDEM" cluster pull --best "$WORK/best"
 cmp -s "$WORK/best/c/adapter_model.safetensors" "$SHARED/out/c/adapter_model.safetensors" \
     || fail "pull --best: c's adapter: $(cat "$WORK/last.out" "$WORK/last.err")"

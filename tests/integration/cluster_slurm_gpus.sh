@@ -10,11 +10,12 @@ unset TANDEM_FAKE_GPUS
 three_adapters 8
 SHARED="$WORK/shared"
 mkdir -p "$SHARED"
-yaml() { # yaml GPUS_PER_JOB VRAM_MB [MAX_ADAPTERS]
+yaml() { # yaml GPUS_PER_JOB VRAM_MB [MAX_ADAPTERS [ARRAY]]: one script per job unless ARRAY
     cat >"$WORK/cluster.yaml" <<Y
 scheduler: slurm
 slurm:
   partition: debug
+  array: ${4:-false}
   gpus_per_job: $1
   gpu_vram_mb: $2
   max_adapters: ${3:-8}
@@ -48,5 +49,10 @@ grep -q "one fused \`tandem finetune\` process per GPU (--gpus all)" "$WORK/last
     fail "the script's comment"
 grep -q "slurm job 1 of 2: a, c (2 adapter(s), --device cuda --gpus all, --gres=gpu:2, plan $one MiB of gpu_vram_mb $one per GPU)" \
     "$WORK/last.out" "$WORK/last.err" || fail "the grouping note: $(grep 'slurm job' "$WORK/last.out" "$WORK/last.err")"
+# the same two jobs as one job array (their scripts differ only by index): one script
+yaml 2 "$one" 8 true
+expect_exit 0 "${SUBMIT[@]}"
+[ "$(grep -c '^#SBATCH --gres=gpu:2$' "$WORK/last.out")" = 1 ] && grep -q '^#SBATCH --array=0-1$' "$WORK/last.out" ||
+    fail "two two-GPU jobs as one array: $(cat "$WORK/last.out" "$WORK/last.err")"
 [ -z "$(ls -A "$SHARED")" ] || fail "dry run wrote into the workdir"
 finish

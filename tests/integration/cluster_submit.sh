@@ -28,6 +28,8 @@ data = "data/c.jsonl"
 output = "/tmp/absolute-out-c"
 label = "c"
 lora_dropout = 0.05
+chat_template = "none"
+no_shuffle = true
 T
 SUBMIT=("$TANDEM" submit --cluster "$CLUSTER" --model "$WORK/model" --adapters-config "$WORK/adapters.toml" --max-seq-len 64 --batch-size 1)
 
@@ -99,6 +101,8 @@ toml2=$(ls "$W2"/jobs/*/adapters.toml | head -1)
 grep -qF 'output = "/tmp/absolute-out-c"' "$toml2" || fail "absolute output kept"
 grep -qF 'epochs = 1' "$toml2" || fail "file defaults carried into the node's adapters.toml"
 grep -qF 'lora_dropout = 0.05' "$toml2" || fail "lora_dropout not carried into the node's adapters.toml"
+grep -qF 'chat_template = "none"' "$toml2" && grep -qF 'no_shuffle = true' "$toml2" ||
+    fail "chat_template, no_shuffle not carried into the node's adapters.toml: $(cat "$toml2")"
 
 expect_exit 0 "${SUBMIT[@]}" --stage-only
 grep -Eq '^n1: model 0 file\(s\) copied, [1-9][0-9]* already there; data 0 copied, 2 already there' "$WORK/last.out" \

@@ -7,6 +7,10 @@
 #    grows to exactly what one --no-join finetune of both adapters with --grad-checkpoint
 #    reserves (the growth the plan says), and the joined adapter ends equal to its --no-join run
 #    (trained as asked) within the fused == alone bound;
+#  - when the joined adapter has finished, the host goes back to its plan as asked (checkpointing
+#    off) within the reservation it holds, says so, and releases only what that plan does not
+#    need (the ledger's figure is that plan's MiB); its own adapter, trained as asked, then with
+#    checkpointing, then as asked again, equals training it alone (--no-join) at the same step;
 #  - a join whose smallest plan exceeds the GPU's reservable capacity is refused at once
 #    (never-fits, exit 1, naming the MiB it needs) while the host trains on.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -99,8 +103,24 @@ grep -q "co-training: with 1 adapter(s) of pid $joiner the plan as asked needs $
 grep -q "co-training: reservation grown by $((P2gc - P1)) MiB to $P2gc MiB for 1 adapter(s) of pid $joiner" host.err ||
     fail "the host did not grow by P2gc - P1 = $((P2gc - P1)) MiB: $(grep co-training host.err)"
 close_adapters co/j ref/j || fail "the joined adapter (checkpointing) differs from its --no-join run"
-# the joiner's adapter left: the reservation shrinks to the host's own plan (now checkpointing)
-wait_until 20 sh -c "[ \"\$('$TANDEM' gpu status --json | jq --argjson p $host '[.gpus[].reservations[] | select(.pids[0] == \$p) | .budget_mb][0]')\" -le $P1 ]"
+# the joiner's adapter left: within the P2gc MiB it holds, the host goes back to its plan as
+# asked (checkpointing off), then releases only what that plan does not need: it holds that
+# plan's MiB (its own P1, plus the backend scratch the fused steps grew, which is never given
+# back), less than P2gc
+back_re="co-training: 1 adapter(s) left, 1 training: the plan as asked fits the $P2gc MiB this finetune's reservation holds for its plan on GPU-sim-0: using it, [0-9]* MiB, instead of gradient checkpointing, [0-9]* MiB"
+wait_until 30 grep -q "$back_re" host.err || fail "the host did not go back to the plan as asked: $(grep co-training host.err)"
+back=$(grep "$back_re" host.err | sed -n 's/.*: using it, \([0-9]*\) MiB, instead .*/\1/p')
+[ -n "$back" ] && [ "$back" -ge "$P1" ] && [ "$back" -lt "$P2gc" ] ||
+    fail "the plan as asked of the host alone is '$back' MiB, not in [$P1, $P2gc)"
+wait_until 20 grep -q "co-training: $((P2gc - back)) MiB released, reservation now $back MiB (1 adapter(s) training)" host.err ||
+    fail "the host did not release P2gc - $back MiB: $(grep co-training host.err)"
+wait_until 20 budget_is $host "$back" || fail "the ledger holds $(budget_of $host) MiB for the host, not $back"
+# two more steps as asked, then SIGTERM: the host's checkpoint at its step N equals its adapter
+# trained alone to step N (as asked, then checkpointing while the joiner trained, then as asked
+# again: the same adapter within the fused == alone bound)
+step_of() { sed -n 's/.* step \([0-9]*\)\/[0-9]* .*/\1/p' host.out | tail -1; }
+s0=$(step_of)
+wait_until 60 sh -c "[ \"\$(sed -n 's/.* step \\([0-9]*\\)\\/[0-9]* .*/\\1/p' host.out | tail -1)\" -ge $((s0 + 2)) ]"
 kill $holder
 wait $holder
 
@@ -108,4 +128,14 @@ kill -TERM $host
 wait $host
 rc=$?
 [ $rc -eq 143 ] || fail "host exited $rc after SIGTERM"
+N=$(ls co/host | sed -n 's/^checkpoint-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+[ -n "$N" ] && [ "$N" -ge $((s0 + 2)) ] || fail "the host's last checkpoint is '$N', before step $((s0 + 2))"
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/host "${HOST[@]}" "${COMMON[@]}" --epochs 1500 \
+    --save-every "$N" --no-join --device cpu >ref-host.out 2>ref-host.err &
+ref=$!
+wait_until 120 test -d "ref/host/checkpoint-$N"
+kill -TERM $ref
+wait $ref
+close_adapters "co/host/checkpoint-$N" "ref/host/checkpoint-$N" ||
+    fail "the host's adapter at step $N (re-planned and back) differs from training it alone"
 finish

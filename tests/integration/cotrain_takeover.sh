@@ -134,7 +134,9 @@ for round in 1 2 3; do
     done
     echo "round $round: ${ADAPTER[$new]} (pid $new) took over, ${#rest[@]} other(s) joined it"
     # the killed host's own adapter: --resume joins the new host
+    # (once the new host advertises: started before, it would find no host and train alone)
     dead=${ADAPTER[$host]}
+    [ $round -lt 3 ] && wait_until 60 test -e "$TANDEM_LEDGER_DIR/cotrain-$new.json"
     start "$dead" --resume
     r=${PID[$dead]}
     if [ $round -lt 3 ]; then

@@ -2,8 +2,9 @@
 # docs/co-training.md "Run-wide options", docs/adapters-toml.md): a real `tandem finetune
 # --adapters-config` joins a running host (CPU, the tiny model, the test's own ledger directory);
 # its two adapters differ from each other and from the host in seed, grad accumulation, LR
-# schedule, warmup, weight decay, clipping, validation split, eval/save/log points and
-# --save-total-limit. Each ends equal to the same file trained alone (--no-join) within 1e-3
+# schedule, warmup, weight decay, clipping, validation split, eval/save/log points,
+# --save-total-limit and how their data is read (rev: no chat template, the prompt in the loss, file
+# order; add: a bad line skipped, which the host would refuse otherwise). Each ends equal to the same file trained alone (--no-join) within 1e-3
 # relative, with the alone run's checkpoints (each pruned by its own limit, not the host's),
 # and the host's adapter equal to its own alone run. Carrying one set of options per join would
 # give the second row the first row's seed and accumulation and fail the comparison.
@@ -12,6 +13,7 @@ M="$WORK/tiny"
 "$TANDEM" init-model "$M" --preset tiny >/dev/null || { echo "init-model failed"; exit 1; }
 "$TANDEM_SOURCE_DIR/scripts/make-demo-data.sh" "$WORK/data" 4 # reverse 4, upper 2, add 6 lines
 cd "$WORK" || exit 1
+{ head -2 data/add.jsonl; echo '{"instruction": "add 1 1"}'; tail -4 data/add.jsonl; } >data/add_bad.jsonl
 COMMON=(--method lora --batch-size 1 --val-split 0 --log-every 1 --max-seq-len 64 --device cpu)
 FT=("$TANDEM" finetune "$M" "${COMMON[@]}")
 
@@ -30,10 +32,14 @@ lr_schedule = "linear"
 warmup_steps = 2
 save_every = 1
 save_total_limit = 2
+chat_template = "none"
+train_on_prompt = true
+no_shuffle = true
 [[adapter]]
 label = "add"
-data = "$WORK/data/add.jsonl"
+data = "$WORK/data/add_bad.jsonl"
 output = "add"
+skip_bad_lines = true
 rank = 4
 seed = 3
 weight_decay = 0.01
@@ -65,7 +71,11 @@ wait $host || fail "host exited $?"
 wait $ref || { fail "reference exited $?"; sed 's/^/  /' ref.err >&2; }
 wait $refh || { fail "host reference exited $?"; sed 's/^/  /' refh.err >&2; }
 
-for a in rev add; do close_adapters ref/$a co/$a || fail "co/$a differs from training it alone"; done
+for a in rev add; do
+    close_adapters ref/$a co/$a || fail "co/$a differs from training it alone"
+    [ "$(jq -c .tokens ref/$a/metrics.jsonl)" = "$(jq -c .tokens co/$a/metrics.jsonl)" ] ||
+        fail "co/$a: other loss-token counts than alone (its data read another way)"
+done
 close_adapters ref/host co/host || fail "the host's adapter differs from training it alone"
 for a in rev add host; do
     [ "$(cd ref/$a && ls -d checkpoint-* | tr '\n' ' ')" = "$(cd co/$a && ls -d checkpoint-* | tr '\n' ' ')" ] ||

@@ -1,6 +1,10 @@
 # A real Slurm cluster for tests (sourced after common.sh): munged, slurmctld and NODES slurmd
 # daemons (Debian's Slurm, several slurmd on one host), everything under $WORK/slurm, started as
 # root and stopped by PID when the test exits. Facts behind the settings: shared/SLURM.md.
+# A requeued job may start again only after cred_expire (default 120 s) and the next pass of
+# the main scheduler (sched_interval, default 60 s): 5 s and 2 s here, so a requeue costs about
+# 6 s instead of about 3 minutes. Time limits and --signal stay Slurm's own: slurmctld checks
+# them every 30 s (a fixed period), so a 1-minute job gets USR1@30 between 30 and 60 s in.
 #
 #   slurm_start NODES [GPUS_PER_NODE]   starts the cluster (skips the test, exit 77, when Slurm is
 #                                       not installed or this is not root); exports SLURM_CONF.
@@ -72,7 +76,7 @@ SlurmctldHost=localhost
 SlurmctldPort=$ctl_port
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$sock
+AuthInfo=socket=$sock,cred_expire=5
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$SLURM_DIR/state
@@ -86,7 +90,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$(( mem_mb / cpus / 2 ))
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2
 DependencyParameters=kill_invalid_depend
 MinJobAge=300
 ReturnToService=2

@@ -133,6 +133,42 @@ static void test_training_options(void **state)
     tdm_adapters_config_free(&cfg);
 }
 
+/* How an adapter's data is read: words and booleans, per adapter and as file-wide defaults. */
+static void test_data_options(void **state)
+{
+    tdm_adapters_config cfg;
+    parse_ok("train_on_prompt = true\n"
+             "chat_template = 'none'\n"
+             "[[adapter]]\n"
+             "data = 'a.jsonl'\n"
+             "output = 'a'\n"
+             "task = \"instruct\"\n"
+             "chat_template = 'llama3'\n"
+             "skip_bad_lines = true\n"
+             "no_shuffle = true\n"
+             "[[adapter]]\n"
+             "data = 'b.jsonl'\n"
+             "output = 'b'\n"
+             "train_on_prompt = false\n"
+             "no_shuffle = false\n",
+             &cfg);
+    const tdm_adapter_spec *a = &cfg.adapters[0], *b = &cfg.adapters[1];
+    assert_true(a->has_task && !strcmp(a->task, "instruct"));
+    assert_int_equal(a->key_line[TDM_ADAPTER_KEY_TASK], 6);
+    assert_true(a->has_chat_template && a->chat_template == TDM_CHAT_LLAMA3);
+    assert_true(a->has_train_on_prompt && a->train_on_prompt); /* the default */
+    assert_int_equal(a->key_line[TDM_ADAPTER_KEY_TRAIN_ON_PROMPT], 1);
+    assert_true(a->has_skip_bad_lines && a->skip_bad_lines);
+    assert_true(a->has_no_shuffle && a->no_shuffle);
+    assert_false(b->has_task || b->has_skip_bad_lines);
+    assert_true(b->has_chat_template && b->chat_template == TDM_CHAT_NONE); /* the default */
+    assert_int_equal(b->key_line[TDM_ADAPTER_KEY_CHAT_TEMPLATE], 2);
+    assert_true(b->has_train_on_prompt && !b->train_on_prompt); /* false beats the default */
+    assert_int_equal(b->key_line[TDM_ADAPTER_KEY_TRAIN_ON_PROMPT], 13);
+    assert_true(b->has_no_shuffle && !b->no_shuffle);
+    tdm_adapters_config_free(&cfg);
+}
+
 static void test_defaults_table(void **state)
 {
     tdm_adapters_config cfg;
@@ -229,12 +265,14 @@ static const bad_case bad_cases[] = {
      "unknown key 'colour' in [[adapter]] #1 (known: data, output, label, rank, alpha, targets, "
      "learning_rate, epochs, batch_size, max_seq_len, init_adapter, weight, lora_dropout, seed, "
      "grad_accum, lr_schedule, warmup_steps, weight_decay, max_grad_norm, val_split, eval_every, "
-     "save_every, save_total_limit, log_every)"},
+     "save_every, save_total_limit, log_every, task, chat_template, train_on_prompt, "
+     "skip_bad_lines, no_shuffle)"},
     {"epoch = 3\n" ADAPTER, "1:1",
      "unknown key 'epoch'; did you mean 'epochs'? (defaults may set: rank, alpha, targets, "
      "learning_rate, epochs, batch_size, max_seq_len, weight, lora_dropout, seed, grad_accum, "
      "lr_schedule, warmup_steps, weight_decay, max_grad_norm, val_split, eval_every, save_every, "
-     "save_total_limit, log_every)"},
+     "save_total_limit, log_every, task, chat_template, train_on_prompt, skip_bad_lines, "
+     "no_shuffle)"},
     {"[defaults]\nbatchsize = 3\n" ADAPTER, "2:1", "did you mean 'batch_size'?"},
     {"data = 'x'\n" ADAPTER, "1:1", "data cannot be a default"},
     {"[defaults]\nlabel = 'x'\n" ADAPTER, "2:1", "label cannot be a default"},
@@ -245,17 +283,38 @@ static const bad_case bad_cases[] = {
     {ADAPTER "lr_schedule = 'cosin'\n", "4:15", "lr_schedule: "},
     {ADAPTER "lr_schedule = 1\n", "4:15", "lr_schedule"},
     {ADAPTER "seed = -1\n", "4:8", "seed must be an integer >= 0 (got -1)"},
-    {ADAPTER "grad_accum = 65\n", "4:14", "grad_accum must be a positive integer no larger than 64"},
+    {ADAPTER "grad_accum = 65\n", "4:14",
+     "grad_accum must be a positive integer no larger than 64"},
     {ADAPTER "val_split = 1\n", "4:13", "val_split must be a probability in [0, 1) (got 1)"},
     {ADAPTER "save_total_limit = -1\n", "4:20", "save_total_limit must be an integer 0..1000000"},
     {ADAPTER "log_every = 0\n", "4:13", "log_every must be an integer >= 1 (got 0)"},
+    /* how the data is read: the accepted words, or true/false */
+    {ADAPTER "task = 'chat'\n", "4:8", "task: unknown task 'chat' (use instruct, the only one)"},
+    {ADAPTER "task = 1\n", "4:8", "task must be a string (in quotes), not an integer"},
+    {ADAPTER "chat_template = 'chatm'\n", "4:17",
+     "chat_template: unknown chat template 'chatm' (use chatml, llama3 or none)"},
+    {ADAPTER "chat_template = ''\n", "4:17", "(use chatml, llama3 or none)"},
+    {ADAPTER "chat_template = true\n", "4:17",
+     "chat_template must be a string (in quotes), not "
+     "a boolean"},
+    {ADAPTER "train_on_prompt = 'yes'\n", "4:19",
+     "train_on_prompt must be true or false, not a string"},
+    {ADAPTER "skip_bad_lines = 1\n", "4:18",
+     "skip_bad_lines must be true or false, not an "
+     "integer"},
+    {ADAPTER "no_shuffle = \"true\"\n", "4:14", "no_shuffle must be true or false, not a string"},
+    {ADAPTER "shuffle = false\n", "4:1",
+     "unknown key 'shuffle' in [[adapter]] #1; did you mean "
+     "'no_shuffle'?"},
+    {"[defaults]\nskip_bad_line = true\n" ADAPTER, "2:1", "did you mean 'skip_bad_lines'?"},
     {ADAPTER "rank = -3\n", "4:8", "(got -3)"},
     {ADAPTER "rank = 4097\n", "4:8", "no larger than 4096"},
     {ADAPTER "rank = 8.0\n", "4:8", "rank must be an integer, not a float"},
     {ADAPTER "rank = '8'\n", "4:8", "rank must be an integer, not a string"},
     {ADAPTER "epochs = 0\n", "4:10", "epochs must be a positive integer"},
-    {ADAPTER "batch_size = 65537\n", "4:14", "batch_size must be a positive integer no larger "
-                                             "than 65536"},
+    {ADAPTER "batch_size = 65537\n", "4:14",
+     "batch_size must be a positive integer no larger "
+     "than 65536"},
     {ADAPTER "max_seq_len = true\n", "4:15", "max_seq_len must be an integer, not a boolean"},
     {ADAPTER "max_seq_len = 1\n", "4:15", "max_seq_len must be an integer 2..1048576 (got 1)"},
     {ADAPTER "alpha = 0\n", "4:9", "alpha must be greater than 0"},
@@ -270,11 +329,13 @@ static const bad_case bad_cases[] = {
     {ADAPTER "lora_dropout = -0.1\n", "4:16", "lora_dropout must be a probability in [0, 1)"},
     {ADAPTER "lora_dropout = '0.1'\n", "4:16", "lora_dropout must be a number, not a string"},
     {ADAPTER "lora_droput = 0.1\n", "4:1", "did you mean 'lora_dropout'?"},
-    {"[[adapter]]\ndata = 5\noutput = 'o'\n", "2:8", "data must be a string (in quotes), not an "
-                                                     "integer"},
+    {"[[adapter]]\ndata = 5\noutput = 'o'\n", "2:8",
+     "data must be a string (in quotes), not an "
+     "integer"},
     {"[[adapter]]\ndata = ''\noutput = 'o'\n", "2:8", "data must not be empty"},
-    {"[[adapter]]\ndata = 'd'\noutput = \"a\\nb\"\n", "3:10", "output contains a control "
-                                                            "character (U+000A)"},
+    {"[[adapter]]\ndata = 'd'\noutput = \"a\\nb\"\n", "3:10",
+     "output contains a control "
+     "character (U+000A)"},
     {ADAPTER "init_adapter = ''\n", "4:16", "init_adapter must not be empty"},
     {ADAPTER "label = 'has space'\n", "4:9", "label must be 1 to 64 characters of A-Z a-z"},
     {ADAPTER "label = ''\n", "4:9", "label must be 1 to 64"},
@@ -288,14 +349,16 @@ static const bad_case bad_cases[] = {
     {ADAPTER "targets = []\n", "4:11", "targets is empty"},
     {ADAPTER "targets = ''\n", "4:11", "target list is empty"},
     {ADAPTER "targets = [1, 2]\n", "4:12", "targets must be an array of strings, not of integers"},
-    {ADAPTER "targets = 7\n", "4:11", "targets must be an array of names or a comma-separated "
-                                      "string"},
+    {ADAPTER "targets = 7\n", "4:11",
+     "targets must be an array of names or a comma-separated "
+     "string"},
     /* Cross-adapter checks. */
     {"[[adapter]]\ndata = 'a'\noutput = 'out/x'\n"
      "[[adapter]]\ndata = 'b'\noutput = 'out/y'\n"
      "[[adapter]]\ndata = 'c'\noutput = './out//x/'\n",
-     "9", "[[adapter]] #3 writes to output './out//x/', the same directory as [[adapter]] #1 "
-          "(line 3)"},
+     "9",
+     "[[adapter]] #3 writes to output './out//x/', the same directory as [[adapter]] #1 "
+     "(line 3)"},
     {"[[adapter]]\ndata = 'a'\noutput = '/abs/o'\n"
      "[[adapter]]\ndata = 'b'\noutput = '/abs/o/.'\n",
      "6", "the same directory as [[adapter]] #1"},
@@ -351,7 +414,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_example), cmocka_unit_test(test_training_options),
-        cmocka_unit_test(test_defaults_table),
+        cmocka_unit_test(test_data_options), cmocka_unit_test(test_defaults_table),
         cmocka_unit_test(test_targets_list), cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_bad_configs),  cmocka_unit_test(test_load_file),
     };

@@ -1,6 +1,6 @@
 /* Unit tests of src/cluster: shell quoting (also round-tripped through a real /bin/sh), the
  * cluster.yaml parser's defaults and positions, speed factors, placement scoring, the validation
- * loss a leaderboard ranks by. */
+ * loss a leaderboard ranks by, a Slurm job array's script run by a real /bin/sh. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +16,7 @@
 #include "cluster/coordinator.h"
 #include "cluster/placement.h"
 #include "cluster/shell_quote.h"
+#include "cluster/slurm.h"
 #include "cluster/spawn.h"
 #include "cluster/speed.h"
 
@@ -288,6 +289,61 @@ static void test_leaderboard(void **state)
     json_decref(jobs);
 }
 
+/* slurm.array (default true, false, a wrong value with its position); the array script under a
+ * real /bin/sh as Slurm would run task 2 of array 7 whose own SLURM_JOB_ID is 9: it picks
+ * DIR_2, names itself 7_2, runs the finetune line (tandem: /bin/echo) and records its exit. */
+static void test_slurm_array_script(void **state)
+{
+    char dir[] = "/tmp/tandem-unit-array-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char y[512];
+    snprintf(y, sizeof y,
+             "scheduler: slurm\nslurm:\n  workdir: %s\n  gpu_vram_mb: 100\n  tandem: /bin/echo\n",
+             dir);
+    tdm_cluster_config cfg;
+    tdm_error err = {0};
+    assert_int_equal(tdm_cluster_config_parse(y, strlen(y), "c.yaml", &cfg, &err), TDM_OK);
+    assert_true(cfg.slurm.array);
+    char job_dir[200], task_dir[300], path[400], cmd[4000];
+    snprintf(job_dir, sizeof job_dir, "%s/jobs/X", dir);
+    snprintf(task_dir, sizeof task_dir, "%s_2", job_dir);
+    tdm_slurm_job j = {.id = "X", .job_dir = job_dir, .model_dir = "/m", .n_adapters = 1,
+                       .array_n = 3};
+    char *text = NULL;
+    assert_int_equal(tdm_slurm_script(&cfg.slurm, &j, &text, &err), TDM_OK);
+    assert_non_null(strstr(text, "\n#SBATCH --array=0-2\n"));
+    snprintf(path, sizeof path, "\n#SBATCH --output=%s_%%a/log\n", job_dir);
+    assert_non_null(strstr(text, path));
+    snprintf(path, sizeof path, "%s/job.sh", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    free(text);
+    char mk[400];
+    snprintf(mk, sizeof mk, "mkdir -p '%s'", task_dir);
+    assert_int_equal(system(mk), 0);
+    snprintf(cmd, sizeof cmd,
+             "env -u SLURM_RESTART_COUNT SLURM_ARRAY_JOB_ID=7 SLURM_ARRAY_TASK_ID=2 SLURM_JOB_ID=9 "
+             "sh '%s' >'%s/out' 2>&1 && grep -q '^== .* slurm job 7_2 on ' '%s/out' && "
+             "grep -q '^finetune /m --adapters-config %s/adapters.toml ' '%s/out' && "
+             "[ \"$(cat '%s/exit_code')\" = 0 ]",
+             path, dir, dir, task_dir, dir, task_dir);
+    assert_int_equal(system(cmd), 0);
+    tdm_cluster_config_free(&cfg);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+
+    const char *off = "scheduler: slurm\nslurm:\n  workdir: /w\n  gpu_vram_mb: 1\n  array: false\n";
+    assert_int_equal(tdm_cluster_config_parse(off, strlen(off), "c.yaml", &cfg, &err), TDM_OK);
+    assert_false(cfg.slurm.array);
+    tdm_cluster_config_free(&cfg);
+    const char *bad = "scheduler: slurm\nslurm:\n  workdir: /w\n  gpu_vram_mb: 1\n  array: yes\n";
+    assert_int_equal(tdm_cluster_config_parse(bad, strlen(bad), "c.yaml", &cfg, &err),
+                     TDM_ERR_INVALID);
+    assert_string_equal(err.message, "c.yaml:5:10: slurm.array must be true or false, not 'yes'");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_place_smaller_plan),
         cmocka_unit_test(test_val_loss),
         cmocka_unit_test(test_leaderboard),
+        cmocka_unit_test(test_slurm_array_script),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -381,6 +381,28 @@ static void test_trainer_fit_is_what_it_reserves(void **state)
     assert_int_equal(tdm_trainer_memory_estimate(t, &est, &err), TDM_OK);
     assert_int_equal(tdm_device_reservation_mb(&est), f.chosen.mb);
     assert_true(f.chosen.mb < gc_mb);
+    /* after adapters left (tdm_trainer_leave_replan) the rungs start from the user's flags, not
+     * from the plan in use: re-planned to --recompute attn with split 2, a reservation that holds
+     * checkpointing in the user's mode (layer) goes back to that, one that holds the plan as
+     * asked to it */
+    assert_int_equal(tdm_trainer_set_memory_plan(t, true, TDM_RECOMPUTE_ATTN, 2, &err), TDM_OK);
+    tdm_leave_replan_request lq = {.reservation_mb = gc_mb, .plan_mb = gc_mb};
+    lq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    tdm_leave_replan lr;
+    assert_int_equal(tdm_trainer_leave_replan(t, &lq, &lr, &err), TDM_OK);
+    assert_true(lr.faster);
+    assert_int_equal(lr.plan.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    assert_int_equal(lr.plan.recompute, TDM_RECOMPUTE_LAYER);
+    assert_int_equal(lr.plan.split, 1);
+    assert_int_equal(lr.plan.mb, gc_mb);
+    assert_int_equal(lr.current.split, 2);
+    assert_int_equal(lr.current.recompute, TDM_RECOMPUTE_ATTN);
+    lq.reservation_mb = lq.plan_mb = big.asked.mb;
+    assert_int_equal(tdm_trainer_leave_replan(t, &lq, &lr, &err), TDM_OK);
+    assert_true(lr.faster);
+    assert_int_equal(lr.plan.rung, TDM_PLAN_AS_ASKED);
+    assert_false(lr.plan.grad_checkpoint);
+    assert_int_equal(lr.plan.mb, big.asked.mb);
     tdm_trainer_free(t);
 }
 
@@ -473,6 +495,140 @@ static void test_join_admission(void **state)
     assert_int_equal(b.fit.smallest.est.backend_scratch, r.fit.scratch_floor);
 }
 
+/* After adapters left (tdm_memory_plan_after_leave), 7B QLoRA B4 x 512 on the 24 GiB card: the
+ * host of three re-planned to --recompute attn; one leaves: the two go back to the plan as asked,
+ * which the reservation held covers, and the rest is released. The host of three with the whole
+ * layer recomputed (9,626 MiB) keeps checkpointing for one (13,553 MiB as asked is more than it
+ * holds) but takes the first rung that fits; micro-batches go back to a lower split; a split
+ * whose micro-batches are the plan in use's is not faster; --grad-checkpoint is never switched
+ * off (never faster than the user's flags); --vram GB keeps its slack; a reservation that holds
+ * nothing faster keeps the plan. */
+static void test_after_leave(void **state)
+{
+    (void)state;
+    static const char *const b4[] = {"max-seq-len", "512", "batch-size", "4", NULL};
+    static const char *const b4gc[] = {"max-seq-len", "512", "batch-size", "4",
+                                       "grad-checkpoint", NULL};
+    tdm_plan_adapter ads[3];
+    tdm_memory_fit_request req;
+    tdm_memory_fit two = fit_7b(b4, 2, INT64_MAX / 2, ads, &req);
+    tdm_memory_fit three_attn = fit_7b(b4, 3, CARD_24G_MIB, ads, &req);
+    assert_int_equal(three_attn.chosen.rung, TDM_PLAN_RECOMPUTE_ATTN);
+    tdm_error err = {0};
+    tdm_leave_replan lr;
+    /* three at --recompute attn, one left */
+    (void)fit_7b(b4, 2, 0, ads, &req);
+    tdm_leave_replan_request r = {.fit = req,
+                                  .reservation_mb = three_attn.chosen.mb,
+                                  .plan_mb = three_attn.chosen.mb,
+                                  .grad_checkpoint = true,
+                                  .recompute = TDM_RECOMPUTE_ATTN,
+                                  .split = 1};
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    print_message("after leave, 7B B4x512: three at --recompute attn %lld MiB, one left: %s, "
+                  "the plan as asked %lld MiB instead of %lld\n",
+                  (long long)three_attn.chosen.mb, lr.faster ? "faster" : "kept",
+                  (long long)lr.plan.mb, (long long)lr.current.mb);
+    assert_true(lr.faster);
+    assert_int_equal(lr.plan.rung, TDM_PLAN_AS_ASKED);
+    assert_false(lr.plan.grad_checkpoint);
+    assert_int_equal(lr.plan.mb, two.asked.mb);
+    assert_int_equal(lr.target_mb, two.asked.mb);
+    assert_int_equal(lr.budget_mb, three_attn.chosen.mb);
+    assert_int_equal(lr.current.rung, TDM_PLAN_RECOMPUTE_ATTN);
+    assert_true(lr.current.mb < lr.plan.mb);
+    /* --vram GB: 1000 MiB over the plan: the slack stays */
+    r.reservation_mb = three_attn.chosen.mb + 1000;
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    assert_true(lr.faster);
+    assert_int_equal(lr.budget_mb, three_attn.chosen.mb);
+    assert_int_equal(lr.target_mb, two.asked.mb + 1000);
+    /* a reservation of exactly the current plan of the two holds nothing faster: kept */
+    r.reservation_mb = r.plan_mb = lr.current.mb;
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    assert_false(lr.faster);
+    assert_int_equal(lr.target_mb, lr.current.mb);
+
+    /* three with the whole layer recomputed, two left: one adapter as asked needs more than
+     * that, so it keeps checkpointing, on the first rung that fits (here --recompute attn) */
+    tdm_memory_fit one = fit_7b(b4, 1, INT64_MAX / 2, ads, &req);
+    tdm_memory_fit three_gc = fit_7b(b4, 3, three_attn.chosen.mb - 1, ads, &req);
+    assert_int_equal(three_gc.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
+    tdm_memory_fit one_in = fit_7b(b4, 1, three_gc.chosen.mb, ads, &req);
+    r = (tdm_leave_replan_request){.fit = req,
+                                   .reservation_mb = three_gc.chosen.mb,
+                                   .plan_mb = three_gc.chosen.mb,
+                                   .grad_checkpoint = true,
+                                   .recompute = TDM_RECOMPUTE_LAYER,
+                                   .split = 1};
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    print_message("three with checkpointing %lld MiB, two left: one as asked %lld MiB; %s, rung "
+                  "%d, %lld MiB\n",
+                  (long long)three_gc.chosen.mb, (long long)one.asked.mb,
+                  lr.faster ? "faster" : "kept", (int)lr.plan.rung, (long long)lr.plan.mb);
+    assert_true(one.asked.mb > three_gc.chosen.mb);
+    assert_true(lr.plan.grad_checkpoint);
+    assert_int_equal(lr.plan.rung, one_in.chosen.rung);
+    assert_int_equal(lr.plan.mb, one_in.chosen.mb);
+    assert_int_equal(lr.faster, one_in.chosen.rung == TDM_PLAN_RECOMPUTE_ATTN);
+
+    /* micro-batches: three at split 4 (micro-batch 1, the smallest), two left: a lower split */
+    tdm_memory_fit three_s = fit_7b(b4, 3, 0, ads, &req);
+    assert_int_equal(three_s.smallest.split, 4);
+    tdm_memory_fit one_s = fit_7b(b4, 1, three_s.smallest.mb, ads, &req);
+    r = (tdm_leave_replan_request){.fit = req,
+                                   .reservation_mb = three_s.smallest.mb,
+                                   .plan_mb = three_s.smallest.mb,
+                                   .grad_checkpoint = true,
+                                   .recompute = TDM_RECOMPUTE_LAYER,
+                                   .split = 4};
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    assert_true(lr.faster);
+    assert_true(lr.plan.split < 4 || !lr.plan.grad_checkpoint);
+    assert_int_equal(lr.plan.mb, one_s.chosen.mb);
+    /* split 3 gives batch 4 the micro-batch 2 of split 2: nothing to switch for */
+    r = (tdm_leave_replan_request){.fit = req,
+                                   .reservation_mb = 0,
+                                   .plan_mb = 0,
+                                   .grad_checkpoint = true,
+                                   .recompute = TDM_RECOMPUTE_LAYER,
+                                   .split = 3};
+    /* a budget that only split 2's MiB fits (the plans before need more) */
+    tdm_memory_fit s2 = fit_7b(b4, 1, 0, ads, &req);
+    for (int b = (int)s2.smallest.mb; b < (int)one.asked.mb; b++) {
+        tdm_memory_fit f;
+        req.budget_mb = b;
+        assert_int_equal(tdm_memory_plan_fit(&req, &f, &err), TDM_OK);
+        if (f.chosen.split == 2) {
+            r.reservation_mb = r.plan_mb = b;
+            break;
+        }
+    }
+    assert_true(r.plan_mb > 0);
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    assert_int_equal(lr.plan.split, 2);
+    assert_false(lr.faster);
+
+    /* --grad-checkpoint: the plan as asked checkpoints; never switched off however much is held */
+    tdm_memory_fit one_gc = fit_7b(b4gc, 1, INT64_MAX / 2, ads, &req);
+    r = (tdm_leave_replan_request){.fit = req,
+                                   .reservation_mb = 100000,
+                                   .plan_mb = 100000,
+                                   .grad_checkpoint = true,
+                                   .recompute = TDM_RECOMPUTE_LAYER,
+                                   .split = 1};
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    assert_false(lr.faster);
+    assert_true(lr.plan.grad_checkpoint);
+    assert_int_equal(lr.current.rung, TDM_PLAN_AS_ASKED);
+    r.split = 4; /* from micro-batches: back to the plan as asked, with checkpointing */
+    assert_int_equal(tdm_memory_plan_after_leave(&r, &lr, &err), TDM_OK);
+    assert_true(lr.faster);
+    assert_true(lr.plan.grad_checkpoint);
+    assert_int_equal(lr.plan.split, 1);
+    assert_int_equal(lr.plan.mb, one_gc.asked.mb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -480,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_fit_order),
         cmocka_unit_test(test_trainer_fit_is_what_it_reserves),
         cmocka_unit_test(test_join_admission),
+        cmocka_unit_test(test_after_leave),
         cmocka_unit_test(test_submit_places_with_what_finetune_reserves),
         cmocka_unit_test(test_explicit_vram),
     };

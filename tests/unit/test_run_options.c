@@ -153,6 +153,12 @@ static void test_errors(void **state)
         {"--recompute", "all", "--recompute: 'all' is not layer, mlp or attn"},
         {"--seed", "-3", "--seed needs a non-negative integer, not '-3'"},
         {"--gpu-share", "0", "--gpu-share needs a percentage 1..100"},
+        {"--task", "chat", "--task: unknown task 'chat' (use instruct, the only one)"},
+        {"--chat-template", "jinja",
+         "--chat-template: unknown chat template 'jinja' (use chatml, llama3 or none)"},
+        {"--chat-template", "",
+         "--chat-template: unknown chat template '' (use chatml, llama3 "
+         "or none)"},
         {"--rnak", "3", "unknown or incomplete option '--rnak'; did you mean '--rank'?"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -215,6 +221,81 @@ static void test_flag_and_key_share_ranges(void **state)
     assert_true(checked >= 20); /* 4 integer and 4 number rows */
 }
 
+/* The word and boolean rows: the flag and the adapters.toml key take the same words (every word
+ * of the row's "accepts", and nothing else), and a boolean key takes true or false only. */
+static void test_flag_and_key_share_words(void **state)
+{
+    (void)state;
+    size_t n, words = 0, bools = 0;
+    const tdm_run_option *t = tdm_run_option_table(&n);
+    for (size_t i = 0; i < n; i++) {
+        const tdm_option_value *v = tdm_run_option_value(&t[i]);
+        if (!t[i].adapter) continue;
+        const char *key = t[i].adapter->key;
+        if (v->kind == TDM_OPT_BOOL) {
+            assert_true(toml_takes(key, "true") && toml_takes(key, "false"));
+            assert_false(toml_takes(key, "1") || toml_takes(key, "'true'") ||
+                         toml_takes(key, "'yes'"));
+            bools++;
+            continue;
+        }
+        if (v->kind != TDM_OPT_ENUM) continue;
+        /* "a, b or c" -> a b c, then words that are not in it */
+        char list[128], *save = NULL;
+        snprintf(list, sizeof list, "%s", v->accepts);
+        const char *probes[16];
+        size_t np = 0;
+        for (char *w = strtok_r(list, ", ", &save); w && np < 12; w = strtok_r(NULL, ", ", &save))
+            if (strcmp(w, "or")) probes[np++] = w;
+        size_t n_words = np;
+        assert_true(n_words >= 1);
+        probes[np++] = "bogus";
+        probes[np++] = "";
+        probes[np++] = "Chatml";
+        for (size_t p = 0; p < np; p++) {
+            tdm_run_opts o;
+            tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
+            tdm_error err = {0};
+            bool flag_ok = tdm_run_option_set(&o, &t[i], probes[p], &err) == TDM_OK;
+            char text[64];
+            snprintf(text, sizeof text, "'%s'", probes[p]);
+            bool key_ok = toml_takes(key, text);
+            if (flag_ok != key_ok || flag_ok != (p < n_words))
+                fail_msg("%s = %s: the flag %s it, adapters.toml %s it", key, text,
+                         flag_ok ? "takes" : "refuses", key_ok ? "takes" : "refuses");
+            words++;
+        }
+    }
+    assert_int_equal(bools, 3);  /* train_on_prompt, skip_bad_lines, no_shuffle */
+    assert_true(words >= 3 * 4); /* lr_schedule, task, chat_template */
+}
+
+/* A word flag sets the field its key sets: --chat-template names the template (detection off),
+ * --task and --lr-schedule theirs. */
+static void test_word_flags_fill_the_adapter(void **state)
+{
+    (void)state;
+    char *argv[] = {"finetune",         "--chat-template",
+                    "llama3",           "--lr-schedule",
+                    "linear",           "--task",
+                    "instruct",         "--train-on-prompt",
+                    "--skip-bad-lines", NULL};
+    tdm_run_opts o;
+    tdm_run_opts_default(&o, TDM_CMD_FINETUNE);
+    assert_false(o.adapter.chat_template_given || o.adapter.train_on_prompt ||
+                 o.adapter.skip_bad_lines);
+    char **pos = NULL;
+    int npos = 0;
+    tdm_error err = {0};
+    assert_int_equal(tdm_run_opts_parse(&o, TDM_CMD_FINETUNE, 9, argv, &pos, &npos, &err), TDM_OK);
+    assert_true(o.adapter.chat_template_given && o.adapter.chat_template == TDM_CHAT_LLAMA3);
+    assert_int_equal(o.adapter.lr_kind, TDM_LR_LINEAR);
+    assert_string_equal(o.adapter.task, "instruct");
+    assert_true(o.adapter.train_on_prompt && o.adapter.skip_bad_lines && o.adapter.shuffle);
+    free(pos);
+    free(o.adapter_args);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -224,6 +305,8 @@ int main(void)
         cmocka_unit_test(test_wait_gpu),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_flag_and_key_share_ranges),
+        cmocka_unit_test(test_flag_and_key_share_words),
+        cmocka_unit_test(test_word_flags_fill_the_adapter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

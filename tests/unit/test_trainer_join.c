@@ -27,6 +27,7 @@
 
 #include "model/config.h"
 #include "train/checkpoint.h"
+#include "train/memory_plan.h"
 #include "train/peft_io.h"
 #include "train/trainer.h"
 
@@ -145,6 +146,12 @@ typedef struct plan {
     bool replan, replan_gc;
     int replan_split;
     uint64_t used_before_replan, used_after_replan;
+    /* back_at: after the detach, what a co-training host does once adapters left
+     * (tdm_trainer_shrink, tdm_trainer_leave_replan within a reservation that holds anything,
+     * the faster plan applied), recording the answer and the backend's memory around it */
+    int64_t back_at;
+    tdm_leave_replan back;
+    uint64_t used_before_back, used_after_back;
 } plan;
 
 static tdm_backend *run_be; /* the backend of the run in progress */
@@ -221,6 +228,16 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
             p->used_after_shrink = be_used();
             p->est_left = est_total(t, NULL);
         }
+    }
+    if (p->back_at > 0 && g == p->back_at) {
+        TDM_TRY(tdm_trainer_shrink(t, err));
+        p->used_before_back = be_used();
+        tdm_leave_replan_request rq = {.reservation_mb = 1 << 20, .plan_mb = 1 << 20};
+        TDM_TRY(tdm_trainer_leave_replan(t, &rq, &p->back, err));
+        if (p->back.faster)
+            TDM_TRY(tdm_trainer_set_memory_plan(t, p->back.plan.grad_checkpoint,
+                                                p->back.plan.recompute, p->back.plan.split, err));
+        p->used_after_back = be_used();
     }
     return TDM_OK;
 }
@@ -381,6 +398,48 @@ static void test_join_replanned(void **state)
     checkpoints_of(alone1.output, ca, sizeof ca);
     checkpoints_of(joiner.output, cj, sizeof cj);
     assert_string_equal(ca, cj);
+}
+
+/* Back again: the host re-planned for a join at global step 1 (checkpointing, split 2); the
+ * joined adapter is handed back at step 2 and the host's plan goes back to the plan as asked
+ * (tdm_trainer_leave_replan: checkpointing off, split 1; the workspace grows again) for its
+ * last two of four steps: the host's adapter, trained as asked, then re-planned, then as asked
+ * again, ends equal to training it alone. */
+static void test_replan_back_after_leave(void **state)
+{
+    (void)state;
+    tdm_error err = {0};
+    tdm_trainer_adapter alone0 = spec(0, "bk_alone0");
+    assert_int_equal(run(&alone0, 1, NULL, false, &err), TDM_OK);
+    tdm_trainer_adapter host = spec(0, "bk_host"), joiner = spec(1, "bk_joined");
+    plan p = {.join_at = 1,
+              .join = &joiner,
+              .n_join = 1,
+              .join_status = TDM_OK,
+              .replan = true,
+              .replan_gc = true,
+              .replan_split = 2,
+              .detach_at = 2,
+              .detach_idx = 1,
+              .back_at = 2};
+    assert_int_equal(run(&host, 1, &p, false, &err), TDM_OK);
+    double dh = rel_diff(host.output, alone0.output);
+    char was[256], now[256];
+    tdm_memory_plan_describe(&p.back.current, was, sizeof was);
+    tdm_memory_plan_describe(&p.back.plan, now, sizeof now);
+    print_message("re-planned at step 1, joiner left at 2, back from %s to %s: host vs alone "
+                  "%.3g; backend memory %llu -> %llu bytes\n",
+                  was, now, dh, (unsigned long long)p.used_before_back,
+                  (unsigned long long)p.used_after_back);
+    assert_true(p.back.faster);
+    assert_int_equal(p.back.plan.rung, TDM_PLAN_AS_ASKED);
+    assert_false(p.back.plan.grad_checkpoint);
+    assert_int_equal(p.back.plan.split, 1);
+    assert_true(p.back.current.grad_checkpoint);
+    assert_int_equal(p.back.current.split, 2);
+    /* the workspace of the plan as asked: all layers' activations, whole batches */
+    assert_true(p.used_after_back > p.used_before_back);
+    assert_true(dh < 1e-3);
 }
 
 /* An adapter whose training options all differ from the host's (seed: its LoRA init, data
@@ -600,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_join_equals_alone),
         cmocka_unit_test(test_join_own_options),
         cmocka_unit_test(test_join_replanned),
+        cmocka_unit_test(test_replan_back_after_leave),
         cmocka_unit_test(test_detach_then_resume),
         cmocka_unit_test(test_resume_inside_host),
         cmocka_unit_test(test_resume_starts_over),
