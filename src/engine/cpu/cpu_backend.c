@@ -1,6 +1,7 @@
 /* cpu_backend.c — the CPU backend: memory, elementwise ops, GEMM and frozen linear layers.
  * Layer ops are in cpu_layers.c, loss / LoRA / optimizer in cpu_train.c. */
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,29 +194,30 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
 
 /* ---- GEMM ----
  *
- * Every product must give the same bits whatever the thread count, and a row of C the same bits
- * whatever the number of rows around it (rows are tokens: an adapter co-trained beside others
- * must get the bits it gets alone). OpenBLAS (0.3.21, measured with tests/unit/test_backend_ops.c
- * and by hand over random shapes) keeps both, with two exceptions that cpu_blas_sgemm steers
- * around:
- *  - its single-threaded and threaded drivers cut K differently when the last K block is between
- *    GEMM_Q and 2 GEMM_Q long (single: half rounded up to the unroll, threaded: half rounded
- *    up), so 1 thread and 2 threads differ for such k. With k a multiple of 32 (and GEMM_Q one,
- *    as on every x86 kernel) both cut alike; any other k > 32 is done as two calls, the
- *    multiple-of-32 part then the rest (under 32: one block in both drivers), the second adding
- *    into C (beta 1), which is what OpenBLAS does between its own K blocks;
- *  - products of m n k <= 10^6 go to its "small matrix" kernels, whose sums run in another order:
- *    a row computed in a product of few rows would differ from the same row in a large product.
- *    Such calls are padded with zero rows (or zero columns, whichever needs less scratch) to just
- *    above 10^6, so every call takes the regular kernels.
- * Apart from K, which row and column blocks the work is cut into never changes an element's sum.
+ * Every product must give the same bits whatever the thread count, and an element of C the same
+ * bits whatever the rows and columns around it (rows are tokens: an adapter co-trained beside
+ * others must get the bits it gets alone; columns: a tile is a sub-block). OpenBLAS (0.3.21,
+ * measured with tests/unit/test_backend_ops.c over random shapes) keeps both within one K block
+ * of its regular kernels, where an element is fma(alpha, sum, beta C) with the sum over k in a
+ * fixed order. It breaks them in two ways, which cpu_blas_sgemm steers around:
+ *  - K longer than its block GEMM_Q (448 on SkylakeX) is cut in blocks, and its single-threaded
+ *    and threaded drivers cut the last two blocks differently (1 and 2 threads differ); so K is
+ *    cut here, in blocks of BLAS_KB (under GEMM_Q on every x86 kernel), one call each, the
+ *    blocks after the first adding into C (beta 1): one K block per call in both drivers;
+ *  - a call of m n k <= 10^6 takes its "small matrix" kernels, which sum in another order for
+ *    some shapes (on SkylakeX: op(A) not transposed, n not a multiple of 16): a row in a product
+ *    of few rows would differ from the same row in a large product. Such a call is made with A
+ *    transposed into a scratch copy (the small kernels of that form sum like the regular ones),
+ *    alpha 1 and beta 0 into a scratch C, and C = fma(alpha, scratch, beta C) here: the regular
+ *    kernels' result. The copies are m k + m n floats, at most the call's own multiply-adds.
  * So with the OpenMP build of OpenBLAS (its threads are OpenMP's one pool) a product is one
- * threaded call from the backend's serial code; called inside one of our parallel regions it
- * runs single-threaded. With another build (pthread: a pool of its own; serial) OpenBLAS runs
- * single-threaded and cpu_sgemm cuts C into tiles that OpenMP threads share; a tile is a
- * sub-block, so both ways give the same bits. */
+ * threaded call per K block from the backend's serial code; called inside one of our parallel
+ * regions it runs single-threaded. With another build (pthread: a pool of its own; serial)
+ * OpenBLAS runs single-threaded and cpu_sgemm cuts C into tiles that OpenMP threads share; a tile
+ * is a sub-block, so both ways give the same bits. */
 #define BLAS_SMALL_MNK 1e6
-#define BLAS_K_ALIGN 32
+#define BLAS_KB 256
+#define BLAS_MNK_PER_THREAD 2097152.0
 
 static void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
@@ -226,47 +228,35 @@ static void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
                 c, (blasint)ldc);
 }
 
-/* One call of at most one K block's worth of cutting (see above), padded out of the small
- * kernels' range. Returns false when the padding's scratch cannot be allocated (the call is then
- * made unpadded: right, only possibly other bits). */
-static bool blas_regular(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                         float *c, int64_t ldc)
+/* One K block (k <= BLAS_KB) with the regular kernels' bits (see above). Returns false when a
+ * small call's scratch cannot be allocated: the call is then made as it is (right, only
+ * possibly other bits). */
+static bool blas_block(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
 {
-    double mnk = (double)m * (double)n * (double)k;
-    if (mnk > BLAS_SMALL_MNK) {
+    if ((double)m * (double)n * (double)k > BLAS_SMALL_MNK) {
         blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return true;
     }
-    int64_t mp = (int64_t)(BLAS_SMALL_MNK / ((double)n * (double)k)) + 1;
-    int64_t np = (int64_t)(BLAS_SMALL_MNK / ((double)m * (double)k)) + 1;
-    bool rows = mp * (k + n) <= np * (k + m);
-    int64_t M = rows ? mp : m, N = rows ? n : np;
-    float *ap = rows ? calloc((size_t)(M * k), sizeof(float)) : NULL;
-    float *bp = rows ? NULL : calloc((size_t)(N * k), sizeof(float));
-    float *cp = calloc((size_t)(M * N), sizeof(float));
-    if ((rows && !ap) || (!rows && !bp) || !cp) {
-        free(ap), free(bp), free(cp);
+    float *at = ta ? NULL : malloc((size_t)(m * k) * sizeof(float));
+    float *t = malloc((size_t)(m * n) * sizeof(float));
+    if ((!ta && !at) || !t) {
+        free(at), free(t);
         blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return false;
     }
-    if (rows) { /* A: m rows of op(A) into M; ta: A is (k, m) */
+    if (!ta) /* op(A) = A (m, k) into A^T (k, m) */
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < k; j++)
-                ap[ta ? j * M + i : i * k + j] = ta ? a[j * lda + i] : a[i * lda + j];
-    } else { /* B: n columns of op(B) into N; tb: B is (n, k) */
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t l = 0; l < k; l++)
-                bp[tb ? j * k + l : l * N + j] = tb ? b[j * ldb + l] : b[l * ldb + j];
-    }
-    if (beta != 0.0f)
-        for (int64_t i = 0; i < m; i++)
-            memcpy(cp + i * N, c + i * ldc, (size_t)n * sizeof(float));
-    blas_call(ta, tb, M, N, k, alpha, rows ? ap : a, rows ? (ta ? M : k) : lda, rows ? b : bp,
-              rows ? ldb : (tb ? k : N), beta, cp, N);
+                at[j * m + i] = a[i * lda + j];
+    blas_call(true, tb, m, n, k, 1.0f, ta ? a : at, ta ? lda : m, b, ldb, 0.0f, t, n);
     for (int64_t i = 0; i < m; i++)
-        memcpy(c + i * ldc, cp + i * N, (size_t)n * sizeof(float));
-    free(ap), free(bp), free(cp);
+        for (int64_t j = 0; j < n; j++) {
+            float *cij = c + i * ldc + j;
+            *cij = fmaf(alpha, t[i * n + j], beta == 0.0f ? 0.0f : beta * *cij);
+        }
+    free(at), free(t);
     return true;
 }
 
@@ -283,14 +273,22 @@ void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
         return;
     }
     /* OpenBLAS's OpenMP build takes its thread count from the ICV (and 1 inside a parallel
-     * region); the pthread and serial builds were set to 1 thread at backend creation. */
+     * region); the pthread and serial builds were set to 1 thread at backend creation. A thread
+     * gets at least BLAS_MNK_PER_THREAD multiply-adds of a K block (OpenBLAS's own floor, 2^18,
+     * leaves the threads of a small product waiting on each other more than working); the
+     * count never changes the bits. */
+    double per_block = (double)m * (double)n * (double)(k < BLAS_KB ? k : BLAS_KB);
+    if (per_block < BLAS_MNK_PER_THREAD * nt) {
+        int fit = (int)(per_block / BLAS_MNK_PER_THREAD);
+        nt = fit < 1 ? 1 : fit;
+    }
     int prev = omp_in_parallel() ? nt : omp_get_max_threads();
     if (prev != nt) omp_set_num_threads(nt);
-    int64_t k1 = k <= BLAS_K_ALIGN ? k : k - k % BLAS_K_ALIGN;
-    blas_regular(ta, tb, m, n, k1, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (k1 < k)
-        blas_regular(ta, tb, m, n, k - k1, alpha, ta ? a + k1 * lda : a + k1, lda,
-                     tb ? b + k1 : b + k1 * ldb, ldb, 1.0f, c, ldc);
+    for (int64_t k0 = 0; k0 < k; k0 += BLAS_KB) {
+        int64_t kb = k - k0 < BLAS_KB ? k - k0 : BLAS_KB;
+        blas_block(ta, tb, m, n, kb, alpha, ta ? a + k0 * lda : a + k0, lda,
+                   tb ? b + k0 : b + k0 * ldb, ldb, k0 == 0 ? beta : 1.0f, c, ldc);
+    }
     if (prev != nt) omp_set_num_threads(prev);
 }
 
