@@ -6,6 +6,10 @@
 #   at 16 threads (1 step), tandem lora at 16, 8, 4, 2, 1 threads and qlora at 16, PyTorch at 1
 #   thread last if under 200 s have passed. One warm-up step, then 3 timed steps (2 at 4 threads,
 #   1 at 2 and 1). No run starts after 250 s; one still going at 330 s is killed (its row FAIL).
+# Before measuring, the CPU backend's bits on this CPU and its OpenBLAS kernels: test_cpu_gemm
+# (GEMM rows alone == in a larger product, 1/2/3 threads, threaded calls vs tiles) and
+# test_backend_ops (every op against double references, 1 vs 3 threads); their logs under $OUT,
+# their verdict in the log's first lines and last line.
 # Built HERE first (the build machine), with or without CUDA:
 #   make build ... && BUILD=build scripts/device/pack.sh     (writes .device-pack/device.tgz)
 # then on the device: carry .device-pack, run `bash scripts/device/cpu-speed.sh`.
@@ -24,6 +28,11 @@ RES=/tmp/cpu-speed-res
 rm -rf "$RES"
 mkdir -p "$RES"
 {
+    for t in test_cpu_gemm test_backend_ops; do
+        timeout 120 ".device/bin/$t" >"$OUT/$t.log" 2>&1
+        echo "# $t: exit $?, $(grep -oE '\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/$t.log" | paste -sd' ' -) (log: $t.log)"
+    done
+    grep -E '^(OpenBLAS|[0-9]+ shapes|gemm |cross-entropy dH)' "$OUT/test_cpu_gemm.log" | sed 's/^/#   /'
     echo "# cores: nproc $(nproc), $(lscpu 2>/dev/null | grep -E '^(Model name|Socket|Thread|Core)' | tr -s ' ' | paste -sd';' -)"
     echo "# OpenBLAS in the pack: $(ls .device/lib | grep -i blas | paste -sd' ' -)"
     BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
@@ -38,3 +47,8 @@ echo
 echo "rows (side method threads tok/s s/step steps wall note):"
 if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
 cat "$RES/table.md"
+DET=PASS
+for t in test_cpu_gemm test_backend_ops; do
+    grep -q 'PASSED  \]' "$OUT/$t.log" && ! grep -q 'FAILED  \]' "$OUT/$t.log" || DET=FAIL
+done
+echo "CPU backend determinism tests (test_cpu_gemm, test_backend_ops): $DET"

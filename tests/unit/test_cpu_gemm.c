@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -263,8 +264,9 @@ static void test_backend_modes(void **state)
     mode_out b1 = run_mode(NULL, 1), b3 = run_mode(NULL, 3);
     mode_out t1 = run_mode("tiles", 1), t3 = run_mode("tiles", 3);
     assert_false(t1.blas_threaded);
-    print_message("OpenBLAS %s: the default mode is %s\n",
+    print_message("OpenBLAS %s (%s, core %s): the default mode is %s\n",
                   cpu_blas_threaded() ? "OpenMP build" : "not the OpenMP build",
+                  openblas_get_config(), openblas_get_corename(),
                   b1.blas_threaded ? "one threaded call per product" : "tiles");
     int64_t mn = 300 * 200, rd = 40 * 48;
     /* GEMM: the same bits in every mode and thread count */

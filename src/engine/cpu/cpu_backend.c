@@ -217,7 +217,7 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
  * is a sub-block, so both ways give the same bits. */
 #define BLAS_SMALL_MNK 1e6
 #define BLAS_KB 256
-#define BLAS_MNK_PER_THREAD 2097152.0
+#define BLAS_MNK_PER_THREAD 4194304.0
 
 static void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
@@ -274,9 +274,9 @@ void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
     }
     /* OpenBLAS's OpenMP build takes its thread count from the ICV (and 1 inside a parallel
      * region); the pthread and serial builds were set to 1 thread at backend creation. A thread
-     * gets at least BLAS_MNK_PER_THREAD multiply-adds of a K block (OpenBLAS's own floor, 2^18,
-     * leaves the threads of a small product waiting on each other more than working); the
-     * count never changes the bits. */
+     * gets at least BLAS_MNK_PER_THREAD (2^22, ~0.1 ms) multiply-adds of a K block: OpenBLAS
+     * threads from 2^18, where its threads wait on each other more than they work (on 2 loaded
+     * cores, the tiny-model tests ran 1.5x longer). The count never changes the bits. */
     double per_block = (double)m * (double)n * (double)(k < BLAS_KB ? k : BLAS_KB);
     if (per_block < BLAS_MNK_PER_THREAD * nt) {
         int fit = (int)(per_block / BLAS_MNK_PER_THREAD);
@@ -569,6 +569,31 @@ static const tdm_backend_vtable cpu_vtable = {
     .attention_kv = cpu_attention_kv,
 };
 
+/* OpenBLAS's OpenMP build: one threaded call per product (cpu_blas_sgemm). Any other build
+ * runs single-threaded on tiles (cpu_sgemm): the pthread build's own pool would only compete
+ * with OpenMP's. TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same GEMM
+ * bits; the cross-entropy's dH sums in another order: docs/engine.md): a comparison, and a way
+ * around a BLAS that misbehaves. */
+static tdm_status gemm_mode(bool *tiles, tdm_error *err)
+{
+    const char *mode = getenv("TANDEM_CPU_GEMM");
+    if (mode && *mode && strcmp(mode, "tiles") != 0 && strcmp(mode, "blas") != 0)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "TANDEM_CPU_GEMM=%s: unknown mode (tiles, blas, or unset for blas)", mode);
+    *tiles = !cpu_blas_threaded() || (mode && strcmp(mode, "tiles") == 0);
+    return TDM_OK;
+}
+
+const char *tdm_cpu_gemm_mode(void)
+{
+    bool tiles;
+    tdm_error e = {0};
+    if (gemm_mode(&tiles, &e) != TDM_OK) return "GEMMs: TANDEM_CPU_GEMM unknown";
+    if (!tiles) return "GEMMs: one threaded OpenBLAS call per product (its OpenMP build)";
+    return cpu_blas_threaded() ? "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=tiles)"
+                               : "GEMMs: single-threaded OpenBLAS on tiles (not its OpenMP build)";
+}
+
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
 {
     cpu_backend *cpu = calloc(1, sizeof *cpu);
@@ -581,12 +606,13 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     /* One pool for everything: the OpenMP loops outside the backend (NF4 quantization while the
      * model loads) get the same count. */
     if (opts->n_threads > 0) omp_set_num_threads(cpu->n_threads);
-    /* OpenBLAS's OpenMP build: one threaded call per product (cpu_blas_sgemm). Any other build
-     * runs single-threaded on tiles (cpu_sgemm): the pthread build's own pool would only compete
-     * with OpenMP's. TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same
-     * bits: a comparison, and a way around a BLAS that misbehaves). */
-    const char *mode = getenv("TANDEM_CPU_GEMM");
-    cpu->blas_threaded = cpu_blas_threaded() && !(mode && !strcmp(mode, "tiles"));
+    bool tiles;
+    tdm_status st = gemm_mode(&tiles, err);
+    if (st != TDM_OK) {
+        free(cpu);
+        return st;
+    }
+    cpu->blas_threaded = !tiles;
     if (!cpu_blas_threaded()) openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
     *out = &cpu->base;
