@@ -11,8 +11,8 @@
 #define IGNORE_INDEX (-100)
 
 /* dH (c, d) = dlogits (c, V) W (V, d) with V (the vocabulary, ~152K) the long side. With the
- * OpenMP build of OpenBLAS: one threaded call (it cuts C's rows and columns over the threads and
- * streams W once per chunk). Otherwise a tiled GEMM would cut only c and d, and every tile would
+ * OpenMP build of OpenBLAS: cpu_blas_sgemm's threaded calls, one per 256 vocabulary rows (each
+ * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM would cut only c and d, and every tile would
  * stream its own copy of W; so K is split instead: fixed blocks
  * of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d) into its own
  * slice of part; then dH = the partials summed in block order. Fixed blocks and a fixed order:
@@ -23,7 +23,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
                   int64_t V, int64_t d, float *part, float *dh)
 {
     int nt = cpu->n_threads;
-    if (cpu->blas_threaded) { /* one threaded call: OpenBLAS cuts M and N, not K */
+    if (cpu->blas_threaded) { /* threaded calls: OpenBLAS cuts M and N, cpu_blas_sgemm K */
         cpu_blas_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh, d);
         return;
     }
