@@ -33,7 +33,7 @@ done
 for lib in libopenblas.so.0 libgomp.so.1; do
     [ -f "$STAGE/lib/$lib" ] || { echo "pack.sh: $lib is not among the binary's libraries" >&2; exit 1; }
 done
-if ! strings "$STAGE/lib/libopenblas.so.0" | grep -q USE_OPENMP; then
+if ! grep -qa USE_OPENMP "$STAGE/lib/libopenblas.so.0"; then
     echo "pack.sh: warning: the packed OpenBLAS is not its OpenMP build (the CPU backend runs tiles);" \
         "install libopenblas-openmp-dev (scripts/install-deps.sh) and rebuild" >&2
 fi
