@@ -97,7 +97,9 @@ static void test_rows_and_columns(void **state)
                 int64_t M = 1000000 / (n * kb) + 40;
                 if (M > 3000) M = 3000;
                 int64_t m = 1 + (int64_t)(ik % 3);
-                float alpha = in % 2 ? 0.37f : 1.0f, beta = ik % 3 == 0 ? 1.0f : ik % 3 == 1 ? 0 : 0.6f;
+                float alpha = in % 2 ? 0.37f : 1.0f, beta = ik % 3 == 0   ? 1.0f
+                                                            : ik % 3 == 1 ? 0
+                                                                          : 0.6f;
                 prod p = prod_make(t & 1, t >> 1, M, n, k, alpha, beta);
                 float *full = malloc((size_t)(M * n) * sizeof(float));
                 float *rows = malloc((size_t)(m * n) * sizeof(float));
@@ -135,7 +137,8 @@ static void test_thread_counts(void **state)
     (void)state;
     tdm_rng_seed(&rng, 11);
     /* above the 2^21 multiply-adds per thread and K block, so that 3 threads do share them */
-    const int64_t shapes[][3] = {{300, 160, 300}, {257, 896, 33}, {512, 130, 700}, {64, 1024, 1000}};
+    const int64_t shapes[][3] = {
+        {300, 160, 300}, {257, 896, 33}, {512, 130, 700}, {64, 1024, 1000}};
     int64_t bad = 0, n_shapes = 0;
     for (int t = 0; t < 4; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -175,8 +178,8 @@ static void test_thread_counts(void **state)
 /* ---- through the backend: the threaded calls and the tiles ---- */
 
 typedef struct {
-    float *gemm;       /* (m, n) */
-    float *dh, *loss;  /* cross-entropy: (m, d), (m) */
+    float *gemm;      /* (m, n) */
+    float *dh, *loss; /* cross-entropy: (m, d), (m) */
     bool blas_threaded;
 } mode_out;
 
@@ -211,8 +214,18 @@ static mode_out run_mode(const char *mode, int n_threads)
     dc = dev(be, m * n);
     memcpy(da, a, (size_t)(m * k) * 4), memcpy(db, b, (size_t)(n * k) * 4);
     memcpy(dc, c, (size_t)(m * n) * 4);
-    tdm_gemm_args g = {.trans_b = true, .m = m, .n = n, .k = k, .alpha = 0.5f, .a = da, .lda = k,
-                       .b = db, .ldb = k, .beta = 1.0f, .c = dc, .ldc = n};
+    tdm_gemm_args g = {.trans_b = true,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .alpha = 0.5f,
+                       .a = da,
+                       .lda = k,
+                       .b = db,
+                       .ldb = k,
+                       .beta = 1.0f,
+                       .c = dc,
+                       .ldc = n};
     if (tdm_be_gemm(be, &g, &err) != TDM_OK) fail_msg("gemm: %s", err.message);
     r.gemm = malloc((size_t)(m * n) * 4);
     memcpy(r.gemm, dc, (size_t)(m * n) * 4);

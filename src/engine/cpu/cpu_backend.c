@@ -339,8 +339,7 @@ void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, i
         int64_t nb = n - j0 < TN ? n - j0 : TN;
         const float *at = ta ? a + i0 : a + i0 * lda;
         const float *bt = tb ? b + j0 * ldb : b + j0;
-        cpu_blas_sgemm(1, ta, tb, mb, nb, k, alpha, at, lda, bt, ldb, beta, c + i0 * ldc + j0,
-                       ldc);
+        cpu_blas_sgemm(1, ta, tb, mb, nb, k, alpha, at, lda, bt, ldb, beta, c + i0 * ldc + j0, ldc);
     }
 }
 
@@ -491,8 +490,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data,
-                  w->cols, beta, y, w->rows);
+        cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols, beta,
+                  y, w->rows);
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
@@ -501,8 +500,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols,
-                  beta, (float *)y + r0, w->rows);
+        cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols, beta,
+                  (float *)y + r0, w->rows);
     }
     free(buf);
     return TDM_OK;
@@ -515,8 +514,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data,
-                  w->cols, beta, dx, w->cols);
+        cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols, beta,
+                  dx, w->cols);
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
@@ -525,8 +524,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
-                  w->rows, buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
+        cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0, w->rows,
+                  buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
     }
     free(buf);
     return TDM_OK;

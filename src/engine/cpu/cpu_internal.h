@@ -34,7 +34,8 @@ static inline cpu_backend *cpu_of(tdm_backend *be)
 }
 
 /* C = alpha op(A) op(B) + beta C, f32 row-major: threaded OpenBLAS calls (one per K block) with
- * the OpenMP build, else single-threaded calls on tiles over the backend's threads (cpu_backend.c). */
+ * the OpenMP build, else single-threaded calls on tiles over the backend's threads
+ * (cpu_backend.c). */
 void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                float *c, int64_t ldc);

@@ -12,15 +12,16 @@
 
 /* dH (c, d) = dlogits (c, V) W (V, d) with V (the vocabulary, ~152K) the long side. With the
  * OpenMP build of OpenBLAS: cpu_blas_sgemm's threaded calls, one per 256 vocabulary rows (each
- * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM would cut only c and d, and every tile would
- * stream its own copy of W; so K is split instead: fixed blocks
- * of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d) into its own
- * slice of part; then dH = the partials summed in block order. Fixed blocks and a fixed order:
- * the same bits whatever the thread count (other bits than the one call's, within f32 rounding). */
+ * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM
+ * would cut only c and d, and every tile would stream its own copy of W; so K is split instead:
+ * fixed blocks of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d)
+ * into its own slice of part; then dH = the partials summed in block order. Fixed blocks and a
+ * fixed order: the same bits whatever the thread count (other bits than the one call's, within f32
+ * rounding). */
 #define CE_VBLOCK 4096
 
-static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, int64_t c,
-                  int64_t V, int64_t d, float *part, float *dh)
+static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, int64_t c, int64_t V,
+                  int64_t d, float *part, float *dh)
 {
     int nt = cpu->n_threads;
     if (cpu->blas_threaded) { /* threaded calls: OpenBLAS cuts M and N, cpu_blas_sgemm K */
@@ -64,7 +65,8 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     const float *W = cpu_dense_f32(cpu, w, &wtmp);
     float *logits = malloc((size_t)(chunk_rows * V) * sizeof(float));
     int64_t nvb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
-    float *part = dhv && !cpu->blas_threaded ? malloc((size_t)(nvb * chunk_rows * d) * sizeof(float)) : NULL;
+    float *part =
+        dhv && !cpu->blas_threaded ? malloc((size_t)(nvb * chunk_rows * d) * sizeof(float)) : NULL;
     if (!W || !logits || (dhv && !cpu->blas_threaded && !part)) {
         free(wtmp), free(logits), free(part);
         return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
