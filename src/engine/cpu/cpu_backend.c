@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "engine/cpu/cpu_internal.h"
@@ -292,6 +293,17 @@ void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
     if (prev != nt) omp_set_num_threads(prev);
 }
 
+bool cpu_blas_bits_measured(void)
+{
+    /* the cores whose kernels unit.cpu_gemm has measured (its VMs' SkylakeX; Cooperlake by
+     * OPENBLAS_CORETYPE). Haswell and Zen (AMD hosts, AVX2-only Intel) differ 1 vs 3 threads. */
+    static const char *const measured[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    const char *core = openblas_get_corename();
+    for (size_t i = 0; core && i < sizeof measured / sizeof *measured; i++)
+        if (strcasecmp(core, measured[i]) == 0) return true;
+    return false;
+}
+
 bool cpu_blas_threaded(void)
 {
     return openblas_get_parallel() == 2; /* 0 serial, 1 pthread, 2 OpenMP build */
@@ -568,18 +580,22 @@ static const tdm_backend_vtable cpu_vtable = {
     .attention_kv = cpu_attention_kv,
 };
 
-/* OpenBLAS's OpenMP build: one threaded call per product (cpu_blas_sgemm). Any other build
- * runs single-threaded on tiles (cpu_sgemm): the pthread build's own pool would only compete
- * with OpenMP's. TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same GEMM
- * bits; the cross-entropy's dH sums in another order: docs/engine.md): a comparison, and a way
- * around a BLAS that misbehaves. */
+/* OpenBLAS's OpenMP build on a core whose kernels were measured: threaded calls (cpu_blas_sgemm).
+ * Any other build or core runs single-threaded on tiles (cpu_sgemm): the pthread build's own pool
+ * would only compete with OpenMP's, and on other cores (Haswell, Zen) the threaded calls' bits
+ * change with the thread count; TANDEM_CPU_GEMM=blas takes the threaded calls there anyway.
+ * TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same GEMM bits; the
+ * cross-entropy's dH sums in another order: docs/engine.md): a comparison, and a way around a BLAS
+ * that misbehaves. */
 static tdm_status gemm_mode(bool *tiles, tdm_error *err)
 {
     const char *mode = getenv("TANDEM_CPU_GEMM");
     if (mode && *mode && strcmp(mode, "tiles") != 0 && strcmp(mode, "blas") != 0)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "TANDEM_CPU_GEMM=%s: unknown mode (tiles, blas, or unset for blas)", mode);
-    *tiles = !cpu_blas_threaded() || (mode && strcmp(mode, "tiles") == 0);
+    bool asked = mode && strcmp(mode, "blas") == 0;
+    *tiles = !cpu_blas_threaded() || (mode && strcmp(mode, "tiles") == 0) ||
+             (!asked && !cpu_blas_bits_measured());
     return TDM_OK;
 }
 
@@ -588,9 +604,14 @@ const char *tdm_cpu_gemm_mode(void)
     bool tiles;
     tdm_error e = {0};
     if (gemm_mode(&tiles, &e) != TDM_OK) return "GEMMs: TANDEM_CPU_GEMM unknown";
-    if (!tiles) return "GEMMs: one threaded OpenBLAS call per product (its OpenMP build)";
-    return cpu_blas_threaded() ? "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=tiles)"
-                               : "GEMMs: single-threaded OpenBLAS on tiles (not its OpenMP build)";
+    if (!tiles) return "GEMMs: threaded OpenBLAS calls (its OpenMP build)";
+    if (!cpu_blas_threaded())
+        return "GEMMs: single-threaded OpenBLAS on tiles (not its OpenMP build)";
+    const char *mode = getenv("TANDEM_CPU_GEMM");
+    if (mode && strcmp(mode, "tiles") == 0)
+        return "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=tiles)";
+    return "GEMMs: single-threaded OpenBLAS on tiles (its threaded bits are unmeasured on this "
+           "core; TANDEM_CPU_GEMM=blas to use them)";
 }
 
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)

@@ -50,6 +50,11 @@ void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
 /* Whether the OpenBLAS loaded is its OpenMP build (threads from OpenMP's pool). */
 bool cpu_blas_threaded(void);
 
+/* Whether OpenBLAS runs kernels (its core) on which cpu_blas_sgemm's bits were measured
+ * independent of threads, rows and columns (unit.cpu_gemm): SkylakeX, Cooperlake,
+ * SapphireRapids. */
+bool cpu_blas_bits_measured(void);
+
 /* Dequantizes / converts rows [r0, r1) of w into out ((r1-r0), cols) f32. */
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
                          float *out);
