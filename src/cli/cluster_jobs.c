@@ -188,14 +188,27 @@ static const char cancel_usage[] =
     "resume command among them).\n";
 
 /* A Slurm job: the batch script passes USR1 to its finetune (a checkpoint of every adapter) and,
- * seeing the job directory's `cancel` file, ends instead of requeueing (exit 143). A pending job
- * has nothing to checkpoint and is cancelled outright; so is one still running after timeout. */
+ * seeing the job directory's `cancel` file name its Slurm id, ends instead of requeueing (exit
+ * 143; a run resubmitted by hand has another id and ignores the old file). A pending job
+ * has nothing to checkpoint and is cancelled outright; so is one still running after timeout.
+ * slurm_id is the job's own (ARRAYID_i for a task of an array): scancel touches that task only.
+ * Slurm is asked first, as the registry's state may be old (a job pending then may run now). */
 static int cancel_slurm(job_ref *r, const char *id, const char *slurm_id, double timeout)
 {
     tdm_error err = {0};
-    char marker[4200];
+    job_refresh(r);
+    const char *now = json_string_value(json_object_get(r->job, "state"));
+    if (now && strcmp(now, "running")) {
+        printf("job %s already ended (%s)\n", id, now);
+        return TDM_EXIT_OK;
+    }
+    char marker[4200], text[128];
     snprintf(marker, sizeof marker, "%s/cancel", r->job_dir);
-    if (tdm_atomic_write(marker, "cancel\n", 7, 0644, &err) != TDM_OK)
+    int len = snprintf(text, sizeof text, "%s\n", slurm_id);
+    if (len < 0 || (size_t)len >= sizeof text)
+        return tdm_cli_fail(TDM_EXIT_FAILURE, "job %s: Slurm job id '%.40s...' is too long", id,
+                            slurm_id);
+    if (tdm_atomic_write(marker, text, (size_t)len, 0644, &err) != TDM_OK)
         return tdm_cli_fail_err(&err);
     const char *sstate = json_string_value(json_object_get(r->job, "slurm_state"));
     bool pending = sstate && !strcmp(sstate, "PENDING");

@@ -244,8 +244,14 @@ static void print_cotrain(FILE *out, const tdm_cotrain_host_view *v, size_t n)
             continue;
         }
         const tdm_cotrain_status *st = &v[i].status;
-        fprintf(out, "    global step %lld  schedule %s  updated %.1fs ago\n",
-                (long long)st->global_step, st->schedule,
+        char plan[96] = "";
+        if (st->has_plan && st->grad_checkpoint)
+            snprintf(plan, sizeof plan, "  plan checkpointing (recompute %s), split %d",
+                     st->recompute, st->split);
+        else if (st->has_plan)
+            snprintf(plan, sizeof plan, "  plan no checkpointing, split %d", st->split);
+        fprintf(out, "    global step %lld  schedule %s%s  updated %.1fs ago\n",
+                (long long)st->global_step, st->schedule, plan,
                 (double)(now_ms - st->updated_ms) / 1000);
         for (int k = 0; k < st->n_adapters; k++) {
             const tdm_cotrain_status_adapter *d = &st->adapters[k];

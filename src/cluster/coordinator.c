@@ -56,10 +56,12 @@ static void set_str(json_t *o, const char *key, const char *value, bool *changed
 }
 
 /* A Slurm job's state comes from Slurm (scontrol, else sacct), not from a pid on a node: the poll
- * read its files (log, exit_code, the adapters' records) from the shared workdir only. Once Slurm
- * has forgotten the job, the exit_code file the batch script leaves is the record. */
-static tdm_status slurm_state(json_t *job, const char *slurm_id, tdm_job_poll *p, bool *changed,
-                              tdm_error *err)
+ * read its files (log, exit_code, the adapters' records, the `cancel` marker) from the shared
+ * workdir only. Once Slurm has forgotten the job, the exit_code file the batch script leaves is
+ * the record. A job that failed with its marker present was stopped by `tandem cluster cancel`
+ * (exit 143 after its checkpoint, or CANCELLED by a plain scancel): `cancelled` and its why say so. */
+static tdm_status slurm_state(json_t *job, const char *slurm_id, bool marker, tdm_job_poll *p,
+                              bool *changed, tdm_error *err)
 {
     tdm_slurm_state ss;
     TDM_TRY(tdm_slurm_query(slurm_id, &ss, err));
@@ -87,6 +89,14 @@ static tdm_status slurm_state(json_t *job, const char *slurm_id, tdm_job_poll *p
                  "its batch script ended (see its log)",
                  slurm_id);
         set_str(job, "state_source", "none", changed);
+    }
+    if (marker && p->state == TDM_JOB_FAILED) {
+        char why[sizeof p->why];
+        snprintf(why, sizeof why, "cancelled by `tandem cluster cancel` (%.460s)",
+                 p->why[0] ? p->why : "slurm");
+        memcpy(p->why, why, sizeof why);
+        if (!json_is_true(json_object_get(job, "cancelled"))) *changed = true;
+        json_object_set_new(job, "cancelled", json_true());
     }
     return TDM_OK;
 }
@@ -131,12 +141,27 @@ tdm_status tdm_coord_refresh(json_t *job, bool *changed, tdm_error *err)
     st = tdm_transport_init(&t, &node, ssh_config, err);
     if (st != TDM_OK)
         goto out;
+    const char *slurm_id = json_string_value(json_object_get(job, "slurm_job_id"));
+    size_t n_files = 2 * n;
+    if (slurm_id) {
+        size_t len = strlen(job_dir) + 8;
+        if (!(owned[n_files] = malloc(len))) {
+            st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        snprintf(owned[n_files], len, "%s/cancel", job_dir);
+        files[n_files] = owned[n_files];
+        n_files++;
+    }
     tdm_job_poll p;
-    st = tdm_job_poll_once(&t, job_dir, files, 2 * n, &p, err);
+    st = tdm_job_poll_once(&t, job_dir, files, n_files, &p, err);
     if (st != TDM_OK)
         goto out;
-    const char *slurm_id = json_string_value(json_object_get(job, "slurm_job_id"));
-    if (slurm_id && (st = slurm_state(job, slurm_id, &p, changed, err)) != TDM_OK) {
+    /* the marker names the Slurm job it cancelled (an older run's is stale) */
+    const char *mark = slurm_id ? p.files[2 * n] : NULL;
+    bool cancelled = mark && !strncmp(mark, slurm_id, strlen(slurm_id)) &&
+                     (!mark[strlen(slurm_id)] || mark[strlen(slurm_id)] == '\n');
+    if (slurm_id && (st = slurm_state(job, slurm_id, cancelled, &p, changed, err)) != TDM_OK) {
         tdm_job_poll_free(&p);
         goto out;
     }
@@ -177,7 +202,7 @@ tdm_status tdm_coord_refresh(json_t *job, bool *changed, tdm_error *err)
     tdm_job_poll_free(&p);
 out:
     if (owned)
-        for (size_t i = 0; i < 2 * n; i++)
+        for (size_t i = 0; i < 2 * n + 1; i++)
             free(owned[i]);
     free(owned);
     free(files);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/model.h"
 #include "util/atomic_file.h"
 
 static const char *const state_names[] = {"training", "finished", "detached"};
@@ -43,9 +44,20 @@ json_t *tdm_cotrain_status_json(const tdm_cotrain_status *s)
         }
     }
     if (!ads) return NULL;
-    return json_pack("{s:i, s:I, s:I, s:s, s:o}", "v", TDM_COTRAIN_STATUS_VERSION, "updated_ms",
-                     (json_int_t)s->updated_ms, "global_step", (json_int_t)s->global_step,
-                     "schedule", s->schedule, "adapters", ads);
+    json_t *o = json_pack("{s:i, s:I, s:I, s:s, s:o}", "v", TDM_COTRAIN_STATUS_VERSION,
+                          "updated_ms", (json_int_t)s->updated_ms, "global_step",
+                          (json_int_t)s->global_step, "schedule", s->schedule, "adapters", ads);
+    if (o && s->has_plan) {
+        json_t *plan = json_pack("{s:b, s:o, s:i}", "grad_checkpoint", s->grad_checkpoint,
+                                 "recompute",
+                                 s->grad_checkpoint ? json_string(s->recompute) : json_null(),
+                                 "split", s->split);
+        if (!plan || json_object_set_new(o, "plan", plan) != 0) {
+            json_decref(o);
+            return NULL;
+        }
+    }
+    return o;
 }
 
 /* ---------------------------------------------------------------------- reading ---- */
@@ -133,6 +145,30 @@ static tdm_status parse_adapter(const json_t *o, int i, tdm_cotrain_status_adapt
     return TDM_OK;
 }
 
+/* The optional "plan" object into out (has_plan stays false when absent). */
+static tdm_status parse_plan(const json_t *plan, tdm_cotrain_status *out, tdm_error *err)
+{
+    if (!plan) return TDM_OK;
+    if (!json_is_object(plan)) return bad(err, "plan", -1);
+    json_t *gc = json_object_get(plan, "grad_checkpoint");
+    if (!json_is_boolean(gc)) return bad(err, "plan.grad_checkpoint", -1);
+    out->grad_checkpoint = json_is_true(gc);
+    json_t *rc = json_object_get(plan, "recompute");
+    if (out->grad_checkpoint) {
+        const char *r = json_string_value(rc);
+        tdm_recompute mode;
+        if (!r || !tdm_recompute_parse(r, &mode)) return bad(err, "plan.recompute", -1);
+        snprintf(out->recompute, sizeof out->recompute, "%s", r);
+    } else if (!json_is_null(rc)) {
+        return bad(err, "plan.recompute", -1);
+    }
+    int64_t split;
+    if (!get_int(plan, "split", 1, 1 << 20, &split)) return bad(err, "plan.split", -1);
+    out->split = (int)split;
+    out->has_plan = true;
+    return TDM_OK;
+}
+
 tdm_status tdm_cotrain_status_parse(const json_t *o, tdm_cotrain_status *out, tdm_error *err)
 {
     memset(out, 0, sizeof *out);
@@ -150,6 +186,7 @@ tdm_status tdm_cotrain_status_parse(const json_t *o, tdm_cotrain_status *out, td
     const char *sched = json_string_value(json_object_get(o, "schedule"));
     if (!sched || strlen(sched) >= sizeof out->schedule) return bad(err, "schedule", -1);
     memcpy(out->schedule, sched, strlen(sched) + 1);
+    TDM_TRY(parse_plan(json_object_get(o, "plan"), out, err));
     json_t *ads = json_object_get(o, "adapters");
     if (!json_is_array(ads) || json_array_size(ads) > TDM_COTRAIN_STATUS_MAX_ADAPTERS)
         return bad(err, "adapters", -1);

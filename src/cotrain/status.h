@@ -9,6 +9,7 @@
  *
  *   "status": {"v": 1, "updated_ms": 1764680012345, "global_step": 42,
  *              "schedule": "synchronized",
+ *              "plan": {"grad_checkpoint": true, "recompute": "attn", "split": 1},
  *              "adapters": [
  *                {"index": 0, "label": "greet", "data": "data/greet.jsonl", "output": "out/greet",
  *                 "joiner": null, "state": "training", "step": 6, "total_steps": 24,
@@ -21,6 +22,10 @@
  * tokens_per_sec and share may be null (no step yet; no pass since the last update); share: the
  * adapter's fraction of the sequences of the fused passes since the previous update (the
  * synchronized schedule gives weight / max weight per pass; round-robin one adapter per step).
+ * plan: the memory plan the host's fused passes use now (it changes when joins make the host
+ * re-plan: docs/co-training.md "Memory admission"): gradient checkpointing, its recompute mode
+ * (null without checkpointing) and the split (1: each adapter's whole batch in one pass). It is
+ * optional: a status without it (an older tandem) is read with has_plan false.
  * The status has its own "v": an advertisement without it (a host before its first step
  * boundary, or an older tandem) is listed without adapters.
  */
@@ -65,6 +70,10 @@ typedef struct tdm_cotrain_status {
     int64_t updated_ms; /* Unix milliseconds of the write */
     int64_t global_step;
     char schedule[32];
+    bool has_plan;        /* false: the host published no plan (an older tandem) */
+    bool grad_checkpoint; /* plan: */
+    char recompute[16];   /* "layer" | "mlp" | "attn"; "" without checkpointing */
+    int split;            /* >= 1 */
     int n_adapters;
     tdm_cotrain_status_adapter *adapters; /* owned */
 } tdm_cotrain_status;

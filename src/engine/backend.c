@@ -388,6 +388,23 @@ tdm_status tdm_be_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const voi
                                    scale, dq, dk, dv, err));
 }
 
+bool tdm_be_has_quantize_nf4(const tdm_backend *be)
+{
+    return be->vt->quantize_nf4 != NULL;
+}
+
+tdm_status tdm_be_quantize_nf4(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
+                               int64_t n, uint8_t *codes, float *absmax, tdm_error *err)
+{
+    if (!be->vt->quantize_nf4)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "backend %s: no NF4 quantization", be->name);
+    CHECK(n > 0 && src && codes && absmax, "quantize_nf4: bad arguments");
+    CHECK(src_dtype == TDM_BE_SRC_F32 || src_dtype == TDM_BE_SRC_BF16 ||
+              src_dtype == TDM_BE_SRC_F16,
+          "quantize_nf4: unknown source type %d", (int)src_dtype);
+    return be->vt->quantize_nf4(be, src, src_dtype, n, codes, absmax, err);
+}
+
 bool tdm_be_has_attention_kv(const tdm_backend *be)
 {
     return be->vt->attention_kv != NULL;

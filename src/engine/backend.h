@@ -213,6 +213,24 @@ typedef struct tdm_be_weight {
     float offset;            /* NF4_DQ */
 } tdm_be_weight;
 
+/* Element types of tdm_be_quantize_nf4's source: a safetensors tensor's bytes as stored. */
+typedef enum tdm_be_src_dtype {
+    TDM_BE_SRC_F32,
+    TDM_BE_SRC_BF16,
+    TDM_BE_SRC_F16,
+} tdm_be_src_dtype;
+
+/* Optional (a backend without it: false, and the model quantizes on the host): NF4-quantizes n
+ * elements of src (device memory holding a tensor's bytes as stored) into codes ((n + 1) / 2
+ * bytes, model/nf4.h layout) and absmax (ceil(n / 64) f32), bit for bit what tdm_nf4_quantize
+ * computes on the host from the same values widened to f32. Double quantization of absmax
+ * stays on the host (tdm_nf4_double_quantize: ceil(n / 64) values). Why: a 7B base's load is
+ * what a co-training joiner waits for, and widening and quantizing 6.5e9 elements on the host
+ * was most of it (src/engine/cuda/nf4_quantize.cuh). */
+bool tdm_be_has_quantize_nf4(const tdm_backend *be);
+tdm_status tdm_be_quantize_nf4(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
+                               int64_t n, uint8_t *codes, float *absmax, tdm_error *err);
+
 /* Dequantizes rows [row_begin, row_end) of an NF4 / NF4_DQ weight into out
  * ((row_end - row_begin), cols) of dtype F32 or BF16 (a tile for a GEMM). Dense weights are
  * converted/copied. */

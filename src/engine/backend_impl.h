@@ -94,13 +94,17 @@ typedef struct tdm_backend_vtable {
     tdm_status (*reserve_scratch)(tdm_backend *be, const tdm_be_step_shape *shape,
                                   tdm_error *err);
 
-    /* Optional (NULL: TDM_ERR_UNSUPPORTED): tdm_be_attention_kv. Last in the table so that
-     * positional initializers of older backends stay valid. */
+    /* Optional (NULL: TDM_ERR_UNSUPPORTED): tdm_be_attention_kv. The optional entries come
+     * last in the table so that positional initializers of older backends stay valid. */
     tdm_status (*attention_kv)(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t n_seqs,
                                int64_t m, const void *q, const void *k, const void *v,
                                void *k_cache, void *v_cache, int64_t n_slots, int64_t cap,
                                int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                                void *out, tdm_error *err);
+
+    /* Optional (NULL: quantized on the host): tdm_be_quantize_nf4. */
+    tdm_status (*quantize_nf4)(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
+                               int64_t n, uint8_t *codes, float *absmax, tdm_error *err);
 } tdm_backend_vtable;
 
 /* The common head of every backend object; implementations embed it first. */

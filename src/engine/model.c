@@ -14,6 +14,7 @@
 #include "model/nf4.h"
 #include "model/weights.h"
 #include "util/fault.h"
+#include "util/timeutil.h"
 
 #define NT TDM_LORA_N_TARGETS
 
@@ -114,6 +115,7 @@ struct tdm_model {
     void **bufs; /* every device allocation of the weights */
     size_t n_bufs, cap_bufs;
     uint64_t weight_bytes;
+    tdm_model_load_times load_times;
     workspace ws;
 };
 
@@ -130,6 +132,19 @@ tdm_backend *tdm_model_backend(const tdm_model *m)
 uint64_t tdm_model_weight_bytes(const tdm_model *m)
 {
     return m->weight_bytes;
+}
+
+const tdm_model_load_times *tdm_model_get_load_times(const tdm_model *m)
+{
+    return &m->load_times;
+}
+
+static double seconds_since(int64_t *t0)
+{
+    int64_t now = tdm_now_mono_ns();
+    double s = (double)(now - *t0) * 1e-9;
+    *t0 = now;
+    return s;
 }
 
 uint64_t tdm_model_activation_bytes(const tdm_model *m)
@@ -186,6 +201,21 @@ static tdm_status put(tdm_model *m, const float *host, int64_t n, tdm_be_dtype d
     return tdm_be_upload_f32(m->be, *out, dt, host, n, err);
 }
 
+/* The double-quantized absmax of an NF4 weight onto the device: absmax_q (nblocks u8), absmax2
+ * (ceil(nblocks / 256) f32) and offset into w, which becomes NF4_DQ. */
+static tdm_status put_absmax_dq(tdm_model *m, const uint8_t *absmax_q, const float *absmax2,
+                                int64_t nblocks, float offset, tdm_be_weight *w, tdm_error *err)
+{
+    void *aq = NULL, *a2 = NULL;
+    int64_t n2 = (nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
+    w->format = TDM_BE_W_NF4_DQ;
+    tdm_status st = dev_alloc(m, TDM_BE_U8, nblocks, &aq, err);
+    if (st == TDM_OK) st = tdm_be_upload(m->be, aq, absmax_q, (size_t)nblocks, err);
+    if (st == TDM_OK) st = put(m, absmax2, n2, TDM_BE_F32, &a2, err);
+    w->absmax_q = aq, w->absmax2 = a2, w->offset = offset;
+    return st;
+}
+
 /* Fills a frozen weight descriptor from host f32 data: NF4 (quantized here) or dense. */
 static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int64_t cols,
                              bool quantize, tdm_be_weight *w, tdm_error *err)
@@ -194,23 +224,22 @@ static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int6
     w->rows = rows, w->cols = cols;
     if (!quantize) {
         w->format = m->dense == TDM_BE_F32 ? TDM_BE_W_F32 : TDM_BE_W_BF16;
-        return put(m, host, rows * cols, m->dense, (void **)&w->data, err);
+        int64_t t0 = tdm_now_mono_ns();
+        tdm_status st = put(m, host, rows * cols, m->dense, (void **)&w->data, err);
+        m->load_times.upload_s += seconds_since(&t0);
+        return st;
     }
     tdm_nf4 q;
+    int64_t t0 = tdm_now_mono_ns();
     TDM_TRY(tdm_nf4_quantize(host, rows * cols, m->opts.double_quant, &q, err));
+    m->load_times.quantize_s += seconds_since(&t0);
     tdm_status st;
     void *codes = NULL;
     st = dev_alloc(m, TDM_BE_U8, (q.numel + 1) / 2, &codes, err);
     if (st == TDM_OK) st = tdm_be_upload(m->be, codes, q.packed, (size_t)(q.numel + 1) / 2, err);
     w->codes = codes;
     if (st == TDM_OK && q.double_quant) {
-        void *aq = NULL, *a2 = NULL;
-        int64_t n2 = (q.nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
-        w->format = TDM_BE_W_NF4_DQ;
-        st = dev_alloc(m, TDM_BE_U8, q.nblocks, &aq, err);
-        if (st == TDM_OK) st = tdm_be_upload(m->be, aq, q.absmax_q, (size_t)q.nblocks, err);
-        if (st == TDM_OK) st = put(m, q.absmax2, n2, TDM_BE_F32, &a2, err);
-        w->absmax_q = aq, w->absmax2 = a2, w->offset = q.offset;
+        st = put_absmax_dq(m, q.absmax_q, q.absmax2, q.nblocks, q.offset, w, err);
     } else if (st == TDM_OK) {
         void *am = NULL;
         w->format = TDM_BE_W_NF4;
@@ -218,7 +247,96 @@ static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int6
         w->absmax = am;
     }
     tdm_nf4_free(&q);
+    m->load_times.upload_s += seconds_since(&t0);
     return st;
+}
+
+/* The device staging of tdm_be_quantize_nf4: a tensor's bytes and, with double quantization,
+ * its first-level absmax; grown to the largest tensor, freed at the end of the load (before the
+ * activation workspace exists, so it never raises the peak a plan accounts for). */
+typedef struct quant_staging {
+    void *src, *absmax;
+    size_t src_bytes, absmax_bytes;
+} quant_staging;
+
+static void quant_staging_free(tdm_backend *be, quant_staging *q)
+{
+    tdm_be_free(be, q->src);
+    tdm_be_free(be, q->absmax);
+    memset(q, 0, sizeof *q);
+}
+
+static tdm_status staging_grow(tdm_backend *be, void **buf, size_t *cap, size_t bytes,
+                               tdm_error *err)
+{
+    if (bytes <= *cap) return TDM_OK;
+    tdm_be_free(be, *buf);
+    *buf = NULL, *cap = 0;
+    TDM_TRY(tdm_be_alloc(be, TDM_BE_U8, (int64_t)bytes, buf, err));
+    *cap = bytes;
+    return TDM_OK;
+}
+
+/* Whether tensor t is quantized on the device (the backend can, and t's bytes are floats). */
+static bool quantizes_on_device(const tdm_model *m, const tdm_st_tensor *t, tdm_be_src_dtype *kind)
+{
+    if (!tdm_be_has_quantize_nf4(m->be)) return false;
+    switch (t->dtype) {
+    case TDM_DTYPE_F32: *kind = TDM_BE_SRC_F32; return true;
+    case TDM_DTYPE_BF16: *kind = TDM_BE_SRC_BF16; return true;
+    case TDM_DTYPE_F16: *kind = TDM_BE_SRC_F16; return true;
+    default: return false;
+    }
+}
+
+/* put_weight's NF4 case on the device: t's bytes uploaded as stored, quantized there. */
+static tdm_status put_weight_quantized_on_device(tdm_model *m, const tdm_st_tensor *t,
+                                                 tdm_be_src_dtype kind, int64_t rows,
+                                                 int64_t cols, quant_staging *qs,
+                                                 tdm_be_weight *w, tdm_error *err)
+{
+    memset(w, 0, sizeof *w);
+    w->rows = rows, w->cols = cols;
+    int64_t n = rows * cols, nblocks = (n + TDM_NF4_BLOCK - 1) / TDM_NF4_BLOCK;
+    int64_t t0 = tdm_now_mono_ns();
+    void *codes = NULL, *absmax = NULL;
+    TDM_TRY(staging_grow(m->be, &qs->src, &qs->src_bytes, t->nbytes, err));
+    TDM_TRY(tdm_be_upload(m->be, qs->src, t->data, t->nbytes, err));
+    m->load_times.read_s += seconds_since(&t0); /* the upload faults the mapped file in */
+    TDM_TRY(dev_alloc(m, TDM_BE_U8, (n + 1) / 2, &codes, err));
+    w->codes = codes;
+    if (!m->opts.double_quant) {
+        TDM_TRY(dev_alloc(m, TDM_BE_F32, nblocks, &absmax, err));
+        TDM_TRY(tdm_be_quantize_nf4(m->be, qs->src, kind, n, codes, absmax, err));
+        w->format = TDM_BE_W_NF4, w->absmax = absmax;
+        TDM_TRY(tdm_be_synchronize(m->be, err));
+        m->load_times.quantize_s += seconds_since(&t0);
+        return TDM_OK;
+    }
+    TDM_TRY(staging_grow(m->be, &qs->absmax, &qs->absmax_bytes, (size_t)nblocks * sizeof(float),
+                         err));
+    TDM_TRY(tdm_be_quantize_nf4(m->be, qs->src, kind, n, codes, qs->absmax, err));
+    /* the second level on the host (1/64 of the elements), as tdm_nf4_quantize does it */
+    int64_t n2 = (nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
+    float *absmax_h = malloc((size_t)nblocks * sizeof(float));
+    uint8_t *absmax_q = malloc((size_t)nblocks);
+    float *absmax2 = malloc((size_t)n2 * sizeof(float));
+    tdm_status st = absmax_h && absmax_q && absmax2
+                        ? tdm_be_download(m->be, absmax_h, qs->absmax,
+                                          (size_t)nblocks * sizeof(float), err)
+                        : tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
+    if (st == TDM_OK) {
+        float offset;
+        tdm_nf4_double_quantize(absmax_h, nblocks, absmax_q, absmax2, &offset);
+        m->load_times.quantize_s += seconds_since(&t0);
+        st = put_absmax_dq(m, absmax_q, absmax2, nblocks, offset, w, err);
+    }
+    free(absmax_h);
+    free(absmax_q);
+    free(absmax2);
+    TDM_TRY(st);
+    m->load_times.upload_s += seconds_since(&t0);
+    return TDM_OK;
 }
 
 void tdm_model_free(tdm_model *m)
@@ -273,6 +391,7 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
     if (opts) m->opts = *opts;
     m->act = tdm_be_act_dtype(be);
     m->dense = m->act;
+    int64_t t_start = tdm_now_mono_ns();
     tdm_weights w = {0};
     tdm_tensor_desc *layout = NULL;
     float *host = NULL;
@@ -295,10 +414,20 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
     if (st == TDM_OK && !(host = malloc((size_t)max_numel * sizeof(float))))
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory for a %lld-element tensor",
                       (long long)max_numel);
+    quant_staging qs = {0};
     for (size_t i = 0; st == TDM_OK && i < n_layout; i++) {
         const tdm_tensor_desc *d = &layout[i];
         const tdm_st_tensor *t = tdm_weights_find(&w, d->name);
+        tdm_be_src_dtype kind;
+        if (d->role == TDM_ROLE_LINEAR && m->opts.nf4 && quantizes_on_device(m, t, &kind)) {
+            st = put_weight_quantized_on_device(m, t, kind, d->shape[0], d->shape[1], &qs,
+                                                &m->layers[d->layer].w[target_of(d->name)], err);
+            if (st != TDM_OK) tdm_error_prefix(err, "%s", d->name);
+            continue;
+        }
+        int64_t t0 = tdm_now_mono_ns();
         st = tdm_st_tensor_to_f32(t, host, err);
+        m->load_times.read_s += seconds_since(&t0);
         if (st != TDM_OK) {
             tdm_error_prefix(err, "%s", d->name);
             break;
@@ -336,6 +465,7 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
         tdm_rope_inv_freq(c, host);
         st = put(m, host, c->head_dim / 2, TDM_BE_F32, (void **)&m->inv_freq, err);
     }
+    quant_staging_free(be, &qs);
     free(host);
     free(layout);
     tdm_weights_close(&w);
@@ -343,6 +473,7 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
         tdm_model_free(m);
         return st;
     }
+    m->load_times.total_s = seconds_since(&t_start);
     *out = m;
     return TDM_OK;
 }

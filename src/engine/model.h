@@ -58,6 +58,16 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
                           const tdm_model_opts *opts, tdm_error *err);
 void tdm_model_free(tdm_model *m);
 const tdm_model_config *tdm_model_get_config(const tdm_model *m);
+
+/* Where tdm_model_load spent its wall time, in seconds: reading the safetensors (page faults of
+ * the mapped file included) and converting to f32, NF4 quantization, device allocation and upload
+ * (the host-side bf16 conversion included); total covers everything, the config and the layout
+ * too. For the "base loaded" line a run prints: a 7B base's load is what a co-training joiner
+ * waits for before its first step. */
+typedef struct tdm_model_load_times {
+    double read_s, quantize_s, upload_s, total_s;
+} tdm_model_load_times;
+const tdm_model_load_times *tdm_model_get_load_times(const tdm_model *m);
 tdm_backend *tdm_model_backend(const tdm_model *m);
 /* in / out features of a target module. */
 void tdm_model_target_shape(const tdm_model *m, tdm_lora_target t, int64_t *in, int64_t *out);

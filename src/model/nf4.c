@@ -154,30 +154,32 @@ uint64_t tdm_nf4_bytes(int64_t n, bool double_quant)
     return bytes + nb + 4 * ((nb + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK) + 4;
 }
 
-static void double_quantize(tdm_nf4 *q, const float *absmax)
+void tdm_nf4_double_quantize(const float *absmax, int64_t nblocks, uint8_t *absmax_q,
+                             float *absmax2, float *offset)
 {
     float map[256];
     tdm_nf4_dynamic_map(map);
     double sum = 0;
-    for (int64_t b = 0; b < q->nblocks; b++)
+    for (int64_t b = 0; b < nblocks; b++)
         sum += absmax[b];
-    q->offset = (float)(sum / (double)q->nblocks);
-    int64_t nb2 = (q->nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
+    float off = (float)(sum / (double)nblocks);
+    *offset = off;
+    int64_t nb2 = (nblocks + TDM_NF4_DQ_BLOCK - 1) / TDM_NF4_DQ_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < nb2; j++) {
         int64_t lo = j * TDM_NF4_DQ_BLOCK, hi = lo + TDM_NF4_DQ_BLOCK;
-        if (hi > q->nblocks)
-            hi = q->nblocks;
+        if (hi > nblocks)
+            hi = nblocks;
         float amax = 0.0f;
         for (int64_t b = lo; b < hi; b++) {
-            float c = absmax[b] - q->offset;
+            float c = absmax[b] - off;
             if (fabsf(c) > amax)
                 amax = fabsf(c);
         }
-        q->absmax2[j] = amax;
+        absmax2[j] = amax;
         float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
         for (int64_t b = lo; b < hi; b++)
-            q->absmax_q[b] = (uint8_t)nearest(map, 256, (absmax[b] - q->offset) * inv);
+            absmax_q[b] = (uint8_t)nearest(map, 256, (absmax[b] - off) * inv);
     }
 }
 
@@ -233,7 +235,7 @@ tdm_status tdm_nf4_quantize(const float *w, int64_t n, bool double_quant, tdm_nf
         tdm_nf4_free(q);
         return tdm_fail(err, TDM_ERR_NOMEM, "nf4: out of memory");
     }
-    double_quantize(q, absmax);
+    tdm_nf4_double_quantize(absmax, q->nblocks, q->absmax_q, q->absmax2, &q->offset);
     free(absmax);
     return TDM_OK;
 }

@@ -53,6 +53,12 @@ uint8_t tdm_nf4_quantize_value(float x);
 tdm_status tdm_nf4_quantize(const float *w, int64_t n, bool double_quant, tdm_nf4 *q,
                             tdm_error *err);
 
+/* QLoRA's double quantization of nblocks first-level absmax values: offset (their mean),
+ * absmax2 (ceil(nblocks / 256) f32) and absmax_q (nblocks u8), as tdm_nf4_quantize computes them
+ * with double_quant; for a backend that quantizes the first level itself (the CUDA load). */
+void tdm_nf4_double_quantize(const float *absmax, int64_t nblocks, uint8_t *absmax_q,
+                             float *absmax2, float *offset);
+
 /* Writes the n dequantized values into out. */
 void tdm_nf4_dequantize(const tdm_nf4 *q, float *out);
 

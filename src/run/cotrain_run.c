@@ -74,6 +74,7 @@ struct tdm_cotrain_serving {
     int64_t plan_mb;     /* the plan of the unfinished adapters (reservation MiB) */
     uint64_t scratch_hw; /* the largest backend scratch planned (the scratch never shrinks) */
     int n_active;        /* unfinished adapters at the last boundary */
+    int64_t grow_checked_ns; /* monotonic time of the last grow_to_faster check, 0: none */
     waiting_join *w;
     int n_wait, cap_wait;
     bool (*stop_requested)(void *user);
@@ -723,6 +724,12 @@ static void publish(tdm_cotrain_serving *s, tdm_trainer *t)
                              .n_adapters = k,
                              .adapters = ads};
     snprintf(st.schedule, sizeof st.schedule, "%s", tdm_train_schedule_name(s->schedule));
+    st.has_plan = true;
+    st.grad_checkpoint = tdm_trainer_grad_checkpoint(t);
+    if (st.grad_checkpoint)
+        snprintf(st.recompute, sizeof st.recompute, "%s",
+                 tdm_recompute_name(tdm_trainer_recompute(t)));
+    st.split = tdm_trainer_split(t);
     json_t *j = tdm_cotrain_status_json(&st);
     free(ads); /* its strings are borrowed */
     tdm_error e = {0};
@@ -787,6 +794,25 @@ static void plan_start(tdm_cotrain_serving *s, tdm_trainer *t)
     if (tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) return;
     s->scratch_hw = est.backend_scratch;
     s->plan_mb = plan_mb(s, &est);
+    s->grow_checked_ns = tdm_now_mono_ns(); /* the plan was just fitted to what is free */
+}
+
+/* Switches the trainer to lr's faster plan; false (said as a warning, the plan in use stays)
+ * when it cannot. was / now (256 bytes each) receive both plans' phrases for the caller's line. */
+static bool switch_plan(tdm_cotrain_serving *s, tdm_trainer *t, const tdm_leave_replan *lr,
+                        char *was, char *now)
+{
+    tdm_error e = {0};
+    if (tdm_trainer_set_memory_plan(t, lr->plan.grad_checkpoint, lr->plan.recompute,
+                                    lr->plan.split, &e) != TDM_OK) {
+        note(s->note, s->note_user, "warning: co-training: keeping the plan in use: %s",
+             e.message);
+        return false;
+    }
+    if (lr->plan.est.backend_scratch > s->scratch_hw) s->scratch_hw = lr->plan.est.backend_scratch;
+    tdm_memory_plan_describe(&lr->current, was, 256);
+    tdm_memory_plan_describe(&lr->plan, now, 256);
+    return true;
 }
 
 /* After adapters left, on a GPU, nothing released yet: the plan of the adapters still training
@@ -807,22 +833,63 @@ static void replan_after_leave(tdm_cotrain_serving *s, tdm_trainer *t, int activ
              e.message);
         return;
     }
-    if (!lr.faster) return;
-    if (tdm_trainer_set_memory_plan(t, lr.plan.grad_checkpoint, lr.plan.recompute, lr.plan.split,
-                                    &e) != TDM_OK) {
-        note(s->note, s->note_user, "warning: co-training: keeping the plan in use: %s",
-             e.message);
-        return;
-    }
-    if (lr.plan.est.backend_scratch > s->scratch_hw) s->scratch_hw = lr.plan.est.backend_scratch;
     char was[256], now[256];
-    tdm_memory_plan_describe(&lr.current, was, sizeof was);
-    tdm_memory_plan_describe(&lr.plan, now, sizeof now);
+    if (!lr.faster || !switch_plan(s, t, &lr, was, now)) return;
     note(s->note, s->note_user,
          "co-training: %d adapter(s) left, %d training: %s fits the %lld MiB this finetune's "
          "reservation holds for its plan on %s: using it, %lld MiB, instead of %s, %lld MiB",
          left, active, now, (long long)lr.budget_mb, s->dev->lease.gpu_uuid,
          (long long)lr.plan.mb, was, (long long)lr.current.mb);
+}
+
+#define GROW_CHECK_MS 2000 /* how often a host on a slower plan looks for memory to go faster */
+
+/* A host on a slower plan than its fastest (it started while memory was short, or re-planned
+ * for joins that have left) grows its reservation to a faster plan when the GPU has room for it
+ * now: at most every GROW_CHECK_MS, never while joins wait (their admission plans with the
+ * memory), never past the user's own flags, and only through the ledger's non-blocking resize
+ * (a waiter in its queue comes first: the growth is then not admissible). The plan is the first
+ * of the plans that fit (tdm_trainer_leave_replan) for the budget the reservation could grow to;
+ * the reservation grows to what that plan needs, not to all that is free. */
+static void grow_to_faster(tdm_cotrain_serving *s, tdm_trainer *t)
+{
+    if (!on_gpu(s) || s->n_wait > 0 || !s->planned) return;
+    int64_t now = tdm_now_mono_ns();
+    if (s->grow_checked_ns && now - s->grow_checked_ns < (int64_t)GROW_CHECK_MS * 1000000) return;
+    s->grow_checked_ns = now;
+    bool gc0 = tdm_trainer_grad_checkpoint(t);
+    if (active_adapters(t) < 1 || (!gc0 && tdm_trainer_split(t) == 1)) return; /* the fastest */
+    int64_t growable = -1, capacity = -1, held = s->dev->budget_mb;
+    tdm_error e = {0};
+    if (tdm_device_growth_budget(s->dev, &growable, &capacity, &e) != TDM_OK || growable <= held)
+        return;
+    int64_t slack = held - s->plan_mb;
+    tdm_leave_replan_request rq = {.reservation_mb = growable, .plan_mb = growable - slack};
+    rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    rq.fit.scratch_floor = s->scratch_hw;
+    tdm_leave_replan lr;
+    if (tdm_trainer_leave_replan(t, &rq, &lr, &e) != TDM_OK || !lr.faster ||
+        lr.target_mb <= held)
+        return;
+    int64_t ticket = 0;
+    bool granted = false;
+    if (tdm_device_resize(s->dev, lr.target_mb, false, &ticket, &granted, NULL, &e) != TDM_OK ||
+        !granted)
+        return; /* taken meanwhile, or a waiter comes first: look again later */
+    char was[256], now_plan[256];
+    if (!switch_plan(s, t, &lr, was, now_plan)) {
+        tdm_error ignored = {0};
+        (void)tdm_device_resize(s->dev, held, false, &ticket, &granted, NULL, &ignored);
+        return;
+    }
+    s->plan_mb = lr.target_mb - slack;
+    s->dirty = true;
+    tdm_device_record_actual(s->dev, false, NULL, NULL);
+    note(s->note, s->note_user,
+         "co-training: memory is free on %s: reservation grown by %lld MiB to %lld MiB for %s, "
+         "%lld MiB, instead of %s, %lld MiB",
+         s->dev->lease.gpu_uuid, (long long)(lr.target_mb - held), (long long)lr.target_mb,
+         now_plan, (long long)lr.plan.mb, was, (long long)lr.current.mb);
 }
 
 /* Adapters left since the last boundary (finished, handed back): their device memory is freed
@@ -1251,6 +1318,7 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
     if (!s->host) return TDM_OK;
     plan_start(s, t);
     serve_once(s, t);
+    grow_to_faster(s, t);
     /* every adapter done while joins wait for memory: the loaded base waits with them (the run
      * would end otherwise), until they are admitted, withdrawn, or this run is stopped */
     while (s->n_wait > 0 && active_adapters(t) == 0 &&

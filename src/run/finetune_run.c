@@ -193,6 +193,18 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
                                        fit.chosen.split, err);
 }
 
+/* One line on the base's load: at 7B it is the wait before anyone's first step (a joiner's too). */
+static void note_load_times(const tdm_trainer *tr, const tdm_run_opts *o)
+{
+    if (!o->device.note) return;
+    const tdm_model_load_times *lt = tdm_model_get_load_times(tdm_trainer_model(tr));
+    char line[256];
+    snprintf(line, sizeof line,
+             "base loaded in %.1f s (read %.1f s, quantize %.1f s, upload %.1f s)", lt->total_s,
+             lt->read_s, lt->quantize_s, lt->upload_s);
+    o->device.note(line, o->device.note_user);
+}
+
 /* Device open, attach, train, record the memory. Frees tr (before the backend it lives on);
  * ends the co-training service srv (NULL: none) while the trainer still exists. */
 static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, tdm_run_opts *o,
@@ -224,6 +236,7 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     if (o->profile_ops && (st = tdm_be_profile_enable(dev.be, true, err)) != TDM_OK) goto out;
     if ((st = tdm_trainer_attach(tr, dev.be, err)) != TDM_OK) goto out;
     tdm_device_record_actual(&dev, false, NULL, NULL);
+    note_load_times(tr, o);
     tdm_run_adapter_info *info = calloc((size_t)n, sizeof *info);
     if (!info) {
         st = tdm_fail(err, TDM_ERR_NOMEM, "out of memory");

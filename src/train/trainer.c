@@ -493,6 +493,11 @@ static tdm_status alloc_clip_scratch(tdm_trainer *t, int n, tdm_error *err)
     return TDM_OK;
 }
 
+const struct tdm_model *tdm_trainer_model(const tdm_trainer *t)
+{
+    return t->model;
+}
+
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 {
     if (t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: model already loaded");

@@ -239,6 +239,8 @@ int tdm_trainer_split(const tdm_trainer *t);
  * device state. The first call that allocates device memory. */
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err);
 void tdm_trainer_free(tdm_trainer *t);
+/* The base attach loaded (NULL before), e.g. for tdm_model_get_load_times. */
+const struct tdm_model *tdm_trainer_model(const tdm_trainer *t);
 
 /* Per-adapter numbers known after create: training / validation samples and optimizer steps. */
 void tdm_trainer_adapter_info(const tdm_trainer *t, int a, int64_t *n_train, int64_t *n_val,

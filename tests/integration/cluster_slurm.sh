@@ -6,7 +6,8 @@
 # the GPUs; `array: false` makes them three sbatch calls); status, logs, watch's leaderboard and
 # pull --best work per task, from the shared workdir; a job told to stop by USR1 (what --signal=B:USR1@N sends before a time
 # limit) checkpoints, requeues itself and ends with adapters equal to an uninterrupted run;
-# `cluster cancel` checkpoints and stops without requeueing; a job of two GPUs runs `finetune
+# `cluster cancel` of one array task checkpoints and stops it without requeueing, the other
+# tasks untouched; a job of two GPUs runs `finetune
 # --gpus all`, one process per GPU; a malformed slurm block fails with
 # FILE:LINE:COLUMN; a missing sbatch is named. Skips (77) when Slurm is not installed or not root.
 set -u
@@ -17,23 +18,7 @@ unset TANDEM_FAKE_GPUS
 slurm_start 2 2
 SHARED="$WORK/shared"
 mkdir -p "$SHARED"
-cat >"$WORK/cluster.yaml" <<Y
-scheduler: slurm
-slurm:
-  partition: debug
-  time: "10"
-  gpus_per_job: 1
-  gpu_vram_mb: 24000
-  device: cpu          # the GPUs are simulated: --gres is scheduled, the CPU trains
-  max_adapters: 1
-  cpu_max_params: 50M
-  signal_grace: 30
-  workdir: $SHARED
-  tandem: $TANDEM
-  env:
-    TANDEM_LEDGER_DIR: $WORK/ledger
-    OMP_NUM_THREADS: "1"
-Y
+slurm_cluster_yaml "$WORK/cluster.yaml"
 three_adapters 16
 FLAGS=(--rank 4 --val-split 0.25 --save-every 2)
 slurm_wait_idle 30
@@ -48,7 +33,7 @@ grep -q "^job_dir='.*'_\"\$SLURM_ARRAY_TASK_ID\"$" "$WORK/last.out" || fail "dry
 grep -q '^#SBATCH --signal=B:USR1@30$' "$WORK/last.out" || fail "dry run: --signal"
 grep -q -- "finetune .*--device cpu --no-join --resume '--rank' '4'" "$WORK/last.out" || fail "dry run: the finetune line: $(grep finetune "$WORK/last.out")"
 # array: false: three scripts, three sbatch calls
-sed 's/^  max_adapters: 1$/  max_adapters: 1\n  array: false/' "$WORK/cluster.yaml" >"$WORK/noarray.yaml"
+slurm_cluster_yaml "$WORK/noarray.yaml" array=false
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/noarray.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/adapters.toml" "${FLAGS[@]}" --dry-run
 [ "$(grep -c '^#SBATCH --gres=gpu:1$' "$WORK/last.out")" = 3 ] || fail "array: false: three scripts: $(cat "$WORK/last.out")"
@@ -108,23 +93,59 @@ grep -q 'restart 1' "$jdir/log" || fail "no second run after the requeue: $(tail
 cmp -s "$WORK/ref/c/adapter_model.safetensors" "$SHARED/long/c/adapter_model.safetensors" \
     || fail "requeued run differs from the uninterrupted one"
 
-# cluster cancel: checkpoint, no requeue, exit 143 recorded.
-sed -i 's#long/c#cancel/c#' "$WORK/long.toml"
+# cluster cancel of one task of a job array: scancel of ARRAYID_1 only. Task 1 (b) checkpoints and
+# ends (exit 143, no requeue, `cancelled` in watch); tasks 0 and 2 go on running and complete once.
+sed -e 's#out/#arr/#' -e 's/^epochs = 2/epochs = 30/' -e 's#^output = "arr/b"#&\nepochs = 12#' \
+    "$WORK/adapters.toml" >"$WORK/arr.toml"
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
-    --adapters-config "$WORK/long.toml" "${FLAGS[@]}"
-job=$(sed -n 's/^slurm: submitted job \([^ ]*\) .*/\1/p' "$WORK/last.out")
-wait_until 120 test -d "$SHARED/cancel/c/checkpoint-2"
+    --adapters-config "$WORK/arr.toml" "${FLAGS[@]}"
+arr=$(sed -n 's/.* one sbatch --array=0-2: Slurm job array \([0-9]*\) .*/\1/p' "$WORK/last.out")
+job=$(sed -n "s/^slurm: submitted job \([^ ]*_1\) as Slurm job ${arr}_1 .*/\1/p" "$WORK/last.out")
+[ -n "$arr" ] && [ -n "$job" ] || fail "cancel: no array task 1: $(cat "$WORK/last.out" "$WORK/last.err")"
+wait_until 120 test -d "$SHARED/arr/b/checkpoint-2"
 expect_exit 0 timeout 120 "$TANDEM" cluster cancel "$job"
+grep -q "USR1 sent to Slurm job ${arr}_1;" "$WORK/last.out" || fail "cancel: not ${arr}_1: $(cat "$WORK/last.out" "$WORK/last.err")"
 grep -q "ended (failed" "$WORK/last.out" || fail "cancel: $(cat "$WORK/last.out" "$WORK/last.err")"
+for i in 0 2; do
+    [ "$(slurm_job_state "${arr}_$i")" = RUNNING ] || fail "cancel of task 1 stopped task $i: $(slurm_job_state "${arr}_$i")"
+done
+expect_exit 1 timeout 300 "$TANDEM" cluster watch --interval 1 --until-done # 1: a failed job
+grep -Eq "^$job +slurm +failed +1 +cancelled by .tandem cluster cancel." "$WORK/last.out" ||
+    fail "watch: task 1 not shown cancelled: $(cat "$WORK/last.out")"
+expect_exit 1 "$TANDEM" cluster watch --once --json
+jq -e --arg j "$job" '[.jobs[] | select(.id == $j and .state == "failed" and .exit_code == 143 and .cancelled == true)] | length == 1' \
+    "$WORK/last.out" >/dev/null || fail "task 1 cancelled: $(jq -c '[.jobs[] | {id, state, exit_code, cancelled, why}]' "$WORK/last.out")"
 [ "$(cat "$SHARED/jobs/$job/exit_code")" = 143 ] || fail "cancel: exit_code $(cat "$SHARED/jobs/$job/exit_code" 2>&1)"
-grep -q 'requeueing' "$SHARED/jobs/$job/log" && fail "a cancelled job requeued itself"
-ls -d "$SHARED"/cancel/c/checkpoint-* >/dev/null 2>&1 || fail "cancel left no checkpoint"
+grep -q 'requeueing' "$SHARED/jobs/$job/log" && fail "a cancelled task requeued itself"
+ls -d "$SHARED"/arr/b/checkpoint-* >/dev/null 2>&1 || fail "cancel left no checkpoint"
+[ -s "$SHARED/arr/b/adapter_model.safetensors" ] && fail "the cancelled task trained to the end"
+for i in 0 2; do
+    t=${job%_1}_$i
+    jq -e --arg s "${arr}_$i" '[.jobs[] | select(.slurm_job_id == $s and .state == "finished" and .slurm_state == "COMPLETED" and .slurm_restarts == 0 and (.cancelled | not))] | length == 1' \
+        "$WORK/last.out" >/dev/null || fail "task $i did not complete on its own: $(jq -c '[.jobs[] | {slurm_job_id, state, slurm_state, slurm_restarts, why}]' "$WORK/last.out")"
+    [ "$(grep -c '^== .* slurm job [0-9]*_'$i' on ' "$SHARED/jobs/$t/log")" = 1 ] && ! grep -q 'USR1' "$SHARED/jobs/$t/log" ||
+        fail "task $i was signalled or ran again: $(cat "$SHARED/jobs/$t/log")"
+done
+for a in a c; do [ -s "$SHARED/arr/$a/adapter_model.safetensors" ] || fail "task of $a: not trained"; done
+# Resumed by hand (sbatch --array=1 job.sh): a new Slurm id, so the old cancel marker does not
+# stop it: Slurm's USR1 requeues it, and it completes from the checkpoints.
+expect_exit 0 sbatch --parsable --array=1 --chdir="$SHARED" "$SHARED/jobs/${job%_1}/job.sh"
+again=$(cut -d';' -f1 "$WORK/last.out")_1
+wait_until 120 test -d "$SHARED/arr/b/checkpoint-12"
+scancel --signal=USR1 --batch "$again" || fail "scancel --signal=USR1 $again"
+again_ended() { case $(slurm_job_state "$again") in COMPLETED | FAILED | CANCELLED | TIMEOUT) ;; *) false ;; esac; }
+wait_until 120 again_ended
+grep -q "checkpointed after USR1; requeueing job $again\$" "$SHARED/jobs/$job/log" &&
+    grep -q "slurm job $again on .*restart 1," "$SHARED/jobs/$job/log" ||
+    fail "the resubmitted task did not requeue on USR1: $(tail -5 "$SHARED/jobs/$job/log")"
+[ "$(slurm_job_state "$again")" = COMPLETED ] && [ "$(cat "$SHARED/jobs/$job/exit_code")" = 0 ] &&
+    [ -s "$SHARED/arr/b/adapter_model.safetensors" ] ||
+    fail "the resubmitted task did not complete: $(slurm_job_state "$again"): $(tail -5 "$SHARED/jobs/$job/log")"
 
 # A job of two GPUs (gpus_per_job 2): --gres=gpu:2, and its `finetune --gpus all` runs one
 # process per GPU Slurm gave it (simulated GPUs at the GRES indices, computing on the CPU).
-sed -e 's/gpus_per_job: 1/gpus_per_job: 2/; s/  device: cpu .*//; s/max_adapters: 1/max_adapters: 2/' \
-    -e "s#  env:#  env:\n    TANDEM_FAKE_GPUS: \"uuid=GPU-slurm-0,name=Sim,total_mb=24000;uuid=GPU-slurm-1,name=Sim,total_mb=24000\"\n    TANDEM_SIM_GPU_COMPUTE: cpu#" \
-    "$WORK/cluster.yaml" >"$WORK/two.yaml"
+slurm_cluster_yaml "$WORK/two.yaml" gpus_per_job=2 device= max_adapters=2 env.TANDEM_SIM_GPU_COMPUTE=cpu \
+    env.TANDEM_FAKE_GPUS='"uuid=GPU-slurm-0,name=Sim,total_mb=24000;uuid=GPU-slurm-1,name=Sim,total_mb=24000"'
 sed -e 's#out/#two/#' -e 's/^epochs = 2/epochs = 1/' "$WORK/adapters.toml" | awk '/^\[\[adapter\]\]/ {n++} n < 3' >"$WORK/two.toml"
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/two.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/two.toml" "${FLAGS[@]}"

@@ -23,15 +23,8 @@ M="$WORK/tiny"
 cd "$WORK" || exit 1
 # the joiner's data: 16 samples of ~250 tokens, batches of 8 x 256: activations dominate its plan
 # (as asked about 60 MiB, with checkpointing about half); huge: one sample of ~10k tokens
-python3 - <<'PY'
-import json, random
-r = random.Random(1)
-def words(n): return " ".join("".join(r.choice("abcdefgh") for _ in range(r.randint(2, 6))) for _ in range(n))
-with open("long.jsonl", "w") as f:
-    for _ in range(16): f.write(json.dumps({"text": words(60)}) + "\n")
-with open("huge.jsonl", "w") as f:
-    for _ in range(2): f.write(json.dumps({"text": words(2000)}) + "\n")
-PY
+word_samples long.jsonl 16 60
+word_samples huge.jsonl 2 2000 2
 COMMON=(--val-split 0 --log-every 1 --lr-schedule constant --seed 7 --device cuda)
 HOST=(--batch-size 2 --max-seq-len 64)
 JOIN=(--batch-size 8 --max-seq-len 256 --epochs 2)
@@ -95,6 +88,10 @@ grow_to=$((cap - $(budget_of $holder))) # --vram GB rounds up to whole MiB
 "$TANDEM" finetune "$M" --adapter long.jsonl:co/j "${JOIN[@]}" "${COMMON[@]}" >join.out 2>join.err &
 joiner=$!
 wait_until 30 budget_is $host "$P2gc"
+# gpu status shows the plan the host re-planned to (the host's status: checkpointing, split 1)
+plan_is() { "$TANDEM" gpu status --json | jq -e ".cotrain_hosts[0].status.plan | $1" >/dev/null; }
+wait_until 20 plan_is '.grad_checkpoint == true and (.recompute | type) == "string" and .split == 1' ||
+    fail "gpu status does not show the re-plan: $("$TANDEM" gpu status --json | jq -c '.cotrain_hosts[0].status.plan')"
 wait $joiner || fail "joiner exited $?: $(cat join.err)"
 grep -q "joined the finetune of pid $host (same base model on GPU-sim-0)" join.err ||
     fail "the joiner did not join the host: $(cat join.err)"
@@ -115,12 +112,14 @@ back=$(grep "$back_re" host.err | sed -n 's/.*: using it, \([0-9]*\) MiB, instea
 wait_until 20 grep -q "co-training: $((P2gc - back)) MiB released, reservation now $back MiB (1 adapter(s) training)" host.err ||
     fail "the host did not release P2gc - $back MiB: $(grep co-training host.err)"
 wait_until 20 budget_is $host "$back" || fail "the ledger holds $(budget_of $host) MiB for the host, not $back"
+wait_until 20 plan_is '. == {"grad_checkpoint": false, "recompute": null, "split": 1}' ||
+    fail "gpu status does not show the plan as asked again: $("$TANDEM" gpu status --json | jq -c '.cotrain_hosts[0].status.plan')"
+"$TANDEM" gpu status | grep -q "plan no checkpointing, split 1" || fail "gpu status text lacks the plan: $("$TANDEM" gpu status)"
 # two more steps as asked, then SIGTERM: the host's checkpoint at its step N equals its adapter
 # trained alone to step N (as asked, then checkpointing while the joiner trained, then as asked
 # again: the same adapter within the fused == alone bound)
-step_of() { sed -n 's/.* step \([0-9]*\)\/[0-9]* .*/\1/p' host.out | tail -1; }
-s0=$(step_of)
-wait_until 60 sh -c "[ \"\$(sed -n 's/.* step \\([0-9]*\\)\\/[0-9]* .*/\\1/p' host.out | tail -1)\" -ge $((s0 + 2)) ]"
+s0=$(last_step host.out)
+wait_until 60 step_at_least host.out $((s0 + 2))
 kill $holder
 wait $holder
 
@@ -128,7 +127,7 @@ kill -TERM $host
 wait $host
 rc=$?
 [ $rc -eq 143 ] || fail "host exited $rc after SIGTERM"
-N=$(ls co/host | sed -n 's/^checkpoint-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+N=$(last_checkpoint co/host)
 [ -n "$N" ] && [ "$N" -ge $((s0 + 2)) ] || fail "the host's last checkpoint is '$N', before step $((s0 + 2))"
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/host "${HOST[@]}" "${COMMON[@]}" --epochs 1500 \
     --save-every "$N" --no-join --device cpu >ref-host.out 2>ref-host.err &

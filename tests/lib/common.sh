@@ -111,6 +111,27 @@ PY
 # repeated line: the clear winner at its high learning rate) of LINES lines each, and
 # $WORK/adapters.toml training them as labels a, b, c into out/a, out/b, out/c (the cluster tests'
 # three-adapter submission).
+# last_step FILE: the step of the last progress line ("... step S/T ...") in FILE (empty: none);
+# step_at_least FILE N: whether it is >= N (for wait_until); last_checkpoint DIR: the highest
+# N of DIR/checkpoint-N (empty: none).
+last_step() { sed -n 's/.* step \([0-9]*\)\/[0-9]* .*/\1/p' "$1" | tail -1; }
+step_at_least() { local s; s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ]; }
+last_checkpoint() { ls "$1" | sed -n 's/^checkpoint-\([0-9]*\)$/\1/p' | sort -n | tail -1; }
+
+# word_samples FILE COUNT WORDS [SEED]: COUNT JSON lines {"text": ...} of WORDS random words of
+# 2-6 letters from a-h (about 4.5 tokens a word with the built-in byte-level tokenizer: 60 words
+# make a ~250-token sample), the same for the same SEED (default 1).
+word_samples() {
+    python3 - "$@" <<'PY'
+import json, random, sys
+path, count, words = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+def text(n): return " ".join("".join(r.choice("abcdefgh") for _ in range(r.randint(2, 6))) for _ in range(n))
+with open(path, "w") as f:
+    for _ in range(count): f.write(json.dumps({"text": text(words)}) + "\n")
+PY
+}
+
 three_adapters() {
     local lines=$1 n i
     "$TANDEM" init-model "$WORK/model" --preset tiny --seed 1 >/dev/null || fail "init-model"

@@ -14,6 +14,12 @@
 #   slurm_wait_idle SECONDS             until every node is idle
 #   slurm_job_state ID                  the job's state (RUNNING, COMPLETED, ...), from scontrol
 #   slurm_stop                          cancels jobs, stops the daemons and leftover steps
+#   slurm_cluster_yaml FILE [KEY=VALUE...]
+#                                       writes the tests' cluster.yaml (scheduler: slurm, below)
+#                                       into FILE; KEY=VALUE sets a key of the slurm block
+#                                       (replacing the default, or added after them), KEY= drops
+#                                       it, env.NAME=VALUE adds to its env. Needs $SHARED (the
+#                                       shared workdir) and $TANDEM.
 SLURM_DIR="$WORK/slurm"
 SLURM_PIDS=()
 
@@ -27,7 +33,7 @@ slurm_stop() {
     sleep 0.3
     # slurmstepd ignores SIGTERM and survives slurmd: find this cluster's by its SLURM_CONF.
     for p in $(pgrep -f slurmstepd 2>/dev/null); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$SLURM_CONF"; then
+        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_CONF=$SLURM_CONF"; then
             pkill -9 -P "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null
         fi
     done
@@ -118,6 +124,32 @@ EOF
         /usr/sbin/slurmd -N "node$i" ||
             { fail "slurmd node$i did not start"; cat "$SLURM_DIR/log/slurmd-node$i.log" >&2; exit 1; }
     done
+}
+
+# The defaults: partition debug of slurm_start's cluster, a 10-minute time limit, USR1 30 s before
+# it, one fake GPU per job of a size every test adapter fits, at most one adapter per job (so an
+# array of one task per adapter), trained on the CPU (device: cpu: the GPUs are simulated, --gres
+# is scheduled, the CPU trains) with one thread, beside a ledger of the test's own.
+slurm_cluster_yaml() {
+    local file=$1 kv k
+    shift
+    local keys=(partition time signal_grace gpus_per_job gpu_vram_mb device max_adapters cpu_max_params)
+    local -A val=([partition]=debug [time]='"10"' [signal_grace]=30 [gpus_per_job]=1
+                  [gpu_vram_mb]=24000 [device]=cpu [max_adapters]=1 [cpu_max_params]=50M)
+    local env=("TANDEM_LEDGER_DIR: $WORK/ledger" 'OMP_NUM_THREADS: "1"')
+    for kv in "$@"; do
+        k=${kv%%=*}
+        case $k in
+        env.*) env+=("${k#env.}: ${kv#*=}") ;;
+        *) [ -v "val[$k]" ] || keys+=("$k"); val[$k]=${kv#*=} ;;
+        esac
+    done
+    {
+        printf 'scheduler: slurm\nslurm:\n'
+        for k in "${keys[@]}"; do [ -n "${val[$k]}" ] && printf '  %s: %s\n' "$k" "${val[$k]}"; done
+        printf '  workdir: %s\n  tandem: %s\n  env:\n' "${SHARED:?}" "$TANDEM"
+        printf '    %s\n' "${env[@]}"
+    } >"$file"
 }
 
 slurm_all_idle() {

@@ -300,6 +300,81 @@ static void test_linear(void **state)
     linear_case(TDM_BE_W_NF4, 33000, 1030, 7, 0.5f);
 }
 
+/* The load's NF4 quantization on the GPU, bit for bit the host's (tdm_nf4_quantize) from the
+ * tensor's bytes as stored: bf16, f16 and f32 sources; sizes with a partial last block and an
+ * odd count (the padded low nibble); blocks of zeros, a NaN, an infinity, values exactly at the
+ * midpoints between codes (fp32 ties) and at +-absmax. */
+static void quantize_case(tdm_be_src_dtype kind, int64_t n)
+{
+    float *w = malloc((size_t)n * sizeof(float));
+    uint16_t *h = malloc((size_t)n * sizeof(uint16_t));
+    for (int64_t i = 0; i < n; i++) {
+        double u = tdm_rng_uniform(&rng);
+        w[i] = (float)((u - 0.5) * 0.1 * (1 + (i / 64) % 7));
+    }
+    for (int64_t i = 64; i < 128 && i < n; i++) /* block 1: zeros */
+        w[i] = 0.0f;
+    if (n > 300) w[300] = NAN;
+    if (n > 700 && kind != TDM_BE_SRC_F16) w[700] = INFINITY;
+    for (int64_t i = 1024, j = 0; i + 15 < n && j < 15; i++, j++) /* ties, block absmax 1 */
+        w[i] = 0.5f * (tdm_nf4_code[j] + tdm_nf4_code[j + 1]);
+    if (n > 1100) w[1100] = 1.0f, w[1101] = -1.0f;
+    /* what the file holds, and the f32 values the host quantizes */
+    const void *src = w;
+    size_t elem = sizeof(float);
+    if (kind != TDM_BE_SRC_F32) {
+        for (int64_t i = 0; i < n; i++) {
+            h[i] = kind == TDM_BE_SRC_BF16 ? tdm_f32_to_bf16(w[i]) : tdm_f32_to_f16(w[i]);
+            w[i] = kind == TDM_BE_SRC_BF16 ? tdm_bf16_to_f32(h[i]) : tdm_f16_to_f32(h[i]);
+        }
+        src = h, elem = sizeof(uint16_t);
+    }
+    tdm_nf4 q;
+    OK(tdm_nf4_quantize(w, n, false, &q, err));
+    int64_t nb = q.nblocks, nc = (n + 1) / 2;
+    void *d_src, *d_codes, *d_absmax;
+    OK(tdm_be_alloc(gpu, TDM_BE_U8, n * (int64_t)elem, &d_src, err));
+    OK(tdm_be_alloc(gpu, TDM_BE_U8, nc, &d_codes, err));
+    OK(tdm_be_alloc(gpu, TDM_BE_F32, nb, &d_absmax, err));
+    OK(tdm_be_upload(gpu, d_src, src, (size_t)n * elem, err));
+    OK(tdm_be_quantize_nf4(gpu, d_src, kind, n, d_codes, d_absmax, err));
+    uint8_t *codes = malloc((size_t)nc);
+    float *absmax = malloc((size_t)nb * sizeof(float));
+    OK(tdm_be_download(gpu, codes, d_codes, (size_t)nc, err));
+    OK(tdm_be_download(gpu, absmax, d_absmax, (size_t)nb * sizeof(float), err));
+    int64_t bad_codes = 0, bad_absmax = 0;
+    for (int64_t i = 0; i < nc; i++)
+        bad_codes += codes[i] != q.packed[i];
+    for (int64_t b = 0; b < nb; b++)
+        bad_absmax += memcmp(&absmax[b], &q.absmax[b], sizeof(float)) != 0;
+    printf("  quantize_nf4 src %d n %lld: %lld of %lld code bytes, %lld of %lld absmax differ\n",
+           (int)kind, (long long)n, (long long)bad_codes, (long long)nc, (long long)bad_absmax,
+           (long long)nb);
+    assert_int_equal(bad_codes, 0);
+    assert_int_equal(bad_absmax, 0);
+    tdm_be_free(gpu, d_src);
+    tdm_be_free(gpu, d_codes);
+    tdm_be_free(gpu, d_absmax);
+    tdm_nf4_free(&q);
+    free(codes);
+    free(absmax);
+    free(w);
+    free(h);
+}
+
+static void test_quantize_nf4(void **state)
+{
+    (void)state;
+    assert_true(tdm_be_has_quantize_nf4(gpu));
+    assert_false(tdm_be_has_quantize_nf4(cpu));
+    tdm_be_src_dtype kinds[3] = {TDM_BE_SRC_BF16, TDM_BE_SRC_F16, TDM_BE_SRC_F32};
+    for (int k = 0; k < 3; k++) {
+        quantize_case(kinds[k], 64 * 40);
+        quantize_case(kinds[k], 64 * 37 + 29);       /* partial last block, odd count */
+        quantize_case(kinds[k], 3584 * 1024 + 1);    /* many thread blocks */
+    }
+}
+
 /* --------------------------------------------------------------- layers ---- */
 
 static void test_embedding(void **state)
@@ -1186,6 +1261,7 @@ int main(void)
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_attention_kv),
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_quantize_nf4),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),

@@ -52,9 +52,15 @@ static tdm_cotrain_status sample(tdm_cotrain_status_adapter ads[2])
                                           .weight = 0.5,
                                           .share = 1};
     snprintf(ads[1].joiner_user, sizeof ads[1].joiner_user, "bob");
-    tdm_cotrain_status s = {
-        .updated_ms = 1764680012345, .global_step = 42, .n_adapters = 2, .adapters = ads};
+    tdm_cotrain_status s = {.updated_ms = 1764680012345,
+                            .global_step = 42,
+                            .has_plan = true,
+                            .grad_checkpoint = true,
+                            .split = 2,
+                            .n_adapters = 2,
+                            .adapters = ads};
     snprintf(s.schedule, sizeof s.schedule, "synchronized");
+    snprintf(s.recompute, sizeof s.recompute, "attn");
     return s;
 }
 
@@ -78,6 +84,9 @@ static void test_round_trip(void **state)
     assert_int_equal(r.updated_ms, s.updated_ms);
     assert_int_equal(r.global_step, 42);
     assert_string_equal(r.schedule, "synchronized");
+    assert_true(r.has_plan && r.grad_checkpoint);
+    assert_string_equal(r.recompute, "attn");
+    assert_int_equal(r.split, 2);
     assert_int_equal(r.n_adapters, 2);
     assert_int_equal(r.adapters[0].index, 0);
     assert_string_equal(r.adapters[0].label, "greet");
@@ -96,6 +105,19 @@ static void test_round_trip(void **state)
     assert_true(isnan(r.adapters[1].loss) && isnan(r.adapters[1].tokens_per_sec));
     assert_true(r.adapters[1].weight == 0.5 && r.adapters[1].share == 1);
     tdm_cotrain_status_free(&r);
+
+    /* no checkpointing: recompute is null; an older host's status without a plan reads too */
+    s.grad_checkpoint = false, s.split = 1;
+    j = tdm_cotrain_status_json(&s);
+    assert_true(json_is_null(json_object_get(json_object_get(j, "plan"), "recompute")));
+    assert_int_equal(tdm_cotrain_status_parse(j, &r, &err), TDM_OK);
+    assert_true(r.has_plan && !r.grad_checkpoint && r.split == 1 && r.recompute[0] == 0);
+    tdm_cotrain_status_free(&r);
+    json_object_del(j, "plan");
+    assert_int_equal(tdm_cotrain_status_parse(j, &r, &err), TDM_OK);
+    assert_false(r.has_plan);
+    tdm_cotrain_status_free(&r);
+    json_decref(j);
 }
 
 /* One mutation of a valid status: the JSON path's object gets key set to value (JSON text;
@@ -117,6 +139,15 @@ static void test_hostile(void **state)
         {-1, "global_step", "-1", TDM_ERR_PARSE, "global_step"},
         {-1, "schedule", "7", TDM_ERR_PARSE, "schedule"},
         {-1, "adapters", "{}", TDM_ERR_PARSE, "adapters"},
+        {-1, "plan", "[]", TDM_ERR_PARSE, "plan"},
+        {-1, "plan", "{\"grad_checkpoint\": 1, \"recompute\": null, \"split\": 1}", TDM_ERR_PARSE,
+         "plan.grad_checkpoint"},
+        {-1, "plan", "{\"grad_checkpoint\": true, \"recompute\": \"all\", \"split\": 1}",
+         TDM_ERR_PARSE, "plan.recompute"},
+        {-1, "plan", "{\"grad_checkpoint\": false, \"recompute\": \"mlp\", \"split\": 1}",
+         TDM_ERR_PARSE, "plan.recompute"},
+        {-1, "plan", "{\"grad_checkpoint\": false, \"recompute\": null, \"split\": 0}",
+         TDM_ERR_PARSE, "plan.split"},
         {0, "index", "-1", TDM_ERR_PARSE, "adapters[0].index"},
         {0, "label", NULL, TDM_ERR_PARSE, "adapters[0].label"},
         {1, "joiner", "{\"pid\": 0, \"user\": \"x\"}", TDM_ERR_PARSE, "adapters[1].joiner"},

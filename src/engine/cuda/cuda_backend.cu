@@ -11,6 +11,7 @@
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_memory_plan.h"
 #include "engine/cuda/nf4_dequant.cuh"
+#include "engine/cuda/nf4_quantize.cuh"
 
 extern "C" {
 #include "model/nf4.h"
@@ -221,6 +222,20 @@ static tdm_status cuda_download_f32(tdm_backend *be, float *dst, const void *src
     if (st == TDM_OK) tdm_bf16_to_f32_n(tmp, dst, (size_t)n);
     free(tmp);
     return st;
+}
+
+static tdm_status cuda_quantize_nf4(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
+                                    int64_t n, uint8_t *codes, float *absmax, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    int kind = src_dtype == TDM_BE_SRC_F32 ? NF4Q_F32 : src_dtype == TDM_BE_SRC_BF16 ? NF4Q_BF16
+                                                                                      : NF4Q_F16;
+    int64_t nblocks = (n + 63) / 64;
+    const int threads = 128;
+    nf4_quantize_kernel<<<(unsigned)((nblocks + threads - 1) / threads), threads, 0,
+                          cb->stream>>>(src, kind, n, codes, absmax);
+    CU_LAUNCHED("nf4_quantize_kernel");
+    return TDM_OK;
 }
 
 static tdm_status cuda_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
@@ -920,6 +935,7 @@ static const tdm_backend_vtable cuda_vtable = {
     cuda_lora_fwd,       cuda_lora_bwd,    cuda_sumsq,        cuda_clip_coef,
     cuda_adamw,          cuda_prof_begin,  cuda_prof_end,     cuda_prof_collect,
     cuda_prof_reset,     cuda_reserve_scratch, cuda_attention_kv,
+    cuda_quantize_nf4,
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)
