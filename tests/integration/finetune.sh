@@ -99,6 +99,14 @@ expect_exit 0 env -u OMP_NUM_THREADS taskset -c "$(taskset -pc $$ | sed 's/.*: *
 grep -q '^tandem: cpu: 1 threads (the CPUs this process may use: affinity 1' last.err ||
     fail "one CPU in the mask: $(grep 'cpu:' last.err)"
 grep -q '^tandem: cpu: 1 threads .*; GEMMs: ' last.err || fail "the thread note names no GEMM mode"
+# the OpenBLAS kernel set, never a pre-AVX fallback on a CPU with AVX (src/main.c re-executes)
+core=$(sed -n 's/^tandem: cpu: .*; OpenBLAS core \([A-Za-z0-9_]*\).*/\1/p' last.err | head -n 1)
+[ -n "$core" ] || fail "the thread note names no OpenBLAS core: $(grep 'cpu:' last.err)"
+if grep -qw avx /proc/cpuinfo; then
+    case "$core" in Prescott | Core2 | Penryn | Dunnington | Nehalem | Atom | Opteron | Barcelona)
+        fail "OpenBLAS core $core on a CPU with AVX" ;;
+    esac
+fi
 grep -q '^op profile (backend cpu)' last.err || fail "--profile-ops: no table"
 for op in linear_fwd linear_bwd lora_bwd cross_entropy adamw; do
     grep -Eq "^  $op +[1-9][0-9]* " last.err || fail "--profile-ops: no $op row with calls"
