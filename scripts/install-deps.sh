@@ -3,7 +3,7 @@
 # Usage: scripts/install-deps.sh        (called by `make run` and `make test`)
 set -eu
 PACKAGES="build-essential cmake pkg-config git libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev
-libopenblas-dev libcmocka-dev spin clang libclang-rt-dev python3 openssh-client openssh-server rsync npm
+libopenblas-openmp-dev libcmocka-dev spin clang libclang-rt-dev python3 openssh-client openssh-server rsync npm
 iproute2 procps util-linux jq
 slurm-wlm slurmctld slurmd slurm-client munge"
 

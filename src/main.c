@@ -1,8 +1,12 @@
 /* main.c — the `tandem` command: a git-style table of subcommands (see src/cli/). */
+#include <cblas.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/cpu/blas_core.h"
 #include "util/build_features.h"
 
 static int cmd_version(int argc, char **argv)
@@ -30,8 +34,26 @@ static const tdm_command commands[] = {
     {NULL, NULL, NULL},
 };
 
+/* OpenBLAS chose its kernels when it loaded, before main; where it fell back to pre-AVX ones on a
+ * CPU it did not recognize (engine/cpu/blas_core.h), run this same command again with
+ * OPENBLAS_CORETYPE set. A user's own OPENBLAS_CORETYPE is never overridden, and the new process
+ * has it set, so this happens at most once. If exec fails the command goes on as it is. */
+static void reexec_with_better_blas_core(char **argv)
+{
+    if (getenv("OPENBLAS_CORETYPE")) return;
+    const char *detected = openblas_get_corename();
+    const char *core = tdm_blas_core_upgrade(detected, tdm_blas_cpu_features());
+    if (!core) return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv(TDM_BLAS_CORE_FROM_ENV, detected, 1);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv(TDM_BLAS_CORE_FROM_ENV);
+}
+
 int main(int argc, char **argv)
 {
+    reexec_with_better_blas_core(argv);
     if (argc >= 2 && !strcmp(argv[1], "--version")) return cmd_version(0, NULL);
     return tdm_cli_dispatch("tandem", commands, argc - 1, argv + 1);
 }

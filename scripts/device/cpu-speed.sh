@@ -6,11 +6,17 @@
 #   at 16 threads (1 step), tandem lora at 16, 8, 4, 2, 1 threads and qlora at 16, PyTorch at 1
 #   thread last if under 200 s have passed. One warm-up step, then 3 timed steps (2 at 4 threads,
 #   1 at 2 and 1). No run starts after 250 s; one still going at 330 s is killed (its row FAIL).
+# Before measuring, the CPU backend's bits on this CPU and its OpenBLAS kernels: test_cpu_gemm
+# (GEMM rows alone == in a larger product, 1/2/3 threads, threaded calls vs tiles) and
+# test_backend_ops (every op against double references, 1 vs 3 threads); their logs under $OUT,
+# their verdict in the log's first lines and last line.
 # Built HERE first (the build machine), with or without CUDA:
 #   make build ... && BUILD=build scripts/device/pack.sh     (writes .device-pack/device.tgz)
 # then on the device: carry .device-pack, run `bash scripts/device/cpu-speed.sh`.
-# Budget: under 6 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds; env overrides them).
-# Results under $OUT: table.md, rows.tsv, profile.txt, cpu-speed.log, logs.tgz. The env of
+# Budget: under 7 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds, then the tiles run: 60 and
+# 120; env overrides them).
+# Results under $OUT: table.md, rows.tsv, table-tiles.md, rows-tiles.tsv, profile.txt,
+# cpu-speed.log, test_cpu_gemm.log, test_backend_ops.log, logs.tgz. The env of
 # bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
 # plan, e.g. for a smoke test here: PRESET=tiny RUNS=lora:2:1 TORCH_THREADS= TORCH_AFTER= PROFILE=.
 set -uo pipefail
@@ -24,6 +30,11 @@ RES=/tmp/cpu-speed-res
 rm -rf "$RES"
 mkdir -p "$RES"
 {
+    for t in test_cpu_gemm test_backend_ops; do
+        timeout 120 ".device/bin/$t" >"$OUT/$t.log" 2>&1
+        echo "# $t: exit $?, $(grep -oE '\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/$t.log" | paste -sd' ' -) (log: $t.log)"
+    done
+    grep -E '^(OpenBLAS|[0-9]+ shapes|gemm |cross-entropy dH)' "$OUT/test_cpu_gemm.log" | sed 's/^/#   /'
     echo "# cores: nproc $(nproc), $(lscpu 2>/dev/null | grep -E '^(Model name|Socket|Thread|Core)' | tr -s ' ' | paste -sd';' -)"
     echo "# OpenBLAS in the pack: $(ls .device/lib | grep -i blas | paste -sd' ' -)"
     BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
@@ -31,10 +42,31 @@ mkdir -p "$RES"
         RUNS=${RUNS-lora:16 qlora:16 lora:8 lora:4:2 lora:2:1 lora:1:1} \
         WORK=/tmp/cpu-speed-work OUT=$RES bash bench/cpu_vs_torch.sh .device/tandem
 } 2>&1 | tee "$OUT/cpu-speed.log"
+# The GEMM modes side by side: tandem lora at 16 threads again with TANDEM_CPU_GEMM=tiles
+# (single-threaded OpenBLAS on tiles shared by OpenMP's threads; the default above makes threaded
+# OpenBLAS calls), the same model, about 50 s.
+RES2=/tmp/cpu-speed-res-tiles
+rm -rf "$RES2"
+mkdir -p "$RES2"
+{
+    echo "# TANDEM_CPU_GEMM=tiles"
+    TANDEM_CPU_GEMM=tiles BUDGET=${TILES_BUDGET:-60} HARD_LIMIT=${TILES_HARD_LIMIT:-120} PROFILE= \
+        TORCH_THREADS= TORCH_AFTER= RUNS=${TILES_RUNS-lora:16} \
+        WORK=/tmp/cpu-speed-work OUT=$RES2 bash bench/cpu_vs_torch.sh .device/tandem
+} 2>&1 | tee -a "$OUT/cpu-speed.log"
+cp "$RES2/table.md" "$OUT/table-tiles.md" 2>/dev/null
+cp "$RES2/rows.tsv" "$OUT/rows-tiles.tsv" 2>/dev/null
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
 cp "$RES/profile.txt" "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-tiles 2>/dev/null
 echo
 echo "rows (side method threads tok/s s/step steps wall note):"
 if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
 cat "$RES/table.md"
+echo "TANDEM_CPU_GEMM=tiles:"
+tail -n +2 "$RES2/rows.tsv" 2>/dev/null
+DET=PASS
+for t in test_cpu_gemm test_backend_ops; do
+    grep -q 'PASSED  \]' "$OUT/$t.log" && ! grep -q 'FAILED  \]' "$OUT/$t.log" || DET=FAIL
+done
+echo "CPU backend determinism tests (test_cpu_gemm, test_backend_ops): $DET"

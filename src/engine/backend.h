@@ -75,6 +75,11 @@ tdm_status tdm_backend_create(tdm_backend **out, const char *name, const tdm_bac
 void tdm_backend_free(tdm_backend *be);
 
 const char *tdm_be_name(const tdm_backend *be);
+
+/* How the CPU backend runs its GEMMs (OpenBLAS's OpenMP build, TANDEM_CPU_GEMM), in words for
+ * the thread note printed at start: "GEMMs: ...". */
+const char *tdm_cpu_gemm_mode(void);
+
 /* The element type of activations and activation gradients on this backend. */
 tdm_be_dtype tdm_be_act_dtype(const tdm_backend *be);
 

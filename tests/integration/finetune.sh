@@ -98,6 +98,15 @@ expect_exit 0 env -u OMP_NUM_THREADS taskset -c "$(taskset -pc $$ | sed 's/.*: *
     "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}" --profile-ops
 grep -q '^tandem: cpu: 1 threads (the CPUs this process may use: affinity 1' last.err ||
     fail "one CPU in the mask: $(grep 'cpu:' last.err)"
+grep -q '^tandem: cpu: 1 threads .*; GEMMs: ' last.err || fail "the thread note names no GEMM mode"
+# the OpenBLAS kernel set, never a pre-AVX fallback on a CPU with AVX (src/main.c re-executes)
+core=$(sed -n 's/^tandem: cpu: .*; OpenBLAS core \([A-Za-z0-9_]*\).*/\1/p' last.err | head -n 1)
+[ -n "$core" ] || fail "the thread note names no OpenBLAS core: $(grep 'cpu:' last.err)"
+if grep -qw avx /proc/cpuinfo; then
+    case "$core" in Prescott | Core2 | Penryn | Dunnington | Nehalem | Atom | Opteron | Barcelona)
+        fail "OpenBLAS core $core on a CPU with AVX" ;;
+    esac
+fi
 grep -q '^op profile (backend cpu)' last.err || fail "--profile-ops: no table"
 for op in linear_fwd linear_bwd lora_bwd cross_entropy adamw; do
     grep -Eq "^  $op +[1-9][0-9]* " last.err || fail "--profile-ops: no $op row with calls"
@@ -105,6 +114,9 @@ done
 for a in reverse upper add; do
     cmp -s run1/$a/adapter_model.safetensors run2/$a/adapter_model.safetensors || fail "$a: not deterministic"
 done
+# the GEMM mode (docs/engine.md): an unknown TANDEM_CPU_GEMM is refused, naming the variable
+expect_exit 2 env TANDEM_CPU_GEMM=tile "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}"
+grep -q 'TANDEM_CPU_GEMM=tile: unknown mode' last.err || fail "TANDEM_CPU_GEMM=tile: $(tail -1 last.err)"
 # an OUT_DIR with checkpoints is not silently overwritten
 expect_exit 2 "$TANDEM" finetune "$M" --adapters-config run2.toml "${COMMON[@]}"
 grep -q -- "--resume" last.err || fail "existing checkpoints message"

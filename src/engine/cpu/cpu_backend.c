@@ -1,9 +1,11 @@
 /* cpu_backend.c — the CPU backend: memory, elementwise ops, GEMM and frozen linear layers.
  * Layer ops are in cpu_layers.c, loss / LoRA / optimizer in cpu_train.c. */
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "engine/cpu/cpu_internal.h"
@@ -191,18 +193,125 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
     return TDM_OK;
 }
 
-/* ---- GEMM ---- */
+/* ---- GEMM ----
+ *
+ * Every product must give the same bits whatever the thread count, and an element of C the same
+ * bits whatever the rows and columns around it (rows are tokens: an adapter co-trained beside
+ * others must get the bits it gets alone; columns: a tile is a sub-block). OpenBLAS (0.3.21,
+ * measured with tests/unit/test_backend_ops.c over random shapes) keeps both within one K block
+ * of its regular kernels, where an element is fma(alpha, sum, beta C) with the sum over k in a
+ * fixed order. It breaks them in two ways, which cpu_blas_sgemm steers around:
+ *  - K longer than its block GEMM_Q (448 on SkylakeX) is cut in blocks, and its single-threaded
+ *    and threaded drivers cut the last two blocks differently (1 and 2 threads differ); so K is
+ *    cut here, in blocks of BLAS_KB (under GEMM_Q on every x86 kernel), one call each, the
+ *    blocks after the first adding into C (beta 1): one K block per call in both drivers;
+ *  - a call of m n k <= 10^6 takes its "small matrix" kernels, which sum in another order for
+ *    some shapes (on SkylakeX: op(A) not transposed, n not a multiple of 16): a row in a product
+ *    of few rows would differ from the same row in a large product. Such a call is made with A
+ *    transposed into a scratch copy (the small kernels of that form sum like the regular ones),
+ *    alpha 1 and beta 0 into a scratch C, and C = fma(alpha, scratch, beta C) here: the regular
+ *    kernels' result. The copies are m k + m n floats, at most the call's own multiply-adds.
+ * So with the OpenMP build of OpenBLAS (its threads are OpenMP's one pool) a product is one
+ * threaded call per K block from the backend's serial code; called inside one of our parallel
+ * regions it runs single-threaded. With another build (pthread: a pool of its own; serial)
+ * OpenBLAS runs single-threaded and cpu_sgemm cuts C into tiles that OpenMP threads share; a tile
+ * is a sub-block, so both ways give the same bits. */
+#define BLAS_SMALL_MNK 1e6
+#define BLAS_KB 256
+#define BLAS_MNK_PER_THREAD 4194304.0
 
-/* OpenBLAS's results depend on how many threads it splits a product over (measured: the same
- * call with 1 and 3 threads differs in the last bits), and on the block it is handed. So OpenBLAS
- * always runs single-threaded, and we cut C into tiles that OpenMP threads compute independently:
- * each element's sum is the same whatever the thread count. The tile must not depend on the
- * number of rows either: rows are tokens, and an adapter co-trained beside others (more rows in
- * the fused batch) must get the bits it gets alone. So tiles are GEMM_TILE_M rows (fixed) by a
- * width chosen from n alone: from GEMM_TILE_N, halved (to a multiple of 16, not under 64) until
- * there are GEMM_COL_TILES_MIN column tiles. At 1024 rows x 896 columns that is 8 x 4 = 32 tiles
- * (the old fixed 128 x 1024 tiles gave it 8: at most 8 threads worked). Each tile re-packs its
- * block of A and of B, about (1/mb + 1/nb) / 2 of the multiply-adds in memory traffic. */
+static void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
+                c, (blasint)ldc);
+}
+
+/* One K block (k <= BLAS_KB) with the regular kernels' bits (see above). Returns false when a
+ * small call's scratch cannot be allocated: the call is then made as it is (right, only
+ * possibly other bits). */
+static bool blas_block(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    if ((double)m * (double)n * (double)k > BLAS_SMALL_MNK) {
+        blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return true;
+    }
+    float *at = ta ? NULL : malloc((size_t)(m * k) * sizeof(float));
+    float *t = malloc((size_t)(m * n) * sizeof(float));
+    if ((!ta && !at) || !t) {
+        free(at), free(t);
+        blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return false;
+    }
+    if (!ta) /* op(A) = A (m, k) into A^T (k, m) */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < k; j++)
+                at[j * m + i] = a[i * lda + j];
+    blas_call(true, tb, m, n, k, 1.0f, ta ? a : at, ta ? lda : m, b, ldb, 0.0f, t, n);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float *cij = c + i * ldc + j;
+            *cij = fmaf(alpha, t[i * n + j], beta == 0.0f ? 0.0f : beta * *cij);
+        }
+    free(at), free(t);
+    return true;
+}
+
+void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                    int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        /* BLAS would scale C by beta; beta == 0 must not read C (it may hold NaN). */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    /* OpenBLAS's OpenMP build takes its thread count from the ICV (and 1 inside a parallel
+     * region); the pthread and serial builds were set to 1 thread at backend creation. A thread
+     * gets at least BLAS_MNK_PER_THREAD (2^22, ~0.1 ms) multiply-adds of a K block: OpenBLAS
+     * threads from 2^18, where its threads wait on each other more than they work (on 2 loaded
+     * cores, the tiny-model tests ran 1.5x longer). The count never changes the bits. */
+    double per_block = (double)m * (double)n * (double)(k < BLAS_KB ? k : BLAS_KB);
+    if (per_block < BLAS_MNK_PER_THREAD * nt) {
+        int fit = (int)(per_block / BLAS_MNK_PER_THREAD);
+        nt = fit < 1 ? 1 : fit;
+    }
+    int prev = omp_in_parallel() ? nt : omp_get_max_threads();
+    if (prev != nt) omp_set_num_threads(nt);
+    for (int64_t k0 = 0; k0 < k; k0 += BLAS_KB) {
+        int64_t kb = k - k0 < BLAS_KB ? k - k0 : BLAS_KB;
+        blas_block(ta, tb, m, n, kb, alpha, ta ? a + k0 * lda : a + k0, lda,
+                   tb ? b + k0 : b + k0 * ldb, ldb, k0 == 0 ? beta : 1.0f, c, ldc);
+    }
+    if (prev != nt) omp_set_num_threads(prev);
+}
+
+bool cpu_blas_bits_measured(void)
+{
+    /* the cores whose kernels unit.cpu_gemm has measured (its VMs' SkylakeX; Cooperlake by
+     * OPENBLAS_CORETYPE). Haswell and Zen (AMD hosts, AVX2-only Intel) differ 1 vs 3 threads. */
+    static const char *const measured[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    const char *core = openblas_get_corename();
+    for (size_t i = 0; core && i < sizeof measured / sizeof *measured; i++)
+        if (strcasecmp(core, measured[i]) == 0) return true;
+    return false;
+}
+
+bool cpu_blas_threaded(void)
+{
+    return openblas_get_parallel() == 2; /* 0 serial, 1 pthread, 2 OpenMP build */
+}
+
+/* Tiles for a BLAS that is not OpenMP's: GEMM_TILE_M rows (fixed: a function of n alone, not of
+ * the rows) by a width from GEMM_TILE_N halved (to a multiple of 16, not under 64) until there
+ * are GEMM_COL_TILES_MIN column tiles. Each tile re-packs its block of A and of B. */
 #define GEMM_TILE_M 128
 #define GEMM_TILE_N 1024
 #define GEMM_COL_TILES_MIN 4
@@ -221,16 +330,13 @@ static void gemm_tiles(int64_t m, int64_t n, int64_t *mb, int64_t *nb)
     *mb = m < GEMM_TILE_M ? m : GEMM_TILE_M, *nb = tn;
 }
 
-void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-               int64_t ldc)
+void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+               float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+               float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        /* BLAS would scale C by beta; beta == 0 must not read C (it may hold NaN). */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++)
-                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    int nt = cpu->n_threads;
+    if (cpu->blas_threaded || m == 0 || n == 0 || k == 0) {
+        cpu_blas_sgemm(nt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     int64_t TM, TN;
@@ -245,13 +351,7 @@ void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
         int64_t nb = n - j0 < TN ? n - j0 : TN;
         const float *at = ta ? a + i0 : a + i0 * lda;
         const float *bt = tb ? b + j0 * ldb : b + j0;
-        float *ct = c + i0 * ldc + j0;
-        if (beta == 0.0f)
-            for (int64_t i = 0; i < mb; i++)
-                memset(ct + i * ldc, 0, (size_t)nb * sizeof(float));
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (blasint)mb, (blasint)nb, (blasint)k, alpha, at, (blasint)lda, bt, (blasint)ldb,
-                    beta, ct, (blasint)ldc);
+        cpu_blas_sgemm(1, ta, tb, mb, nb, k, alpha, at, lda, bt, ldb, beta, c + i0 * ldc + j0, ldc);
     }
 }
 
@@ -308,7 +408,7 @@ static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *e
         return tdm_fail(err, TDM_ERR_NOMEM, "gemm: out of memory converting bf16 operands");
     }
     for (int64_t i = 0; i < batch; i++)
-        cpu_sgemm(nt, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
+        cpu_sgemm(cpu_of(be), g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha,
                   a ? a + i * g->stride_a : NULL, g->lda, b ? b + i * g->stride_b : NULL, g->ldb,
                   g->beta, c + i * g->stride_c, g->ldc);
     if (tc) convert(nt, tc, g->c, c_span, false);
@@ -402,8 +502,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu->n_threads, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data,
-                  w->cols, beta, y, w->rows);
+        cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols, beta,
+                  y, w->rows);
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
@@ -412,8 +512,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu->n_threads, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols,
-                  beta, (float *)y + r0, w->rows);
+        cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols, beta,
+                  (float *)y + r0, w->rows);
     }
     free(buf);
     return TDM_OK;
@@ -426,8 +526,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data,
-                  w->cols, beta, dx, w->cols);
+        cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols, beta,
+                  dx, w->cols);
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
@@ -436,8 +536,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu->n_threads, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
-                  w->rows, buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
+        cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0, w->rows,
+                  buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
     }
     free(buf);
     return TDM_OK;
@@ -480,6 +580,40 @@ static const tdm_backend_vtable cpu_vtable = {
     .attention_kv = cpu_attention_kv,
 };
 
+/* OpenBLAS's OpenMP build on a core whose kernels were measured: threaded calls (cpu_blas_sgemm).
+ * Any other build or core runs single-threaded on tiles (cpu_sgemm): the pthread build's own pool
+ * would only compete with OpenMP's, and on other cores (Haswell, Zen) the threaded calls' bits
+ * change with the thread count; TANDEM_CPU_GEMM=blas takes the threaded calls there anyway.
+ * TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same GEMM bits; the
+ * cross-entropy's dH sums in another order: docs/engine.md): a comparison, and a way around a BLAS
+ * that misbehaves. */
+static tdm_status gemm_mode(bool *tiles, tdm_error *err)
+{
+    const char *mode = getenv("TANDEM_CPU_GEMM");
+    if (mode && *mode && strcmp(mode, "tiles") != 0 && strcmp(mode, "blas") != 0)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "TANDEM_CPU_GEMM=%s: unknown mode (tiles, blas, or unset for blas)", mode);
+    bool asked = mode && strcmp(mode, "blas") == 0;
+    *tiles = !cpu_blas_threaded() || (mode && strcmp(mode, "tiles") == 0) ||
+             (!asked && !cpu_blas_bits_measured());
+    return TDM_OK;
+}
+
+const char *tdm_cpu_gemm_mode(void)
+{
+    bool tiles;
+    tdm_error e = {0};
+    if (gemm_mode(&tiles, &e) != TDM_OK) return "GEMMs: TANDEM_CPU_GEMM unknown";
+    if (!tiles) return "GEMMs: threaded OpenBLAS calls (its OpenMP build)";
+    if (!cpu_blas_threaded())
+        return "GEMMs: single-threaded OpenBLAS on tiles (not its OpenMP build)";
+    const char *mode = getenv("TANDEM_CPU_GEMM");
+    if (mode && strcmp(mode, "tiles") == 0)
+        return "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=tiles)";
+    return "GEMMs: single-threaded OpenBLAS on tiles (its threaded bits are unmeasured on this "
+           "core; TANDEM_CPU_GEMM=blas to use them)";
+}
+
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
 {
     cpu_backend *cpu = calloc(1, sizeof *cpu);
@@ -492,10 +626,14 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     /* One pool for everything: the OpenMP loops outside the backend (NF4 quantization while the
      * model loads) get the same count. */
     if (opts->n_threads > 0) omp_set_num_threads(cpu->n_threads);
-    /* OpenBLAS single-threaded: cpu_sgemm parallelizes over fixed tiles (see there), and
-     * OpenBLAS's own threads (Debian's default libopenblas0-pthread has a pool of its own) would
-     * only compete with OpenMP's. */
-    openblas_set_num_threads(1);
+    bool tiles;
+    tdm_status st = gemm_mode(&tiles, err);
+    if (st != TDM_OK) {
+        free(cpu);
+        return st;
+    }
+    cpu->blas_threaded = !tiles;
+    if (!cpu_blas_threaded()) openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
     *out = &cpu->base;
     return TDM_OK;

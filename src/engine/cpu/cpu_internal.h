@@ -4,9 +4,9 @@
  * with `num_threads(cpu->n_threads)`; every output element is produced by exactly one thread
  * with a fixed inner order, and every reduction over many elements uses fixed-size blocks
  * combined in index order, so results do not depend on the thread count. GEMMs go to OpenBLAS
- * (cblas_sgemm) run single-threaded on tiles of C of a fixed size, the tiles spread over OpenMP
- * threads (cpu_sgemm), so they too are thread-count independent (tests/unit/test_backend_ops.c
- * checks 1 vs several threads).
+ * through cpu_blas_sgemm, which cuts them so that their bits depend neither on the thread count
+ * nor on the number of rows (tests/unit/test_backend_ops.c checks 1 vs several threads, and rows
+ * alone vs in a larger product).
  */
 #ifndef TANDEM_ENGINE_CPU_INTERNAL_H
 #define TANDEM_ENGINE_CPU_INTERNAL_H
@@ -22,6 +22,7 @@
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;
+    bool blas_threaded; /* one threaded OpenBLAS call per product, not tiles (cpu_sgemm) */
     uint64_t used, peak;
     struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
     float dmap[256];          /* NF4 double-quant dynamic map */
@@ -32,10 +33,27 @@ static inline cpu_backend *cpu_of(tdm_backend *be)
     return (cpu_backend *)be;
 }
 
-/* C = alpha op(A) op(B) + beta C, f32 row-major (cblas_sgemm over fixed tiles, nt threads). */
-void cpu_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-               int64_t ldc);
+/* C = alpha op(A) op(B) + beta C, f32 row-major: threaded OpenBLAS calls (one per K block) with
+ * the OpenMP build, else single-threaded calls on tiles over the backend's threads
+ * (cpu_backend.c). */
+void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+               float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+               float *c, int64_t ldc);
+
+/* One product through OpenBLAS with nt threads (OpenMP build; 1 inside a parallel region, and
+ * always 1 with other builds), cut so that its bits depend neither on the thread count nor on
+ * m or n (cpu_backend.c says how). Every cblas_sgemm of the backend goes through it. */
+void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                    int64_t ldc);
+
+/* Whether the OpenBLAS loaded is its OpenMP build (threads from OpenMP's pool). */
+bool cpu_blas_threaded(void);
+
+/* Whether OpenBLAS runs kernels (its core) on which cpu_blas_sgemm's bits were measured
+ * independent of threads, rows and columns (unit.cpu_gemm): SkylakeX, Cooperlake,
+ * SapphireRapids. */
+bool cpu_blas_bits_measured(void);
 
 /* Dequantizes / converts rows [r0, r1) of w into out ((r1-r0), cols) f32. */
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,

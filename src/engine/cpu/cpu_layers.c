@@ -1,7 +1,6 @@
 /* cpu_layers.c — the CPU backend's layer ops: embedding, RMSNorm, RoPE, attention, SwiGLU.
  * Row reductions accumulate in double, sequentially within a row; rows are spread over threads,
  * so every output is computed by one thread in a fixed order (thread-count independent). */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,9 +147,7 @@ static double attend_row(const float *qi, const float *k0, const float *v0, int6
 static void att_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
-                c, (blasint)ldc);
+    cpu_blas_sgemm(1, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static tdm_status check_seqs(const tdm_be_seqs *s, const char *op, tdm_error *err)

@@ -1,6 +1,5 @@
 /* cpu_train.c — the CPU backend's chunked cross-entropy, segmented LoRA, gradient norms and
  * multi-tensor AdamW. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,25 +10,31 @@
 
 #define IGNORE_INDEX (-100)
 
-/* dH (c, d) = dlogits (c, V) W (V, d) with V (the vocabulary, ~152K) the long side: a tiled
- * GEMM would cut only c and d, and every tile would stream its own copy of W (the few big tiles
- * leave threads idle, many small ones multiply the traffic). So K is split instead: fixed blocks
- * of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d) into its own
- * slice of part; then dH = the partials summed in block order. Fixed blocks and a fixed order:
- * the same bits whatever the thread count. */
+/* dH (c, d) = dlogits (c, V) W (V, d) with V (the vocabulary, ~152K) the long side. With the
+ * OpenMP build of OpenBLAS: cpu_blas_sgemm's threaded calls, one per 256 vocabulary rows (each
+ * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM
+ * would cut only c and d, and every tile would stream its own copy of W; so K is split instead:
+ * fixed blocks of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d)
+ * into its own slice of part; then dH = the partials summed in block order. Fixed blocks and a
+ * fixed order: the same bits whatever the thread count (other bits than the one call's, within f32
+ * rounding). */
 #define CE_VBLOCK 4096
 
-static void ce_dh(int nt, const float *logits, const float *W, int64_t c, int64_t V, int64_t d,
-                  float *part, float *dh)
+static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, int64_t c, int64_t V,
+                  int64_t d, float *part, float *dh)
 {
+    int nt = cpu->n_threads;
+    if (cpu->blas_threaded) { /* threaded calls: OpenBLAS cuts M and N, cpu_blas_sgemm K */
+        cpu_blas_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh, d);
+        return;
+    }
     int64_t nb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nb > 1)
     for (int64_t b = 0; b < nb; b++) {
         int64_t v0 = b * CE_VBLOCK, kb = V - v0 < CE_VBLOCK ? V - v0 : CE_VBLOCK;
         /* one call per block (no tiles: they would re-pack the block's W rows per tile) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)c, (blasint)d, (blasint)kb,
-                    1.0f, logits + v0, (blasint)V, W + v0 * d, (blasint)d, 0.0f, part + b * c * d,
-                    (blasint)d);
+        cpu_blas_sgemm(1, false, false, c, d, kb, 1.0f, logits + v0, V, W + v0 * d, d, 0.0f,
+                       part + b * c * d, d);
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < c * d; i++) {
@@ -60,8 +65,9 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     const float *W = cpu_dense_f32(cpu, w, &wtmp);
     float *logits = malloc((size_t)(chunk_rows * V) * sizeof(float));
     int64_t nvb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
-    float *part = dhv ? malloc((size_t)(nvb * chunk_rows * d) * sizeof(float)) : NULL;
-    if (!W || !logits || (dhv && !part)) {
+    float *part =
+        dhv && !cpu->blas_threaded ? malloc((size_t)(nvb * chunk_rows * d) * sizeof(float)) : NULL;
+    if (!W || !logits || (dhv && !cpu->blas_threaded && !part)) {
         free(wtmp), free(logits), free(part);
         return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
                         (long long)chunk_rows, (long long)V);
@@ -71,7 +77,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     int nt = cpu->n_threads;
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
-        cpu_sgemm(nt, false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
+        cpu_sgemm(cpu, false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < c; i++) {
             float *l = logits + i * V;
@@ -94,7 +100,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                 l[j] = wt * expf(l[j] - flse);
             l[lab] -= wt;
         }
-        if (dh) ce_dh(nt, logits, W, c, V, d, part, dh + r0 * d);
+        if (dh) ce_dh(cpu, logits, W, c, V, d, part, dh + r0 * d);
     }
     free(wtmp);
     free(logits);
@@ -140,7 +146,8 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
 {
     const float *x = xv;
     float *y = yv;
-    int nt = cpu_of(be)->n_threads;
+    const cpu_backend *cpu = cpu_of(be);
+    int nt = cpu->n_threads;
     int64_t nd = drop_scratch(segs, n_segs, in);
     float *xd = nd > 0 ? malloc((size_t)nd * sizeof(float)) : NULL;
     if (nd > 0 && !xd) return tdm_fail(err, TDM_ERR_NOMEM, "lora_fwd: out of memory (dropout)");
@@ -154,8 +161,8 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             drop_apply(nt, s, xs, in, xd, false);
             xs = xd;
         }
-        cpu_sgemm(nt, false, true, R, s->rank, in, 1.0f, xs, in, s->a, in, 0.0f, us, u_ld);
-        cpu_sgemm(nt, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
+        cpu_sgemm(cpu, false, true, R, s->rank, in, 1.0f, xs, in, s->a, in, 0.0f, us, u_ld);
+        cpu_sgemm(cpu, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
                   y + s->row_begin * out, out);
     }
     free(xd);
@@ -168,7 +175,8 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
 {
     const float *x = xv, *dy = dyv;
     float *dx = dxv;
-    int nt = cpu_of(be)->n_threads;
+    const cpu_backend *cpu = cpu_of(be);
+    int nt = cpu->n_threads;
     int64_t max_r = 0, max_rows = 0;
     for (int64_t i = 0; i < n_segs; i++) {
         if (!segs[i].a) continue;
@@ -196,17 +204,17 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             xs = xd;
         }
         /* dB (out, r) += scale dY^T U */
-        cpu_sgemm(nt, true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
+        cpu_sgemm(cpu, true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
         /* dU (R, r) = scale dY B */
-        cpu_sgemm(nt, false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
+        cpu_sgemm(cpu, false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
         /* dA (r, in) += dU^T Xd */
-        cpu_sgemm(nt, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
+        cpu_sgemm(cpu, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
         /* dX (R, in) += dU A, times the mask with dropout (T = dU A in the scratch first) */
         if (dx && !drop)
-            cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
+            cpu_sgemm(cpu, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
                       dx + s->row_begin * in, in);
         else if (dx) {
-            cpu_sgemm(nt, false, false, R, in, r, 1.0f, du, r, s->a, in, 0.0f, xd, in);
+            cpu_sgemm(cpu, false, false, R, in, r, 1.0f, du, r, s->a, in, 0.0f, xd, in);
             drop_apply(nt, s, xd, in, dx + s->row_begin * in, true);
         }
     }
