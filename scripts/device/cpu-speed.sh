@@ -13,9 +13,9 @@
 # Built HERE first (the build machine), with or without CUDA:
 #   make build ... && BUILD=build scripts/device/pack.sh     (writes .device-pack/device.tgz)
 # then on the device: carry .device-pack, run `bash scripts/device/cpu-speed.sh`.
-# Budget: under 7 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds, then the tiles run: 60 and
+# Budget: under 7 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds, then the threaded-calls run: 60 and
 # 120; env overrides them).
-# Results under $OUT: table.md, rows.tsv, table-tiles.md, rows-tiles.tsv, profile.txt,
+# Results under $OUT: table.md, rows.tsv, table-blas.md, rows-blas.tsv, profile.txt,
 # cpu-speed.log, test_cpu_gemm.log, test_backend_ops.log, logs.tgz. The env of
 # bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
 # plan, e.g. for a smoke test here: PRESET=tiny RUNS=lora:2:1 TORCH_THREADS= TORCH_AFTER= PROFILE=.
@@ -42,28 +42,28 @@ mkdir -p "$RES"
         RUNS=${RUNS-lora:16 qlora:16 lora:8 lora:4:2 lora:2:1 lora:1:1} \
         WORK=/tmp/cpu-speed-work OUT=$RES bash bench/cpu_vs_torch.sh .device/tandem
 } 2>&1 | tee "$OUT/cpu-speed.log"
-# The GEMM modes side by side: tandem lora at 16 threads again with TANDEM_CPU_GEMM=tiles
-# (single-threaded OpenBLAS on tiles shared by OpenMP's threads; the default above makes threaded
-# OpenBLAS calls), the same model, about 50 s.
-RES2=/tmp/cpu-speed-res-tiles
+# The GEMM modes side by side: tandem lora at 16 threads again with TANDEM_CPU_GEMM=blas
+# (threaded OpenBLAS calls; the default above runs single-threaded OpenBLAS on tiles shared by
+# OpenMP's threads), the same model, about 50 s.
+RES2=/tmp/cpu-speed-res-blas
 rm -rf "$RES2"
 mkdir -p "$RES2"
 {
-    echo "# TANDEM_CPU_GEMM=tiles"
-    TANDEM_CPU_GEMM=tiles BUDGET=${TILES_BUDGET:-60} HARD_LIMIT=${TILES_HARD_LIMIT:-120} PROFILE= \
-        TORCH_THREADS= TORCH_AFTER= RUNS=${TILES_RUNS-lora:16} \
+    echo "# TANDEM_CPU_GEMM=blas"
+    TANDEM_CPU_GEMM=blas BUDGET=${BLAS_BUDGET:-60} HARD_LIMIT=${BLAS_HARD_LIMIT:-120} PROFILE= \
+        TORCH_THREADS= TORCH_AFTER= RUNS=${BLAS_RUNS-lora:16} \
         WORK=/tmp/cpu-speed-work OUT=$RES2 bash bench/cpu_vs_torch.sh .device/tandem
 } 2>&1 | tee -a "$OUT/cpu-speed.log"
-cp "$RES2/table.md" "$OUT/table-tiles.md" 2>/dev/null
-cp "$RES2/rows.tsv" "$OUT/rows-tiles.tsv" 2>/dev/null
+cp "$RES2/table.md" "$OUT/table-blas.md" 2>/dev/null
+cp "$RES2/rows.tsv" "$OUT/rows-blas.tsv" 2>/dev/null
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
 cp "$RES/profile.txt" "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-tiles 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas 2>/dev/null
 echo
 echo "rows (side method threads tok/s s/step steps wall note):"
 if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
 cat "$RES/table.md"
-echo "TANDEM_CPU_GEMM=tiles:"
+echo "TANDEM_CPU_GEMM=blas:"
 tail -n +2 "$RES2/rows.tsv" 2>/dev/null
 DET=PASS
 for t in test_cpu_gemm test_backend_ops; do

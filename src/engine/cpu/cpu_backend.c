@@ -587,15 +587,17 @@ static const tdm_backend_vtable cpu_vtable = {
  * TANDEM_CPU_GEMM=tiles takes the tiles with the OpenMP build too (the same GEMM bits; the
  * cross-entropy's dH sums in another order: docs/engine.md): a comparison, and a way around a BLAS
  * that misbehaves. */
+/* Tiles by default: on the 16-core host of the GPU machine (AVX-512, 2026-12-03) they trained
+ * 1.36x faster than the threaded calls at 16 threads, and on the 2-core VM 1.5x at 2 threads
+ * (docs/benchmarks.md); the threaded calls win only at 1 thread. TANDEM_CPU_GEMM=blas asks for
+ * the threaded calls (OpenMP build only). */
 static tdm_status gemm_mode(bool *tiles, tdm_error *err)
 {
     const char *mode = getenv("TANDEM_CPU_GEMM");
     if (mode && *mode && strcmp(mode, "tiles") != 0 && strcmp(mode, "blas") != 0)
         return tdm_fail(err, TDM_ERR_INVALID,
-                        "TANDEM_CPU_GEMM=%s: unknown mode (tiles, blas, or unset for blas)", mode);
-    bool asked = mode && strcmp(mode, "blas") == 0;
-    *tiles = !cpu_blas_threaded() || (mode && strcmp(mode, "tiles") == 0) ||
-             (!asked && !cpu_blas_bits_measured());
+                        "TANDEM_CPU_GEMM=%s: unknown mode (tiles, blas, or unset for tiles)", mode);
+    *tiles = !cpu_blas_threaded() || !mode || strcmp(mode, "blas") != 0;
     return TDM_OK;
 }
 
@@ -604,14 +606,16 @@ const char *tdm_cpu_gemm_mode(void)
     bool tiles;
     tdm_error e = {0};
     if (gemm_mode(&tiles, &e) != TDM_OK) return "GEMMs: TANDEM_CPU_GEMM unknown";
-    if (!tiles) return "GEMMs: threaded OpenBLAS calls (its OpenMP build)";
-    if (!cpu_blas_threaded())
-        return "GEMMs: single-threaded OpenBLAS on tiles (not its OpenMP build)";
+    if (!tiles)
+        return cpu_blas_bits_measured()
+                   ? "GEMMs: threaded OpenBLAS calls (TANDEM_CPU_GEMM=blas)"
+                   : "GEMMs: threaded OpenBLAS calls (TANDEM_CPU_GEMM=blas; on this core their "
+                     "bits may change with the thread count)";
     const char *mode = getenv("TANDEM_CPU_GEMM");
-    if (mode && strcmp(mode, "tiles") == 0)
-        return "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=tiles)";
-    return "GEMMs: single-threaded OpenBLAS on tiles (its threaded bits are unmeasured on this "
-           "core; TANDEM_CPU_GEMM=blas to use them)";
+    if (mode && strcmp(mode, "blas") == 0)
+        return "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=blas needs OpenBLAS's "
+               "OpenMP build)";
+    return "GEMMs: single-threaded OpenBLAS on tiles";
 }
 
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
