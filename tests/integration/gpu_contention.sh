@@ -7,7 +7,7 @@
 #               launches being serialised on that).
 set -u
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
-JOBS=${JOBS:-14}
+JOBS=${GPU_CONTENTION_JOBS:-14} # not $JOBS: `make test JOBS=2` exports that
 log="$WORK/jobs.log"
 : > "$log"
 budgets=(3 2 5 1 4 2 3 6 1 2 5 3 2 4 1 3)
