@@ -89,10 +89,7 @@ echo "== 2. three qwen2.5-1.5b finetunes, batch 8, 5 s apart ($((SECONDS - T0)) 
 "$T" init-model m15 --preset qwen2.5-1.5b >/dev/null || exit 1
 N=${N:-1200} # samples per job: 150 steps of batch 8
 for j in 0 1 2; do
-    awk -v n="$N" -v seed=$((200 + j)) 'BEGIN { srand(seed)
-        for (i = 0; i < n; i++) { L = 64 + int(rand() * 449); printf "{\"input_ids\": ["
-            for (k = 0; k < L; k++) printf "%s%d", (k ? "," : ""), int(rand() * 256); print "]}" } }' \
-        >"v$j.jsonl"
+    "$R/scripts/device/varlen-data.sh" "$N" $((200 + j)) "v$j.jsonl"
 done
 TOK=$(python3 -c 'import json,sys; print(sum(len(json.loads(l)["input_ids"]) for f in sys.argv[1:] for l in open(f)))' v0.jsonl v1.jsonl v2.jsonl)
 B=(--device cuda --max-seq-len 512 --batch-size 8 --epochs 1 --log-every 50 --save-every 0 --val-split 0)

@@ -30,10 +30,7 @@ export TANDEM_LEDGER_DIR=$W/ledger
 STEPS=${STEPS:-50}
 N=$((STEPS * 8))
 for j in 0 1 2; do
-    awk -v n="$N" -v seed=$((200 + j)) 'BEGIN { srand(seed)
-        for (i = 0; i < n; i++) { L = 64 + int(rand() * 449); printf "{\"input_ids\": ["
-            for (k = 0; k < L; k++) printf "%s%d", (k ? "," : ""), int(rand() * 256); print "]}" } }' \
-        >"v$j.jsonl"
+    "$R/scripts/device/varlen-data.sh" "$N" $((200 + j)) "v$j.jsonl"
 done
 awk -v n="$N" 'BEGIN { srand(7); for (i = 0; i < n; i++) { printf "{\"input_ids\": ["
     for (k = 0; k < 512; k++) printf "%s%d", (k ? "," : ""), int(rand() * 256); print "]}" } }' >f512.jsonl

@@ -76,8 +76,8 @@ void tdm_backend_free(tdm_backend *be);
 
 const char *tdm_be_name(const tdm_backend *be);
 
-/* How the CPU backend runs its GEMMs (OpenBLAS's OpenMP build, TANDEM_CPU_GEMM), in words for
- * the thread note printed at start: "GEMMs: ...". */
+/* How the CPU backend runs its GEMMs (TANDEM_CPU_GEMM, OpenBLAS's build and kernel set), in words
+ * for the thread note printed at start: "GEMMs: ...; OpenBLAS core ...". A static buffer. */
 const char *tdm_cpu_gemm_mode(void);
 
 /* The element type of activations and activation gradients on this backend. */

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
-#include "engine/cpu/blas_core.h"
 #include "gpu/guard.h"
 #include "util/cpu_count.h"
 #include "train/memory_plan.h"
@@ -487,16 +486,15 @@ static int cpu_threads(const tdm_device_request *req, bool gpu)
 {
     if (gpu) return 0;
     if (req->threads > 0) {
-        note(req, "cpu: %d threads (--threads); %s; %s", req->threads, tdm_cpu_gemm_mode(),
-             tdm_blas_core_note());
+        note(req, "cpu: %d threads (--threads); %s", req->threads, tdm_cpu_gemm_mode());
         return req->threads;
     }
     const char *env = getenv("OMP_NUM_THREADS");
     char *end;
     long n = env ? strtol(env, &end, 10) : 0;
     if (env && *env && !*end && n > 0 && n <= 4096) {
-        note(req, "cpu: %ld threads (OMP_NUM_THREADS; --threads N to change); %s; %s", n,
-             tdm_cpu_gemm_mode(), tdm_blas_core_note());
+        note(req, "cpu: %ld threads (OMP_NUM_THREADS; --threads N to change); %s", n,
+             tdm_cpu_gemm_mode());
         return (int)n;
     }
     tdm_cpu_count c = tdm_cpu_usable();
@@ -504,8 +502,8 @@ static int cpu_threads(const tdm_device_request *req, bool gpu)
     if (c.quota > 0) snprintf(quota, sizeof quota, "cgroup CPU limit %d", c.quota);
     note(req,
          "cpu: %d threads (the CPUs this process may use: affinity %d, %s; --threads N "
-         "to change); %s; %s",
-         c.usable, c.affinity, quota, tdm_cpu_gemm_mode(), tdm_blas_core_note());
+         "to change); %s",
+         c.usable, c.affinity, quota, tdm_cpu_gemm_mode());
     return c.usable;
 }
 

@@ -3,11 +3,13 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
 
+#include "engine/cpu/blas_core.h"
 #include "engine/cpu/cpu_internal.h"
 #include "model/nf4.h"
 #include "util/half.h"
@@ -211,11 +213,11 @@ static tdm_status cpu_add_bias(tdm_backend *be, void *y, const float *bias, int6
  *    transposed into a scratch copy (the small kernels of that form sum like the regular ones),
  *    alpha 1 and beta 0 into a scratch C, and C = fma(alpha, scratch, beta C) here: the regular
  *    kernels' result. The copies are m k + m n floats, at most the call's own multiply-adds.
- * So with the OpenMP build of OpenBLAS (its threads are OpenMP's one pool) a product is one
- * threaded call per K block from the backend's serial code; called inside one of our parallel
- * regions it runs single-threaded. With another build (pthread: a pool of its own; serial)
- * OpenBLAS runs single-threaded and cpu_sgemm cuts C into tiles that OpenMP threads share; a tile
- * is a sub-block, so both ways give the same bits. */
+ * By default cpu_sgemm cuts C into tiles that OpenMP threads share, OpenBLAS single-threaded on
+ * each (gemm_mode below says why). With TANDEM_CPU_GEMM=blas and the OpenMP build of OpenBLAS
+ * (its threads are OpenMP's one pool) a product is instead one threaded call per K block from
+ * the backend's serial code; called inside one of our parallel regions it runs single-threaded.
+ * A tile is a sub-block, so both ways give the same bits. */
 #define BLAS_SMALL_MNK 1e6
 #define BLAS_KB 256
 #define BLAS_MNK_PER_THREAD 4194304.0
@@ -601,7 +603,8 @@ static tdm_status gemm_mode(bool *tiles, tdm_error *err)
     return TDM_OK;
 }
 
-const char *tdm_cpu_gemm_mode(void)
+/* The GEMM mode in words, without the kernel set. */
+static const char *gemm_mode_words(void)
 {
     bool tiles;
     tdm_error e = {0};
@@ -616,6 +619,13 @@ const char *tdm_cpu_gemm_mode(void)
         return "GEMMs: single-threaded OpenBLAS on tiles (TANDEM_CPU_GEMM=blas needs OpenBLAS's "
                "OpenMP build)";
     return "GEMMs: single-threaded OpenBLAS on tiles";
+}
+
+const char *tdm_cpu_gemm_mode(void)
+{
+    static char buf[320];
+    snprintf(buf, sizeof buf, "%s; %s", gemm_mode_words(), tdm_blas_core_note());
+    return buf;
 }
 
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
