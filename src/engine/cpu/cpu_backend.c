@@ -242,7 +242,10 @@ static bool blas_block(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
         blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return true;
     }
-    float *at = ta ? NULL : malloc((size_t)(m * k) * sizeof(float));
+    /* calloc, not malloc: GCC 12 at -O3 (-Wmaybe-uninitialized) cannot see that the copy below
+     * fills all of `at` before cblas_sgemm reads it through a const pointer; the zeroing is m k
+     * floats, a small call's own size */
+    float *at = ta ? NULL : calloc((size_t)(m * k), sizeof(float));
     float *t = malloc((size_t)(m * n) * sizeof(float));
     if ((!ta && !at) || !t) {
         free(at), free(t);
