@@ -15,6 +15,10 @@
 # then on the device: carry .device-pack, run `bash scripts/device/cpu-speed.sh`.
 # Budget: under 7 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds, then the threaded-calls run: 60 and
 # 120; env overrides them).
+# A/B against an earlier build in the same call: carry .device-pack/baseline.tgz too (a tarball
+# of that build's `tandem` alone, e.g. `tar czf .device-pack/baseline.tgz -C OLD_BUILD tandem`;
+# it runs with this pack's libraries): BASELINE_RUNS (default "lora:16 lora:8") then run with it,
+# after the passes above, into table-baseline.md and rows-baseline.tsv.
 # Results under $OUT: table.md, rows.tsv, table-blas.md, rows-blas.tsv, profile.txt,
 # cpu-speed.log, test_cpu_gemm.log, test_backend_ops.log, logs.tgz. The env of
 # bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
@@ -54,17 +58,33 @@ mkdir -p "$RES2"
         TORCH_THREADS= TORCH_AFTER= RUNS=${BLAS_RUNS-lora:16} \
         WORK=/tmp/cpu-speed-work OUT=$RES2 bash bench/cpu_vs_torch.sh .device/tandem
 } 2>&1 | tee -a "$OUT/cpu-speed.log"
+# The baseline build, when carried (see the header).
+RES3=/tmp/cpu-speed-res-baseline
+rm -rf "$RES3"
+if [ -f .device-pack/baseline.tgz ]; then
+    rm -rf .device-baseline && mkdir -p .device-baseline && tar xzf .device-pack/baseline.tgz -C .device-baseline
+    mkdir -p "$RES3"
+    {
+        echo "# baseline build (.device-pack/baseline.tgz)"
+        BUDGET=${BASELINE_BUDGET:-90} HARD_LIMIT=${BASELINE_HARD_LIMIT:-150} PROFILE= TORCH_THREADS= \
+            TORCH_AFTER= RUNS=${BASELINE_RUNS-lora:16 lora:8} \
+            WORK=/tmp/cpu-speed-work OUT=$RES3 bash bench/cpu_vs_torch.sh .device-baseline/tandem
+    } 2>&1 | tee -a "$OUT/cpu-speed.log"
+    cp "$RES3/table.md" "$OUT/table-baseline.md" 2>/dev/null
+    cp "$RES3/rows.tsv" "$OUT/rows-baseline.tsv" 2>/dev/null
+fi
 cp "$RES2/table.md" "$OUT/table-blas.md" 2>/dev/null
 cp "$RES2/rows.tsv" "$OUT/rows-blas.tsv" 2>/dev/null
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
 cp "$RES/profile.txt" "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas $([ -d "$RES3" ] && echo cpu-speed-res-baseline) 2>/dev/null
 echo
 echo "rows (side method threads tok/s s/step steps wall note):"
 if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
 cat "$RES/table.md"
 echo "TANDEM_CPU_GEMM=blas:"
 tail -n +2 "$RES2/rows.tsv" 2>/dev/null
+[ -f "$RES3/rows.tsv" ] && { echo "baseline build:"; tail -n +2 "$RES3/rows.tsv"; }
 DET=PASS
 for t in test_cpu_gemm test_backend_ops; do
     grep -q 'PASSED  \]' "$OUT/$t.log" && ! grep -q 'FAILED  \]' "$OUT/$t.log" || DET=FAIL

@@ -433,7 +433,10 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
         memcpy(out, (const float *)w->data + r0 * cols, (size_t)((r1 - r0) * cols) * sizeof(float));
         return;
     case TDM_BE_W_BF16:
-        tdm_bf16_to_f32_n((const uint16_t *)w->data + r0 * cols, out, (size_t)((r1 - r0) * cols));
+        /* threaded like the NF4 case below: serial, this was a whole pass over every bf16 weight
+         * per forward and per backward (and the lm_head per cross-entropy call) on one thread
+         * while the others waited */
+        convert(nt, (const uint16_t *)w->data + r0 * cols, out, (r1 - r0) * cols, true);
         return;
     case TDM_BE_W_NF4:
     case TDM_BE_W_NF4_DQ:
