@@ -95,7 +95,10 @@ cmp -s "$WORK/ref/c/adapter_model.safetensors" "$SHARED/long/c/adapter_model.saf
 
 # cluster cancel of one task of a job array: scancel of ARRAYID_1 only. Task 1 (b) checkpoints and
 # ends (exit 143, no requeue, `cancelled` in watch); tasks 0 and 2 go on running and complete once.
-sed -e 's#out/#arr/#' -e 's/^epochs = 2/epochs = 30/' -e 's#^output = "arr/b"#&\nepochs = 12#' \
+# b has 160 steps (~16 a second on 2 cores): enough that neither its cancel nor the USR1 of its
+# resubmission below can come after its last step (with 48 its first run once reached step 12
+# before the cancel took effect, and the resubmission finished before its USR1).
+sed -e 's#out/#arr/#' -e 's/^epochs = 2/epochs = 30/' -e 's#^output = "arr/b"#&\nepochs = 40#' \
     "$WORK/adapters.toml" >"$WORK/arr.toml"
 expect_exit 0 "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
     --adapters-config "$WORK/arr.toml" "${FLAGS[@]}"
@@ -129,9 +132,14 @@ done
 for a in a c; do [ -s "$SHARED/arr/$a/adapter_model.safetensors" ] || fail "task of $a: not trained"; done
 # Resumed by hand (sbatch --array=1 job.sh): a new Slurm id, so the old cancel marker does not
 # stop it: Slurm's USR1 requeues it, and it completes from the checkpoints.
+# USR1 once the resubmission has saved a checkpoint of its own (a step past the cancelled run's
+# last): the job is then running, with its handler set, and has steps left.
+b_last_step() { ls -d "$SHARED"/arr/b/checkpoint-* 2>/dev/null | sed 's/.*checkpoint-//' | sort -n | tail -n 1; }
+cancelled_at=$(b_last_step)
 expect_exit 0 sbatch --parsable --array=1 --chdir="$SHARED" "$SHARED/jobs/${job%_1}/job.sh"
 again=$(cut -d';' -f1 "$WORK/last.out")_1
-wait_until 120 test -d "$SHARED/arr/b/checkpoint-12"
+b_saved_again() { [ "$(b_last_step)" -gt "$cancelled_at" ]; }
+wait_until 120 b_saved_again
 scancel --signal=USR1 --batch "$again" || fail "scancel --signal=USR1 $again"
 again_ended() { case $(slurm_job_state "$again") in COMPLETED | FAILED | CANCELLED | TIMEOUT) ;; *) false ;; esac; }
 wait_until 120 again_ended

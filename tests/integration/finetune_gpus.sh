@@ -44,7 +44,8 @@ EOF
 COMMON=(--batch-size 2 --val-split 0 --log-every 1 --lr-schedule constant --max-seq-len 64
         --seed 7 --save-every 1 --no-join)
 status() { "$TANDEM" gpu status --json; }
-pid_on() { status | jq -r --arg g "$1" '[.gpus[] | select(.uuid == $g) | .reservations[].pids[0]][0] // empty'; }
+# pid_on UUID < STATUS_JSON: the first pid of the reservation on that GPU
+pid_on() { jq -r --arg g "$1" '[.gpus[] | select(.uuid == $g) | .reservations[].pids[0]][0] // empty'; }
 
 # mistakes first (fast)
 toml bad
@@ -58,9 +59,11 @@ expect_exit 1 "$TANDEM" finetune "$M" --adapters-config bad.toml --gpus GPU-sim-
 grep -q "adapter 1 (long) fits on no GPU of the list" last.err || fail "no fit message: $(cat last.err)"
 [ -e bad ] && fail "a failed plan wrote outputs"
 
-# the run: plan, one reservation per GPU, a child killed -9
+# the run: plan, one reservation per GPU, a child killed -9. s1 and s2 train 4 epochs (8 steps
+# each): with 1 (2 steps) GPU-sim-1's child once ended between the two status reads below.
 toml run
-"$TANDEM" finetune "$M" --adapters-config run.toml --gpus all "${COMMON[@]}" >run.out 2>run.err &
+RUN_EPOCHS=(--epochs 4)
+"$TANDEM" finetune "$M" --adapters-config run.toml --gpus all "${COMMON[@]}" "${RUN_EPOCHS[@]}" >run.out 2>run.err &
 parent=$!
 wait_until 30 grep -q "^adapter 2:" run.out
 grep -q "^adapter 0: rev4.jsonl -> long: gpu 0 GPU-sim-0 (4 samples, [0-9]* tokens)" run.out ||
@@ -68,10 +71,12 @@ grep -q "^adapter 0: rev4.jsonl -> long: gpu 0 GPU-sim-0 (4 samples, [0-9]* toke
 grep -q "^adapter 1: add4.jsonl -> s1: gpu 1 GPU-sim-1" run.out || fail "s1 not on GPU-sim-1"
 grep -q "^adapter 2: add4.jsonl -> s2: gpu 1 GPU-sim-1" run.out || fail "s2 not on GPU-sim-1"
 grep -q "^  gpu 2 GPU-sim-2 (Sim Small): no adapter" run.out || fail "the small GPU was used"
-wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 2 ]"
-p0=$(pid_on GPU-sim-0)
-p1=$(pid_on GPU-sim-1)
-[ -n "$p0" ] && [ -n "$p1" ] && [ "$p0" != "$p1" ] || fail "not one reservation per GPU: $(status | jq -c '[.gpus[].reservations]')"
+# both pids from one snapshot of the ledger, the one that showed two reservations
+two_reservations() { status >res.json && [ "$(jq '[.gpus[].reservations[]] | length' res.json)" = 2 ]; }
+wait_until 30 two_reservations
+p0=$(pid_on GPU-sim-0 <res.json)
+p1=$(pid_on GPU-sim-1 <res.json)
+[ -n "$p0" ] && [ -n "$p1" ] && [ "$p0" != "$p1" ] || fail "not one reservation per GPU: $(jq -c '[.gpus[].reservations]' res.json)"
 [ "$p0" != "$parent" ] && [ "$p1" != "$parent" ] || fail "the parent holds a reservation"
 [ "$(status | jq '[.gpus[] | select(.uuid == "GPU-sim-2") | .reservations[]] | length')" = 0 ] ||
     fail "a reservation on the unused GPU"
@@ -91,7 +96,7 @@ for a in s1 s2; do [ -e run/$a/adapter_model.safetensors ] || fail "$a not finis
 wait_until 10 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 0 ]"
 
 # --resume: every child resumes; the killed one's adapter continues from its checkpoint
-expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run.toml --gpus all "${COMMON[@]}" --resume
+expect_exit 0 "$TANDEM" finetune "$M" --adapters-config run.toml --gpus all "${COMMON[@]}" "${RUN_EPOCHS[@]}" --resume
 grep -q "^\[gpu 0\] \[long\] resuming from run/long/checkpoint-[0-9]* (step [1-9]" last.out ||
     fail "long did not resume: $(cat last.out)"
 grep -q "^\[gpu 1\] \[s1\] already finished" last.out || fail "s1 trained again: $(cat last.out)"
