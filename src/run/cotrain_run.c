@@ -201,7 +201,9 @@ static tdm_status join_host(tdm_run_opts *o, const tdm_trainer_adapter *ads, int
         }
         tdm_status r = tdm_cotrain_client_next(&c, CLIENT_POLL_MS, &m, &io);
         if (r == TDM_ERR_TIMEOUT) continue;
-        if (r != TDM_OK && admitted && c.host_gone && !c.eof && host_alive(host, false)) {
+        /* before admission too: giving up on a stopped host would make this run a second host
+         * of the device (or fail after JOIN_ATTEMPTS elections that all find it again) */
+        if (r != TDM_OK && c.host_gone && !c.eof && host_alive(host, false)) {
             if (!said_silent)
                 note(o->device.note, o->device.note_user,
                      "the finetune of pid %d has sent nothing for %d ms but its process still "

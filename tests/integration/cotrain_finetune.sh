@@ -1,10 +1,12 @@
 # Co-training between real `tandem finetune` processes (issue 15; docs/co-training.md), on the
 # tiny random model, CPU device, one private ledger directory:
-#  - two finetunes started 0.5 s apart: the second joins the first (it says so; the host lists
+#  - two finetunes, the second started while the first runs (held stopped until the second's join
+#    is sent: hold_host): the second joins the first (it says so; the host lists
 #    the joined adapter with the joiner's pid), both exit 0, and both adapters equal training
 #    each alone (--no-join) within the fused == alone tolerance of unit.trainer;
 #  - a joiner with a bad data line gets FILE:LINE and exit 1 while the host trains on to the
-#    alone result;
+#    alone result; a joiner's Ctrl-C before its admission withdraws the join (exit 130, nothing
+#    written);
 #  - Ctrl-C on a joiner hands its adapter back with a checkpoint (exit 130, the resume command);
 #    --resume then joins the host, which resumes it from its checkpoint, and finishes it equal
 #    to the uninterrupted run; the host is undisturbed;
@@ -22,11 +24,14 @@ COMMON=(--batch-size 2 --epochs 2 --val-split 0 --log-every 1 --save-every 4
 expect_exit 0 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:ref/reverse "${COMMON[@]}" --no-join
 expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:ref/add "${COMMON[@]}" --no-join
 
-# two finetunes 0.5 s apart: one process trains both
+# two finetunes, the second started while the first runs: one process trains both
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:co/reverse "${COMMON[@]}" >host.out 2>host.err &
 host=$!
-sleep 0.5
-"$TANDEM" finetune "$M" --adapter data/add.jsonl:co/add "${COMMON[@]}" >join.out 2>join.err
+hold_host $host || fail "host $host ended before it was held"
+"$TANDEM" finetune "$M" --adapter data/add.jsonl:co/add "${COMMON[@]}" >join.out 2>join.err &
+joiner=$!
+release_host $host join.err
+wait $joiner
 rc=$?
 wait $host || fail "host exited $?"
 [ $rc -eq 0 ] || { fail "joiner exited $rc"; sed 's/^/  joiner: /' join.err >&2; }
@@ -43,20 +48,37 @@ ls "$TANDEM_LEDGER_DIR"/cotrain-*.json >/dev/null 2>&1 && fail "advertisement le
 # a joiner with bad data: FILE:LINE, exit 1; the host trains on
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:bad/reverse "${COMMON[@]}" >host2.out 2>host2.err &
 host=$!
-sleep 0.5
-expect_exit 1 "$TANDEM" finetune "$M" --adapter data/bad.jsonl:bad/bad "${COMMON[@]}"
-grep -q "data/bad.jsonl:2" "$WORK/last.err" || { fail "no FILE:LINE for the bad line"; cat "$WORK/last.err" >&2; }
+hold_host $host || fail "host $host ended before it was held"
+"$TANDEM" finetune "$M" --adapter data/bad.jsonl:bad/bad "${COMMON[@]}" >badj.out 2>badj.err &
+joiner=$!
+# and a joiner's Ctrl-C before it is admitted withdraws its join: exit 130, nothing trained
+"$TANDEM" finetune "$M" --adapter data/add.jsonl:wd/add "${COMMON[@]}" >wd.out 2>wd.err &
+wd=$!
+wait_until 30 grep -q "pid $host has sent nothing .* waiting for it" wd.err
+kill -INT $wd
+wait $wd
+rc=$?
+[ $rc -eq 130 ] || { fail "Ctrl-C before admission: exit $rc, want 130"; sed 's/^/  /' wd.err >&2; }
+release_host $host badj.err
+wait $joiner
+rc=$?
+[ $rc -eq 1 ] || { fail "the joiner with a bad line exited $rc, want 1"; sed 's/^/  joiner: /' badj.err >&2; }
+grep -q "refused 1 adapter(s) of pid $joiner (.*): bad lines" host2.err ||
+    fail "the host did not refuse the bad joiner"
+grep -q "data/bad.jsonl:2" badj.err || { fail "no FILE:LINE for the bad line"; cat badj.err >&2; }
 wait $host || fail "host with a refused joiner exited $?"
+[ -z "$(ls -A wd/add 2>/dev/null)" ] || fail "the withdrawn join wrote into its OUT_DIR: $(ls wd/add)"
 cmp -s ref/reverse/adapter_model.safetensors bad/reverse/adapter_model.safetensors ||
     close_adapters ref/reverse bad/reverse || fail "the host was disturbed by a refused join"
 
 # Ctrl-C on a joiner: checkpoint, exit 130 with the resume command; --resume finishes it
-"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 4 \
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 8 \
     >host3.out 2>host3.err &
 host=$!
-sleep 0.5
+hold_host $host || fail "host $host ended before it was held"
 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" >int.out 2>int.err &
 joiner=$!
+release_host $host int.err
 wait_until 60 grep -q '^\[add\] epoch 0.* step 5/' int.out
 kill -INT $joiner
 wait $joiner
@@ -65,8 +87,12 @@ rc=$?
 grep -q -- "--resume" int.err || fail "no resume command after the joiner's Ctrl-C"
 ls -d int/add/checkpoint-* >/dev/null 2>&1 || fail "no checkpoint of the handed-back adapter"
 kill -0 $host 2>/dev/null || fail "the host ended with its joiner"
-expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" --resume
-grep -q "joined the finetune of pid $host " "$WORK/last.err" ||
+hold_host $host || fail "host $host ended before it was held"
+"$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" --resume >res.out 2>res.err &
+joiner=$!
+release_host $host res.err
+wait $joiner || { fail "the --resume exited $?"; sed 's/^/  joiner: /' res.err >&2; }
+grep -q "joined the finetune of pid $host " res.err ||
     fail "the --resume did not join the running host (it resumes inside it)"
 close_adapters ref/add int/add || fail "joiner Ctrl-C + --resume differs from the uninterrupted run"
 wait $host || fail "host of the interrupted joiner exited $?"

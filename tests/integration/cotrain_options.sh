@@ -45,16 +45,15 @@ refs >refs.log 2>&1 &
 refs_pid=$!
 
 # three hosts, each in a ledger directory of its own (its own seed, 6 steps): synchronized
-# (with save points of its own), round-robin, priority-val-loss
+# (with save points of its own), round-robin, priority-val-loss; each held stopped until its
+# joiners' joins are sent (hold_host: 6 tiny steps could end first), so started one by one
 declare -A hp jn
 for s in synchronized round-robin priority-val-loss; do
     mkdir -p "$WORK/ledger-$s"
     TANDEM_LEDGER_DIR="$WORK/ledger-$s" "${FT[@]}" --adapter data/add.jsonl:$s/host --epochs 2 \
         --seed 7 --save-every 4 --schedule $s >$s-host.out 2>$s-host.err &
     hp[$s]=$!
-done
-for s in synchronized round-robin priority-val-loss; do
-    wait_until 30 test -e "$WORK/ledger-$s/cotrain-${hp[$s]}.json"
+    hold_host "${hp[$s]}" "$WORK/ledger-$s" || fail "$s host ended before it was held"
 done
 # four joiners of the synchronized host, started together
 export TANDEM_LEDGER_DIR="$WORK/ledger-synchronized"
@@ -67,16 +66,13 @@ for s in round-robin priority-val-loss; do
     TANDEM_LEDGER_DIR="$WORK/ledger-$s" joiner 2 $s --schedule $s >$s-join.out 2>$s-join.err &
     jn[$s]=$!
 done
-# another schedule is run-wide: refused, naming it
-expect_exit 2 joiner 1 sched --schedule round-robin
-grep -q "run-wide options differ.*(schedule)" "$WORK/last.err" ||
-    { fail "another --schedule: not refused naming it"; sed 's/^/  /' "$WORK/last.err" >&2; }
-# finetunes of another base, beside the round-robin host, find no host and train on their own
-export TANDEM_LEDGER_DIR="$WORK/ledger-round-robin"
-"${FT[@]}" --adapter data/upper.jsonl:other/qlora --epochs 1 --method qlora >qlora.out 2>qlora.err &
+# finetunes of another base, beside the (held) round-robin host, find no host and train on
+# their own
+TANDEM_LEDGER_DIR="$WORK/ledger-round-robin" "${FT[@]}" --adapter data/upper.jsonl:other/qlora \
+    --epochs 1 --method qlora >qlora.out 2>qlora.err &
 qlora=$!
-"$TANDEM" finetune "$WORK/tiny-eps" "${COMMON[@]}" --adapter data/upper.jsonl:other/eps --epochs 1 \
-    >eps.out 2>eps.err
+TANDEM_LEDGER_DIR="$WORK/ledger-round-robin" "$TANDEM" finetune "$WORK/tiny-eps" "${COMMON[@]}" \
+    --adapter data/upper.jsonl:other/eps --epochs 1 >eps.out 2>eps.err
 rc=$?
 [ $rc -eq 0 ] || { fail "other config exited $rc"; sed 's/^/  /' eps.err >&2; }
 wait $qlora || { fail "--method qlora exited $?"; sed 's/^/  /' qlora.err >&2; }
@@ -85,6 +81,16 @@ grep -q "not joining: .*differs in: model" eps.err || { fail "other config: no r
 grep -q "joined the finetune" qlora.err eps.err && fail "another base joined"
 for a in qlora eps; do [ -s other/$a/adapter_model.safetensors ] || fail "$a: not trained"; done
 
+# another schedule is run-wide: refused, naming it
+joiner 1 sched --schedule round-robin >sched.out 2>sched.err &
+sched=$!
+release_host "${hp[synchronized]}" co1.err co2.err co3.err co4.err sched.err
+for s in round-robin priority-val-loss; do release_host "${hp[$s]}" $s-join.err; done
+wait $sched
+rc=$?
+[ $rc -eq 2 ] || fail "another --schedule: exit $rc, want 2"
+grep -q "run-wide options differ.*(schedule)" sched.err ||
+    { fail "another --schedule: not refused naming it"; sed 's/^/  /' sched.err >&2; }
 for k in 1 2 3 4 round-robin priority-val-loss; do
     wait "${jn[$k]}"
     rc=$?

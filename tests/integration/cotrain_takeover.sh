@@ -8,7 +8,10 @@
 #    its adapter from its latest checkpoint) and the others join it with resume: two joiners
 #    orphaned at once end up as one new host and one joiner, with no user action;
 #  - the killed host's own adapter has nobody attached: `--resume` of its command joins the new
-#    host, which resumes it inside its fused pass (a --resume joiner);
+#    host, which resumes it inside its fused pass (a --resume joiner; the new host is held
+#    stopped until that join is sent, hold_host, so it cannot finish first; a late round whose
+#    new host finished before it could be held, or whose joiners had all finished, resumes it
+#    alone);
 # every process that was not killed exits 0, and the three adapters equal an uninterrupted run
 # (one --no-join process) within the fused == alone tolerance; each orphan past its first
 # checkpoint was resumed, not started over. The kill moments are printed. Then a stopped host
@@ -68,10 +71,11 @@ any_took_over() {
 
 start reverse
 host=${PID[reverse]}
-wait_until 60 test -e "$TANDEM_LEDGER_DIR/cotrain-$host.json"
+hold_host "$host" || fail "host $host ended before it was held"
 start upper
 start add
 joiners=("${PID[upper]}" "${PID[add]}")
+release_host "$host" "${LOG[${PID[upper]}]}.err" "${LOG[${PID[add]}]}.err"
 for p in "${joiners[@]}"; do wait_until 60 joined "$p" "$host"; done
 watched=${PID[add]}
 rounds=0
@@ -103,7 +107,13 @@ for round in 1 2 3; do
     live=()
     for p in "${orphans[@]}"; do died "$p" "$host" && live+=("$p"); done
     orphans=("${live[@]}")
-    [ ${#orphans[@]} -ge 1 ] || { echo "round $round: every adapter had finished"; break; }
+    dead=${ADAPTER[$host]}
+    if [ ${#orphans[@]} -eq 0 ]; then
+        # the killed host's own adapter still needs its --resume: no host left, it trains alone
+        echo "round $round: every adapter had finished"
+        start "$dead" --resume
+        break
+    fi
     rounds=$round
     # exactly one orphan hosts, the others join it
     wait_until 60 any_took_over "${orphans[@]}"
@@ -115,11 +125,28 @@ for round in 1 2 3; do
         fi
     done
     [ -n "$new" ] || { fail "round $round: nobody took over"; break; }
+    # the killed host's own adapter: --resume joins the new host, held stopped until that join
+    # and the other orphans' are sent (unless, in a late round, the new host finished its few
+    # remaining steps before it could be held: then the --resume trains alone)
+    held=1
+    hold_host "$new" || held=0
+    [ $held -eq 1 ] || [ $round -gt 1 ] || fail "round 1: the new host $new ended before it was held"
+    start "$dead" --resume
+    r=${PID[$dead]}
     rest=()
-    for p in "${orphans[@]}"; do
-        [ "$p" = "$new" ] && continue
+    for p in "${orphans[@]}"; do [ "$p" = "$new" ] || rest+=("$p"); done
+    if [ $held -eq 1 ]; then
+        errs=("${LOG[$r]}.err")
+        for p in "${rest[@]}"; do errs+=("${LOG[$p]}.err"); done
+        release_host "$new" "${errs[@]}"
+        wait_until 60 joined "$r" "$new" || fail "round $round: --resume of $dead did not join $new"
+        [ "${host_at:-0}" -lt 3 ] || wait_until 30 grep -q "from pid $r (.*), resumed at step" \
+            "${LOG[$new]}.err" || fail "round $round: --resume of $dead was not resumed in $new"
+    else
+        echo "round $round: the new host $new had finished; --resume of $dead trains alone"
+    fi
+    for p in "${rest[@]}"; do
         wait_until 60 joined "$p" "$new" || fail "round $round: $p did not join the new host $new"
-        rest+=("$p")
     done
     # resumed, not started over (that would end equal too): past step 2 a checkpoint exists
     for p in "${orphans[@]}"; do
@@ -133,17 +160,6 @@ for round in 1 2 3; do
         fi
     done
     echo "round $round: ${ADAPTER[$new]} (pid $new) took over, ${#rest[@]} other(s) joined it"
-    # the killed host's own adapter: --resume joins the new host
-    # (once the new host advertises: started before, it would find no host and train alone)
-    dead=${ADAPTER[$host]}
-    [ $round -lt 3 ] && wait_until 60 test -e "$TANDEM_LEDGER_DIR/cotrain-$new.json"
-    start "$dead" --resume
-    r=${PID[$dead]}
-    if [ $round -lt 3 ]; then
-        wait_until 60 joined "$r" "$new" || fail "round $round: --resume of $dead did not join $new"
-        [ "${host_at:-0}" -lt 3 ] || wait_until 30 grep -q "from pid $r (.*), resumed at step" \
-            "${LOG[$new]}.err" || fail "round $round: --resume of $dead was not resumed in $new"
-    fi
     joiners=("${rest[@]}" "$r")
     host=$new
     watched=$r
@@ -170,9 +186,11 @@ ls "$TANDEM_LEDGER_DIR"/cotrain-*.json >/dev/null 2>&1 && fail "advertisement le
 OUT=stop
 start reverse
 host=$!
-wait_until 60 test -e "$TANDEM_LEDGER_DIR/cotrain-$host.json"
+hold_host "$host" || fail "host $host ended before it was held"
 start add
 joiner=$!
+release_host "$host" "${LOG[$joiner]}.err"
+wait_until 60 joined "$joiner" "$host" || fail "the joiner of the host to stop did not join it"
 wait_until 60 step_at_least "$joiner" 2
 kill -STOP "$host"
 wait_until 10 grep -q "still exists (stopped or frozen?): waiting for it" "${LOG[$joiner]}.err"

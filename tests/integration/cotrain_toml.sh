@@ -62,10 +62,13 @@ refh=$!
 
 "${FT[@]}" "${HOST[@]/HOSTDIR/co/host}" >host.out 2>host.err &
 host=$!
-wait_until 30 test -e "$TANDEM_LEDGER_DIR/cotrain-$host.json"
-expect_exit 0 "${FT[@]}" --adapters-config co/adapters.toml
-grep -q "joined the finetune of pid $host " "$WORK/last.err" ||
-    { fail "the adapters.toml run did not join its host"; sed 's/^/  /' "$WORK/last.err" >&2; }
+hold_host $host || fail "host $host ended before it was held"
+"${FT[@]}" --adapters-config co/adapters.toml >join.out 2>join.err &
+joiner=$!
+release_host $host join.err
+wait $joiner || fail "the adapters.toml run exited $?"
+grep -q "joined the finetune of pid $host " join.err ||
+    { fail "the adapters.toml run did not join its host"; sed 's/^/  /' join.err >&2; }
 wait $host || fail "host exited $?"
 [ "$(grep -c 'joined: adapter' host.err)" -eq 2 ] || fail "the host did not list 2 joined adapters"
 wait $ref || { fail "reference exited $?"; sed 's/^/  /' ref.err >&2; }

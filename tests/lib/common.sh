@@ -107,6 +107,37 @@ sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
 PY
 }
 
+# hold_host PID [LEDGER_DIR]: stops a co-training host (SIGSTOP) once it advertises in
+# LEDGER_DIR (default $TANDEM_LEDGER_DIR) and no longer holds the election lock; returns 1 when
+# the host ended first (the caller decides whether that fails the test). release_host PID
+# ERR...: once every joiner whose stderr is an ERR file says it waits for the stopped host (its
+# join sent, docs/co-training.md), continues it, and the host admits them all at its next step
+# boundary. Why: a host of a few tiny-model steps can finish before a finetune started after it
+# has loaded, so "joins the running host" would race the CPU's speed.
+hold_host() {
+    local pid=$1 dir=${2:-$TANDEM_LEDGER_DIR}
+    local deadline=$(( $(date +%s) + 60 ))
+    while [ "$(date +%s)" -lt "$deadline" ]; do
+        kill -0 "$pid" 2>/dev/null || return 1
+        if [ -e "$dir/cotrain-$pid.json" ] && kill -STOP "$pid" 2>/dev/null; then
+            flock -n "$dir/cotrain.lock" true && return 0 # stopped outside an election
+            kill -CONT "$pid"
+        fi
+        sleep 0.01
+    done
+    fail "could not hold host $pid in 60 s (no advertisement, or the election lock stayed held)"
+    return 1
+}
+release_host() {
+    local pid=$1 f
+    shift
+    for f in "$@"; do
+        wait_until 30 grep -q "pid $pid has sent nothing .* waiting for it" "$f" ||
+            sed 's/^/  joiner: /' "$f" >&2
+    done
+    kill -CONT "$pid"
+}
+
 # last_step FILE: the step of the last progress line ("... step S/T ...") in FILE (empty: none);
 # step_at_least FILE N: whether it is >= N (for wait_until); last_checkpoint DIR: the highest
 # N of DIR/checkpoint-N (empty: none).
