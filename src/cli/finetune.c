@@ -344,6 +344,10 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
         pc->outputs[a] = strdup(ads[a].output ? ads[a].output : "?");
         pc->total[a] = ads[a].total_steps;
     }
+    /* the device is open and the model loaded: from here a stop signal is honoured with a
+     * checkpoint (before, while waiting for GPU memory or loading, it ends the process); armed
+     * before the "adapter N:" lines, so a signal sent after them is always graceful */
+    stop_handlers(TDM_STOP_GRACEFUL);
     pc->lines = calloc((size_t)n, sizeof *pc->lines);
     for (int a = 0; pc->lines && a < n; a++)
         if (!(pc->lines[a] = calloc(256, 1))) pc->tty = false;
@@ -358,9 +362,6 @@ static void on_started(const tdm_run_adapter_info *ads, int n, void *user)
                    ads[a].data, ads[a].output, (long long)ads[a].n_train, (long long)ads[a].n_val,
                    (long long)ads[a].total_steps);
     fflush(stdout);
-    /* the device is open and the model loaded: from here a stop signal is honoured with a
-     * checkpoint (before, while waiting for GPU memory or loading, it ends the process) */
-    stop_handlers(TDM_STOP_GRACEFUL);
 }
 
 int tdm_cmd_finetune(int argc, char **argv)
