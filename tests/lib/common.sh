@@ -107,14 +107,14 @@ sys.exit(0 if md / (1e-3 + mx) < 1e-3 else 1)
 PY
 }
 
-# hold_host PID [LEDGER_DIR]: stops a co-training host (SIGSTOP) once it advertises in
+# try_hold_host PID [LEDGER_DIR]: stops a co-training host (SIGSTOP) once it advertises in
 # LEDGER_DIR (default $TANDEM_LEDGER_DIR) and no longer holds the election lock; returns 1 when
-# the host ended first (the caller decides whether that fails the test). release_host PID
-# ERR...: once every joiner whose stderr is an ERR file says it waits for the stopped host (its
-# join sent, docs/co-training.md), continues it, and the host admits them all at its next step
-# boundary. Why: a host of a few tiny-model steps can finish before a finetune started after it
-# has loaded, so "joins the running host" would race the CPU's speed.
-hold_host() {
+# the host ended first. hold_host: the same, and an ended host fails the test. release_host PID
+# ERR...: once every joiner whose stderr is an ERR file waits for the stopped host
+# (waiting_for_host: its join is sent, docs/co-training.md), continues it, and the host admits
+# them all at its next step boundary. Why: a host of a few tiny-model steps can finish before a
+# finetune started after it has loaded, so "joins the running host" would race the CPU's speed.
+try_hold_host() {
     local pid=$1 dir=${2:-$TANDEM_LEDGER_DIR}
     local deadline=$(( $(date +%s) + 60 ))
     while [ "$(date +%s)" -lt "$deadline" ]; do
@@ -128,12 +128,13 @@ hold_host() {
     fail "could not hold host $pid in 60 s (no advertisement, or the election lock stayed held)"
     return 1
 }
+hold_host() { try_hold_host "$@" || { fail "host $1 ended before it was held"; return 1; }; }
+waiting_for_host() { grep -q "pid $1 has sent nothing .* waiting for it" "$2"; }
 release_host() {
     local pid=$1 f
     shift
     for f in "$@"; do
-        wait_until 30 grep -q "pid $pid has sent nothing .* waiting for it" "$f" ||
-            sed 's/^/  joiner: /' "$f" >&2
+        wait_until 30 waiting_for_host "$pid" "$f" || sed 's/^/  joiner: /' "$f" >&2
     done
     kill -CONT "$pid"
 }
