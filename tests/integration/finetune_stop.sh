@@ -41,9 +41,17 @@ stop_and_resume() {
         [ "$got" -eq "$want" ] || fail "$run: SIG$sig: exit $got, want $want"
         grep -q -- "--resume\$" $run.err || fail "$run: no resume command: $(cat $run.err)"
         grep -q "^tandem: SIG$sig: stopped" $run.err || fail "$run: no stop message: $(cat $run.err)"
+    elif [ -f $run/reverse/adapter_model.safetensors ] && [ -f $run/add/adapter_model.safetensors ]
+    then
+        # training ended before the signal: exit 0, or (INT/TERM landing after training, while
+        # the process prints its report and exits: slow under ASan) death by the signal's
+        # default action, which docs/finetune.md states for that phase
+        case "$sig:$got" in
+            *:0|INT:130|TERM:143) echo "note: $run finished before SIG$sig (exit $got)" ;;
+            *) fail "$run: SIG$sig after training: exit $got: $(cat $run.err)" ;;
+        esac
     else
-        [ "$got" -eq 0 ] || fail "$run: SIG$sig: exit $got without a stop message: $(cat $run.err)"
-        echo "note: $run finished before SIG$sig"
+        fail "$run: SIG$sig during training: exit $got without a stop message: $(cat $run.err)"
     fi
     expect_exit 0 "$TANDEM" finetune "$M" $(ads $run) "${COMMON[@]}" --resume
     same_run ref $run "SIG$sig then --resume differs from the uninterrupted run" reverse add
