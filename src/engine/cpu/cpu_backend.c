@@ -61,6 +61,8 @@ static void cpu_destroy(tdm_backend *be)
     cpu_backend *cpu = cpu_of(be);
     while (cpu->allocs)
         cpu_free(be, (char *)cpu->allocs + HDR);
+    for (int i = 0; i < CPU_SCRATCH_N; i++)
+        free(cpu->scratch[i].p);
     free(cpu);
 }
 
@@ -464,13 +466,21 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
     }
 }
 
-const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w, float **tmp)
+void *cpu_scratch(cpu_backend *cpu, cpu_scratch_slot slot, size_t bytes)
 {
-    *tmp = NULL;
+    if (cpu->scratch[slot].p && cpu->scratch[slot].bytes >= bytes) return cpu->scratch[slot].p;
+    free(cpu->scratch[slot].p); /* the contents need not survive: no realloc copy */
+    cpu->scratch[slot].p = malloc(bytes ? bytes : 1);
+    cpu->scratch[slot].bytes = cpu->scratch[slot].p ? bytes : 0;
+    return cpu->scratch[slot].p;
+}
+
+const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w)
+{
     if (w->format == TDM_BE_W_F32) return w->data;
-    *tmp = malloc((size_t)(w->rows * w->cols) * sizeof(float));
-    if (*tmp) cpu_weight_rows_f32(cpu, w, 0, w->rows, *tmp);
-    return *tmp;
+    float *f = cpu_scratch(cpu, CPU_SCRATCH_CE_WEIGHT, (size_t)(w->rows * w->cols) * sizeof(float));
+    if (f) cpu_weight_rows_f32(cpu, w, 0, w->rows, f);
+    return f;
 }
 
 int64_t cpu_tile_rows(int64_t rows, int64_t cols)
@@ -515,7 +525,7 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
-    float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
+    float *buf = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
@@ -523,7 +533,6 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
         cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols, beta,
                   (float *)y + r0, w->rows);
     }
-    free(buf);
     return TDM_OK;
 }
 
@@ -539,7 +548,7 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
-    float *buf = malloc((size_t)(tile * w->cols) * sizeof(float));
+    float *buf = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
@@ -547,7 +556,6 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
         cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0, w->rows,
                   buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
     }
-    free(buf);
     return TDM_OK;
 }
 

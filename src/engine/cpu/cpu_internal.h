@@ -19,6 +19,15 @@
  * result, so this only affects speed.) */
 #define TDM_CPU_PAR_MIN ((int64_t)1 << 15)
 
+/* The backend's scratch buffers, kept from one op call to the next (cpu_scratch). */
+typedef enum {
+    CPU_SCRATCH_WEIGHT_TILE, /* linear_fwd / linear_bwd: one dequantized tile of W's rows */
+    CPU_SCRATCH_CE_WEIGHT,   /* cross_entropy: the lm_head in f32 when it is stored otherwise */
+    CPU_SCRATCH_CE_LOGITS,   /* cross_entropy: a chunk's logits, then its dlogits */
+    CPU_SCRATCH_CE_PARTIAL,  /* cross_entropy: dH's per-vocabulary-block partial products */
+    CPU_SCRATCH_N
+} cpu_scratch_slot;
+
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;
@@ -26,6 +35,10 @@ typedef struct cpu_backend {
     uint64_t used, peak;
     struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
     float dmap[256];          /* NF4 double-quant dynamic map */
+    struct {
+        void *p;
+        size_t bytes;
+    } scratch[CPU_SCRATCH_N];
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(tdm_backend *be)
@@ -59,9 +72,18 @@ bool cpu_blas_bits_measured(void);
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
                          float *out);
 
-/* A full f32 view of a dense weight: w->data itself when F32, else a malloc'd conversion that
- * *tmp owns (free it). NULL on allocation failure. */
-const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w, float **tmp);
+/* A buffer of at least `bytes` for one op call, kept for the next call (grown when too small,
+ * freed with the backend); its contents are undefined. NULL on allocation failure. Why: a
+ * buffer malloc'd per call and larger than glibc's mmap threshold (32 MiB at most) is mapped
+ * fresh every time, so each call pays a page fault per 4 KiB page and the unmap's TLB
+ * shootdowns: the cross-entropy's 268 MB of logits at a 0.5B B4 x 256 step were 65K faults a
+ * call, about 1 s on the 2-core VM (docs/benchmarks.md, issue 20). One op at a time uses a
+ * slot: the backend's ops are called from one thread. */
+void *cpu_scratch(cpu_backend *cpu, cpu_scratch_slot slot, size_t bytes);
+
+/* A full f32 view of a dense weight: w->data itself when F32, else its conversion into the
+ * CPU_SCRATCH_CE_WEIGHT scratch buffer. NULL on allocation failure. */
+const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w);
 
 /* Rows of W (rows x cols) per dequantized tile in linear_fwd / linear_bwd: equal tiles of at
  * most 16 MiB of f32 (the tile is dequantized by all threads, then multiplied while it is in

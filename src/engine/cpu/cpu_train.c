@@ -55,8 +55,9 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
 
 /* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
  * exp-sum (float exponentials, summed in double), loss, and the logits buffer overwritten with
- * dlogits; then dH (c, d) = dlogits W (ce_dh). Peak extra memory: chunk_rows * V floats, plus
- * chunk_rows * d floats per CE_VBLOCK vocabulary rows for dH's partial products. */
+ * dlogits; then dH (c, d) = dlogits W (ce_dh). Extra memory, kept between calls (cpu_scratch):
+ * chunk_rows * V floats, the lm_head in f32 unless it is stored so, and chunk_rows * d floats
+ * per CE_VBLOCK vocabulary rows for dH's partial products. */
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
                              const int32_t *labels, const float *weight, int64_t m,
                              int64_t chunk_rows, float *loss, void *dhv, tdm_error *err)
@@ -69,17 +70,17 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                             "cross_entropy: label %d at row %lld outside [0, %lld) and not -100",
                             labels[i], (long long)i, (long long)V);
     if (chunk_rows > m) chunk_rows = m;
-    float *wtmp = NULL;
-    const float *W = cpu_dense_f32(cpu, w, &wtmp);
-    float *logits = malloc((size_t)(chunk_rows * V) * sizeof(float));
+    /* kept buffers (cpu_scratch), not malloc per call: fresh pages fault one by one */
+    const float *W = cpu_dense_f32(cpu, w);
+    float *logits = cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
     int64_t nvb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
-    float *part =
-        dhv && !cpu->blas_threaded ? malloc((size_t)(nvb * chunk_rows * d) * sizeof(float)) : NULL;
-    if (!W || !logits || (dhv && !cpu->blas_threaded && !part)) {
-        free(wtmp), free(logits), free(part);
+    float *part = dhv && !cpu->blas_threaded
+                      ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
+                                    (size_t)(nvb * chunk_rows * d) * sizeof(float))
+                      : NULL;
+    if (!W || !logits || (dhv && !cpu->blas_threaded && !part))
         return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
                         (long long)chunk_rows, (long long)V);
-    }
     const float *h = hv;
     float *dh = dhv;
     int nt = cpu->n_threads;
@@ -110,9 +111,6 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
         }
         if (dh) ce_dh(cpu, logits, W, c, V, d, part, dh + r0 * d);
     }
-    free(wtmp);
-    free(logits);
-    free(part);
     return TDM_OK;
 }
 
