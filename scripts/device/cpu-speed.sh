@@ -19,6 +19,9 @@
 # of that build's `tandem` alone, e.g. `tar czf .device-pack/baseline.tgz -C OLD_BUILD tandem`;
 # it runs with this pack's libraries): BASELINE_RUNS (default "lora:16 lora:8") then run with it,
 # after the passes above, into table-baseline.md and rows-baseline.tsv.
+# A variant of this build in the same call: EXTRA_ENV (e.g. "TANDEM_CPU_TILE_ROWS=256") with
+# EXTRA_RUNS (default "lora:16 lora:8"), after the baseline, into table-extra.md and
+# rows-extra.tsv; skipped unless EXTRA_ENV is set.
 # Results under $OUT: table.md, rows.tsv, table-blas.md, rows-blas.tsv, profile.txt,
 # cpu-speed.log, test_cpu_gemm.log, test_backend_ops.log, logs.tgz. The env of
 # bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
@@ -73,11 +76,26 @@ if [ -f .device-pack/baseline.tgz ]; then
     cp "$RES3/table.md" "$OUT/table-baseline.md" 2>/dev/null
     cp "$RES3/rows.tsv" "$OUT/rows-baseline.tsv" 2>/dev/null
 fi
+# The variant, when asked for (see the header).
+RES4=/tmp/cpu-speed-res-extra
+rm -rf "$RES4"
+if [ -n "${EXTRA_ENV:-}" ]; then
+    mkdir -p "$RES4"
+    {
+        echo "# this build with $EXTRA_ENV"
+        env $EXTRA_ENV BUDGET=${EXTRA_BUDGET:-90} HARD_LIMIT=${EXTRA_HARD_LIMIT:-150} PROFILE= \
+            TORCH_THREADS= TORCH_AFTER= RUNS="${EXTRA_RUNS-lora:16 lora:8}" \
+            WORK=/tmp/cpu-speed-work OUT=$RES4 bash bench/cpu_vs_torch.sh .device/tandem
+    } 2>&1 | tee -a "$OUT/cpu-speed.log"
+    cp "$RES4/table.md" "$OUT/table-extra.md" 2>/dev/null
+    cp "$RES4/rows.tsv" "$OUT/rows-extra.tsv" 2>/dev/null
+fi
 cp "$RES2/table.md" "$OUT/table-blas.md" 2>/dev/null
 cp "$RES2/rows.tsv" "$OUT/rows-blas.tsv" 2>/dev/null
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
 cp "$RES/profile.txt" "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas $([ -d "$RES3" ] && echo cpu-speed-res-baseline) 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas $([ -d "$RES3" ] && echo cpu-speed-res-baseline) \
+    $([ -d "$RES4" ] && echo cpu-speed-res-extra) 2>/dev/null
 echo
 echo "rows (side method threads tok/s s/step steps wall note):"
 if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
@@ -85,6 +103,7 @@ cat "$RES/table.md"
 echo "TANDEM_CPU_GEMM=blas:"
 tail -n +2 "$RES2/rows.tsv" 2>/dev/null
 [ -f "$RES3/rows.tsv" ] && { echo "baseline build:"; tail -n +2 "$RES3/rows.tsv"; }
+[ -f "$RES4/rows.tsv" ] && { echo "this build with $EXTRA_ENV:"; tail -n +2 "$RES4/rows.tsv"; }
 DET=PASS
 for t in test_cpu_gemm test_backend_ops; do
     grep -q 'PASSED  \]' "$OUT/$t.log" && ! grep -q 'FAILED  \]' "$OUT/$t.log" || DET=FAIL

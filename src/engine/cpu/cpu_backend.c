@@ -318,7 +318,10 @@ bool cpu_blas_threaded(void)
 
 /* Tiles for a BLAS that is not OpenMP's: GEMM_TILE_M rows (fixed: a function of n alone, not of
  * the rows) by a width from GEMM_TILE_N halved (to a multiple of 16, not under 64) until there
- * are GEMM_COL_TILES_MIN column tiles. Each tile re-packs its block of A and of B. */
+ * are GEMM_COL_TILES_MIN column tiles. Each tile re-packs its block of A and of B.
+ * TANDEM_CPU_TILE_ROWS=N (a multiple of 16, 16 to 4096) replaces GEMM_TILE_M: a benchmark's knob
+ * (the height trades re-packing B per row tile against tiles to share; docs/benchmarks.md). It is
+ * a constant for the process, so a row's bits still do not depend on the thread count. */
 #define GEMM_TILE_M 128
 #define GEMM_TILE_N 1024
 #define GEMM_COL_TILES_MIN 4
@@ -329,12 +332,28 @@ static int64_t round16(int64_t x)
 }
 
 /* The tile of C (mb rows x nb columns) for an m x n product: a function of n only. */
-static void gemm_tiles(int64_t m, int64_t n, int64_t *mb, int64_t *nb)
+static void gemm_tiles(int64_t m, int64_t n, int64_t tile_m, int64_t *mb, int64_t *nb)
 {
     int64_t tn = n < GEMM_TILE_N ? n : GEMM_TILE_N;
     while ((n + tn - 1) / tn < GEMM_COL_TILES_MIN && tn > 64)
         tn = round16(tn / 2) > 64 ? round16(tn / 2) : 64;
-    *mb = m < GEMM_TILE_M ? m : GEMM_TILE_M, *nb = tn;
+    *mb = m < tile_m ? m : tile_m, *nb = tn;
+}
+
+/* GEMM_TILE_M, or TANDEM_CPU_TILE_ROWS when set (above). */
+static tdm_status gemm_tile_rows(int64_t *out, tdm_error *err)
+{
+    const char *v = getenv("TANDEM_CPU_TILE_ROWS");
+    *out = GEMM_TILE_M;
+    if (!v || !*v) return TDM_OK;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 16 || n > 4096 || n % 16)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "TANDEM_CPU_TILE_ROWS=%s: want a multiple of 16 from 16 to 4096, or unset "
+                        "for %d", v, GEMM_TILE_M);
+    *out = n;
+    return TDM_OK;
 }
 
 void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
@@ -347,7 +366,7 @@ void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, i
         return;
     }
     int64_t TM, TN;
-    gemm_tiles(m, n, &TM, &TN);
+    gemm_tiles(m, n, cpu->tile_m, &TM, &TN);
     int64_t tm = (m + TM - 1) / TM, tn = (n + TN - 1) / TN;
     int64_t tiles = tm * tn;
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
@@ -656,6 +675,7 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     if (opts->n_threads > 0) omp_set_num_threads(cpu->n_threads);
     bool tiles;
     tdm_status st = gemm_mode(&tiles, err);
+    if (st == TDM_OK) st = gemm_tile_rows(&cpu->tile_m, err);
     if (st != TDM_OK) {
         free(cpu);
         return st;

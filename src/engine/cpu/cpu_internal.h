@@ -32,6 +32,7 @@ typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;
     bool blas_threaded; /* one threaded OpenBLAS call per product, not tiles (cpu_sgemm) */
+    int64_t tile_m;     /* rows of cpu_sgemm's tiles (GEMM_TILE_M in cpu_backend.c) */
     uint64_t used, peak;
     struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
     float dmap[256];          /* NF4 double-quant dynamic map */
