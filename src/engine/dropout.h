@@ -78,4 +78,13 @@ TDM_DROPOUT_FN bool tdm_dropout_keep(uint64_t seed, uint32_t thr, uint64_t row, 
     return (uint32_t)(tdm_splitmix64_mix(seed + (n + 1) * TDM_SPLITMIX64_GAMMA) >> 32) >= thr;
 }
 
+/* The seed whose mask at row r equals `seed`'s mask at row r + rows, for every r and col (with
+ * r + rows < 2^32): n grows by rows * 2^32, so seed + (n + 1) * GAMMA grows by rows * 2^32 *
+ * GAMMA (mod 2^64). A segment cut into row blocks (the MLP's, engine/model.c) keeps its mask by
+ * giving each piece the seed of its first row. */
+TDM_DROPOUT_FN uint64_t tdm_dropout_skip_rows(uint64_t seed, uint64_t rows)
+{
+    return seed + (rows << 32) * TDM_SPLITMIX64_GAMMA;
+}
+
 #endif

@@ -71,6 +71,13 @@ static unsigned keep_of(const tdm_model_opts *o)
     }
 }
 
+/* Rows of one MLP block for a step of M rows. */
+static int64_t mlp_rows_of(const tdm_model_opts *o, int64_t M)
+{
+    int64_t r = o->mlp_block_rows > 0 ? o->mlp_block_rows : TDM_MLP_BLOCK_ROWS;
+    return M < r ? M : r;
+}
+
 static const char *const recompute_names[] = {"layer", "mlp", "attn"};
 
 bool tdm_recompute_parse(const char *s, tdm_recompute *out)
@@ -94,11 +101,13 @@ typedef struct workspace {
     unsigned tmask;
     int n_sets;    /* L (a training step) or 1 (forward only) */
     unsigned keep; /* the KEEP_* groups each set keeps (0 forward only); the rest is shared */
+    int64_t mlp_rows; /* rows of one MLP block (mlp_block_rows): g, u unkept, d1, d2, hre */
     void *base;
     uint64_t bytes;
     void **x;   /* (L + 1) x (M, H): each layer's input, x[L] the final norm's input */
     acts *sets; /* L sets (their unkept tensors one shared copy), or 1 set (forward only) */
-    void *dres, *dxn, *d1, *d2, *hre, *dattn, *dq, *dk, *dv, *hf;
+    void *dres, *dxn, *dattn, *dq, *dk, *dv, *hf; /* (M, H or Q or K) */
+    void *d1, *d2, *hre;                          /* (mlp_rows, I) */
     float *rstd_f, *loss, *lw;
     int32_t *tokens, *labels, *pos, *cu;
 } workspace;
@@ -632,9 +641,10 @@ static void *carve(carver *c, int64_t n, tdm_be_dtype dt)
     return p;
 }
 
-/* Carves into *A the tensors of groups `groups` (KEEP_*). */
+/* Carves into *A the tensors of groups `groups` (KEEP_*); g and u get gu_rows rows (a kept set
+ * M, the shared copy one MLP block). */
 static void carve_acts(const tdm_model_config *cf, tdm_be_dtype a, const workspace *w,
-                       unsigned groups, acts *A, carver *c)
+                       unsigned groups, int64_t gu_rows, acts *A, carver *c)
 {
     int64_t M = w->m, H = cf->hidden_size, I = cf->intermediate_size;
     int64_t Q = cf->num_heads * cf->head_dim, K = cf->num_kv_heads * cf->head_dim;
@@ -660,8 +670,8 @@ static void carve_acts(const tdm_model_config *cf, tdm_be_dtype a, const workspa
     if (groups & KEEP_XMID) A->x_mid = carve(c, M * H, a);
     if (groups & KEEP_XN2) A->xn2 = carve(c, M * H, a);
     if (groups & KEEP_GU) {
-        A->g = carve(c, M * I, a);
-        A->u = carve(c, M * I, a);
+        A->g = carve(c, gu_rows * I, a);
+        A->u = carve(c, gu_rows * I, a);
     }
     if (groups & KEEP_SMALL)
         for (int t = 0; t < NT; t++)
@@ -701,19 +711,19 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
     }
     unsigned kept = w->keep & KEEP_ALL;
     acts shared = {0};
-    carve_acts(cf, a, w, KEEP_ALL & ~kept, &shared, c);
+    carve_acts(cf, a, w, KEEP_ALL & ~kept, w->mlp_rows, &shared, c);
     for (int s = 0; s < w->n_sets; s++) {
         acts A = {0};
-        carve_acts(cf, a, w, kept, &A, c);
+        carve_acts(cf, a, w, kept, M, &A, c);
         share_acts(&shared, KEEP_ALL & ~kept, &A);
         if (w->sets) w->sets[s] = A;
     }
     w->dres = carve(c, M * H, a);
     w->dxn = carve(c, M * H, a);
     w->hf = carve(c, M * H, a);
-    w->d1 = carve(c, M * I, a);
-    w->d2 = carve(c, M * I, a);
-    w->hre = carve(c, M * I, a);
+    w->d1 = carve(c, w->mlp_rows * I, a);
+    w->d2 = carve(c, w->mlp_rows * I, a);
+    w->hre = carve(c, w->mlp_rows * I, a);
     w->dattn = carve(c, M * Q, a);
     w->dq = carve(c, M * Q, a);
     w->dk = carve(c, M * K, a);
@@ -727,21 +737,22 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
     w->cu = carve(c, w->cu_cap, TDM_BE_I32);
 }
 
-/* Makes the workspace cover `want` (its shape fields m, cu_cap, u_ld, tmask, n_sets, keep): kept
+/* Makes the workspace cover `want` (its shape fields m, cu_cap, u_ld, tmask, n_sets, keep,
+ * mlp_rows): kept
  * when it already does, otherwise allocated again for exactly that shape. */
 static tdm_status ws_ensure(tdm_model *m, const workspace *want, tdm_error *err)
 {
     workspace *w = &m->ws;
     if (w->base && w->m >= want->m && w->cu_cap >= want->cu_cap && w->u_ld >= want->u_ld &&
         (w->tmask & want->tmask) == want->tmask && w->n_sets >= want->n_sets &&
-        (w->keep & want->keep) == want->keep)
+        (w->keep & want->keep) == want->keep && w->mlp_rows >= want->mlp_rows)
         return TDM_OK;
     tdm_be_free(m->be, w->base);
     free(w->x);
     free(w->sets);
     memset(w, 0, sizeof *w);
     w->m = want->m, w->cu_cap = want->cu_cap, w->u_ld = want->u_ld, w->tmask = want->tmask;
-    w->n_sets = want->n_sets, w->keep = want->keep;
+    w->n_sets = want->n_sets, w->keep = want->keep, w->mlp_rows = want->mlp_rows;
     w->x = calloc((size_t)m->cfg.num_layers + 1, sizeof *w->x);
     w->sets = calloc((size_t)w->n_sets, sizeof *w->sets);
     if (!w->x || !w->sets) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
@@ -767,6 +778,7 @@ typedef struct step {
     tdm_lora *const *adapters;
     const tdm_batch *b;
     int64_t M, u_ld;
+    int64_t mlp_rows;   /* rows of one MLP block (<= M) */
     tdm_lora_seg *segs; /* scratch: one table of n_segs entries */
     bool train;         /* a training step: the adapters' dropout applies */
     struct kv_step *kv; /* generation with a KV cache (tdm_model_decode), else NULL */
@@ -881,16 +893,22 @@ static tdm_status layer_attention(step *s, int l, acts *A, tdm_error *err)
     return TDM_OK;
 }
 
-/* The segment table of (layer, target); returns how many segments carry LoRA (0: skip). */
-static int64_t build_segs(step *s, int l, int t)
+/* The segment table of (layer, target) for the rows [r0, r0 + n) of the batch, counted from r0
+ * (a block of the MLP; r0 = 0, n = M: the whole batch). A segment cut by the block keeps its
+ * dropout mask: the piece's seed is the segment's seed advanced to the piece's first row.
+ * Fills s->segs and *n_out; returns how many segments carry LoRA (0: skip). */
+static int64_t build_segs_rows(step *s, int l, int t, int64_t r0, int64_t n, int64_t *n_out)
 {
-    int64_t with = 0;
+    int64_t with = 0, k = 0;
     for (int64_t i = 0; i < s->b->n_segs; i++) {
         const tdm_batch_seg *bs = &s->b->segs[i];
+        int64_t lo = bs->row_begin > r0 ? bs->row_begin : r0;
+        int64_t hi = bs->row_end < r0 + n ? bs->row_end : r0 + n;
+        if (lo >= hi) continue;
         tdm_lora *a = s->adapters[bs->adapter];
-        tdm_lora_seg *g = &s->segs[i];
+        tdm_lora_seg *g = &s->segs[k++];
         memset(g, 0, sizeof *g);
-        g->row_begin = bs->row_begin, g->row_end = bs->row_end;
+        g->row_begin = lo - r0, g->row_end = hi - r0;
         if (!a || !(a->targets & TDM_LORA_BIT(t))) continue;
         g->rank = a->rank, g->scale = a->scale;
         g->a = a->params + a->a_off[l * NT + t];
@@ -899,40 +917,69 @@ static int64_t build_segs(step *s, int l, int t)
         g->db = a->grads + a->b_off[l * NT + t];
         if (s->train && a->dropout > 0) {
             g->dropout = a->dropout;
-            g->mask_seed = tdm_lora_dropout_module_seed(a->dropout_seed, l, (tdm_lora_target)t);
+            uint64_t seed =
+                tdm_lora_dropout_module_seed(a->dropout_seed, l, (tdm_lora_target)t);
+            g->mask_seed = tdm_dropout_skip_rows(seed, (uint64_t)(lo - bs->row_begin));
         }
         with++;
     }
+    *n_out = k;
     return with;
 }
 
-/* y = x W^T (+ bias) (+ LoRA, keeping U). */
-static tdm_status proj_fwd(step *s, int l, int t, const void *x, void *y, float *U, tdm_error *err)
+/* Row r of a (rows, width) activation tensor (the backend's act dtype). */
+static void *act_row(const step *s, const void *p, int64_t r, int64_t width)
+{
+    return (char *)p + (size_t)(r * width) * tdm_be_dtype_size(s->m->act);
+}
+
+/* Row r of U (rows, u_ld) f32; NULL stays NULL (the module is not targeted). */
+static float *u_row(const step *s, const float *U, int64_t r)
+{
+    return U ? (float *)U + r * s->u_ld : NULL;
+}
+
+/* y = x W^T (+ bias) (+ LoRA, keeping U) for the n rows from batch row r0: x, y and U point at
+ * row r0 of their tensors. */
+static tdm_status proj_fwd_rows(step *s, int l, int t, int64_t r0, int64_t n, const void *x,
+                                void *y, float *U, tdm_error *err)
 {
     tdm_model *m = s->m;
     layer_weights *L = &m->layers[l];
-    int64_t in, out;
+    int64_t in, out, n_segs;
     tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
-    TDM_TRY(tdm_be_linear_fwd(m->be, &L->w[t], x, s->M, y, 0.0f, err));
-    if (L->bias[t]) TDM_TRY(tdm_be_add_bias(m->be, y, L->bias[t], s->M, out, err));
-    if (U && build_segs(s, l, t) > 0)
-        TDM_TRY(
-            tdm_be_lora_fwd(m->be, s->segs, s->b->n_segs, x, s->M, in, out, U, s->u_ld, y, err));
+    TDM_TRY(tdm_be_linear_fwd(m->be, &L->w[t], x, n, y, 0.0f, err));
+    if (L->bias[t]) TDM_TRY(tdm_be_add_bias(m->be, y, L->bias[t], n, out, err));
+    if (U && build_segs_rows(s, l, t, r0, n, &n_segs) > 0)
+        TDM_TRY(tdm_be_lora_fwd(m->be, s->segs, n_segs, x, n, in, out, U, s->u_ld, y, err));
     return TDM_OK;
 }
 
-/* dx = beta dx + dy W (+ the LoRA terms, accumulating dA and dB). */
+static tdm_status proj_fwd(step *s, int l, int t, const void *x, void *y, float *U, tdm_error *err)
+{
+    return proj_fwd_rows(s, l, t, 0, s->M, x, y, U, err);
+}
+
+/* dx = beta dx + dy W (+ the LoRA terms, accumulating dA and dB) for the n rows from batch row
+ * r0 (x, U, dy, dx at row r0). */
+static tdm_status proj_bwd_rows(step *s, int l, int t, int64_t r0, int64_t n, const void *x,
+                                const float *U, const void *dy, void *dx, float beta,
+                                tdm_error *err)
+{
+    tdm_model *m = s->m;
+    int64_t in, out, n_segs;
+    tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
+    TDM_TRY(tdm_be_linear_bwd(m->be, &m->layers[l].w[t], dy, n, dx, beta, err));
+    if (U && build_segs_rows(s, l, t, r0, n, &n_segs) > 0)
+        TDM_TRY(
+            tdm_be_lora_bwd(m->be, s->segs, n_segs, x, U, s->u_ld, dy, n, in, out, dx, err));
+    return TDM_OK;
+}
+
 static tdm_status proj_bwd(step *s, int l, int t, const void *x, const float *U, const void *dy,
                            void *dx, float beta, tdm_error *err)
 {
-    tdm_model *m = s->m;
-    int64_t in, out;
-    tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
-    TDM_TRY(tdm_be_linear_bwd(m->be, &m->layers[l].w[t], dy, s->M, dx, beta, err));
-    if (U && build_segs(s, l, t) > 0)
-        TDM_TRY(tdm_be_lora_bwd(m->be, s->segs, s->b->n_segs, x, U, s->u_ld, dy, s->M, in, out, dx,
-                                err));
-    return TDM_OK;
+    return proj_bwd_rows(s, l, t, 0, s->M, x, U, dy, dx, beta, err);
 }
 
 static tdm_be_seqs seqs_of(step *s)
@@ -945,16 +992,40 @@ static tdm_be_seqs seqs_of(step *s)
     return (tdm_be_seqs){s->m->ws.cu, s->b->n_seqs, maxlen, s->M};
 }
 
-/* One decoder layer: x (M, H) -> x_out (M, H), keeping its activations in A. With
- * need_out false (recomputation for the backward) the MLP's output is not formed. */
-static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, void *x_out, bool need_out,
-                            tdm_error *err)
+/* The MLP's forward, x_out = x_mid + down(swiglu(gate(xn2), up(xn2))), in blocks of
+ * s->mlp_rows rows: g and u of a block land at its rows when the set keeps them (gu_kept, M
+ * rows), else at the start of the shared one-block copy. */
+static tdm_status mlp_fwd(step *s, int l, acts *A, bool gu_kept, void *x_out, tdm_error *err)
+{
+    tdm_model *m = s->m;
+    int64_t M = s->M, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    for (int64_t r0 = 0; r0 < M; r0 += s->mlp_rows) {
+        int64_t n = M - r0 < s->mlp_rows ? M - r0 : s->mlp_rows;
+        void *xn2 = act_row(s, A->xn2, r0, H);
+        void *g = gu_kept ? act_row(s, A->g, r0, I) : A->g;
+        void *u = gu_kept ? act_row(s, A->u, r0, I) : A->u;
+        TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_GATE, r0, n, xn2, g, u_row(s, A->U[TDM_LORA_GATE], r0),
+                              err));
+        TDM_TRY(
+            proj_fwd_rows(s, l, TDM_LORA_UP, r0, n, xn2, u, u_row(s, A->U[TDM_LORA_UP], r0), err));
+        TDM_TRY(tdm_be_swiglu_fwd(m->be, g, u, n, I, m->ws.hre, err));
+        TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_DOWN, r0, n, m->ws.hre, act_row(s, x_out, r0, H),
+                              u_row(s, A->U[TDM_LORA_DOWN], r0), err));
+    }
+    return tdm_be_axpy(m->be, x_out, A->x_mid, m->act, M * H, 1.0f, err);
+}
+
+/* One decoder layer: x (M, H) -> x_out (M, H), keeping its activations in A (gu_kept: A keeps
+ * g and u for all M rows). With need_out false (recomputation for the backward) it stops at
+ * the MLP's input xn2: the backward forms the MLP block by block (mlp_bwd). */
+static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, bool gu_kept, void *x_out,
+                            bool need_out, tdm_error *err)
 {
     tdm_model *m = s->m;
     tdm_backend *be = m->be;
     const tdm_model_config *c = &m->cfg;
     layer_weights *L = &m->layers[l];
-    int64_t M = s->M, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t M = s->M, H = c->hidden_size, hd = c->head_dim;
     int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
     float eps = (float)c->rms_norm_eps;
     TDM_TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
@@ -973,30 +1044,17 @@ static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, void *x_out,
     TDM_TRY(proj_fwd(s, l, TDM_LORA_O, A->attn, A->x_mid, A->U[TDM_LORA_O], err));
     TDM_TRY(tdm_be_axpy(be, A->x_mid, x, m->act, M * H, 1.0f, err));
     TDM_TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
-    TDM_TRY(proj_fwd(s, l, TDM_LORA_GATE, A->xn2, A->g, A->U[TDM_LORA_GATE], err));
-    TDM_TRY(proj_fwd(s, l, TDM_LORA_UP, A->xn2, A->u, A->U[TDM_LORA_UP], err));
-    if (!need_out) {
-        /* only U of down_proj is needed from here: U = h A^T, formed by lora_fwd into a
-         * throw-away output */
-        if (A->U[TDM_LORA_DOWN] && build_segs(s, l, TDM_LORA_DOWN) > 0) {
-            TDM_TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
-            TDM_TRY(tdm_be_lora_fwd(be, s->segs, s->b->n_segs, m->ws.hre, M, I, H,
-                                    A->U[TDM_LORA_DOWN], s->u_ld, x_out, err));
-        }
-        return TDM_OK;
-    }
-    TDM_TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, m->ws.hre, err));
-    TDM_TRY(proj_fwd(s, l, TDM_LORA_DOWN, m->ws.hre, x_out, A->U[TDM_LORA_DOWN], err));
-    return tdm_be_axpy(be, x_out, A->x_mid, m->act, M * H, 1.0f, err);
+    return need_out ? mlp_fwd(s, l, A, gu_kept, x_out, err) : TDM_OK;
 }
 
-/* Recomputes what layer l did not keep (keep: the KEEP_* groups it kept) from what it kept,
- * exactly as layer_fwd formed it (the same ops on the same inputs: bit-identical). With nothing
- * kept the whole forward runs again (the MLP's output apart). */
+/* Recomputes what layer l did not keep (keep: the KEEP_* groups it kept) from what it kept, up
+ * to the MLP's input xn2, exactly as layer_fwd formed it (the same ops on the same inputs:
+ * bit-identical); the MLP's gate/up outputs, when not kept, are formed again block by block by
+ * mlp_bwd. With nothing kept the attention half runs again. */
 static tdm_status recompute_layer(step *s, int l, const void *x, acts *A, unsigned keep,
                                   tdm_error *err)
 {
-    if (!(keep & KEEP_SMALL)) return layer_fwd(s, l, x, A, s->m->ws.hf, false, err);
+    if (!(keep & KEEP_SMALL)) return layer_fwd(s, l, x, A, false, NULL, false, err);
     tdm_model *m = s->m;
     tdm_backend *be = m->be;
     const tdm_model_config *c = &m->cfg;
@@ -1005,7 +1063,6 @@ static tdm_status recompute_layer(step *s, int l, const void *x, acts *A, unsign
     int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
     float eps = (float)c->rms_norm_eps;
     bool qkv = !(keep & KEEP_QKV), attn = !(keep & KEEP_ATTN), xmid = !(keep & KEEP_XMID);
-    bool gu = !(keep & KEEP_GU);
     if (!(keep & KEEP_XN1))
         TDM_TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
     if (qkv) {
@@ -1029,31 +1086,61 @@ static tdm_status recompute_layer(step *s, int l, const void *x, acts *A, unsign
     }
     if (!(keep & KEEP_XN2))
         TDM_TRY(tdm_be_rmsnorm_fwd(be, A->x_mid, L->post_norm, M, H, eps, A->xn2, A->rstd2, err));
-    if (gu) {
-        TDM_TRY(proj_fwd(s, l, TDM_LORA_GATE, A->xn2, A->g, A->U[TDM_LORA_GATE], err));
-        TDM_TRY(proj_fwd(s, l, TDM_LORA_UP, A->xn2, A->u, A->U[TDM_LORA_UP], err));
+    return TDM_OK;
+}
+
+/* The MLP's backward in blocks of s->mlp_rows rows: dxn (M, H) = dL/d(xn2) from dres =
+ * dL/d(x_out). A block's g and u are formed again first when the layer did not keep them, and
+ * the U of down_proj when it kept nothing small (the same ops on the same rows as mlp_fwd:
+ * bit-identical). LoRA dA and dB accumulate over the blocks. */
+static tdm_status mlp_bwd(step *s, int l, acts *A, unsigned keep, tdm_error *err)
+{
+    tdm_model *m = s->m;
+    tdm_backend *be = m->be;
+    workspace *w = &m->ws;
+    int64_t M = s->M, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    bool gu_kept = keep & KEEP_GU;
+    for (int64_t r0 = 0; r0 < M; r0 += s->mlp_rows) {
+        int64_t n = M - r0 < s->mlp_rows ? M - r0 : s->mlp_rows, n_segs;
+        void *xn2 = act_row(s, A->xn2, r0, H), *dres = act_row(s, w->dres, r0, H);
+        void *dxn = act_row(s, w->dxn, r0, H);
+        void *g = gu_kept ? act_row(s, A->g, r0, I) : A->g;
+        void *u = gu_kept ? act_row(s, A->u, r0, I) : A->u;
+        float *Ug = u_row(s, A->U[TDM_LORA_GATE], r0), *Uu = u_row(s, A->U[TDM_LORA_UP], r0);
+        float *Ud = u_row(s, A->U[TDM_LORA_DOWN], r0);
+        if (!gu_kept) {
+            TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_GATE, r0, n, xn2, g, Ug, err));
+            TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_UP, r0, n, xn2, u, Uu, err));
+        }
+        if (Ud) { /* down's input, for its LoRA terms */
+            TDM_TRY(tdm_be_swiglu_fwd(be, g, u, n, I, w->hre, err));
+            /* U = h A^T formed by lora_fwd into a throw-away output (hf is free in backward) */
+            if (!(keep & KEEP_SMALL) && build_segs_rows(s, l, TDM_LORA_DOWN, r0, n, &n_segs) > 0)
+                TDM_TRY(tdm_be_lora_fwd(be, s->segs, n_segs, w->hre, n, I, H, Ud, s->u_ld,
+                                        act_row(s, w->hf, r0, H), err));
+        }
+        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_DOWN, r0, n, w->hre, Ud, dres, w->d1, 0.0f, err));
+        TDM_TRY(tdm_be_swiglu_bwd(be, g, u, w->d1, n, I, w->d1, w->d2, err)); /* dg, du */
+        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_GATE, r0, n, xn2, Ug, w->d1, dxn, 0.0f, err));
+        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_UP, r0, n, xn2, Uu, w->d2, dxn, 1.0f, err));
     }
     return TDM_OK;
 }
 
-/* Backward of one layer: dres (M, H) holds dL/d(x_out) on entry and dL/d(x) on return. */
-static tdm_status layer_bwd(step *s, int l, const void *x, acts *A, tdm_error *err)
+/* Backward of one layer: dres (M, H) holds dL/d(x_out) on entry and dL/d(x) on return. keep:
+ * the KEEP_* groups the layer kept (recompute_layer has rebuilt the others up to xn2). */
+static tdm_status layer_bwd(step *s, int l, const void *x, acts *A, unsigned keep,
+                            tdm_error *err)
 {
     tdm_model *m = s->m;
     tdm_backend *be = m->be;
     workspace *w = &m->ws;
     const tdm_model_config *c = &m->cfg;
     layer_weights *L = &m->layers[l];
-    int64_t M = s->M, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t M = s->M, H = c->hidden_size, hd = c->head_dim;
     int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
     /* MLP: x_out = x_mid + down(swiglu(gate(xn2), up(xn2))) */
-    const float *Ud = A->U[TDM_LORA_DOWN];
-    if (Ud) TDM_TRY(tdm_be_swiglu_fwd(be, A->g, A->u, M, I, w->hre, err)); /* down's input */
-    TDM_TRY(proj_bwd(s, l, TDM_LORA_DOWN, w->hre, Ud, w->dres, w->d1, 0.0f, err));
-    TDM_TRY(
-        tdm_be_swiglu_bwd(be, A->g, A->u, w->d1, M, I, w->d1, w->d2, err)); /* d1 = dg, d2 = du */
-    TDM_TRY(proj_bwd(s, l, TDM_LORA_GATE, A->xn2, A->U[TDM_LORA_GATE], w->d1, w->dxn, 0.0f, err));
-    TDM_TRY(proj_bwd(s, l, TDM_LORA_UP, A->xn2, A->U[TDM_LORA_UP], w->d2, w->dxn, 1.0f, err));
+    TDM_TRY(mlp_bwd(s, l, A, keep, err));
     TDM_TRY(
         tdm_be_rmsnorm_bwd(be, w->dxn, A->x_mid, L->post_norm, A->rstd2, M, H, w->dres, 1.0f, err));
     /* attention: x_mid = x + o(attn) */
@@ -1141,7 +1228,8 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
                       .u_ld = u_ld,
                       .tmask = tmask,
                       .n_sets = backward ? (int)L : 1,
-                      .keep = keep};
+                      .keep = keep,
+                      .mlp_rows = mlp_rows_of(&m->opts, M)};
     TDM_TRY(ws_ensure(m, &want, err));
     workspace *w = &m->ws;
 
@@ -1186,11 +1274,12 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
     if (st == TDM_OK) st = tdm_be_upload_f32(be, w->lw, TDM_BE_F32, lw, M, err);
     if (st != TDM_OK) goto done;
 
-    step s = {m, adapters, b, M, w->u_ld, segs, backward, NULL};
+    step s = {m, adapters, b, M, w->u_ld, want.mlp_rows, segs, backward, NULL};
     /* forward */
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
     for (int64_t l = 0; st == TDM_OK && l < L; l++)
-        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[backward ? l : 0], w->x[l + 1], true, err);
+        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[backward ? l : 0], keep & KEEP_GU,
+                       w->x[l + 1], true, err);
     if (st == TDM_OK)
         st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
                                 w->rstd_f, err);
@@ -1217,7 +1306,7 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
         for (int64_t l = L - 1; st == TDM_OK && l >= 0; l--) {
             acts *A = &w->sets[l];
             if (keep != KEEP_ALL) st = recompute_layer(&s, (int)l, w->x[l], A, keep, err);
-            if (st == TDM_OK) st = layer_bwd(&s, (int)l, w->x[l], A, err);
+            if (st == TDM_OK) st = layer_bwd(&s, (int)l, w->x[l], A, keep, err);
         }
     }
 done:
@@ -1299,7 +1388,12 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
             if (kv->len[slot] > 0) ks.prefill = false;
         }
     }
-    workspace want = {.m = M, .cu_cap = S + 1, .u_ld = u_ld, .tmask = tmask, .n_sets = 1};
+    workspace want = {.m = M,
+                      .cu_cap = S + 1,
+                      .u_ld = u_ld,
+                      .tmask = tmask,
+                      .n_sets = 1,
+                      .mlp_rows = mlp_rows_of(&m->opts, M)};
     tdm_status st = ws_ensure(m, &want, err);
     if (st != TDM_OK) {
         free(ks.seqs);
@@ -1326,10 +1420,10 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
         st = tdm_be_upload(be, w->cu, b->cu_seqlens, (size_t)(S + 1) * sizeof(int32_t), err);
     if (st == TDM_OK) st = tdm_be_alloc(be, TDM_BE_F32, S * V, &out_logits, err);
     if (st != TDM_OK) goto done;
-    step s = {m, adapters, &checked, M, w->u_ld, segs, false, kv ? &ks : NULL};
+    step s = {m, adapters, &checked, M, w->u_ld, want.mlp_rows, segs, false, kv ? &ks : NULL};
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
     for (int64_t l = 0; st == TDM_OK && l < L; l++)
-        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[0], w->x[l + 1], true, err);
+        st = layer_fwd(&s, (int)l, w->x[l], &w->sets[0], false, w->x[l + 1], true, err);
     if (st == TDM_OK)
         st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
                                 NULL, err);
@@ -1414,6 +1508,7 @@ static void plan_workspace(const tdm_model_config *c, const tdm_model_opts *o,
     w->tmask = p->targets;
     w->n_sets = p->backward ? (int)c->num_layers : 1;
     w->keep = p->backward ? keep_of(o) : 0;
+    w->mlp_rows = mlp_rows_of(o, p->rows);
 }
 
 tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)

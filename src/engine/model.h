@@ -46,7 +46,16 @@ typedef struct tdm_model_opts {
     bool double_quant; /* with nf4: 8-bit absmax (QLoRA's double quantization) */
     bool grad_checkpoint;    /* keep fewer activations; recompute the rest in backward */
     tdm_recompute recompute; /* with grad_checkpoint: what is recomputed */
+    int64_t mlp_block_rows;  /* rows of one MLP block; 0: TDM_MLP_BLOCK_ROWS */
 } tdm_model_opts;
+
+/* The MLP (gate/up, SwiGLU, down and their backward) runs in blocks of at most this many rows,
+ * so its (rows, intermediate) buffers (gate and up outputs when a step does not keep them, the
+ * SwiGLU output and the two backward ones) hold one block, not the step: at 7B and 32,768 rows
+ * 5 x 1,184 MiB shrink to 5 x 296 MiB. Steps of at most this many rows run as one block, as
+ * before; the 8192 rows of a block keep the GEMMs large (7B: 8192 x 18944 x 3584). docs/engine.md,
+ * "MLP in row blocks". */
+#define TDM_MLP_BLOCK_ROWS 8192
 
 typedef struct tdm_model tdm_model;
 

@@ -1147,7 +1147,9 @@ static void test_model_step_dropout(void **state)
 
 /* Gradient checkpointing on the GPU, every recompute mode: the loss and every LoRA gradient
  * bit-identical to the step that keeps everything (the recompute runs the same kernels on the
- * same inputs), with LoRA dropout on every module. */
+ * same inputs), with LoRA dropout on every module. Again with the MLP in blocks of 16 rows
+ * (cutting sequences and their masks): bit-identical across the modes, and within rounding of
+ * the step without blocks. */
 static void test_model_step_recompute(void **state)
 {
     (void)state;
@@ -1169,13 +1171,16 @@ static void test_model_step_recompute(void **state)
         tdm_batch_seg seg = {0, 0, 45};
         tdm_batch b = {45, tokens, labels, cu, 3, &seg, 1};
         unsigned all = (1u << TDM_LORA_N_TARGETS) - 1;
-        float *ref = NULL;
-        double ref_loss = 0;
+        float *ref = NULL, *unblocked = NULL;
+        double ref_loss = 0, unblocked_loss = 0;
         int64_t n = 0;
-        for (int mode = -1; mode < 3; mode++) { /* -1: no checkpointing */
+        for (int run = 0; run < 8; run++) {
+            int mode = run % 4 - 1; /* -1: no checkpointing */
+            int64_t block = run < 4 ? 0 : 16;
             tdm_model_opts mo = {.nf4 = pi == 0,
                                  .grad_checkpoint = mode >= 0,
-                                 .recompute = mode >= 0 ? (tdm_recompute)mode : 0};
+                                 .recompute = mode >= 0 ? (tdm_recompute)mode : 0,
+                                 .mlp_block_rows = block};
             tdm_model *m;
             tdm_lora *a;
             OK(tdm_model_load(&m, gpu, dir, &mo, err));
@@ -1202,16 +1207,31 @@ static void test_model_step_recompute(void **state)
             int64_t ntok;
             OK(tdm_model_step(m, &a, 1, &b, true, NULL, &loss, &ntok, err));
             float *g = get(gpu, a->grads, TDM_BE_F32, a->n_params);
+            if (mode < 0 && block > 0) { /* blocks against no blocks: to rounding */
+                double dot = 0, ng = 0, nu = 0;
+                for (int64_t i = 0; i < n; i++)
+                    dot += (double)g[i] * unblocked[i], ng += (double)g[i] * g[i],
+                        nu += (double)unblocked[i] * unblocked[i];
+                double cosv = dot / sqrt(ng * nu), rel = fabs(loss - unblocked_loss) / loss;
+                printf("  MLP in blocks of 16 %-10s: loss %.9g (no blocks %.9g, rel %.2e), "
+                       "gradient cosine %.8f\n",
+                       presets[pi], loss, unblocked_loss, rel, cosv);
+                assert_true(rel <= 1e-4);
+                assert_true(cosv > 0.99999);
+            }
             if (mode < 0) {
+                if (ref && ref != unblocked) free(ref);
                 ref = g, ref_loss = loss, n = a->n_params;
+                if (block == 0) unblocked = g, unblocked_loss = loss;
             } else {
                 int64_t diff = 0;
                 for (int64_t i = 0; i < n; i++)
                     diff += memcmp(&g[i], &ref[i], sizeof *g) != 0;
-                printf("  recompute %-5s %-10s: loss %.9g (no checkpointing %.9g), %lld of %lld "
-                       "gradients differ; activations %.1f KiB\n",
-                       tdm_recompute_name((tdm_recompute)mode), presets[pi], loss, ref_loss,
-                       (long long)diff, (long long)n, (double)tdm_model_activation_bytes(m) / 1024);
+                printf("  recompute %-5s %-10s MLP blocks %-2lld: loss %.9g (no checkpointing "
+                       "%.9g), %lld of %lld gradients differ; activations %.1f KiB\n",
+                       tdm_recompute_name((tdm_recompute)mode), presets[pi], (long long)block,
+                       loss, ref_loss, (long long)diff, (long long)n,
+                       (double)tdm_model_activation_bytes(m) / 1024);
                 assert_true(loss == ref_loss);
                 assert_int_equal(diff, 0);
                 free(g);
@@ -1219,7 +1239,8 @@ static void test_model_step_recompute(void **state)
             tdm_lora_free(a);
             tdm_model_free(m);
         }
-        free(ref);
+        if (ref != unblocked) free(ref);
+        free(unblocked);
         char cmd[128];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         assert_int_equal(system(cmd), 0);

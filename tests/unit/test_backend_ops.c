@@ -1127,6 +1127,12 @@ static void test_dropout_mask(void **state)
             (double)ps[j], f, q, fabs(f - q) / sig, fr, fc);
         assert_true(fabs(f - q) <= 5 * sig);
         assert_true(fabs(fr - q) <= 5 * sig1 && fabs(fc - q) <= 5 * sig1);
+        /* a segment cut into row blocks: the seed advanced by r rows gives row i + r's bits */
+        for (uint64_t r = 1; r < 5000; r += 1237)
+            for (uint64_t i = 0; i < 64; i++)
+                for (uint64_t k = 0; k < 64; k++)
+                    assert_true(tdm_dropout_keep(tdm_dropout_skip_rows(seed, r), thr, i, k) ==
+                                tdm_dropout_keep(seed, thr, i + r, k));
     }
     assert_int_equal(tdm_dropout_threshold(0.0f), 0);
     assert_true(tdm_dropout_threshold(0.5f) == 0x80000000u);
