@@ -122,7 +122,7 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: %s MODEL_DIR [--device cpu|cuda] [--batch B] [--len var|N] [--median N] "
                 "[--max-len N] [--steps S] [--warmup W] [--rank R] [--method qlora|lora] "
-                "[--modes none,layer,mlp,attn] [--seed S]\n",
+                "[--modes none,layer,mlp,attn[+offload],...] [--seed S]\n",
                 argv[0]);
         return 2;
     }
@@ -246,12 +246,22 @@ int main(int argc, char **argv)
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name;
          name = strtok_r(NULL, ",", &save), n_mode++) {
         tdm_recompute rc = TDM_RECOMPUTE_LAYER;
-        bool gc = strcmp(name, "none") != 0;
-        if (gc && !tdm_recompute_parse(name, &rc)) {
+        /* MODE+offload: the same with --offload-activations */
+        char *plus = strchr(name, '+');
+        bool offload = plus && !strcmp(plus, "+offload");
+        if (plus && !offload) {
+            fprintf(stderr, "bench_train: mode %s: only +offload may follow a mode\n", name);
+            return 2;
+        }
+        char base_mode[32];
+        snprintf(base_mode, sizeof base_mode, "%.*s", plus ? (int)(plus - name) : 31, name);
+        bool gc = strcmp(base_mode, "none") != 0;
+        if (gc && !tdm_recompute_parse(base_mode, &rc)) {
             fprintf(stderr, "bench_train: mode %s is not none, layer, mlp or attn\n", name);
             return 2;
         }
         tdm_model_set_recompute(m, gc, rc);
+        tdm_model_set_offload_activations(m, offload);
         tdm_lora *a;
         if (make_adapter(m, rank, seed, &a, &err) != TDM_OK) return die("lora", &err);
         int64_t per_module = 0;
@@ -268,8 +278,11 @@ int main(int argc, char **argv)
                                    .lora_params = a->n_params,
                                    .lora_module_params = per_module,
                                    .backward = true};
-        tdm_model_opts eo = {
-            .nf4 = nf4, .double_quant = nf4, .grad_checkpoint = gc, .recompute = rc};
+        tdm_model_opts eo = {.nf4 = nf4,
+                             .double_quant = nf4,
+                             .grad_checkpoint = gc,
+                             .recompute = rc,
+                             .offload_activations = offload};
         tdm_model_mem est;
         if (tdm_model_memory_estimate(c, &eo, tdm_be_act_dtype(be), &plan, &est, &err) != TDM_OK ||
             tdm_model_reserve(m, &plan, &err) != TDM_OK)
@@ -310,6 +323,9 @@ int main(int argc, char **argv)
         uint64_t est_all = est.weights + est.activations + est.adapters + est.backend_scratch;
         char mfu[16] = "-";
         if (rate > 0) snprintf(mfu, sizeof mfu, "%.1f%%", 100 * tok_s * flops_tok / (rate * 1e12));
+        if (offload)
+            printf("# %s: %.1f MiB of layer inputs in page-locked host memory\n", name,
+                   (double)est.host_activations / MIB);
         printf("%-6s %10.1f %5.2fx %6s %9.1f %9.1f %11.1f %9.1f %9.1f %12.6f %s\n", name, tok_s,
                tok_s / first_tok_s, mfu, 1000 * el / steps,
                (double)tdm_model_activation_bytes(m) / MIB, (double)est.activations / MIB,

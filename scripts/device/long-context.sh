@@ -8,9 +8,13 @@
 #   bf16 matmul rate), the backend's peak against the estimate, and the estimate plus the CUDA
 #   context against the 24 GB card's ledger capacity (20.4 GiB, the figure issue 19 sets) and
 #   against 80 GB.
+#   MODES (default layer) is bench_train's --modes: e.g. "layer,layer+offload" trains each length
+#   also with --offload-activations (the loss must be the same bits: the "same" column); a
+#   length of its own modes as LEN:MODES in LENS (e.g. "65536:layer,layer+offload
+#   262144:layer+offload").
 # Carry .device-pack (scripts/device/pack.sh, a CUDA build: tandem and bench_train).
 # Writes $OUT/long-context.log and $OUT/bench-LEN.txt; prints the table last.
-#   env: LENS, STEPS (default 1), PER_LEN_S (default 240)
+#   env: LENS, MODES, STEPS (default 1), WARMUP (default 1), PER_LEN_S (default 240)
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/long-context-out}
@@ -19,6 +23,8 @@ exec > >(tee "$OUT/long-context.log") 2>&1
 T0=$SECONDS
 LENS=${LENS:-32768 65536 131072}
 STEPS=${STEPS:-1}
+WARMUP=${WARMUP:-1}
+MODES=${MODES:-layer}
 PER_LEN_S=${PER_LEN_S:-240}
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 [ -f .device-pack/device.tgz ] || { echo "carry .device-pack (scripts/device/pack.sh)"; exit 2; }
@@ -31,10 +37,12 @@ M=/tmp/long-context-7b
     touch $M/.complete; } || { tail "$OUT/init-model.log"; exit 1; }
 echo "init-model done ($((SECONDS - T0)) s)"
 MATMUL=8192
-for L in $LENS; do
-    echo "== $L tokens ($((SECONDS - T0)) s)"
-    timeout "$PER_LEN_S" $BENCH $M --device cuda --batch 1 --len "$L" --warmup 1 --steps "$STEPS" \
-        --modes layer --matmul $MATMUL >"$OUT/bench-$L.txt" 2>&1
+for LM in $LENS; do
+    L=${LM%%:*} LMODES=$MODES
+    [ "$LM" != "$L" ] && LMODES=${LM#*:}
+    echo "== $L tokens, modes $LMODES ($((SECONDS - T0)) s)"
+    timeout "$PER_LEN_S" $BENCH $M --device cuda --batch 1 --len "$L" --warmup "$WARMUP" \
+        --steps "$STEPS" --modes "$LMODES" --matmul $MATMUL >"$OUT/bench-$L.txt" 2>&1
     echo "exit $? ($((SECONDS - T0)) s)"
     cat "$OUT/bench-$L.txt"
     MATMUL=0
@@ -42,7 +50,10 @@ done
 echo
 echo "================ long-context ($((SECONDS - T0)) s) ================"
 echo "tokens | bench_train's line (mode tok/s ratio MFU step-ms act-MiB est-act-MiB peak-MiB est-MiB loss same)"
-for L in $LENS; do
-    echo "$L | $(grep -E '^layer ' "$OUT/bench-$L.txt" | tail -1 || true) $(grep -m1 -iE 'error|out of memory' "$OUT/bench-$L.txt")"
+for LM in $LENS; do
+    L=${LM%%:*}
+    grep -E '^(none|layer|mlp|attn)' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
+    grep -E '^# .*host memory' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
+    grep -m1 -iE 'error|out of memory' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
 done
 echo "the 24 GB card's ledger capacity: 20.4 GiB = 20890 MiB for est-MiB + the CUDA context (~680 MiB)"

@@ -187,6 +187,43 @@ tdm_status tdm_be_synchronize(tdm_backend *be, tdm_error *err)
     DISPATCH(TDM_OP_SYNCHRONIZE, be->vt->synchronize(be, err));
 }
 
+tdm_status tdm_be_host_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
+{
+    *out = NULL;
+    if (!be->vt->host_alloc)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "backend %s: no host memory for offload",
+                        be->name);
+    CHECK(bytes > 0, "host_alloc: zero bytes");
+    return be->vt->host_alloc(be, bytes, out, err);
+}
+
+void tdm_be_host_free(tdm_backend *be, void *ptr)
+{
+    if (ptr && be->vt->host_free) be->vt->host_free(be, ptr);
+}
+
+/* Not profiled: the copy runs beside the ops, and the join is a marker on the queue. */
+tdm_status tdm_be_copy_behind(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                              tdm_error *err)
+{
+    if (!be->vt->copy_behind)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "backend %s: no copies behind the ops",
+                        be->name);
+    if (bytes == 0) return TDM_OK;
+    CHECK(dst && src, "copy_behind: NULL pointer");
+    const char *d = dst, *s = src;
+    CHECK(d + bytes <= s || s + bytes <= d, "copy_behind: overlapping regions");
+    return be->vt->copy_behind(be, dst, src, bytes, err);
+}
+
+tdm_status tdm_be_copies_join(tdm_backend *be, tdm_error *err)
+{
+    if (!be->vt->copies_join)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "backend %s: no copies behind the ops",
+                        be->name);
+    return be->vt->copies_join(be, err);
+}
+
 tdm_status tdm_be_fill(tdm_backend *be, void *x, tdm_be_dtype dtype, int64_t n, float value,
                        tdm_error *err)
 {

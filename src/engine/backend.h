@@ -147,6 +147,22 @@ void tdm_be_reset_peak(tdm_backend *be);
 /* Waits until every issued op has completed; reports a pending asynchronous failure. */
 tdm_status tdm_be_synchronize(tdm_backend *be, tdm_error *err);
 
+/* ------------------------------------------ host memory and copies behind the ops ---- */
+/* For activation offload (docs/engine.md, "Activation offload"). Host memory the device copies
+ * to and from while it computes: page-locked on CUDA (cudaHostAlloc), plain on the CPU backend.
+ * TDM_ERR_UNSUPPORTED on a backend without it. Not counted in tdm_be_memory. */
+tdm_status tdm_be_host_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err);
+void tdm_be_host_free(tdm_backend *be, void *ptr);
+/* Copies bytes between device memory and host memory of tdm_be_host_alloc (either way) on a
+ * second queue: it starts after every op issued before it and runs beside the ops issued
+ * after it, until tdm_be_copies_join. The CPU backend copies at once. Regions must not
+ * overlap; neither side may be written by ops issued before the join. */
+tdm_status tdm_be_copy_behind(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                              tdm_error *err);
+/* The ops issued after this wait for every tdm_be_copy_behind issued before it (the host does
+ * not wait). */
+tdm_status tdm_be_copies_join(tdm_backend *be, tdm_error *err);
+
 /* ------------------------------------------------------ small elementwise ---- */
 
 /* x[0..n) = value, x of dtype F32 or BF16 (or I32, value converted; or U8). */

@@ -105,6 +105,14 @@ typedef struct tdm_backend_vtable {
     /* Optional (NULL: quantized on the host): tdm_be_quantize_nf4. */
     tdm_status (*quantize_nf4)(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
                                int64_t n, uint8_t *codes, float *absmax, tdm_error *err);
+
+    /* Optional, all four or none (NULL: TDM_ERR_UNSUPPORTED): tdm_be_host_alloc, host_free,
+     * copy_behind, copies_join. */
+    tdm_status (*host_alloc)(tdm_backend *be, size_t bytes, void **out, tdm_error *err);
+    void (*host_free)(tdm_backend *be, void *ptr);
+    tdm_status (*copy_behind)(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                              tdm_error *err);
+    tdm_status (*copies_join)(tdm_backend *be, tdm_error *err);
 } tdm_backend_vtable;
 
 /* The common head of every backend object; implementations embed it first. */

@@ -102,9 +102,13 @@ typedef struct workspace {
     int n_sets;    /* L (a training step) or 1 (forward only) */
     unsigned keep; /* the KEEP_* groups each set keeps (0 forward only); the rest is shared */
     int64_t mlp_rows; /* rows of one MLP block (mlp_block_rows): g, u unkept, d1, d2, hre */
+    bool offload;     /* opts.offload_activations: x in two device slots, kept in host memory */
     void *base;
     uint64_t bytes;
-    void **x;   /* (L + 1) x (M, H): each layer's input, x[L] the final norm's input */
+    void **x;   /* (L + 1) x (M, H): each layer's input, x[L] the final norm's input; with
+                 * offload x[l] is slot l % 2 of two */
+    void *host; /* with offload and a training shape: (L - 1) x (M, H), host copies of x[0..L-2] */
+    uint64_t host_bytes;
     acts *sets; /* L sets (their unkept tensors one shared copy), or 1 set (forward only) */
     void *dres, *dxn, *dattn, *dq, *dk, *dv, *hf; /* (M, H or Q or K) */
     void *d1, *d2, *hre;                          /* (mlp_rows, I) */
@@ -159,6 +163,11 @@ static double seconds_since(int64_t *t0)
 uint64_t tdm_model_activation_bytes(const tdm_model *m)
 {
     return m->ws.bytes;
+}
+
+uint64_t tdm_model_host_activation_bytes(const tdm_model *m)
+{
+    return m->ws.host_bytes;
 }
 
 void tdm_model_target_shape(const tdm_model *m, tdm_lora_target t, int64_t *in, int64_t *out)
@@ -348,14 +357,14 @@ static tdm_status put_weight_quantized_on_device(tdm_model *m, const tdm_st_tens
     return TDM_OK;
 }
 
+static void ws_free(tdm_model *m);
+
 void tdm_model_free(tdm_model *m)
 {
     if (!m) return;
     for (size_t i = 0; i < m->n_bufs; i++)
         tdm_be_free(m->be, m->bufs[i]);
-    tdm_be_free(m->be, m->ws.base);
-    free(m->ws.x);
-    free(m->ws.sets);
+    ws_free(m);
     free(m->bufs);
     free(m->layers);
     free(m);
@@ -705,8 +714,10 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
     int64_t M = w->m, H = cf->hidden_size, I = cf->intermediate_size;
     int64_t Q = cf->num_heads * cf->head_dim, K = cf->num_kv_heads * cf->head_dim;
     tdm_be_dtype f = TDM_BE_F32;
+    void *slot[2] = {NULL, NULL};
     for (int64_t l = 0; l <= cf->num_layers; l++) {
-        void *p = carve(c, M * H, a);
+        void *p = w->offload && l >= 2 ? slot[l % 2] : carve(c, M * H, a);
+        if (l < 2) slot[l] = p;
         if (w->x) w->x[l] = p;
     }
     unsigned kept = w->keep & KEEP_ALL;
@@ -737,22 +748,40 @@ static void ws_layout(const tdm_model_config *cf, tdm_be_dtype a, workspace *w, 
     w->cu = carve(c, w->cu_cap, TDM_BE_I32);
 }
 
+/* Host bytes of the offloaded layer inputs x[0..L-2] of a workspace (0 without offload or for
+ * a forward-only shape: nothing outlives its layer there). */
+static uint64_t ws_host_bytes(const tdm_model_config *cf, tdm_be_dtype a, const workspace *w)
+{
+    if (!w->offload || w->n_sets < 2 || cf->num_layers < 2) return 0;
+    return (uint64_t)(cf->num_layers - 1) * (uint64_t)(w->m * cf->hidden_size) *
+           tdm_be_dtype_size(a);
+}
+
+static void ws_free(tdm_model *m)
+{
+    workspace *w = &m->ws;
+    tdm_be_free(m->be, w->base);
+    tdm_be_host_free(m->be, w->host);
+    free(w->x);
+    free(w->sets);
+    memset(w, 0, sizeof *w);
+}
+
 /* Makes the workspace cover `want` (its shape fields m, cu_cap, u_ld, tmask, n_sets, keep,
- * mlp_rows): kept
+ * mlp_rows, offload): kept
  * when it already does, otherwise allocated again for exactly that shape. */
 static tdm_status ws_ensure(tdm_model *m, const workspace *want, tdm_error *err)
 {
     workspace *w = &m->ws;
     if (w->base && w->m >= want->m && w->cu_cap >= want->cu_cap && w->u_ld >= want->u_ld &&
         (w->tmask & want->tmask) == want->tmask && w->n_sets >= want->n_sets &&
-        (w->keep & want->keep) == want->keep && w->mlp_rows >= want->mlp_rows)
+        (w->keep & want->keep) == want->keep && w->mlp_rows >= want->mlp_rows &&
+        w->offload == want->offload)
         return TDM_OK;
-    tdm_be_free(m->be, w->base);
-    free(w->x);
-    free(w->sets);
-    memset(w, 0, sizeof *w);
+    ws_free(m);
     w->m = want->m, w->cu_cap = want->cu_cap, w->u_ld = want->u_ld, w->tmask = want->tmask;
     w->n_sets = want->n_sets, w->keep = want->keep, w->mlp_rows = want->mlp_rows;
+    w->offload = want->offload;
     w->x = calloc((size_t)m->cfg.num_layers + 1, sizeof *w->x);
     w->sets = calloc((size_t)w->n_sets, sizeof *w->sets);
     if (!w->x || !w->sets) return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
@@ -768,7 +797,24 @@ static tdm_status ws_ensure(tdm_model *m, const workspace *want, tdm_error *err)
     }
     c = (carver){w->base, 0};
     ws_layout(&m->cfg, m->act, w, &c);
+    w->host_bytes = ws_host_bytes(&m->cfg, m->act, w);
+    if (w->host_bytes > 0) {
+        st = tdm_be_host_alloc(m->be, w->host_bytes, &w->host, err);
+        if (st != TDM_OK) {
+            tdm_error_prefix(err, "offloaded activations for %lld rows", (long long)w->m);
+            ws_free(m);
+            return st;
+        }
+    }
     return TDM_OK;
+}
+
+/* The host copy of layer input x[l] (l <= L - 2) in an offloading workspace. */
+static void *ws_host_x(const tdm_model *m, int64_t l)
+{
+    const workspace *w = &m->ws;
+    return (char *)w->host +
+           (size_t)l * (size_t)(w->m * m->cfg.hidden_size) * tdm_be_dtype_size(m->act);
 }
 
 /* ------------------------------------------------------------------- a step ---- */
@@ -1229,7 +1275,8 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
                       .tmask = tmask,
                       .n_sets = backward ? (int)L : 1,
                       .keep = keep,
-                      .mlp_rows = mlp_rows_of(&m->opts, M)};
+                      .mlp_rows = mlp_rows_of(&m->opts, M),
+                      .offload = m->opts.offload_activations};
     TDM_TRY(ws_ensure(m, &want, err));
     workspace *w = &m->ws;
 
@@ -1275,11 +1322,21 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
     if (st != TDM_OK) goto done;
 
     step s = {m, adapters, b, M, w->u_ld, want.mlp_rows, segs, backward, NULL};
+    /* With offload the layer inputs x[l] alternate between two device slots: x[l] goes to host
+     * memory while layer l computes (and is joined before layer l + 1 overwrites its slot),
+     * x[L - 1] and x[L] stay; the backward fetches x[l - 1] while layer l runs backward. */
+    bool offload = backward && w->host_bytes > 0;
+    size_t x_bytes = (size_t)(M * H) * tdm_be_dtype_size(m->act);
     /* forward */
     st = tdm_be_embedding(be, &m->embed, w->tokens, M, w->x[0], err);
-    for (int64_t l = 0; st == TDM_OK && l < L; l++)
+    if (st == TDM_OK && offload) st = tdm_be_copy_behind(be, ws_host_x(m, 0), w->x[0], x_bytes, err);
+    for (int64_t l = 0; st == TDM_OK && l < L; l++) {
         st = layer_fwd(&s, (int)l, w->x[l], &w->sets[backward ? l : 0], keep & KEEP_GU,
                        w->x[l + 1], true, err);
+        if (st == TDM_OK && offload) st = tdm_be_copies_join(be, err);
+        if (st == TDM_OK && offload && l + 1 <= L - 2)
+            st = tdm_be_copy_behind(be, ws_host_x(m, l + 1), w->x[l + 1], x_bytes, err);
+    }
     if (st == TDM_OK)
         st = tdm_be_rmsnorm_fwd(be, w->x[L], m->final_norm, M, H, (float)c->rms_norm_eps, w->hf,
                                 w->rstd_f, err);
@@ -1305,8 +1362,12 @@ tdm_status tdm_model_step(tdm_model *m, tdm_lora *const *adapters, int n_adapter
                                 err);
         for (int64_t l = L - 1; st == TDM_OK && l >= 0; l--) {
             acts *A = &w->sets[l];
-            if (keep != KEEP_ALL) st = recompute_layer(&s, (int)l, w->x[l], A, keep, err);
+            if (offload && l >= 1) /* into the slot of x[l + 1], whose layer is done */
+                st = tdm_be_copy_behind(be, w->x[l - 1], ws_host_x(m, l - 1), x_bytes, err);
+            if (st == TDM_OK && keep != KEEP_ALL)
+                st = recompute_layer(&s, (int)l, w->x[l], A, keep, err);
             if (st == TDM_OK) st = layer_bwd(&s, (int)l, w->x[l], A, keep, err);
+            if (st == TDM_OK && offload) st = tdm_be_copies_join(be, err);
         }
     }
 done:
@@ -1393,7 +1454,8 @@ static tdm_status forward_logits(tdm_model *m, tdm_lora *const *adapters, int n_
                       .u_ld = u_ld,
                       .tmask = tmask,
                       .n_sets = 1,
-                      .mlp_rows = mlp_rows_of(&m->opts, M)};
+                      .mlp_rows = mlp_rows_of(&m->opts, M),
+                      .offload = m->opts.offload_activations};
     tdm_status st = ws_ensure(m, &want, err);
     if (st != TDM_OK) {
         free(ks.seqs);
@@ -1509,6 +1571,7 @@ static void plan_workspace(const tdm_model_config *c, const tdm_model_opts *o,
     w->n_sets = p->backward ? (int)c->num_layers : 1;
     w->keep = p->backward ? keep_of(o) : 0;
     w->mlp_rows = mlp_rows_of(o, p->rows);
+    w->offload = o->offload_activations;
 }
 
 tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
@@ -1526,11 +1589,13 @@ tdm_status tdm_model_reserve(tdm_model *m, const tdm_model_mem_plan *p, tdm_erro
 void tdm_model_set_recompute(tdm_model *m, bool grad_checkpoint, tdm_recompute recompute)
 {
     tdm_model_set_grad_checkpoint(m, grad_checkpoint, recompute);
-    workspace *w = &m->ws;
-    tdm_be_free(m->be, w->base);
-    free(w->x);
-    free(w->sets);
-    memset(w, 0, sizeof *w);
+    ws_free(m);
+}
+
+void tdm_model_set_offload_activations(tdm_model *m, bool on)
+{
+    m->opts.offload_activations = on;
+    ws_free(m);
 }
 
 tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *err)
@@ -1543,10 +1608,7 @@ tdm_status tdm_model_fit(tdm_model *m, const tdm_model_mem_plan *p, tdm_error *e
     }
     workspace *w = &m->ws;
     if (!w->base || c.off >= w->bytes) return TDM_OK; /* nothing to give back */
-    tdm_be_free(m->be, w->base);
-    free(w->x);
-    free(w->sets);
-    memset(w, 0, sizeof *w);
+    ws_free(m);
     return p->rows > 0 ? ws_ensure(m, &want, err) : TDM_OK;
 }
 
@@ -1593,6 +1655,7 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
     carver cv = {NULL, 0};
     ws_layout(c, act, &w, &cv);
     out->activations = cv.off;
+    out->host_activations = ws_host_bytes(c, act, &w);
     out->adapters = (uint64_t)p->lora_params * 4 * 4; /* params, grads, AdamW m and v: f32 */
     tdm_be_step_shape sh = scratch_shape(c, o, act, p);
     out->backend_scratch = tdm_cuda_scratch_bytes(&sh);

@@ -47,6 +47,10 @@ typedef struct tdm_model_opts {
     bool grad_checkpoint;    /* keep fewer activations; recompute the rest in backward */
     tdm_recompute recompute; /* with grad_checkpoint: what is recomputed */
     int64_t mlp_block_rows;  /* rows of one MLP block; 0: TDM_MLP_BLOCK_ROWS */
+    /* --offload-activations: between a training step's forward and backward, each layer's
+     * input x lives in host memory (tdm_be_host_alloc), copied there and back beside the
+     * compute; the device holds two of them (docs/engine.md, "Activation offload") */
+    bool offload_activations;
 } tdm_model_opts;
 
 /* The MLP (gate/up, SwiGLU, down and their backward) runs in blocks of at most this many rows,
@@ -228,7 +232,8 @@ typedef struct tdm_model_mem_plan {
  * cuBLASLt workspace and grown scratch slots (src/engine/cuda/cuda_memory_plan.h). The CUDA
  * context itself is not included: it is a property of the device and driver. */
 typedef struct tdm_model_mem {
-    uint64_t weights, activations, adapters, backend_scratch;
+    uint64_t weights, activations, adapters, backend_scratch; /* device bytes */
+    uint64_t host_activations; /* page-locked host bytes of --offload-activations (not device) */
 } tdm_model_mem;
 
 /* Computes the estimate from the config alone (no backend, no device): what --vram auto
@@ -261,9 +266,13 @@ tdm_recompute tdm_model_recompute(const tdm_model *m);
 /* The same, and the activation workspace freed at once, allocated again by the next step or
  * tdm_model_reserve (a benchmark measuring every mode on one load: bench/train_bench.c). */
 void tdm_model_set_recompute(tdm_model *m, bool grad_checkpoint, tdm_recompute recompute);
+/* Turns tdm_model_opts.offload_activations on or off, freeing the workspace the same way. */
+void tdm_model_set_offload_activations(tdm_model *m, bool on);
 
 /* Bytes of device memory the base weights take, and the activations of the last step. */
 uint64_t tdm_model_weight_bytes(const tdm_model *m);
 uint64_t tdm_model_activation_bytes(const tdm_model *m);
+/* Page-locked host bytes of the offloaded layer inputs (--offload-activations), 0 without. */
+uint64_t tdm_model_host_activation_bytes(const tdm_model *m);
 
 #endif

@@ -443,6 +443,10 @@ static tdm_status reserve(tdm_device *dev, const tdm_device_request *req, const 
              (long long)need_mb, (long long)mib_up(est->weights),
              (long long)mib_up(est->activations), (long long)mib_up(est->adapters),
              (long long)mib_up(est->backend_scratch), TDM_CUDA_CONTEXT_MIB);
+        if (est->host_activations > 0) /* not in the reservation: host, not device, memory */
+            note(req,
+                 "--offload-activations: %lld MiB of layer inputs in page-locked host memory",
+                 (long long)mib_up(est->host_activations));
     }
     dev->budget_mb = need_mb;
     const char *adopted = getenv("TANDEM_RESERVATION_ID");

@@ -163,6 +163,11 @@ static const tdm_run_option table[] = {
      V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_recompute, "layer", "layer, mlp or attn",
        "what --grad-checkpoint recomputes: the layer, norms and gate/up, or norms and q/k/v"),
      NULL, true},
+    {"offload-activations", NULL, F, DST(trainer.offload_activations),
+     V(TDM_OPT_BOOL, 0, 0, 0, 0, true, NULL, "", "",
+       "keep each layer's input in page-locked host memory between forward and backward, "
+       "copied beside the compute (long context)"),
+     NULL, true},
     /* data */
     ADAPTER_ROW("seed", "S", F, adapter.seed, TDM_ADAPTER_KEY_SEED, true),
     ADAPTER_ROW("no-shuffle", NULL, F, adapter.shuffle, TDM_ADAPTER_KEY_NO_SHUFFLE, true),

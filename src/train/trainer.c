@@ -507,7 +507,8 @@ tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
     tdm_model_opts mo = {.nf4 = t->o.nf4,
                          .double_quant = t->o.nf4 && t->o.double_quant,
                          .grad_checkpoint = t->o.grad_checkpoint,
-                         .recompute = t->o.recompute};
+                         .recompute = t->o.recompute,
+                         .offload_activations = t->o.offload_activations};
     if ((st = tdm_model_load(&t->model, be, t->o.model_dir, &mo, err)) != TDM_OK) return st;
     t->mcfg = tdm_model_get_config(t->model);
     for (int a = 0; a < t->n; a++)
@@ -1479,7 +1480,8 @@ static tdm_model_opts model_opts(const tdm_trainer *t)
     return (tdm_model_opts){.nf4 = t->o.nf4,
                             .double_quant = t->o.double_quant,
                             .grad_checkpoint = t->o.grad_checkpoint,
-                            .recompute = t->o.recompute};
+                            .recompute = t->o.recompute,
+                            .offload_activations = t->o.offload_activations};
 }
 
 /* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's

@@ -150,7 +150,8 @@ typedef struct tdm_trainer_opts {
     bool nf4;          /* --method qlora */
     bool double_quant; /* with nf4 */
     bool grad_checkpoint;
-    tdm_recompute recompute; /* --recompute: what checkpointing recomputes */
+    tdm_recompute recompute;  /* --recompute: what checkpointing recomputes */
+    bool offload_activations; /* --offload-activations: layer inputs in host memory */
     tdm_train_schedule schedule;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */

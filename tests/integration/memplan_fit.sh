@@ -44,6 +44,15 @@ gc=$(reserved)
 expect_exit 0 ft gcattn 100000 0 --grad-checkpoint --recompute attn
 attn=$(reserved)
 [ -n "$attn" ] && [ "$attn" -lt "$asked" ] && [ "$attn" -gt "$gc" ] || fail "asked $asked MiB, --recompute attn $attn MiB, checkpointing $gc MiB"
+# --offload-activations: less reserved than checkpointing alone, the host memory said, and the
+# same adapter bits (the layer inputs went to host memory and back)
+expect_exit 0 ft gcoff 100000 0 --grad-checkpoint --offload-activations
+gcoff=$(reserved)
+[ -n "$gcoff" ] && [ "$gcoff" -lt "$gc" ] || fail "checkpointing $gc MiB, with offload $gcoff MiB"
+grep -q '^tandem: --offload-activations: [0-9]* MiB of layer inputs in page-locked host memory$' "$WORK/last.err" ||
+    fail "no host memory line: $(cat "$WORK/last.err")"
+cmp -s "$WORK/gc/adapter_model.safetensors" "$WORK/gcoff/adapter_model.safetensors" ||
+    fail "offloading changed the trained adapter"
 
 # 2. one MiB less than the plan as asked: checkpointing that recomputes norms and q/k/v; one MiB
 # less than that: gradient checkpointing; each said in one line

@@ -1149,7 +1149,8 @@ static void test_model_step_dropout(void **state)
  * bit-identical to the step that keeps everything (the recompute runs the same kernels on the
  * same inputs), with LoRA dropout on every module. Again with the MLP in blocks of 16 rows
  * (cutting sequences and their masks): bit-identical across the modes, and within rounding of
- * the step without blocks. */
+ * the step without blocks. Again with activation offload (the layer inputs to page-locked host
+ * memory on the copy queue and back): bit-identical to keeping them, in every mode. */
 static void test_model_step_recompute(void **state)
 {
     (void)state;
@@ -1174,13 +1175,15 @@ static void test_model_step_recompute(void **state)
         float *ref = NULL, *unblocked = NULL;
         double ref_loss = 0, unblocked_loss = 0;
         int64_t n = 0;
-        for (int run = 0; run < 8; run++) {
+        for (int run = 0; run < 12; run++) {
             int mode = run % 4 - 1; /* -1: no checkpointing */
-            int64_t block = run < 4 ? 0 : 16;
+            int64_t block = run >= 4 && run < 8 ? 16 : 0;
+            bool offload = run >= 8;
             tdm_model_opts mo = {.nf4 = pi == 0,
                                  .grad_checkpoint = mode >= 0,
                                  .recompute = mode >= 0 ? (tdm_recompute)mode : 0,
-                                 .mlp_block_rows = block};
+                                 .mlp_block_rows = block,
+                                 .offload_activations = offload};
             tdm_model *m;
             tdm_lora *a;
             OK(tdm_model_load(&m, gpu, dir, &mo, err));
@@ -1219,20 +1222,23 @@ static void test_model_step_recompute(void **state)
                 assert_true(rel <= 1e-4);
                 assert_true(cosv > 0.99999);
             }
-            if (mode < 0) {
+            if (mode < 0 && !offload) {
                 if (ref && ref != unblocked) free(ref);
                 ref = g, ref_loss = loss, n = a->n_params;
                 if (block == 0) unblocked = g, unblocked_loss = loss;
-            } else {
+            } else { /* the same bits as the step of the same blocks that keeps everything */
+                const float *want = offload ? unblocked : ref;
+                double want_loss = offload ? unblocked_loss : ref_loss;
                 int64_t diff = 0;
                 for (int64_t i = 0; i < n; i++)
-                    diff += memcmp(&g[i], &ref[i], sizeof *g) != 0;
-                printf("  recompute %-5s %-10s MLP blocks %-2lld: loss %.9g (no checkpointing "
-                       "%.9g), %lld of %lld gradients differ; activations %.1f KiB\n",
-                       tdm_recompute_name((tdm_recompute)mode), presets[pi], (long long)block,
-                       loss, ref_loss, (long long)diff, (long long)n,
+                    diff += memcmp(&g[i], &want[i], sizeof *g) != 0;
+                printf("  %srecompute %-5s %-10s MLP blocks %-2lld: loss %.9g (keeping "
+                       "everything %.9g), %lld of %lld gradients differ; activations %.1f KiB\n",
+                       offload ? "offload, " : "",
+                       mode < 0 ? "none" : tdm_recompute_name((tdm_recompute)mode), presets[pi],
+                       (long long)block, loss, want_loss, (long long)diff, (long long)n,
                        (double)tdm_model_activation_bytes(m) / 1024);
-                assert_true(loss == ref_loss);
+                assert_true(loss == want_loss);
                 assert_int_equal(diff, 0);
                 free(g);
             }

@@ -93,7 +93,9 @@ typedef struct mem_case {
     tdm_model_mem est;
 } mem_case;
 
-/* ckpt: 0 no gradient checkpointing, else 1 + the tdm_recompute mode */
+/* ckpt: 0 no gradient checkpointing, else 1 + the tdm_recompute mode; | OFFLOAD: with
+ * --offload-activations */
+#define OFFLOAD 16
 static void case_open(mem_case *k, const char *preset, const char *dir_suffix, bool nf4, bool dq,
                       int ckpt)
 {
@@ -103,8 +105,11 @@ static void case_open(mem_case *k, const char *preset, const char *dir_suffix, b
     OK(tdm_init_model(dir, &io, &k->cfg, err));
     k->mo = (tdm_model_opts){.nf4 = nf4,
                              .double_quant = dq,
-                             .grad_checkpoint = ckpt > 0,
-                             .recompute = ckpt > 0 ? (tdm_recompute)(ckpt - 1) : 0};
+                             .grad_checkpoint = (ckpt & ~OFFLOAD) > 0,
+                             .recompute = (ckpt & ~OFFLOAD) > 0
+                                              ? (tdm_recompute)((ckpt & ~OFFLOAD) - 1)
+                                              : 0,
+                             .offload_activations = (ckpt & OFFLOAD) != 0};
     OK(tdm_model_load(&k->m, be, dir, &k->mo, err));
     const unsigned t0 = TDM_LORA_BIT(TDM_LORA_Q) | TDM_LORA_BIT(TDM_LORA_V);
     const unsigned t1 = TDM_LORA_BIT(TDM_LORA_O) | TDM_LORA_BIT(TDM_LORA_DOWN);
@@ -153,6 +158,12 @@ static void check(const char *preset, bool nf4, bool dq, int ckpt)
     assert_int_equal(k.est.activations, tdm_model_activation_bytes(k.m));
     assert_int_equal(k.est.adapters, adapters);
     assert_true(k.est.backend_scratch >= TDM_CUDA_LT_WORKSPACE_BYTES);
+    /* offload: (L - 1) layer inputs of the planned rows in host memory, as allocated */
+    uint64_t host = (ckpt & OFFLOAD) ? (uint64_t)(k.cfg.num_layers - 1) *
+                                           (uint64_t)(k.plan.rows * k.cfg.hidden_size) * 4
+                                     : 0;
+    assert_int_equal(k.est.host_activations, host);
+    assert_int_equal(tdm_model_host_activation_bytes(k.m), host);
     case_close(&k);
 }
 
@@ -192,6 +203,7 @@ static void test_reserve_holds_the_plan(void **state)
     check_reserve("tiny", true, 1);
     check_reserve("tiny", true, 1 + TDM_RECOMPUTE_MLP);
     check_reserve("tiny-llama", false, 1 + TDM_RECOMPUTE_ATTN);
+    check_reserve("tiny", true, 1 | OFFLOAD);
 }
 
 static void test_llama_dense(void **state)
@@ -201,6 +213,7 @@ static void test_llama_dense(void **state)
     check("tiny-llama", false, false, 1);
     check("tiny-llama", false, false, 1 + TDM_RECOMPUTE_MLP);
     check("tiny-llama", false, false, 1 + TDM_RECOMPUTE_ATTN);
+    check("tiny-llama", false, false, 1 | OFFLOAD);
 }
 
 static void test_qwen3_nf4(void **state)
@@ -210,6 +223,7 @@ static void test_qwen3_nf4(void **state)
     check("tiny-qwen3", true, true, 1);
     check("tiny-qwen3", true, true, 1 + TDM_RECOMPUTE_MLP);
     check("tiny-qwen3", true, false, 1 + TDM_RECOMPUTE_ATTN);
+    check("tiny-qwen3", true, true, 0 | OFFLOAD);
 }
 
 static void test_qwen2_nf4_dq(void **state)

@@ -578,6 +578,31 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
     return TDM_OK;
 }
 
+/* Offload on the CPU backend: "device" and host memory are the same memory, so the host side is
+ * malloc'd and a copy behind the ops is a copy now (the engine's offload logic runs unchanged,
+ * which is what the CPU tests exercise). */
+static tdm_status cpu_host_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
+{
+    (void)be;
+    *out = malloc(bytes);
+    if (!*out)
+        return tdm_fail(err, TDM_ERR_NOMEM, "host memory for offload: out of memory (%.1f MiB)",
+                        (double)bytes / (1 << 20));
+    return TDM_OK;
+}
+
+static void cpu_host_free(tdm_backend *be, void *ptr)
+{
+    (void)be;
+    free(ptr);
+}
+
+static tdm_status cpu_copies_join(tdm_backend *be, tdm_error *err)
+{
+    (void)be, (void)err;
+    return TDM_OK;
+}
+
 static const tdm_backend_vtable cpu_vtable = {
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
@@ -613,6 +638,10 @@ static const tdm_backend_vtable cpu_vtable = {
     .clip_coef = cpu_clip_coef,
     .adamw = cpu_adamw,
     .attention_kv = cpu_attention_kv,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .copy_behind = cpu_upload,
+    .copies_join = cpu_copies_join,
 };
 
 /* OpenBLAS's OpenMP build on a core whose kernels were measured: threaded calls (cpu_blas_sgemm).

@@ -161,6 +161,12 @@ static void cuda_destroy(tdm_backend *be)
 {
     cuda_backend *cb = cuda_of(be);
     cudaStreamSynchronize(cb->stream);
+    if (cb->copy_stream) {
+        cudaStreamSynchronize(cb->copy_stream);
+        cudaStreamDestroy(cb->copy_stream);
+        cudaEventDestroy(cb->ops_done);
+        cudaEventDestroy(cb->copies_done);
+    }
     cuda_plan_cache_free(cb);
     for (auto &kv : *cb->allocs)
         cudaFree(kv.first);
@@ -260,7 +266,56 @@ static tdm_status cuda_synchronize(tdm_backend *be, tdm_error *err)
 {
     cuda_backend *cb = cuda_of(be);
     CU(cudaStreamSynchronize(cb->stream));
+    if (cb->copy_stream) CU(cudaStreamSynchronize(cb->copy_stream));
     return check_dev_error(cb, err);
+}
+
+/* ------------------------------------------------- offload: host memory, copies behind ---- */
+
+static tdm_status cuda_host_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
+{
+    (void)be;
+    cudaError_t e = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return tdm_fail(err, TDM_ERR_NOMEM, "page-locked host memory for offload (%.1f MiB): %s",
+                        (double)bytes / (1 << 20), cudaGetErrorString(e));
+    }
+    return TDM_OK;
+}
+
+static void cuda_host_free(tdm_backend *be, void *ptr)
+{
+    cuda_backend *cb = cuda_of(be);
+    /* a copy may still read or write it: let the queues drain first */
+    cudaStreamSynchronize(cb->stream);
+    if (cb->copy_stream) cudaStreamSynchronize(cb->copy_stream);
+    cudaFreeHost(ptr);
+}
+
+static tdm_status cuda_copy_behind(tdm_backend *be, void *dst, const void *src, size_t bytes,
+                                   tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    if (!cb->copy_stream) {
+        CU(cudaStreamCreateWithFlags(&cb->copy_stream, cudaStreamNonBlocking));
+        CU(cudaEventCreateWithFlags(&cb->ops_done, cudaEventDisableTiming));
+        CU(cudaEventCreateWithFlags(&cb->copies_done, cudaEventDisableTiming));
+    }
+    CU(cudaEventRecord(cb->ops_done, cb->stream));
+    CU(cudaStreamWaitEvent(cb->copy_stream, cb->ops_done, 0));
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cb->copy_stream));
+    return TDM_OK;
+}
+
+static tdm_status cuda_copies_join(tdm_backend *be, tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    if (!cb->copy_stream) return TDM_OK;
+    CU(cudaEventRecord(cb->copies_done, cb->copy_stream));
+    CU(cudaStreamWaitEvent(cb->stream, cb->copies_done, 0));
+    return TDM_OK;
 }
 
 /* ------------------------------------------------------------- elementwise ---- */
@@ -935,7 +990,8 @@ static const tdm_backend_vtable cuda_vtable = {
     cuda_lora_fwd,       cuda_lora_bwd,    cuda_sumsq,        cuda_clip_coef,
     cuda_adamw,          cuda_prof_begin,  cuda_prof_end,     cuda_prof_collect,
     cuda_prof_reset,     cuda_reserve_scratch, cuda_attention_kv,
-    cuda_quantize_nf4,
+    cuda_quantize_nf4,   cuda_host_alloc,  cuda_host_free,    cuda_copy_behind,
+    cuda_copies_join,
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)

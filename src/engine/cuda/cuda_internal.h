@@ -44,6 +44,11 @@ typedef struct cuda_backend {
     struct tdm_backend base;
     int device;
     cudaStream_t stream;
+    /* tdm_be_copy_behind's queue and its two markers, created by the first copy: ops_done (on
+     * stream) starts a copy after the ops before it, copies_done (on copy_stream) makes the
+     * ops after tdm_be_copies_join wait for the copies */
+    cudaStream_t copy_stream;
+    cudaEvent_t ops_done, copies_done;
     cublasLtHandle_t lt;
     void *lt_ws; /* cuBLASLt workspace */
     size_t lt_ws_bytes;
