@@ -155,12 +155,20 @@ tdm_status tdm_be_download_f32(tdm_backend *be, float *dst, const void *src, tdm
     DISPATCH(TDM_OP_DOWNLOAD, be->vt->download_f32(be, dst, src, dtype, n, err));
 }
 
+/* The arguments of a copy of bytes > 0: both sides given, not overlapping. */
+static tdm_status copy_args(const char *op, void *dst, const void *src, size_t bytes,
+                            tdm_error *err)
+{
+    CHECK(dst && src, "%s: NULL pointer", op);
+    const char *d = dst, *s = src;
+    CHECK(d + bytes <= s || s + bytes <= d, "%s: overlapping regions", op);
+    return TDM_OK;
+}
+
 tdm_status tdm_be_copy(tdm_backend *be, void *dst, const void *src, size_t bytes, tdm_error *err)
 {
     if (bytes == 0) return TDM_OK;
-    CHECK(dst && src, "copy: NULL pointer");
-    const char *d = dst, *s = src;
-    CHECK(d + bytes <= s || s + bytes <= d, "copy: overlapping regions");
+    TDM_TRY(copy_args("copy", dst, src, bytes, err));
     DISPATCH(TDM_OP_COPY, be->vt->copy(be, dst, src, bytes, err));
 }
 
@@ -210,9 +218,7 @@ tdm_status tdm_be_copy_behind(tdm_backend *be, void *dst, const void *src, size_
         return tdm_fail(err, TDM_ERR_UNSUPPORTED, "backend %s: no copies behind the ops",
                         be->name);
     if (bytes == 0) return TDM_OK;
-    CHECK(dst && src, "copy_behind: NULL pointer");
-    const char *d = dst, *s = src;
-    CHECK(d + bytes <= s || s + bytes <= d, "copy_behind: overlapping regions");
+    TDM_TRY(copy_args("copy_behind", dst, src, bytes, err));
     return be->vt->copy_behind(be, dst, src, bytes, err);
 }
 

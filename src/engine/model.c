@@ -1038,25 +1038,48 @@ static tdm_be_seqs seqs_of(step *s)
     return (tdm_be_seqs){s->m->ws.cu, s->b->n_seqs, maxlen, s->M};
 }
 
+/* One block of the MLP's rows, [r0, r0 + n), and its views of a layer's tensors: xn2 and the U
+ * of gate/up/down at its rows; g and u at its rows when the set keeps them (gu_kept, M rows),
+ * else the shared one-block copy. */
+typedef struct mlp_block {
+    int64_t r0, n;
+    void *xn2, *g, *u;
+    float *Ug, *Uu, *Ud;
+} mlp_block;
+
+static mlp_block mlp_block_at(const step *s, const acts *A, bool gu_kept, int64_t r0)
+{
+    int64_t H = s->m->cfg.hidden_size, I = s->m->cfg.intermediate_size;
+    return (mlp_block){.r0 = r0,
+                       .n = s->M - r0 < s->mlp_rows ? s->M - r0 : s->mlp_rows,
+                       .xn2 = act_row(s, A->xn2, r0, H),
+                       .g = gu_kept ? act_row(s, A->g, r0, I) : A->g,
+                       .u = gu_kept ? act_row(s, A->u, r0, I) : A->u,
+                       .Ug = u_row(s, A->U[TDM_LORA_GATE], r0),
+                       .Uu = u_row(s, A->U[TDM_LORA_UP], r0),
+                       .Ud = u_row(s, A->U[TDM_LORA_DOWN], r0)};
+}
+
+/* g = gate(xn2), u = up(xn2) of a block (+ LoRA, keeping U): mlp_fwd's, and mlp_bwd's again
+ * when the layer did not keep them, by this one function so the two are the same bits. */
+static tdm_status mlp_gate_up(step *s, int l, const mlp_block *b, tdm_error *err)
+{
+    TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_GATE, b->r0, b->n, b->xn2, b->g, b->Ug, err));
+    return proj_fwd_rows(s, l, TDM_LORA_UP, b->r0, b->n, b->xn2, b->u, b->Uu, err);
+}
+
 /* The MLP's forward, x_out = x_mid + down(swiglu(gate(xn2), up(xn2))), in blocks of
- * s->mlp_rows rows: g and u of a block land at its rows when the set keeps them (gu_kept, M
- * rows), else at the start of the shared one-block copy. */
+ * s->mlp_rows rows. */
 static tdm_status mlp_fwd(step *s, int l, acts *A, bool gu_kept, void *x_out, tdm_error *err)
 {
     tdm_model *m = s->m;
     int64_t M = s->M, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     for (int64_t r0 = 0; r0 < M; r0 += s->mlp_rows) {
-        int64_t n = M - r0 < s->mlp_rows ? M - r0 : s->mlp_rows;
-        void *xn2 = act_row(s, A->xn2, r0, H);
-        void *g = gu_kept ? act_row(s, A->g, r0, I) : A->g;
-        void *u = gu_kept ? act_row(s, A->u, r0, I) : A->u;
-        TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_GATE, r0, n, xn2, g, u_row(s, A->U[TDM_LORA_GATE], r0),
-                              err));
-        TDM_TRY(
-            proj_fwd_rows(s, l, TDM_LORA_UP, r0, n, xn2, u, u_row(s, A->U[TDM_LORA_UP], r0), err));
-        TDM_TRY(tdm_be_swiglu_fwd(m->be, g, u, n, I, m->ws.hre, err));
-        TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_DOWN, r0, n, m->ws.hre, act_row(s, x_out, r0, H),
-                              u_row(s, A->U[TDM_LORA_DOWN], r0), err));
+        mlp_block b = mlp_block_at(s, A, gu_kept, r0);
+        TDM_TRY(mlp_gate_up(s, l, &b, err));
+        TDM_TRY(tdm_be_swiglu_fwd(m->be, b.g, b.u, b.n, I, m->ws.hre, err));
+        TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_DOWN, r0, b.n, m->ws.hre, act_row(s, x_out, r0, H),
+                              b.Ud, err));
     }
     return tdm_be_axpy(m->be, x_out, A->x_mid, m->act, M * H, 1.0f, err);
 }
@@ -1147,28 +1170,21 @@ static tdm_status mlp_bwd(step *s, int l, acts *A, unsigned keep, tdm_error *err
     int64_t M = s->M, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     bool gu_kept = keep & KEEP_GU;
     for (int64_t r0 = 0; r0 < M; r0 += s->mlp_rows) {
-        int64_t n = M - r0 < s->mlp_rows ? M - r0 : s->mlp_rows, n_segs;
-        void *xn2 = act_row(s, A->xn2, r0, H), *dres = act_row(s, w->dres, r0, H);
-        void *dxn = act_row(s, w->dxn, r0, H);
-        void *g = gu_kept ? act_row(s, A->g, r0, I) : A->g;
-        void *u = gu_kept ? act_row(s, A->u, r0, I) : A->u;
-        float *Ug = u_row(s, A->U[TDM_LORA_GATE], r0), *Uu = u_row(s, A->U[TDM_LORA_UP], r0);
-        float *Ud = u_row(s, A->U[TDM_LORA_DOWN], r0);
-        if (!gu_kept) {
-            TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_GATE, r0, n, xn2, g, Ug, err));
-            TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_UP, r0, n, xn2, u, Uu, err));
-        }
-        if (Ud) { /* down's input, for its LoRA terms */
-            TDM_TRY(tdm_be_swiglu_fwd(be, g, u, n, I, w->hre, err));
+        mlp_block b = mlp_block_at(s, A, gu_kept, r0);
+        int64_t n = b.n, n_segs;
+        void *dres = act_row(s, w->dres, r0, H), *dxn = act_row(s, w->dxn, r0, H);
+        if (!gu_kept) TDM_TRY(mlp_gate_up(s, l, &b, err));
+        if (b.Ud) { /* down's input, for its LoRA terms */
+            TDM_TRY(tdm_be_swiglu_fwd(be, b.g, b.u, n, I, w->hre, err));
             /* U = h A^T formed by lora_fwd into a throw-away output (hf is free in backward) */
             if (!(keep & KEEP_SMALL) && build_segs_rows(s, l, TDM_LORA_DOWN, r0, n, &n_segs) > 0)
-                TDM_TRY(tdm_be_lora_fwd(be, s->segs, n_segs, w->hre, n, I, H, Ud, s->u_ld,
+                TDM_TRY(tdm_be_lora_fwd(be, s->segs, n_segs, w->hre, n, I, H, b.Ud, s->u_ld,
                                         act_row(s, w->hf, r0, H), err));
         }
-        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_DOWN, r0, n, w->hre, Ud, dres, w->d1, 0.0f, err));
-        TDM_TRY(tdm_be_swiglu_bwd(be, g, u, w->d1, n, I, w->d1, w->d2, err)); /* dg, du */
-        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_GATE, r0, n, xn2, Ug, w->d1, dxn, 0.0f, err));
-        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_UP, r0, n, xn2, Uu, w->d2, dxn, 1.0f, err));
+        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_DOWN, r0, n, w->hre, b.Ud, dres, w->d1, 0.0f, err));
+        TDM_TRY(tdm_be_swiglu_bwd(be, b.g, b.u, w->d1, n, I, w->d1, w->d2, err)); /* dg, du */
+        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_GATE, r0, n, b.xn2, b.Ug, w->d1, dxn, 0.0f, err));
+        TDM_TRY(proj_bwd_rows(s, l, TDM_LORA_UP, r0, n, b.xn2, b.Uu, w->d2, dxn, 1.0f, err));
     }
     return TDM_OK;
 }

@@ -498,17 +498,23 @@ const struct tdm_model *tdm_trainer_model(const tdm_trainer *t)
     return t->model;
 }
 
+/* The model options of the trainer's run-wide settings (double quantization only with NF4). */
+static tdm_model_opts model_opts(const tdm_trainer *t)
+{
+    return (tdm_model_opts){.nf4 = t->o.nf4,
+                            .double_quant = t->o.nf4 && t->o.double_quant,
+                            .grad_checkpoint = t->o.grad_checkpoint,
+                            .recompute = t->o.recompute,
+                            .offload_activations = t->o.offload_activations};
+}
+
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)
 {
     if (t->model) return tdm_fail(err, TDM_ERR_INVALID, "trainer: model already loaded");
     /* 3. the frozen base, once; the adapters on the device */
     tdm_status st = TDM_OK;
     t->be = be;
-    tdm_model_opts mo = {.nf4 = t->o.nf4,
-                         .double_quant = t->o.nf4 && t->o.double_quant,
-                         .grad_checkpoint = t->o.grad_checkpoint,
-                         .recompute = t->o.recompute,
-                         .offload_activations = t->o.offload_activations};
+    tdm_model_opts mo = model_opts(t);
     if ((st = tdm_model_load(&t->model, be, t->o.model_dir, &mo, err)) != TDM_OK) return st;
     t->mcfg = tdm_model_get_config(t->model);
     for (int a = 0; a < t->n; a++)
@@ -1473,15 +1479,6 @@ static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm
     tdm_memory_plan_build(t->mcfg_host, ads, n, t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out);
     free_plan_adapters(ads, n);
     return TDM_OK;
-}
-
-static tdm_model_opts model_opts(const tdm_trainer *t)
-{
-    return (tdm_model_opts){.nf4 = t->o.nf4,
-                            .double_quant = t->o.double_quant,
-                            .grad_checkpoint = t->o.grad_checkpoint,
-                            .recompute = t->o.recompute,
-                            .offload_activations = t->o.offload_activations};
 }
 
 /* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's
