@@ -76,15 +76,17 @@ kill -INT $waiter; wait $waiter; code=$?
 kill -TERM $blocker; wait $blocker
 
 # Over budget: the child reports (through the simulated GPU's process list) 2000 MiB against a
-# 1024 MiB budget: one warning, and the actual usage shows in gpu status.
+# 1024 MiB budget: one warning, and the actual usage shows in gpu status. The child runs until
+# the checks are done (greedy.release), however slowly this machine runs them.
 spec="$WORK/gpus.spec"
 echo "uuid=GPU-sim-0,name=Sim 10G,total_mb=10000,memory=discrete" > "$spec"
 TANDEM_FAKE_GPUS="@$spec" "$TANDEM" gpu run --vram 1 --task greedy -- sh -c \
-  "printf 'uuid=GPU-sim-0,name=Sim 10G,total_mb=10000,memory=discrete,used_mb=2000\npid=%s,gpu=GPU-sim-0,used_mb=2000\n' \$\$ > '$spec'; sleep 2" \
+  "printf 'uuid=GPU-sim-0,name=Sim 10G,total_mb=10000,memory=discrete,used_mb=2000\npid=%s,gpu=GPU-sim-0,used_mb=2000\n' \$\$ > '$spec'; sleep 2; while [ ! -e '$WORK/greedy.release' ]; do sleep 0.1; done" \
   > "$WORK/greedy.out" 2> "$WORK/greedy.err" &
 greedy=$!
 wait_until 10 sh -c "TANDEM_FAKE_GPUS=@$spec \"$TANDEM\" gpu status --json | jq -e '.gpus[0].reservations[0].actual_mb == 2000'"
 TANDEM_FAKE_GPUS="@$spec" "$TANDEM" gpu status > "$WORK/greedy.status"
+touch "$WORK/greedy.release"
 grep -q "actual   2000 MiB" "$WORK/greedy.status" || fail "actual not shown: $(cat "$WORK/greedy.status")"
 wait $greedy
 [ "$(grep -c 'more than 20% over its budget' "$WORK/greedy.err")" = 1 ] || fail "over-budget warning: $(cat "$WORK/greedy.err")"
