@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/cpu_math.h"
 
 tdm_status cpu_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,
                          void *out, tdm_error *err)
@@ -414,6 +415,14 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     return TDM_OK;
 }
 
+/* SwiGLU, h = silu(g) u with silu(g) = g sigmoid(g), elementwise over m x n (1024 x 4864 a
+ * layer at a B4 x 256 step of Qwen2.5-0.5B): SIMD loops through cpu_expf (cpu_math.h), where
+ * libm's expf made them a call per element (148 ms a 16-thread step, 0.6 s at 2 threads). */
+static inline float sigmoidf(float x)
+{
+    return 1.0f / (1.0f + cpu_expf(-x));
+}
+
 tdm_status cpu_swiglu_fwd(tdm_backend *be, const void *gv, const void *uv, int64_t m, int64_t n,
                           void *hv, tdm_error *err)
 {
@@ -421,14 +430,14 @@ tdm_status cpu_swiglu_fwd(tdm_backend *be, const void *gv, const void *uv, int64
     float *h = hv;
     int64_t total = m * n;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
-    for (int64_t i = 0; i < total; i++) {
-        float sg = 1.0f / (1.0f + expf(-g[i]));
-        h[i] = g[i] * sg * u[i];
-    }
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
+    for (int64_t i = 0; i < total; i++)
+        h[i] = g[i] * sigmoidf(g[i]) * u[i];
     return TDM_OK;
 }
 
+/* dg may be dh (the engine reuses the buffer): every element is read before it is written, in
+ * the same iteration, so SIMD needs no other ordering. */
 tdm_status cpu_swiglu_bwd(tdm_backend *be, const void *gv, const void *uv, const void *dhv,
                           int64_t m, int64_t n, void *dgv, void *duv, tdm_error *err)
 {
@@ -436,10 +445,10 @@ tdm_status cpu_swiglu_bwd(tdm_backend *be, const void *gv, const void *uv, const
     float *dg = dgv, *du = duv;
     int64_t total = m * n;
     int nt = cpu_of(be)->n_threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (total > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < total; i++) {
         float gi = g[i], ui = u[i], d = dh[i];
-        float sg = 1.0f / (1.0f + expf(-gi));
+        float sg = sigmoidf(gi);
         float silu = gi * sg;
         dg[i] = d * ui * sg * (1.0f + gi * (1.0f - sg));
         du[i] = d * silu;
