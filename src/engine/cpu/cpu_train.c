@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/cpu_math.h"
 #include "engine/dropout.h"
 #include "engine/grad_clip.h"
 
@@ -54,8 +55,8 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
 }
 
 /* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
- * exp-sum (float exponentials, summed in double), loss, and the logits buffer overwritten with
- * dlogits; then dH (c, d) = dlogits W (ce_dh). Extra memory, kept between calls (cpu_scratch):
+ * exp-sum (float exponentials by cpu_expf in SIMD loops, summed in double by cpu_sum_f64), loss,
+ * and the logits buffer overwritten with dlogits; then dH (c, d) = dlogits W (ce_dh). Extra memory, kept between calls (cpu_scratch):
  * chunk_rows * V floats, the lm_head in f32 unless it is stored so, and chunk_rows * d floats
  * per CE_VBLOCK vocabulary rows for dH's partial products. */
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
@@ -97,16 +98,22 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                 continue;
             }
             float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
             for (int64_t j = 0; j < V; j++)
-                if (l[j] > mx) mx = l[j];
-            double sum = 0;
+                mx = l[j] > mx ? l[j] : mx;
+            float target = l[lab];
+            /* e_j = exp(l_j - max) in place, then dlogits = wt e_j / sum - wt [j = label]: one
+             * exponential per logit (two before, with exp(l_j - lse) for the softmax) */
+#pragma omp simd
             for (int64_t j = 0; j < V; j++)
-                sum += (double)expf(l[j] - mx);
+                l[j] = cpu_expf(l[j] - mx);
+            double sum = cpu_sum_f64(l, V, false, 0.0f);
             double lse = (double)mx + log(sum);
-            loss[r0 + i] = (float)(lse - (double)l[lab]);
-            float wt = weight[r0 + i], flse = (float)lse;
+            loss[r0 + i] = (float)(lse - (double)target);
+            float wt = weight[r0 + i], scale = (float)((double)wt / sum);
+#pragma omp simd
             for (int64_t j = 0; j < V; j++)
-                l[j] = wt * expf(l[j] - flse);
+                l[j] *= scale;
             l[lab] -= wt;
         }
         if (dh) ce_dh(cpu, logits, W, c, V, d, part, dh + r0 * d);
