@@ -8,7 +8,12 @@
 # then the same three without --profile-ops (tok/s from the run's own summary line), so the
 # profile's shares can be read against unprofiled step times.
 # Binary: .device-pack/device.tgz (scripts/device/pack.sh after a CUDA build here).
-# Writes $OUT/<run>.err (the profile tables) and $OUT/small-profile.log. Under 4 minutes.
+# A/B against an earlier build in the same call: carry .device-pack/baseline.tgz too (a tarball
+# of that build's `tandem` alone: `tar czf .device-pack/baseline.tgz -C OLD_BUILD tandem`; it runs
+# with this pack's libraries); its unprofiled runs follow, named base-<run>.
+# PROFILES="1 0" (default) runs profiled then plain; PROFILES=0 only the plain runs.
+# Writes $OUT/<run>.err (the profile tables) and $OUT/small-profile.log. Under 4 minutes (6 with
+# a baseline).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/small-profile-out}
@@ -43,13 +48,22 @@ run() { # run NAME PROFILE(0|1) MODEL ADAPTER-ARGS...
     "$T" finetune "$model" "$@" "${B[@]}" "${flags[@]}" >"$OUT/$name.out" 2>"$OUT/$name.err" || echo "$name: exit $?"
     echo "== $name ($((SECONDS - t0)) s): $(grep -hE 'tok/s' "$OUT/$name.out" "$OUT/$name.err" | tail -n 1)"
 }
-for p in ${PROFILES:-1 0}; do
-    s=$([ $p = 1 ] && echo prof || echo plain)
-    run "a15-$s" $p m15 --adapter v0.jsonl:o-a15-$s/a0
-    run "f15-$s" $p m15 --adapter v0.jsonl:o-f15-$s/a0 --adapter v1.jsonl:o-f15-$s/a1 --adapter v2.jsonl:o-f15-$s/a2
-    run "a05-$s" $p m05 --adapter f512.jsonl:o-a05-$s/a0
-done
-for n in a15 f15 a05; do
+variant() { # variant TAG PROFILES: the three runs with binary $T, names prefixed TAG
+    local tag=$1 p s
+    for p in $2; do
+        s=$tag$([ $p = 1 ] && echo prof || echo plain)
+        run "a15-$s" $p m15 --adapter v0.jsonl:o-a15-$s/a0
+        run "f15-$s" $p m15 --adapter v0.jsonl:o-f15-$s/a0 --adapter v1.jsonl:o-f15-$s/a1 --adapter v2.jsonl:o-f15-$s/a2
+        run "a05-$s" $p m05 --adapter f512.jsonl:o-a05-$s/a0
+    done
+}
+variant "" "${PROFILES:-1 0}"
+if [ -f "$R/.device-pack/baseline.tgz" ]; then
+    rm -rf "$R/.device-base" && mkdir -p "$R/.device-base" &&
+        tar xzf "$R/.device-pack/baseline.tgz" -C "$R/.device-base" && T=$R/.device-base/tandem &&
+        echo "== baseline: $("$T" --version | head -n 1)" && variant base- 0
+fi
+for n in $(for p in ${PROFILES:-1 0}; do [ "$p" = 1 ] && echo a15 f15 a05; done); do
     echo "---- $n profile (top 25 and the window)"
     grep -A 40 -iE 'op profile|device window' "$OUT/$n-prof.err" | head -n 45
 done
