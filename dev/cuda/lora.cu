@@ -14,11 +14,16 @@
  *       partials summed in chunk order by a finish kernel. Its row kernels still walk all of K
  *       per 16-row block, 64 wide with two barriers per step: 0.43 ms per 7B q_proj backward,
  *       0.15 ms per forward (2026-12-01 profile) - latency bound
- *   v3  (promoted, src/engine/cuda/lora.cuh) down kernel with K split in slices across blocks
+ *   v3  (lora_v3.cuh's down and up kernels; lora.cuh's grad and finish) down kernel with K split in slices across blocks
  *       (partials summed in slice order by the up kernel), 4 rows x 16 ranks per warp folded by a
  *       reduce-scatter butterfly; up kernel 32 rows x 256 columns per block; grad kernel 128
  *       columns x 16 ranks x a row chunk per block, 4 warps over the rows. Same determinism: no
- *       atomics, fixed summation orders
+ *       atomics, fixed summation orders. CUDA-core f32 FMAs: the down kernel's 64 sums a lane
+ *       held 178 registers (one block per SM): 41 us for a 7B q_proj forward (~0.36 TB/s)
+ *   v4  (promoted, src/engine/cuda/lora.cuh) down and up on tensor cores (mma m16n8k8 tf32):
+ *       down 64 rows (4 warps x 16) x 16 ranks x one K slice, 16-byte X loads per lane; up
+ *       32 x 256 with each warp on 16 rows x 64 columns, 16-byte read-modify-writes of Y / dX;
+ *       grad and finish as v3
  * Validation: 3 adapters with ranks 8 / 16 / 64, a segment without LoRA, against a CPU reference
  * in double (from the same bf16-rounded inputs); the same with LoRA dropout 0.1 / 0.5 on two
  * segments (the reference builds the mask from engine/dropout.h on the host); segments of several
@@ -31,6 +36,7 @@
 #include "common.h"
 #include "engine/cuda/lora.cuh"
 #include "lora_v2.cuh"
+#include "lora_v3.cuh"
 
 struct seg {
     int64_t b, e;
@@ -149,15 +155,20 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     p3.x = x, p3.y = y, p3.dy = dy, p3.dx = dx, p3.u = u, p3.du = du;
     p3.m = m, p3.u_ld = u_ld, p3.in = in, p3.out = out;
     lora_params f_down = p3, f_up = p3, b_down = p3, b_up = p3, grad = p3;
-    lora_plan_down(&f_down, false), lora_plan_up(&f_up, false);
-    lora_plan_down(&b_down, true), lora_plan_up(&b_up, true);
-    int64_t part3 = lora_plan_reduction(&grad);
+    lora_v3::lora_plan_down(&f_down, false), lora_plan_up(&f_up, false);
+    lora_v3::lora_plan_down(&b_down, true), lora_plan_up(&b_up, true);
+    int64_t part3 = lora_v3::lora_plan_reduction(&grad);
+    /* v4: the same parameters, its own down (64-row tiles) and grad (256 columns) layouts; the
+     * partials' layout is the same */
+    lora_params f_down4 = p3, b_down4 = p3, grad4 = p3;
+    lora_plan_down(&f_down4, false), lora_plan_down(&b_down4, true);
+    lora_plan_reduction(&grad4);
     int64_t slices = std::max(tdm_cuda_lora_k_slices(in), tdm_cuda_lora_k_slices(out));
     float *part, *ws;
     cudaCheck(cudaMalloc(&part, (size_t)std::max<int64_t>(1, std::max(part2, part3)) * 4));
     cudaCheck(cudaMalloc(&ws, (size_t)(slices * m * u_ld) * 4));
     r2.part = part;
-    for (lora_params *q : {&f_down, &f_up, &b_down, &b_up, &grad})
+    for (lora_params *q : {&f_down, &f_up, &b_down, &b_up, &grad, &f_down4, &b_down4, &grad4})
         q->ws = ws, q->part = part;
     /* the v3 launches after a fwd copy their k_slices from the down layout (the up kernel sums
      * that many slices) */
@@ -175,16 +186,28 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
         launchCheck("v2 lora_bwd kernels");
     };
     auto fwd3 = [&]() {
-        lora_down_kernel<false><<<f_down.n_blocks, LORA_THREADS>>>(f_down);
-        lora_up_kernel<false><<<f_up.n_blocks, LORA_THREADS>>>(f_up);
+        lora_v3::lora_down_kernel<false><<<f_down.n_blocks, V3_LORA_THREADS>>>(f_down);
+        lora_v3::lora_up_kernel<false><<<f_up.n_blocks, V3_LORA_THREADS>>>(f_up);
         launchCheck("v3 lora fwd kernels");
     };
     auto bwd3 = [&]() {
-        lora_down_kernel<true><<<b_down.n_blocks, LORA_THREADS>>>(b_down);
-        lora_up_kernel<true><<<b_up.n_blocks, LORA_THREADS>>>(b_up);
-        lora_grad_kernel<<<grad.n_blocks, LORA_GRAD_THREADS>>>(grad);
+        lora_v3::lora_down_kernel<true><<<b_down.n_blocks, V3_LORA_THREADS>>>(b_down);
+        lora_v3::lora_up_kernel<true><<<b_up.n_blocks, V3_LORA_THREADS>>>(b_up);
+        lora_v3::lora_grad_kernel<<<grad.n_blocks, V3_LORA_GRAD_THREADS>>>(grad);
         lora_red_finish_kernel<<<(unsigned)((grad.n_elems + 255) / 256), 256>>>(grad);
         launchCheck("v3 lora bwd kernels");
+    };
+    auto fwd4 = [&]() {
+        lora_down_kernel<false><<<f_down4.n_blocks, LORA_DOWN_THREADS>>>(f_down4);
+        lora_up_kernel<false><<<f_up.n_blocks, LORA_UP_THREADS>>>(f_up);
+        launchCheck("v4 lora fwd kernels");
+    };
+    auto bwd4 = [&]() {
+        lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4);
+        lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up);
+        lora_grad_kernel<<<grad4.n_blocks, LORA_GRAD_THREADS>>>(grad4);
+        lora_red_finish_kernel<<<(unsigned)((grad4.n_elems + 255) / 256), 256>>>(grad4);
+        launchCheck("v4 lora bwd kernels");
     };
 
     char shp[96];
@@ -197,7 +220,7 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     struct variant {
         const char *name;
         std::function<void()> fwd, bwd;
-    } variants[] = {{"v2", fwd2, bwd2}, {"v3", fwd3, bwd3}};
+    } variants[] = {{"v2", fwd2, bwd2}, {"v3", fwd3, bwd3}, {"v4", fwd4, bwd4}};
     for (auto &v : variants) {
         reset();
         v.fwd();
@@ -224,13 +247,13 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
         us = time_us(v.bwd);
         result("lora_bwd", v.name, shp, us, "GB/s", bbytes / us / 1e3, err, ok);
     }
-    /* v3's kernels one at a time (re-runs accumulate into Y / dX / dA / dB, harmless for
-     * timing): where the time goes */
-    double t_fd = time_us([&]() { lora_down_kernel<false><<<f_down.n_blocks, LORA_THREADS>>>(f_down); });
-    double t_fu = time_us([&]() { lora_up_kernel<false><<<f_up.n_blocks, LORA_THREADS>>>(f_up); });
-    double t_bd = time_us([&]() { lora_down_kernel<true><<<b_down.n_blocks, LORA_THREADS>>>(b_down); });
-    double t_bu = time_us([&]() { lora_up_kernel<true><<<b_up.n_blocks, LORA_THREADS>>>(b_up); });
-    double t_g = time_us([&]() { lora_grad_kernel<<<grad.n_blocks, LORA_GRAD_THREADS>>>(grad); });
+    /* v3's and v4's kernels one at a time (re-runs accumulate into Y / dX / dA / dB, harmless
+     * for timing): where the time goes */
+    double t_fd = time_us([&]() { lora_v3::lora_down_kernel<false><<<f_down.n_blocks, V3_LORA_THREADS>>>(f_down); });
+    double t_fu = time_us([&]() { lora_v3::lora_up_kernel<false><<<f_up.n_blocks, V3_LORA_THREADS>>>(f_up); });
+    double t_bd = time_us([&]() { lora_v3::lora_down_kernel<true><<<b_down.n_blocks, V3_LORA_THREADS>>>(b_down); });
+    double t_bu = time_us([&]() { lora_v3::lora_up_kernel<true><<<b_up.n_blocks, V3_LORA_THREADS>>>(b_up); });
+    double t_g = time_us([&]() { lora_v3::lora_grad_kernel<<<grad.n_blocks, V3_LORA_GRAD_THREADS>>>(grad); });
     double t_f = time_us([&]() {
         lora_red_finish_kernel<<<(unsigned)((grad.n_elems + 255) / 256), 256>>>(grad);
     });
@@ -239,6 +262,14 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
            "blocks), finish %.1f us\n",
            shp, t_fd, f_down.n_blocks, f_down.k_slices, t_fu, f_up.n_blocks, t_bd,
            b_down.n_blocks, b_down.k_slices, t_bu, b_up.n_blocks, t_g, grad.n_blocks, t_f);
+    t_fd = time_us([&]() { lora_down_kernel<false><<<f_down4.n_blocks, LORA_DOWN_THREADS>>>(f_down4); });
+    t_fu = time_us([&]() { lora_up_kernel<false><<<f_up.n_blocks, LORA_UP_THREADS>>>(f_up); });
+    t_bd = time_us([&]() { lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4); });
+    t_bu = time_us([&]() { lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up); });
+    t_g = time_us([&]() { lora_grad_kernel<<<grad4.n_blocks, LORA_GRAD_THREADS>>>(grad4); });
+    printf("  v4 parts %s: fwd down %.1f us (%d blocks), up %.1f us; bwd down %.1f us (%d "
+           "blocks), up %.1f us, grad %.1f us (%d blocks)\n",
+           shp, t_fd, f_down4.n_blocks, t_fu, t_bd, b_down4.n_blocks, t_bu, t_g, grad4.n_blocks);
     for (auto q : da)
         cudaCheck(cudaFree(q));
     for (auto q : db)

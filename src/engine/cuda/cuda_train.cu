@@ -140,10 +140,10 @@ tdm_status cuda_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
         lora_pack(&p, segs, n_segs, &next);
         if (p.n_segs == 0) continue;
         lora_plan_down(&p, false);
-        lora_down_kernel<false><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        lora_down_kernel<false><<<p.n_blocks, LORA_DOWN_THREADS, 0, cb->stream>>>(p);
         CU_LAUNCHED("lora_down_kernel<fwd>");
         lora_plan_up(&p, false);
-        lora_up_kernel<false><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        lora_up_kernel<false><<<p.n_blocks, LORA_UP_THREADS, 0, cb->stream>>>(p);
         CU_LAUNCHED("lora_up_kernel<fwd>");
     }
     return TDM_OK;
@@ -172,10 +172,10 @@ tdm_status cuda_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_se
         if (p.n_segs == 0) continue;
         /* dU = s dY B (slices' partials), then dU summed into du with dX += dU A */
         lora_plan_down(&p, true);
-        lora_down_kernel<true><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        lora_down_kernel<true><<<p.n_blocks, LORA_DOWN_THREADS, 0, cb->stream>>>(p);
         CU_LAUNCHED("lora_down_kernel<bwd>");
         lora_plan_up(&p, true);
-        lora_up_kernel<true><<<p.n_blocks, LORA_THREADS, 0, cb->stream>>>(p);
+        lora_up_kernel<true><<<p.n_blocks, LORA_UP_THREADS, 0, cb->stream>>>(p);
         CU_LAUNCHED("lora_up_kernel<bwd>");
         /* dA, dB over each segment's rows in chunks, partials in scratch slot 7 */
         int64_t part = lora_plan_reduction(&p), elems = p.n_elems;
