@@ -197,10 +197,7 @@ static void att_probs(float *p, int64_t rows, int64_t n_keys, int64_t i0, int64_
         if (vis < 0) vis = 0;
         float l;
         if (lse_out) {
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < vis; j++)
-                mx = pr[j] > mx ? pr[j] : mx;
+            float mx = cpu_max_f32(pr, vis);
             l = (float)((double)mx + log(cpu_sum_f64(pr, vis, true, mx)));
             lse_out[r] = l;
         } else {

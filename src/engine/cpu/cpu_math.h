@@ -10,6 +10,7 @@
  * depend on where a thread's share of a loop begins. */
 #ifndef TANDEM_ENGINE_CPU_MATH_H
 #define TANDEM_ENGINE_CPU_MATH_H
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -67,6 +68,17 @@ static inline float cpu_expf(float x)
     float s1 = cpu_f32_from_bits((uint32_t)(n1 + 127) << 23);
     float s2 = cpu_f32_from_bits((uint32_t)(ni - n1 + 127) << 23);
     return p * s1 * s2;
+}
+
+/* max of x[0..n) (-inf for n 0), a SIMD reduction: max is exact, so any order gives the same
+ * value. */
+static inline float cpu_max_f32(const float *x, int64_t n)
+{
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    return mx;
 }
 
 /* The fixed number of partial sums of cpu_sum_f64: 8 doubles, two AVX-512 or four SSE2

@@ -55,8 +55,9 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
 }
 
 /* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
- * exp-sum (float exponentials by cpu_expf in SIMD loops, summed in double by cpu_sum_f64), loss,
- * and the logits buffer overwritten with dlogits; then dH (c, d) = dlogits W (ce_dh). Extra memory, kept between calls (cpu_scratch):
+ * exp-sum (float exponentials by cpu_expf in SIMD loops, summed in double by cpu_sum_f64),
+ * loss, and the logits buffer overwritten with dlogits; then dH (c, d) = dlogits W (ce_dh).
+ * Extra memory, kept between calls (cpu_scratch):
  * chunk_rows * V floats, the lm_head in f32 unless it is stored so, and chunk_rows * d floats
  * per CE_VBLOCK vocabulary rows for dH's partial products. */
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
@@ -97,10 +98,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                 memset(l, 0, (size_t)V * sizeof(float));
                 continue;
             }
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < V; j++)
-                mx = l[j] > mx ? l[j] : mx;
+            float mx = cpu_max_f32(l, V);
             float target = l[lab];
             /* e_j = exp(l_j - max) in place, then dlogits = wt e_j / sum - wt [j = label]: one
              * exponential per logit (two before, with exp(l_j - lse) for the softmax) */
