@@ -249,17 +249,7 @@ template <bool BWD> __global__ void __launch_bounds__(V3_LORA_THREADS) lora_up_k
 
 static inline void lora_plan_down(lora_params *p, bool bwd)
 {
-    const int64_t K = bwd ? p->out : p->in;
-    p->k_slice = tdm_cuda_lora_k_slice(K);
-    p->k_slices = (int)tdm_cuda_lora_k_slices(K);
-    int blocks = 0;
-    for (int i = 0; i < p->n_segs; i++) {
-        lora_seg_d *d = &p->seg[i];
-        d->tile0 = blocks;
-        int64_t tiles = (d->row_end - d->row_begin + V3_LORA_DOWN_ROWS - 1) / V3_LORA_DOWN_ROWS;
-        blocks += (int)(tiles * p->k_slices * lora_rank_groups(d->rank));
-    }
-    p->n_blocks = blocks;
+    ::lora_plan_down_rows(p, bwd, V3_LORA_DOWN_ROWS);
 }
 __host__ __device__ __forceinline__ int v3_grad_col_tiles(const lora_params &p)
 {

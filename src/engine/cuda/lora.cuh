@@ -494,8 +494,9 @@ __global__ void __launch_bounds__(LORA_GRAD_THREADS) lora_grad_kernel(lora_param
 }
 
 /* Host: the launch layouts of p's segments (already packed with their row ranges): each sets
- * every segment's tile0 and p->n_blocks for one kernel. */
-static inline void lora_plan_down(lora_params *p, bool bwd)
+ * every segment's tile0 and p->n_blocks for one kernel (lora_plan_down_rows: row tiles of `rows`;
+ * lora_plan_down: this version's). */
+static inline void lora_plan_down_rows(lora_params *p, bool bwd, int rows)
 {
     const int64_t K = bwd ? p->out : p->in;
     p->k_slice = tdm_cuda_lora_k_slice(K);
@@ -504,10 +505,14 @@ static inline void lora_plan_down(lora_params *p, bool bwd)
     for (int i = 0; i < p->n_segs; i++) {
         lora_seg_d *d = &p->seg[i];
         d->tile0 = blocks;
-        int64_t tiles = (d->row_end - d->row_begin + LORA_DOWN_ROWS - 1) / LORA_DOWN_ROWS;
+        int64_t tiles = (d->row_end - d->row_begin + rows - 1) / rows;
         blocks += (int)(tiles * p->k_slices * lora_rank_groups(d->rank));
     }
     p->n_blocks = blocks;
+}
+static inline void lora_plan_down(lora_params *p, bool bwd)
+{
+    lora_plan_down_rows(p, bwd, LORA_DOWN_ROWS);
 }
 static inline void lora_plan_up(lora_params *p, bool bwd)
 {
