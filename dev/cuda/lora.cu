@@ -24,6 +24,9 @@
  *       down 64 rows (4 warps x 16) x 16 ranks x one K slice, 16-byte X loads per lane; up
  *       32 x 256 with each warp on 16 rows x 64 columns, 16-byte read-modify-writes of Y / dX;
  *       grad and finish as v3
+ *   v5  (promoted, src/engine/cuda/lora.cuh) v4's down and up; grad kernel 64 columns per block
+ *       with the chunk's rows split over its 4 warps (4x the warps of v4's, dev/cuda/lora_v4.cuh,
+ *       whose 4 warps each took 64 of 256 columns over all the chunk's rows), summed in warp order
  * Validation: 3 adapters with ranks 8 / 16 / 64, a segment without LoRA, against a CPU reference
  * in double (from the same bf16-rounded inputs); the same with LoRA dropout 0.1 / 0.5 on two
  * segments (the reference builds the mask from engine/dropout.h on the host); segments of several
@@ -37,6 +40,7 @@
 #include "engine/cuda/lora.cuh"
 #include "lora_v2.cuh"
 #include "lora_v3.cuh"
+#include "lora_v4.cuh"
 
 struct seg {
     int64_t b, e;
@@ -160,15 +164,17 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     int64_t part3 = lora_v3::lora_plan_reduction(&grad);
     /* v4: the same parameters, its own down (64-row tiles) and grad (256 columns) layouts; the
      * partials' layout is the same */
-    lora_params f_down4 = p3, b_down4 = p3, grad4 = p3;
+    lora_params f_down4 = p3, b_down4 = p3, grad4 = p3, grad5 = p3;
     lora_plan_down(&f_down4, false), lora_plan_down(&b_down4, true);
-    lora_plan_reduction(&grad4);
+    lora_v4::lora_plan_reduction(&grad4);
+    /* v5: v4's down and up, its own grad layout (64 columns) */
+    lora_plan_reduction(&grad5);
     int64_t slices = std::max(tdm_cuda_lora_k_slices(in), tdm_cuda_lora_k_slices(out));
     float *part, *ws;
     cudaCheck(cudaMalloc(&part, (size_t)std::max<int64_t>(1, std::max(part2, part3)) * 4));
     cudaCheck(cudaMalloc(&ws, (size_t)(slices * m * u_ld) * 4));
     r2.part = part;
-    for (lora_params *q : {&f_down, &f_up, &b_down, &b_up, &grad, &f_down4, &b_down4, &grad4})
+    for (lora_params *q : {&f_down, &f_up, &b_down, &b_up, &grad, &f_down4, &b_down4, &grad4, &grad5})
         q->ws = ws, q->part = part;
     /* the v3 launches after a fwd copy their k_slices from the down layout (the up kernel sums
      * that many slices) */
@@ -205,9 +211,16 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     auto bwd4 = [&]() {
         lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4);
         lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up);
-        lora_grad_kernel<<<grad4.n_blocks, LORA_GRAD_THREADS>>>(grad4);
+        lora_v4::lora_grad_kernel<<<grad4.n_blocks, V4_LORA_GRAD_THREADS>>>(grad4);
         lora_red_finish_kernel<<<(unsigned)((grad4.n_elems + 255) / 256), 256>>>(grad4);
         launchCheck("v4 lora bwd kernels");
+    };
+    auto bwd5 = [&]() {
+        lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4);
+        lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up);
+        lora_grad_kernel<<<grad5.n_blocks, LORA_GRAD_THREADS>>>(grad5);
+        lora_red_finish_kernel<<<(unsigned)((grad5.n_elems + 255) / 256), 256>>>(grad5);
+        launchCheck("v5 lora bwd kernels");
     };
 
     char shp[96];
@@ -220,7 +233,7 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     struct variant {
         const char *name;
         std::function<void()> fwd, bwd;
-    } variants[] = {{"v2", fwd2, bwd2}, {"v3", fwd3, bwd3}, {"v4", fwd4, bwd4}};
+    } variants[] = {{"v2", fwd2, bwd2}, {"v3", fwd3, bwd3}, {"v4", fwd4, bwd4}, {"v5", fwd4, bwd5}};
     for (auto &v : variants) {
         reset();
         v.fwd();
@@ -266,10 +279,12 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     t_fu = time_us([&]() { lora_up_kernel<false><<<f_up.n_blocks, LORA_UP_THREADS>>>(f_up); });
     t_bd = time_us([&]() { lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4); });
     t_bu = time_us([&]() { lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up); });
-    t_g = time_us([&]() { lora_grad_kernel<<<grad4.n_blocks, LORA_GRAD_THREADS>>>(grad4); });
+    t_g = time_us([&]() { lora_v4::lora_grad_kernel<<<grad4.n_blocks, V4_LORA_GRAD_THREADS>>>(grad4); });
+    double t_g5 = time_us([&]() { lora_grad_kernel<<<grad5.n_blocks, LORA_GRAD_THREADS>>>(grad5); });
     printf("  v4 parts %s: fwd down %.1f us (%d blocks), up %.1f us; bwd down %.1f us (%d "
-           "blocks), up %.1f us, grad %.1f us (%d blocks)\n",
-           shp, t_fd, f_down4.n_blocks, t_fu, t_bd, b_down4.n_blocks, t_bu, t_g, grad4.n_blocks);
+           "blocks), up %.1f us, grad %.1f us (%d blocks); v5 grad %.1f us (%d blocks)\n",
+           shp, t_fd, f_down4.n_blocks, t_fu, t_bd, b_down4.n_blocks, t_bu, t_g, grad4.n_blocks,
+           t_g5, grad5.n_blocks);
     for (auto q : da)
         cudaCheck(cudaFree(q));
     for (auto q : db)

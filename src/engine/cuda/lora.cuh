@@ -5,9 +5,10 @@
  * f32 and scale s. The segment table travels by value in the kernel parameters (no upload, no
  * host synchronization), and every launch covers all segments (<= LORA_MAX_SEGS per launch).
  *
- * Four kernels (v4; dev/cuda/lora.cu validates and times it against v3, dev/cuda/lora_v3.cuh,
- * whose CUDA-core down kernel held 178 registers a thread and one block per SM and ran at ~0.36
- * TB/s on a 7B q_proj; v2 walked all of K in one block per 16 rows):
+ * Four kernels (v4 down and up, v5 grad; dev/cuda/lora.cu validates and times them against v3,
+ * dev/cuda/lora_v3.cuh, whose CUDA-core down kernel held 178 registers a thread and one block
+ * per SM and ran at ~0.36 TB/s on a 7B q_proj, and against v4's grad kernel,
+ * dev/cuda/lora_v4.cuh; v2 walked all of K in one block per 16 rows):
  *   lora_down_kernel<BWD>  the product down to the rank: U = Xd A^T (fwd) or dU = dY B (bwd),
  *                          K = in or out, on tensor cores (tf32 mma, below). Block = 64 rows
  *                          (4 warps x one 16-row tile) x 16 ranks x one K slice
@@ -21,9 +22,11 @@
  *                          (bwd); then each warp multiplies 16 rows by 64 columns of W' over all
  *                          ranks, 16 ranks at a time.
  *   lora_grad_kernel       dA = dU^T Xd (r, in) and dB = s (dY^T U) (out, r), tf32 mma with
- *                          the batch rows as K: block = 256 columns (4 warps x 64) x 16 ranks x
- *                          one chunk of a segment's rows (tdm_cuda_lora_red_chunk_rows: <= 16
- *                          chunks of >= 256 rows); the chunk's sums go to f32 partials
+ *                          the batch rows as K: block = 64 columns x 16 ranks x one chunk of a
+ *                          segment's rows (tdm_cuda_lora_red_chunk_rows: <= 16 chunks of >= 256
+ *                          rows), the chunk's rows split over 4 warps and their sums added in
+ *                          warp order (v5; v4 gave each warp 64 of 256 columns over all the
+ *                          rows, dev/cuda/lora_v4.cuh); the chunk's sums go to f32 partials
  *                          (scratch slot 7).
  *   lora_red_finish_kernel per element of dA / dB: the chunks' partials added in chunk order,
  *                          then dA += sum, dB += s sum.
@@ -57,8 +60,9 @@
 #define LORA_UP_COLS 256
 #define LORA_UP_LD (LORA_UP_COLS + 8)
 #define LORA_UP_LS_LD (LORA_MAX_RANK + 4)
-#define LORA_GRAD_THREADS 128
-#define LORA_GRAD_COLS 256 /* 4 warps x 64 columns */
+#define LORA_GRAD_WARPS 4 /* split the chunk's rows; their sums added in warp order */
+#define LORA_GRAD_THREADS (32 * LORA_GRAD_WARPS)
+#define LORA_GRAD_COLS 64 /* 4 m-tiles of 16 columns */
 
 struct lora_seg_d {
     int64_t row_begin, row_end;
@@ -268,6 +272,7 @@ template <bool BWD> __global__ void __launch_bounds__(LORA_DOWN_THREADS) lora_do
     const int64_t row_b = row_a + 8;
     const bool in_a = row_a < sg.row_end, in_b = row_b < sg.row_end;
     const bool drop = !BWD && sg.drop;
+    const bool two = rg > 8; /* the second n-tile has ranks (the same for the whole block) */
     float acc[2][4] = {}; /* n-tiles: ranks 0..7 and 8..15 of the group */
     for (int64_t kb = k_lo; kb < k_hi; kb += LORA_DOWN_KSUB) {
         const int kl = (int)(k_hi - kb < LORA_DOWN_KSUB ? k_hi - kb : LORA_DOWN_KSUB);
@@ -305,7 +310,7 @@ template <bool BWD> __global__ void __launch_bounds__(LORA_DOWN_THREADS) lora_do
                                        __float_as_uint(xa[2 * j + 1]),
                                        __float_as_uint(xb[2 * j + 1])};
                 lora_mma(acc[0], a, wa[2 * j], wa[2 * j + 1]);
-                lora_mma(acc[1], a, wb[2 * j], wb[2 * j + 1]);
+                if (two) lora_mma(acc[1], a, wb[2 * j], wb[2 * j + 1]);
             }
         }
     }
@@ -412,18 +417,24 @@ template <bool BWD> __global__ void __launch_bounds__(LORA_UP_THREADS) lora_up_k
     }
 }
 
-/* Grad blocks: segment s owns n_chunks * groups * (ceil(in/256) + ceil(out/256)) blocks from its
+/* Grad blocks: segment s owns n_chunks * groups * (ceil(in/64) + ceil(out/64)) blocks from its
  * tile0: chunk-major, then rank group, then the dA column tiles, then the dB ones.
  * dA^T (in x r) = Xd^T dU and dB (out x r) = s dY^T U are tf32 mma products with the chunk's
- * batch rows as K, 8 rows a step: warp w takes columns 64 w.. of the block's 256 as 4 m-tiles and
- * the group's 16 ranks as 2 n-tiles, over every row of the chunk. Lane (g, t) loads columns
- * 8g..8g+7 of the step's rows t and t + 4 (16 bytes each; m-tile i's "g" is column 8g + 2i, its
- * "g + 8" column 8g + 2i + 1) and ranks g and 8 + g of U / dU for the same rows. LoRA dropout
- * (dA) zeroes dropped elements of X and scales the sums by 1/(1-p) once, as the down kernel.
- * The chunk's sums go to f32 partials (scratch slot 7) in the layouts of dA (r, in) and dB
- * (out, r). */
-__global__ void __launch_bounds__(LORA_GRAD_THREADS) lora_grad_kernel(lora_params p)
+ * batch rows as K, 8 rows a step: the block's 64 columns as 4 m-tiles and the group's 16 ranks
+ * as 2 n-tiles; its 4 warps take every 4th step of the chunk's rows (warp w: steps w, w + 4, ...),
+ * so a 2048-row segment of a 3584-wide module runs 3,584 warps (v4: 896 warps walking all the
+ * chunk's rows), and then add their sums through shared memory in warp order (warp i adds m-tile
+ * i of all four). Lane (g, t) loads columns 8g..8g+7 of the step's rows t and t + 4 (16 bytes
+ * each; m-tile i's "g" is column 8g + 2i, its "g + 8" column 8g + 2i + 1) and ranks g and 8 + g
+ * of U / dU for the same rows. LoRA dropout (dA) zeroes dropped elements of X and scales the sums
+ * by 1/(1-p) once, as the down kernel. The chunk's sums go to f32 partials (scratch slot 7) in
+ * the layouts of dA (r, in) and dB (out, r). The summation order is a function of the row's
+ * offset in its segment alone (fused == alone). */
+/* 4 blocks an SM: at most 128 registers (no spills; left alone nvcc 13 takes 152, 3 blocks). */
+__global__ void __launch_bounds__(LORA_GRAD_THREADS, 4) lora_grad_kernel(lora_params p)
 {
+    /* [warp][m-tile][n-tile x fragment][lane]: conflict-free stores and loads */
+    __shared__ float sums[LORA_GRAD_WARPS][4][8][32];
     const lora_seg_d sg = p.seg[lora_find_seg(p, blockIdx.x)];
     const int r = sg.rank, groups = lora_rank_groups(r), t = threadIdx.x;
     const int warp = t / 32, lane = t % 32, qg = lane >> 2, qt = lane & 3;
@@ -442,15 +453,13 @@ __global__ void __launch_bounds__(LORA_GRAD_THREADS) lora_grad_kernel(lora_param
     const float *L = (is_a ? p.du : p.u) + g * LORA_RG;
     const __nv_bfloat16 *R = is_a ? p.x : p.dy;
     const int64_t rcols = is_a ? p.in : p.out;
-    const int64_t col0 = (int64_t)tile * LORA_GRAD_COLS + warp * 64;
-    if (col0 >= rcols) return; /* no barriers in this kernel */
     const bool vec = rcols % 8 == 0 && (reinterpret_cast<uintptr_t>(R) & 15) == 0;
-    const int64_t col = col0 + 8 * qg;
+    const int64_t col = (int64_t)tile * LORA_GRAD_COLS + 8 * qg;
     const bool drop = is_a && sg.drop;
     const bool rank_lo = qg < rg, rank_hi = 8 + qg < rg, two = rg > 8;
     float acc[4][2][4] = {}; /* m-tiles x n-tiles x fragment */
 #pragma unroll 2
-    for (int64_t sub = row_lo; sub < row_hi; sub += 8) {
+    for (int64_t sub = row_lo + 8 * warp; sub < row_hi; sub += 8 * LORA_GRAD_WARPS) {
         const int64_t ra = sub + qt, rb = sub + qt + 4;
         const bool in_a = ra < row_hi, in_b = rb < row_hi;
         float xa[8], xb[8];
@@ -469,28 +478,41 @@ __global__ void __launch_bounds__(LORA_GRAD_THREADS) lora_grad_kernel(lora_param
             if (two) lora_mma(acc[i][1], a, la1, lb1);
         }
     }
-    const float s = drop ? sg.keep_scale : 1.0f;
-    float *part = p.part + sg.part0 + (int64_t)chunk * r * (p.in + p.out);
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t n = col + 2 * i + h;
-            if (n >= rcols) continue;
+        for (int e = 0; e < 8; e++)
+            sums[warp][i][e][lane] = acc[i][e / 4][e % 4];
+    __syncthreads();
+    /* warp w finishes m-tile w: columns col + 2w and col + 2w + 1 */
+    float v[8];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+    for (int e = 0; e < 8; e++) {
+        v[e] = sums[0][warp][e][lane];
 #pragma unroll
-                for (int f = 0; f < 2; f++) {
-                    const int c = nt * 8 + 2 * qt + f;
-                    if (c >= rg) continue;
-                    const int64_t rc = g * LORA_RG + c;
-                    const float v = s * acc[i][nt][2 * h + f];
-                    if (is_a)
-                        part[rc * p.in + n] = v;
-                    else
-                        part[(int64_t)r * p.in + n * r + rc] = v;
-                }
-        }
+        for (int w = 1; w < LORA_GRAD_WARPS; w++)
+            v[e] += sums[w][warp][e][lane];
+    }
+    const float s = drop ? sg.keep_scale : 1.0f;
+    float *part = p.part + sg.part0 + (int64_t)chunk * r * (p.in + p.out);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t n = col + 2 * warp + h;
+        if (n >= rcols) continue;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int f = 0; f < 2; f++) {
+                const int c = nt * 8 + 2 * qt + f;
+                if (c >= rg) continue;
+                const int64_t rc = g * LORA_RG + c;
+                const float o = s * v[nt * 4 + 2 * h + f];
+                if (is_a)
+                    part[rc * p.in + n] = o;
+                else
+                    part[(int64_t)r * p.in + n * r + rc] = o;
+            }
+    }
 }
 
 /* Host: the launch layouts of p's segments (already packed with their row ranges): each sets
