@@ -456,6 +456,14 @@ static tdm_status cpu_gemm(tdm_backend *be, const tdm_gemm_args *g, tdm_error *e
 
 /* ---- frozen weights ---- */
 
+/* The scale of NF4 block blk of w: absmax, or with double quantization its 8-bit code through
+ * the dynamic map times the block's second-level scale, plus the offset. */
+static inline float nf4_block_absmax(const cpu_backend *cpu, const tdm_be_weight *w, int64_t blk)
+{
+    if (w->format == TDM_BE_W_NF4) return w->absmax[blk];
+    return cpu->dmap[w->absmax_q[blk]] * w->absmax2[blk / TDM_NF4_DQ_BLOCK] + w->offset;
+}
+
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
                          float *out)
 {
@@ -475,24 +483,33 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
     case TDM_BE_W_NF4_DQ:
         break;
     }
-    bool dq = w->format == TDM_BE_W_NF4_DQ;
 #pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
     for (int64_t r = r0; r < r1; r++) {
         float *o = out + (r - r0) * cols;
-        int64_t e0 = r * cols;
-        int64_t cur_block = -1;
-        float amax = 0;
-        for (int64_t c = 0; c < cols; c++) {
-            int64_t e = e0 + c, blk = e / TDM_NF4_BLOCK;
-            if (blk != cur_block) {
-                cur_block = blk;
-                amax = dq ? cpu->dmap[w->absmax_q[blk]] * w->absmax2[blk / TDM_NF4_DQ_BLOCK] +
-                                w->offset
-                          : w->absmax[blk];
+        for (int64_t e = r * cols, end = e + cols; e < end;) {
+            int64_t blk = e / TDM_NF4_BLOCK, stop = (blk + 1) * TDM_NF4_BLOCK;
+            if (stop > end) stop = end;
+            float amax = nf4_block_absmax(cpu, w, blk);
+            if (e % TDM_NF4_BLOCK == 0 && stop - e == TDM_NF4_BLOCK) {
+                /* a whole block: its 16 values once, then a lookup per element (the same
+                 * product code * absmax, so the same bits, without the loop below's division
+                 * and branch per element) */
+                float value[16];
+                for (int j = 0; j < 16; j++)
+                    value[j] = tdm_nf4_code[j] * amax;
+                const uint8_t *q = w->codes + e / 2;
+                for (int i = 0; i < TDM_NF4_BLOCK / 2; i++) {
+                    o[2 * i] = value[q[i] >> 4];
+                    o[2 * i + 1] = value[q[i] & 0x0f];
+                }
+            } else {
+                for (int64_t x = e; x < stop; x++) {
+                    uint8_t byte = w->codes[x / 2];
+                    o[x - e] = tdm_nf4_code[(x & 1) ? (byte & 0x0f) : (byte >> 4)] * amax;
+                }
             }
-            uint8_t byte = w->codes[e / 2];
-            uint8_t code = (e & 1) ? (byte & 0x0f) : (byte >> 4);
-            o[c] = tdm_nf4_code[code] * amax;
+            o += stop - e;
+            e = stop;
         }
     }
 }
