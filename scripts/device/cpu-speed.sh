@@ -33,6 +33,12 @@ mkdir -p "$OUT"
 . scripts/device/device-env.sh
 export LD_LIBRARY_PATH=$DEVICE_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CUDA_VISIBLE_DEVICES=
+# The machine's own OPENBLAS_CORETYPE (the H100 machine's host had Haswell set on 2026-12-06, an
+# AVX2 set on an AVX-512 CPU) would hold tandem to it, while PyTorch's MKL picks its kernels
+# itself: it is unset here so both sides run what they choose on this CPU, unless
+# KEEP_OPENBLAS_CORETYPE=1 (EXTRA_ENV="OPENBLAS_CORETYPE=Haswell" measures it beside).
+echo "# OPENBLAS_CORETYPE in this environment: ${OPENBLAS_CORETYPE:-unset}$([ "${KEEP_OPENBLAS_CORETYPE:-0}" = 1 ] || echo ', unset for the runs')"
+[ "${KEEP_OPENBLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
 RES=/tmp/cpu-speed-res
 rm -rf "$RES"
 mkdir -p "$RES"

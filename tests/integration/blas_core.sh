@@ -2,7 +2,8 @@
 # tests/lib/fake_blas_corename.c preloaded, OpenBLAS reports its Prescott fallback; `tandem
 # finetune --device cpu` re-executes itself with OPENBLAS_CORETYPE set to the kernels this CPU
 # runs (SkylakeX with AVX-512, Haswell with AVX2, Sandybridge with AVX), says so in its thread
-# note, and trains as usual; a user's own OPENBLAS_CORETYPE is kept.
+# note, and trains as usual; a user's own OPENBLAS_CORETYPE is kept, and where it names an AVX2
+# set on an AVX-512 CPU the note says which faster set it keeps from being used.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 FAKE=$TANDEM_BINARY_DIR/tests/libfake_blas_corename.so
 [ -f "$FAKE" ] || { echo "no $FAKE"; exit 1; }
@@ -34,4 +35,13 @@ grep -q "^tandem: cpu: 1 threads .*; OpenBLAS core $want$" last.err ||
     fail "OPENBLAS_CORETYPE=$want not kept as it is: $(grep 'cpu:' last.err)"
 cmp -s out1/add/adapter_model.safetensors out2/add/adapter_model.safetensors ||
     fail "the re-executed run trained a different adapter than OPENBLAS_CORETYPE=$want"
+
+# an environment that holds this AVX-512 CPU to OpenBLAS's AVX2 kernels is kept, and the note
+# names the faster set (no fake: the real OpenBLAS loads Haswell as told)
+if [ $want = SkylakeX ]; then
+    expect_exit 0 env OPENBLAS_CORETYPE=Haswell "$TANDEM" finetune "$M" \
+        --adapter data/add.jsonl:out3/add "${F[@]}"
+    grep -q "^tandem: cpu: 1 threads .*; OpenBLAS core Haswell (OPENBLAS_CORETYPE=Haswell in the environment; this CPU runs SkylakeX kernels, faster: unset it to use them)$" last.err ||
+        fail "no note of the weaker core from the environment: $(grep 'cpu:' last.err)"
+fi
 finish

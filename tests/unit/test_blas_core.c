@@ -28,13 +28,23 @@ static void test_fallback_cores_upgraded(void **state)
     assert_null(tdm_blas_core_upgrade("Prescott", 0));
 }
 
+static void test_avx2_cores_upgraded_on_avx512(void **state)
+{
+    (void)state;
+    /* OpenBLAS 0.3.21's AVX2 kernels on an AVX-512 CPU it does not know (the development VM's
+     * Zen 5 EPYC and the H100 machine's host: Haswell) */
+    assert_string_equal(tdm_blas_core_upgrade("Haswell", AVX512), "SkylakeX");
+    assert_string_equal(tdm_blas_core_upgrade("zen", AVX512), "SkylakeX");
+    /* without AVX-512 they are the best there is */
+    assert_null(tdm_blas_core_upgrade("Haswell", AVX2));
+    assert_null(tdm_blas_core_upgrade("Zen", AVX2));
+}
+
 static void test_recognized_cores_kept(void **state)
 {
     (void)state;
-    /* a core OpenBLAS named on purpose stands, even where the CPU has more (Zen on AVX-512 AMD,
-     * Haswell on AVX-512 parts where OpenBLAS chose it) */
-    const char *kept[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "Haswell", "Zen",
-                          "Sandybridge", "Excavator"};
+    /* an AVX-512 core OpenBLAS named stands, and so do AVX sets it chose for a CPU of that class */
+    const char *kept[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "Sandybridge", "Excavator"};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
         assert_null(tdm_blas_core_upgrade(kept[i], AVX512));
     assert_null(tdm_blas_core_upgrade(NULL, AVX512));
@@ -55,6 +65,23 @@ static void test_this_cpu(void **state)
     assert_non_null(strstr(note, core));
 }
 
+static void test_note_names_a_weak_core_from_the_environment(void **state)
+{
+    (void)state;
+    /* OpenBLAS has loaded with whatever OPENBLAS_CORETYPE said; the note names a better set only
+     * where the environment set the core and this CPU can run a better one */
+    const char *core = openblas_get_corename();
+    const char *better = tdm_blas_core_upgrade(core, tdm_blas_cpu_features());
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    const char *note = tdm_blas_core_note();
+    if (env && better) {
+        assert_non_null(strstr(note, "in the environment"));
+        assert_non_null(strstr(note, better));
+    } else {
+        assert_null(strstr(note, "in the environment"));
+    }
+}
+
 static void test_note_names_forced_core(void **state)
 {
     (void)state;
@@ -69,8 +96,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fallback_cores_upgraded),
+        cmocka_unit_test(test_avx2_cores_upgraded_on_avx512),
         cmocka_unit_test(test_recognized_cores_kept),
         cmocka_unit_test(test_this_cpu),
+        cmocka_unit_test(test_note_names_a_weak_core_from_the_environment),
         cmocka_unit_test(test_note_names_forced_core),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
