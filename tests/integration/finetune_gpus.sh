@@ -60,8 +60,10 @@ grep -q "adapter 1 (long) fits on no GPU of the list" last.err || fail "no fit m
 [ -e bad ] && fail "a failed plan wrote outputs"
 
 # the run: plan, one reservation per GPU, a child killed -9. s1 and s2 train 4 epochs (8 steps
-# each): with 1 (2 steps) GPU-sim-1's child once ended between the two status reads below.
-toml run
+# each): with 1 (2 steps) GPU-sim-1's child once ended between the two status reads below. long
+# trains 24 epochs (48 steps): with 12, its child once finished the 22 steps after checkpoint-2
+# before the kill below reached it (the full suite at -j2 on 2 cores).
+toml run 24
 RUN_EPOCHS=(--epochs 4)
 "$TANDEM" finetune "$M" --adapters-config run.toml --gpus all "${COMMON[@]}" "${RUN_EPOCHS[@]}" >run.out 2>run.err &
 parent=$!
@@ -101,8 +103,8 @@ grep -q "^\[gpu 0\] \[long\] resuming from run/long/checkpoint-[0-9]* (step [1-9
     fail "long did not resume: $(cat last.out)"
 grep -q "^\[gpu 1\] \[s1\] already finished" last.out || fail "s1 trained again: $(cat last.out)"
 [ -e run/long/adapter_model.safetensors ] || fail "long not finished after --resume"
-[ "$(jq -s 'map(select(.step)) | last | .step' run/long/metrics.jsonl)" = 24 ] ||
-    fail "long did not reach step 24: $(tail -2 run/long/metrics.jsonl)"
+[ "$(jq -s 'map(select(.step)) | last | .step' run/long/metrics.jsonl)" = 48 ] ||
+    fail "long did not reach step 48: $(tail -2 run/long/metrics.jsonl)"
 
 # SIGTERM to the parent: forwarded, every child checkpoints, exit 143 (runs of 80+ steps each,
 # far from their end when the signal comes)
