@@ -372,13 +372,20 @@ void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, i
                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                float *c, int64_t ldc)
 {
+    int64_t TM, TN;
+    gemm_tiles(m, n, cpu->tile_m, &TM, &TN);
+    cpu_sgemm_tiles(cpu, TM, TN, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t TM, int64_t TN, bool ta, bool tb, int64_t m,
+                     int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
     int nt = cpu->n_threads;
     if (cpu->blas_threaded || m == 0 || n == 0 || k == 0) {
         cpu_blas_sgemm(nt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    int64_t TM, TN;
-    gemm_tiles(m, n, cpu->tile_m, &TM, &TN);
     int64_t tm = (m + TM - 1) / TM, tn = (n + TN - 1) / TN;
     int64_t tiles = tm * tn;
 #pragma omp parallel for schedule(dynamic, 1)                                                      \

@@ -54,6 +54,13 @@ void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, i
                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                float *c, int64_t ldc);
 
+/* cpu_sgemm with C cut in tiles of tm rows by tn columns (the caller's choice, a function of the
+ * shape alone, so the bits do not depend on the thread count; cpu_sgemm picks them with
+ * gemm_tiles). The threaded-calls mode ignores them: one call per K block. */
+void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t tm, int64_t tn, bool ta, bool tb, int64_t m,
+                     int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
 /* One product through OpenBLAS with nt threads (OpenMP build; 1 inside a parallel region, and
  * always 1 with other builds), cut so that its bits depend neither on the thread count nor on
  * m or n (cpu_backend.c says how). Every cblas_sgemm of the backend goes through it. */

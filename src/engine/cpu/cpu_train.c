@@ -151,37 +151,11 @@ static int64_t drop_scratch(const tdm_lora_seg *segs, int64_t n_segs, int64_t in
 
 /* The rank-sized products: one side of C is the rank (16), so cpu_sgemm's tiles (128 rows by a
  * width from n) gave them 4-8 tiles, at most 8 of 16 threads busy (the LoRA ops took ~125 ms of
- * a 2.5 s 0.5B step at 16 threads, ~9 GFLOP). Here the other side is cut in fixed chunks
- * (LORA_CHUNK_ROWS rows of C, or LORA_CHUNK_COLS columns) that the threads share, each one
- * single-threaded call through cpu_blas_sgemm: the chunks are functions of the shape alone and
- * the products are per segment, so the bits depend neither on the thread count nor on the other
- * segments. In the threaded-calls mode (TANDEM_CPU_GEMM=blas) cpu_sgemm's one call stands. */
+ * a 2.5 s 0.5B step at 16 threads, ~9 GFLOP). They take tiles of LORA_CHUNK_ROWS rows of C
+ * instead (dA, r x in: LORA_CHUNK_COLS columns): functions of the shape alone, and the products
+ * are per segment, so the bits depend neither on the thread count nor on the other segments. */
 #define LORA_CHUNK_ROWS 32
 #define LORA_CHUNK_COLS 64
-
-/* C (m x n) = alpha op(A) op(B) + beta C, by chunks of rows of C (cols false) or of columns. */
-static void lora_gemm(const cpu_backend *cpu, bool cols, bool ta, bool tb, int64_t m, int64_t n,
-                      int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                      int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    if (cpu->blas_threaded || m == 0 || n == 0 || k == 0) {
-        cpu_sgemm(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
-    int64_t chunk = cols ? LORA_CHUNK_COLS : LORA_CHUNK_ROWS, len = cols ? n : m;
-    int64_t tasks = (len + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu->n_threads)                         \
-    if (tasks > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t p0 = t * chunk, pl = len - p0 < chunk ? len - p0 : chunk;
-        if (cols)
-            cpu_blas_sgemm(1, ta, tb, m, pl, k, alpha, a, lda, tb ? b + p0 * ldb : b + p0, ldb,
-                           beta, c + p0, ldc);
-        else
-            cpu_blas_sgemm(1, ta, tb, pl, n, k, alpha, ta ? a + p0 : a + p0 * lda, lda, b, ldb,
-                           beta, c + p0 * ldc, ldc);
-    }
-}
 
 /* Segment by segment, as plain GEMMs on the segment's rows (the CPU gains nothing from one
  * grouped launch). */
@@ -206,7 +180,8 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             drop_apply(nt, s, xs, in, xd, false);
             xs = xd;
         }
-        lora_gemm(cpu, false, false, true, R, s->rank, in, 1.0f, xs, in, s->a, in, 0.0f, us, u_ld);
+        cpu_sgemm_tiles(cpu, LORA_CHUNK_ROWS, s->rank, false, true, R, s->rank, in, 1.0f, xs, in,
+                        s->a, in, 0.0f, us, u_ld);
         cpu_sgemm(cpu, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
                   y + s->row_begin * out, out);
     }
@@ -249,11 +224,14 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             xs = xd;
         }
         /* dB (out, r) += scale dY^T U */
-        lora_gemm(cpu, false, true, false, out, r, R, s->scale, dys, out, us, u_ld, 1.0f, s->db, r);
+        cpu_sgemm_tiles(cpu, LORA_CHUNK_ROWS, r, true, false, out, r, R, s->scale, dys, out, us,
+                        u_ld, 1.0f, s->db, r);
         /* dU (R, r) = scale dY B */
-        lora_gemm(cpu, false, false, false, R, r, out, s->scale, dys, out, s->b, r, 0.0f, du, r);
+        cpu_sgemm_tiles(cpu, LORA_CHUNK_ROWS, r, false, false, R, r, out, s->scale, dys, out, s->b,
+                        r, 0.0f, du, r);
         /* dA (r, in) += dU^T Xd */
-        lora_gemm(cpu, true, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f, s->da, in);
+        cpu_sgemm_tiles(cpu, r, LORA_CHUNK_COLS, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f,
+                        s->da, in);
         /* dX (R, in) += dU A, times the mask with dropout (T = dU A in the scratch first) */
         if (dx && !drop)
             cpu_sgemm(cpu, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
