@@ -256,19 +256,34 @@ float tdm_nf4_block_absmax(const tdm_nf4 *q, int64_t b)
     return dyn_map[q->absmax_q[b]] * q->absmax2[b / TDM_NF4_DQ_BLOCK] + q->offset;
 }
 
+void tdm_nf4_dequantize_block(const uint8_t *packed, int64_t e0, int64_t e1, float amax,
+                              float *out)
+{
+    if (e0 % TDM_NF4_BLOCK == 0 && e1 - e0 == TDM_NF4_BLOCK) {
+        float value[16];
+        for (int j = 0; j < 16; j++)
+            value[j] = tdm_nf4_code[j] * amax;
+        const uint8_t *q = packed + e0 / 2;
+        for (int i = 0; i < TDM_NF4_BLOCK / 2; i++) {
+            out[2 * i] = value[q[i] >> 4];
+            out[2 * i + 1] = value[q[i] & 0x0f];
+        }
+        return;
+    }
+    for (int64_t i = e0; i < e1; i++) {
+        uint8_t byte = packed[i / 2];
+        out[i - e0] = tdm_nf4_code[(i & 1) ? (byte & 0x0f) : (byte >> 4)] * amax;
+    }
+}
+
 void tdm_nf4_dequantize(const tdm_nf4 *q, float *out)
 {
     pthread_once(&dyn_map_once, dyn_map_init);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < q->nblocks; b++) {
-        float amax = tdm_nf4_block_absmax(q, b);
         int64_t lo = b * TDM_NF4_BLOCK, hi = lo + TDM_NF4_BLOCK;
         if (hi > q->numel)
             hi = q->numel;
-        for (int64_t i = lo; i < hi; i++) {
-            uint8_t byte = q->packed[i / 2];
-            uint8_t code = (i & 1) ? (byte & 0x0f) : (byte >> 4);
-            out[i] = tdm_nf4_code[code] * amax;
-        }
+        tdm_nf4_dequantize_block(q->packed, lo, hi, tdm_nf4_block_absmax(q, b), out + lo);
     }
 }

@@ -62,6 +62,12 @@ void tdm_nf4_double_quantize(const float *absmax, int64_t nblocks, uint8_t *absm
 /* Writes the n dequantized values into out. */
 void tdm_nf4_dequantize(const tdm_nf4 *q, float *out);
 
+/* Elements [e0, e1) of one block (scale amax) of the packed codes into out[0 .. e1 - e0): code *
+ * amax. A whole block takes its 16 values once and looks each element up (the same product, the
+ * same bits, without a division and a branch per element). */
+void tdm_nf4_dequantize_block(const uint8_t *packed, int64_t e0, int64_t e1, float amax,
+                              float *out);
+
 /* The (reconstructed, when double-quantized) absmax of block b. */
 float tdm_nf4_block_absmax(const tdm_nf4 *q, int64_t b);
 

@@ -496,25 +496,7 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
         for (int64_t e = r * cols, end = e + cols; e < end;) {
             int64_t blk = e / TDM_NF4_BLOCK, stop = (blk + 1) * TDM_NF4_BLOCK;
             if (stop > end) stop = end;
-            float amax = nf4_block_absmax(cpu, w, blk);
-            if (e % TDM_NF4_BLOCK == 0 && stop - e == TDM_NF4_BLOCK) {
-                /* a whole block: its 16 values once, then a lookup per element (the same
-                 * product code * absmax, so the same bits, without the loop below's division
-                 * and branch per element) */
-                float value[16];
-                for (int j = 0; j < 16; j++)
-                    value[j] = tdm_nf4_code[j] * amax;
-                const uint8_t *q = w->codes + e / 2;
-                for (int i = 0; i < TDM_NF4_BLOCK / 2; i++) {
-                    o[2 * i] = value[q[i] >> 4];
-                    o[2 * i + 1] = value[q[i] & 0x0f];
-                }
-            } else {
-                for (int64_t x = e; x < stop; x++) {
-                    uint8_t byte = w->codes[x / 2];
-                    o[x - e] = tdm_nf4_code[(x & 1) ? (byte & 0x0f) : (byte >> 4)] * amax;
-                }
-            }
+            tdm_nf4_dequantize_block(w->codes, e, stop, nf4_block_absmax(cpu, w, blk), o);
             o += stop - e;
             e = stop;
         }
