@@ -208,20 +208,18 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
         lora_up_kernel<false><<<f_up.n_blocks, LORA_UP_THREADS>>>(f_up);
         launchCheck("v4 lora fwd kernels");
     };
-    auto bwd4 = [&]() {
+    /* v4 and v5 share the down and up kernels; their grad kernels and layouts differ */
+    auto grad_v4 = [&]() { lora_v4::lora_grad_kernel<<<grad4.n_blocks, V4_LORA_GRAD_THREADS>>>(grad4); };
+    auto grad_v5 = [&]() { lora_grad_kernel<<<grad5.n_blocks, LORA_GRAD_THREADS>>>(grad5); };
+    auto bwd_tc = [&](const std::function<void()> &grad, const lora_params &g, const char *what) {
         lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4);
         lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up);
-        lora_v4::lora_grad_kernel<<<grad4.n_blocks, V4_LORA_GRAD_THREADS>>>(grad4);
-        lora_red_finish_kernel<<<(unsigned)((grad4.n_elems + 255) / 256), 256>>>(grad4);
-        launchCheck("v4 lora bwd kernels");
+        grad();
+        lora_red_finish_kernel<<<(unsigned)((g.n_elems + 255) / 256), 256>>>(g);
+        launchCheck(what);
     };
-    auto bwd5 = [&]() {
-        lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4);
-        lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up);
-        lora_grad_kernel<<<grad5.n_blocks, LORA_GRAD_THREADS>>>(grad5);
-        lora_red_finish_kernel<<<(unsigned)((grad5.n_elems + 255) / 256), 256>>>(grad5);
-        launchCheck("v5 lora bwd kernels");
-    };
+    auto bwd4 = [&]() { bwd_tc(grad_v4, grad4, "v4 lora bwd kernels"); };
+    auto bwd5 = [&]() { bwd_tc(grad_v5, grad5, "v5 lora bwd kernels"); };
 
     char shp[96];
     bool any_drop = false;
@@ -279,8 +277,8 @@ static void run_case(const std::vector<seg> &segs, int64_t m, int64_t in, int64_
     t_fu = time_us([&]() { lora_up_kernel<false><<<f_up.n_blocks, LORA_UP_THREADS>>>(f_up); });
     t_bd = time_us([&]() { lora_down_kernel<true><<<b_down4.n_blocks, LORA_DOWN_THREADS>>>(b_down4); });
     t_bu = time_us([&]() { lora_up_kernel<true><<<b_up.n_blocks, LORA_UP_THREADS>>>(b_up); });
-    t_g = time_us([&]() { lora_v4::lora_grad_kernel<<<grad4.n_blocks, V4_LORA_GRAD_THREADS>>>(grad4); });
-    double t_g5 = time_us([&]() { lora_grad_kernel<<<grad5.n_blocks, LORA_GRAD_THREADS>>>(grad5); });
+    t_g = time_us(grad_v4);
+    double t_g5 = time_us(grad_v5);
     printf("  v4 parts %s: fwd down %.1f us (%d blocks), up %.1f us; bwd down %.1f us (%d "
            "blocks), up %.1f us, grad %.1f us (%d blocks); v5 grad %.1f us (%d blocks)\n",
            shp, t_fd, f_down4.n_blocks, t_fu, t_bd, b_down4.n_blocks, t_bu, t_g, grad4.n_blocks,

@@ -44,11 +44,10 @@ for run in 1 2; do
     echo "== run $run (wall $wall s)"
     head -n 12 "run$run.txt"
     tail -n 4 "run$run.txt"
-    M=$(ls o$run/a0/metrics.jsonl 2>/dev/null || find "o$run" -name metrics.jsonl | head -n 1)
-    python3 - "$M" "run$run.txt" "$wall" <<'EOF'
+    python3 - "o$run/a0/metrics.jsonl" "run$run.txt" "$wall" <<'EOF'
 import json, re, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
-rows = [r for r in rows if r.get("elapsed_ms") is not None and r.get("split", "train") == "train"]
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in rows if "elapsed_ms" in r and "val_loss" not in r]  # the training steps' lines
 lines = open(sys.argv[2]).read().splitlines()
 def t_of(pat):
     for l in lines:

@@ -63,7 +63,9 @@ if [ -f "$R/.device-pack/baseline.tgz" ]; then
         tar xzf "$R/.device-pack/baseline.tgz" -C "$R/.device-base" && T=$R/.device-base/tandem &&
         echo "== baseline: $("$T" --version | head -n 1)" && variant base- 0
 fi
-for n in $(for p in ${PROFILES:-1 0}; do [ "$p" = 1 ] && echo a15 f15 a05; done); do
+PROFILED=
+[[ " ${PROFILES:-1 0} " == *" 1 "* ]] && PROFILED="a15 f15 a05"
+for n in $PROFILED; do
     echo "---- $n profile (top 25 and the window)"
     grep -A 40 -iE 'op profile|device window' "$OUT/$n-prof.err" | head -n 45
 done

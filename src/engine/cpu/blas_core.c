@@ -52,16 +52,17 @@ const char *tdm_blas_core_note(void)
     static char buf[160];
     const char *core = openblas_get_corename();
     const char *from = getenv(TDM_BLAS_CORE_FROM_ENV);
-    const char *better = tdm_blas_core_upgrade(core, tdm_blas_cpu_features());
+    const char *set = getenv("OPENBLAS_CORETYPE");
+    const char *better = set ? tdm_blas_core_upgrade(core, tdm_blas_cpu_features()) : NULL;
     if (from && *from)
         snprintf(buf, sizeof buf, "OpenBLAS core %s (forced: it picked %s on this CPU)",
                  core ? core : "?", from);
-    else if (better && getenv("OPENBLAS_CORETYPE"))
+    else if (better)
         /* the user's (or the machine's) own setting stands, but it costs: say so once */
         snprintf(buf, sizeof buf,
                  "OpenBLAS core %s (OPENBLAS_CORETYPE=%s in the environment; this CPU runs %s "
                  "kernels, faster: unset it to use them)",
-                 core ? core : "?", getenv("OPENBLAS_CORETYPE"), better);
+                 core ? core : "?", set, better);
     else
         snprintf(buf, sizeof buf, "OpenBLAS core %s", core ? core : "?");
     return buf;

@@ -4,8 +4,9 @@
  * family and model numbers. Inside some virtual machines (seen: the 16-core host of the GPU
  * machine, a Firecracker VM reporting "Intel(R) Xeon(R) Processor") the model is one it does not
  * know, and it falls back to Prescott, SSE3 kernels 4-8x slower than the AVX-512 ones the CPU
- * runs; on others (an AMD EPYC with AVX-512, the H100 machine's host) it picks its AVX2 kernels. OpenBLAS reads OPENBLAS_CORETYPE only when it loads, so the `tandem` command re-executes
- * itself with it set (src/main.c); this file holds the decision, a pure function, and the note. */
+ * runs; on others (an AMD EPYC with AVX-512) it picks its AVX2 kernels. OpenBLAS reads
+ * OPENBLAS_CORETYPE only when it loads, so the `tandem` command re-executes itself with it set
+ * (src/main.c); this file holds the decision, a pure function, and the note. */
 #ifndef TANDEM_ENGINE_CPU_BLAS_CORE_H
 #define TANDEM_ENGINE_CPU_BLAS_CORE_H
 
