@@ -5,7 +5,8 @@
  * sums folded by a reduce-scatter butterfly (178 registers: one block per SM); up = 32 rows x
  * 256 columns, lane l on columns 4l..4l+3 and 128+4l..+3; grad = 128 columns x 16 ranks x a row
  * chunk per block, 4 warps taking every 4th row, added up in warp order. The finish kernel, the
- * parameters and lora_plan_up are lora.cuh's (the same in both versions).
+ * parameters and lora_plan_up are lora.cuh's (the same in both versions); the 4-wide load and
+ * dropout helpers only v3 uses live here.
  * Everything is in namespace lora_v3 with macros prefixed V3_ so both versions build together.
  */
 #ifndef TANDEM_DEV_CUDA_LORA_V3_CUH
@@ -28,6 +29,32 @@ namespace lora_v3 {
 #define V3_LORA_GRAD_THREADS 128
 #define V3_LORA_GRAD_COLS 128 /* 32 lanes x 4 columns */
 #define V3_LORA_GRAD_SUB 256  /* rows of U / dU staged at a time */
+
+/* v[j] *= the dropout factor of (row, k + j) for the columns below kmax (4 consecutive elements
+ * of a row of X, or of dU A before it is added into dX). */
+__device__ __forceinline__ void lora_drop4(const lora_seg_d &sg, int64_t row, int64_t k,
+                                           int64_t kmax, float v[4])
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (k + j < kmax) v[j] *= lora_drop(sg, row, k + j);
+}
+
+/* 4 consecutive bf16 of a row as f32, zero at and past kmax; vec: 8-byte aligned (one load). */
+__device__ __forceinline__ void lora_load4(const __nv_bfloat16 *row, int64_t k, int64_t kmax,
+                                           bool vec, float v[4])
+{
+    if (vec && k + 4 <= kmax) {
+        uint2 q = *reinterpret_cast<const uint2 *>(row + k);
+        float2 lo = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&q.x));
+        float2 hi = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&q.y));
+        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        v[j] = k + j < kmax ? __bfloat162float(row[k + j]) : 0.0f;
+}
 
 /* row[k..k+3] += v (bf16, rounded once), only the columns below kmax. */
 __device__ __forceinline__ void lora_add4(__nv_bfloat16 *row, int64_t k, int64_t kmax, bool vec,
@@ -339,7 +366,6 @@ __global__ void __launch_bounds__(V3_LORA_GRAD_THREADS) lora_grad_kernel(lora_pa
                 part[(int64_t)r * p.in + n * r + rc] = acc[c * 4 + j];
         }
 }
-
 
 static inline int64_t lora_plan_reduction(lora_params *p)
 {

@@ -92,16 +92,6 @@ __device__ __forceinline__ float lora_drop(const lora_seg_d &sg, int64_t row, in
                : 0.0f;
 }
 
-/* v[j] *= the dropout factor of (row, k + j) for the columns below kmax (4 consecutive elements
- * of a row of X, or of dU A before it is added into dX). */
-__device__ __forceinline__ void lora_drop4(const lora_seg_d &sg, int64_t row, int64_t k,
-                                           int64_t kmax, float v[4])
-{
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        if (k + j < kmax) v[j] *= lora_drop(sg, row, k + j);
-}
-
 struct lora_params {
     lora_seg_d seg[LORA_MAX_SEGS];
     int n_segs, n_blocks;
@@ -125,22 +115,6 @@ __device__ __forceinline__ int lora_find_seg(const lora_params &p, int block)
     while (s + 1 < p.n_segs && p.seg[s + 1].tile0 <= block)
         s++;
     return s;
-}
-
-/* 4 consecutive bf16 of a row as f32, zero at and past kmax; vec: 8-byte aligned (one load). */
-__device__ __forceinline__ void lora_load4(const __nv_bfloat16 *row, int64_t k, int64_t kmax,
-                                           bool vec, float v[4])
-{
-    if (vec && k + 4 <= kmax) {
-        uint2 q = *reinterpret_cast<const uint2 *>(row + k);
-        float2 lo = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&q.x));
-        float2 hi = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&q.y));
-        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        v[j] = k + j < kmax ? __bfloat162float(row[k + j]) : 0.0f;
 }
 
 /* Blocks per segment of rows R and rank r in each kernel (host and device agree on them). */
