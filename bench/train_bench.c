@@ -4,6 +4,7 @@
  *     bench_train MODEL_DIR [--device cpu|cuda] [--batch 4] [--len var|N] [--median 245]
  *                 [--max-len 2048] [--steps 10] [--warmup 3] [--rank 16] [--method qlora|lora]
  *                 [--modes none,layer,mlp,attn] [--seed 1] [--matmul N]
+ *                 [--base-compute bf16|fp8]
  *     bench_train --matmul N [--device cuda]       the bf16 matmul rate only
  *
  * One adapter on q_proj,v_proj (rank r, alpha 2r, PEFT init with the same seed in every mode),
@@ -27,6 +28,8 @@
  * attention, 6 x layers x heads x head_dim x sum(S^2) / sum(S) over the timed sequences (QK^T
  * and PV, 4 S d forward per token halved by the causal mask, backward twice the forward).
  * Recomputation is not counted: MFU counts the model's work, not the implementation's.
+ * --base-compute fp8: the backend and model run the NF4 projections' GEMMs in FP8 (as
+ * `tandem finetune --base-compute fp8`); MFU stays against the bf16 matmul rate.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -122,12 +125,13 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: %s MODEL_DIR [--device cpu|cuda] [--batch B] [--len var|N] [--median N] "
                 "[--max-len N] [--steps S] [--warmup W] [--rank R] [--method qlora|lora] "
-                "[--modes none,layer,mlp,attn[+offload],...] [--seed S]\n",
+                "[--modes none,layer,mlp,attn[+offload],...] [--seed S] "
+                "[--base-compute bf16|fp8]\n",
                 argv[0]);
         return 2;
     }
     const char *dir = argv[1], *device = "cpu", *method = "qlora", *len = "var";
-    const char *modes = "none,layer,mlp,attn";
+    const char *modes = "none,layer,mlp,attn", *base_compute = "bf16";
     int batch = 4, steps = 10, warmup = 3, rank = 16, median = 245, max_len = 2048;
     int64_t mm = 8192;
     uint64_t seed = 1;
@@ -158,6 +162,8 @@ int main(int argc, char **argv)
             seed = strtoull(v, NULL, 10);
         else if (!strcmp(k, "--matmul"))
             mm = atoll(v);
+        else if (!strcmp(k, "--base-compute"))
+            base_compute = v;
         else {
             fprintf(stderr, "bench_train: unknown option %s\n", k);
             return 2;
@@ -165,13 +171,15 @@ int main(int argc, char **argv)
     }
     int fixed = strcmp(len, "var") ? atoi(len) : 0;
     if (batch < 1 || steps < 1 || warmup < 0 || rank < 1 || median < 2 || max_len < 8 ||
-        (strcmp(len, "var") && fixed < 2) || (strcmp(method, "qlora") && strcmp(method, "lora"))) {
+        (strcmp(len, "var") && fixed < 2) || (strcmp(method, "qlora") && strcmp(method, "lora")) ||
+        (strcmp(base_compute, "bf16") && strcmp(base_compute, "fp8"))) {
         fprintf(stderr, "bench_train: bad arguments\n");
         return 2;
     }
     tdm_error err = {0};
     tdm_backend *be;
-    if (tdm_backend_create(&be, device, NULL, &err) != TDM_OK) return die("backend", &err);
+    tdm_backend_opts bo = {.base_fp8 = !strcmp(base_compute, "fp8")};
+    if (tdm_backend_create(&be, device, &bo, &err) != TDM_OK) return die("backend", &err);
     double rate = 0;
     if (mm > 0) {
         if (matmul_rate(be, mm, &rate, &err) != TDM_OK) return die("matmul", &err);
@@ -184,7 +192,7 @@ int main(int argc, char **argv)
         return 0;
     }
     bool nf4 = !strcmp(method, "qlora");
-    tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4};
+    tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4, .base_fp8 = nf4 && bo.base_fp8};
     tdm_model *m;
     double t0 = now_s();
     if (tdm_model_load(&m, be, dir, &mo, &err) != TDM_OK) return die(dir, &err);
@@ -282,7 +290,8 @@ int main(int argc, char **argv)
                              .double_quant = nf4,
                              .grad_checkpoint = gc,
                              .recompute = rc,
-                             .offload_activations = offload};
+                             .offload_activations = offload,
+                             .base_fp8 = mo.base_fp8};
         tdm_model_mem est;
         if (tdm_model_memory_estimate(c, &eo, tdm_be_act_dtype(be), &plan, &est, &err) != TDM_OK ||
             tdm_model_reserve(m, &plan, &err) != TDM_OK)

@@ -64,6 +64,10 @@ const char *tdm_be_dtype_name(tdm_be_dtype dtype);
 typedef struct tdm_backend_opts {
     int n_threads; /* CPU: OpenMP threads (0 = OpenMP default); results do not depend on it */
     int device;    /* CUDA: device ordinal */
+    /* --base-compute fp8: the frozen NF4 projections' GEMMs in FP8 E4M3 with per-tensor scales
+     * (docs/cuda-backend.md, "FP8 base compute"). CUDA on compute capability 8.9+ only: the
+     * CPU backend and older GPUs fail to create with TDM_ERR_UNSUPPORTED. */
+    bool base_fp8;
 } tdm_backend_opts;
 
 /* Creates the backend named "cpu" (always available) or "cuda" (when built with it).
@@ -131,6 +135,7 @@ typedef struct tdm_be_step_shape {
     int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
     int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
     bool nf4;            /* decoder projections quantized (dequantized tile by tile) */
+    bool base_fp8;       /* with nf4: their GEMMs in FP8 (tdm_backend_opts.base_fp8) */
     bool backward;       /* training (false: evaluation only) */
     int64_t lora_params; /* all adapters' parameters together (table sizes) */
     /* the largest, over the targeted modules, of sum over adapters of rank * (in + out): one

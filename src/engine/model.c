@@ -1571,6 +1571,7 @@ static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_mode
                                .ce_chunk = ce_chunk_rows(c, act),
                                .max_rank = p->max_rank,
                                .nf4 = o->nf4,
+                               .base_fp8 = o->nf4 && o->base_fp8,
                                .backward = p->backward,
                                .lora_params = p->lora_params,
                                .lora_module_params = p->lora_module_params};

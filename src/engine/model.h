@@ -51,6 +51,9 @@ typedef struct tdm_model_opts {
      * input x lives in host memory (tdm_be_host_alloc), copied there and back beside the
      * compute; the device holds two of them (docs/engine.md, "Activation offload") */
     bool offload_activations;
+    /* --base-compute fp8 (with nf4): the decoder projections' GEMMs in FP8 on the CUDA backend
+     * (the backend's own choice, tdm_backend_opts.base_fp8); here for the memory plan only */
+    bool base_fp8;
 } tdm_model_opts;
 
 /* The MLP (gate/up, SwiGLU, down and their backward) runs in blocks of at most this many rows,

@@ -260,7 +260,7 @@ tdm_status tdm_device_candidates_list(const tdm_device_request *req, tdm_device_
         out->cpu = strcmp(device, "cuda") != 0;
         return TDM_OK;
     }
-    out->compute_dtype = sim ? "f32" : "bf16";
+    out->compute_dtype = sim ? "f32" : req->base_fp8 ? "fp8" : "bf16";
     tdm_inventory inv;
     TDM_TRY(tdm_inventory_query(&inv, err));
     tdm_ledger_state st;
@@ -515,6 +515,7 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
                            tdm_error *err)
 {
     memset(dev, 0, sizeof *dev);
+    dev->base_fp8 = req->base_fp8;
     const char *device = req->device ? req->device : "auto";
     const char *doing = !req->task                       ? "training"
                         : !strcmp(req->task, "eval")     ? "evaluating"
@@ -543,7 +544,8 @@ tdm_status tdm_device_open(tdm_device *dev, const tdm_device_request *req, const
             }
         }
     }
-    tdm_backend_opts bo = {.n_threads = cpu_threads(req, dev->gpu && !dev->simulated)};
+    tdm_backend_opts bo = {.n_threads = cpu_threads(req, dev->gpu && !dev->simulated),
+                           .base_fp8 = req->base_fp8};
     if (dev->simulated) {
         tdm_status st = tdm_backend_create(&dev->be, "cpu", &bo, err);
         if (st != TDM_OK) tdm_device_close(dev);
@@ -614,7 +616,7 @@ const char *tdm_device_name(const tdm_device *dev)
 
 const char *tdm_device_compute_dtype(const tdm_device *dev)
 {
-    return dev->gpu && !dev->simulated ? "bf16" : "f32";
+    return dev->gpu && !dev->simulated ? (dev->base_fp8 ? "fp8" : "bf16") : "f32";
 }
 
 tdm_status tdm_device_resize(tdm_device *dev, int64_t budget_mb, bool wait, int64_t *ticket,

@@ -48,6 +48,7 @@ typedef struct tdm_device_request {
     bool no_wait;       /* --no-wait-gpu: fail at once when the memory is not free */
     double timeout_sec; /* --timeout: waiting limit, then TDM_ERR_TIMEOUT (exit 75) */
     tdm_mps_opts mps;   /* --experimental-mps --gpu-share */
+    bool base_fp8;      /* --base-compute fp8: passed to the backend (tdm_backend_opts) */
     bool gpu_share_given;
     const char *task;       /* shown in `gpu status`: "finetune", "eval" */
     double wait_report_sec; /* how often a waiting run says why (0: every 60 s) */
@@ -70,7 +71,8 @@ typedef struct tdm_device_candidates {
     bool cpu;                  /* the run trains on the CPU for certain (no GPU list) */
     char (*uuid)[96];          /* the GPUs (n of them), first the one it would take now */
     size_t n;
-    const char *compute_dtype; /* "bf16" (CUDA) or "f32" (the CPU backend, the seam above) */
+    const char *compute_dtype; /* "bf16" or "fp8" (CUDA; fp8 with --base-compute fp8) or "f32"
+                                  (the CPU backend, the seam above) */
 } tdm_device_candidates;
 
 /* --device cpu: cpu. auto in a build without CUDA (and without the seam), or with no GPU listed:
@@ -92,6 +94,7 @@ typedef struct tdm_device {
     tdm_lease_keeper *keeper;    /* renews lease and re-registers it after a quarantine, or NULL */
     tdm_run_context run_context; /* MPS constraints for the trainer (checkpoint interval) */
     bool simulated; /* the seam: a reservation on a simulated GPU, the CPU backend computing */
+    bool base_fp8;  /* the backend was created with --base-compute fp8 */
 } tdm_device;
 
 /* The reservation --vram auto takes for a model memory plan (MiB): every owner rounded up to

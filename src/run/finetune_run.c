@@ -354,6 +354,11 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     if (o->device.gpu_share_given && !o->device.mps.enabled)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "finetune: --gpu-share only applies with --experimental-mps");
+    if (o->trainer.base_fp8 && !o->trainer.nf4)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: --base-compute fp8 needs --method qlora (the FP8 weights are "
+                        "made from the NF4 ones)");
+    o->device.base_fp8 = o->trainer.base_fp8;
     tdm_run_adapters l;
     tdm_status st = tdm_run_adapters_load(o, &l, err);
     if (st == TDM_OK && o->adapter_subset) st = apply_subset(o->adapter_subset, &l, err);

@@ -70,7 +70,8 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
     tdm_model_opts mo = {.nf4 = t->nf4,
                          .double_quant = t->double_quant,
                          .grad_checkpoint = t->grad_checkpoint,
-                         .recompute = t->recompute};
+                         .recompute = t->recompute,
+                         .base_fp8 = t->nf4 && t->base_fp8};
     bool sync = t->schedule == TDM_SCHEDULE_SYNCHRONIZED;
     tdm_status st = TDM_OK;
     for (size_t k = 1; k <= n && st == TDM_OK; k++) {

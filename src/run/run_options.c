@@ -44,6 +44,15 @@ static tdm_status parse_recompute(const char *arg, void *dst, tdm_error *err)
     return TDM_OK;
 }
 
+/* --base-compute bf16|fp8, stored as base_fp8 */
+static tdm_status parse_base_compute(const char *arg, void *dst, tdm_error *err)
+{
+    if (strcmp(arg, "bf16") && strcmp(arg, "fp8"))
+        return tdm_fail(err, TDM_ERR_INVALID, "'%s' is not bf16 or fp8", arg);
+    *(bool *)dst = !strcmp(arg, "fp8");
+    return TDM_OK;
+}
+
 /* --join auto|require, stored as join_require */
 static tdm_status parse_join(const char *arg, void *dst, tdm_error *err)
 {
@@ -127,6 +136,10 @@ static const tdm_run_option table[] = {
     {"no-double-quant", NULL, F | E, DST(trainer.double_quant),
      V(TDM_OPT_BOOL, 0, 0, 0, 0, false, NULL, "", "",
        "qlora: fp32 absmax per block instead of 8-bit double quantization"),
+     NULL, true},
+    {"base-compute", "bf16|fp8", F, DST(trainer.base_fp8),
+     V(TDM_OPT_ENUM, 0, 0, 0, 0, 0, parse_base_compute, "bf16", "bf16 or fp8",
+       "qlora on a CUDA GPU of compute capability 8.9+: the frozen projections' GEMMs in FP8"),
      NULL, true},
     ADAPTER_ROW("task", "instruct", F, adapter, TDM_ADAPTER_KEY_TASK, true),
     /* the adapter */

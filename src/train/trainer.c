@@ -505,7 +505,8 @@ static tdm_model_opts model_opts(const tdm_trainer *t)
                             .double_quant = t->o.nf4 && t->o.double_quant,
                             .grad_checkpoint = t->o.grad_checkpoint,
                             .recompute = t->o.recompute,
-                            .offload_activations = t->o.offload_activations};
+                            .offload_activations = t->o.offload_activations,
+                            .base_fp8 = t->o.nf4 && t->o.base_fp8};
 }
 
 tdm_status tdm_trainer_attach(tdm_trainer *t, tdm_backend *be, tdm_error *err)

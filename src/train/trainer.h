@@ -152,6 +152,7 @@ typedef struct tdm_trainer_opts {
     bool grad_checkpoint;
     tdm_recompute recompute;  /* --recompute: what checkpointing recomputes */
     bool offload_activations; /* --offload-activations: layer inputs in host memory */
+    bool base_fp8;            /* --base-compute fp8: the NF4 projections' GEMMs in FP8 */
     tdm_train_schedule schedule;
     bool resume;
     int max_checkpoint_interval; /* > 0: save_every is capped to it (MPS: 100) */

@@ -193,4 +193,15 @@ grep -q "lora-dropout needs a probability" last.err || fail "dropout message"
 expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --adapters-config run1.toml
 expect_exit 2 "$TANDEM" eval "$M"
 expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:cu/x --device cuda
+# --base-compute fp8: a bad value or --method lora is a usage error (2); the CPU backend refuses
+# it (1); each message names the option, and nothing is written
+expect_exit 2 "$TANDEM" finetune "$M" --adapter data/add.jsonl:f8/x --base-compute fp16
+grep -q "bf16 or fp8" last.err || fail "--base-compute value message: $(cat last.err)"
+expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:f8/x --device cpu --no-join \
+    --base-compute fp8
+grep -q "base-compute fp8 needs a CUDA GPU" last.err || fail "fp8 on the CPU: $(cat last.err)"
+expect_exit 2 "$TANDEM" finetune "$M" --adapter data/add.jsonl:f8/x --device cpu --no-join \
+    --method lora --base-compute fp8
+grep -q "needs --method qlora" last.err || fail "fp8 with lora: $(cat last.err)"
+[ ! -e f8/x/adapter_model.safetensors ] || fail "a refused fp8 run wrote an adapter"
 finish

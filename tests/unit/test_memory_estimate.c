@@ -298,6 +298,19 @@ static void test_scratch_shape(void **state)
     assert_int_equal(total, tdm_cuda_scratch_bytes(&s));
     assert_int_equal(req[7], 8 * 3 * 16 * 1792 * 4);
     assert_int_equal(req[6], 0); /* the mixed-dtype GEMM staging: never in a training step */
+    /* --base-compute fp8: the e4m3 copy of the widest operand (m x inter bytes, here the MLP's
+     * 4864) in slot 8 and the scale words in slot 9, NF4 only */
+    assert_int_equal(req[8], 0);
+    assert_int_equal(req[9], 0);
+    uint64_t bf16_total = tdm_cuda_scratch_bytes(&s);
+    s.base_fp8 = true;
+    tdm_cuda_scratch_requests(&s, req);
+    assert_int_equal(req[8], 2048 * 4864);
+    assert_int_equal(req[9], 64);
+    assert_int_equal(tdm_cuda_scratch_bytes(&s) - bf16_total, (2048 * 4864 + 64) * 5 / 4);
+    s.nf4 = false; /* a bf16 base never takes the FP8 path */
+    tdm_cuda_scratch_requests(&s, req);
+    assert_int_equal(req[8], 0);
 }
 
 int main(void)

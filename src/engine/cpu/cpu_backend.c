@@ -710,6 +710,10 @@ const char *tdm_cpu_gemm_mode(void)
 
 tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opts, tdm_error *err)
 {
+    if (opts->base_fp8)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "--base-compute fp8 needs a CUDA GPU of compute capability 8.9 or newer "
+                        "(Ada, Hopper); the CPU backend computes in f32: leave the option out");
     cpu_backend *cpu = calloc(1, sizeof *cpu);
     if (!cpu) return tdm_fail(err, TDM_ERR_NOMEM, "backend cpu: out of memory");
     cpu->base.vt = &cpu_vtable;

@@ -10,6 +10,7 @@
 #include "engine/cuda/bf16x8.cuh"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_memory_plan.h"
+#include "engine/cuda/fp8.cuh"
 #include "engine/cuda/nf4_dequant.cuh"
 #include "engine/cuda/nf4_quantize.cuh"
 
@@ -566,44 +567,61 @@ void cuda_plan_cache_free(cuda_backend *cb)
     cb->plans = NULL;
 }
 
-/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is
- * our B (its memory read column-major is B^T when B is not transposed), the second our A. */
-static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err)
+/* One cuBLASLt matmul in its own column-major terms: D (m, n) = alpha op(A) op(B) + beta C,
+ * with C = D; op(A) is (m, k), op(B) (k, n). scale_a / scale_b: device f32 scales of FP8
+ * operands (NULL otherwise). Plans are cached by everything but the pointers. */
+struct lt_call {
+    cudaDataType_t ab, ct; /* operand and output types */
+    cublasOperation_t opa, opb;
+    int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
+    const void *a, *b;
+    void *c;
+    float alpha, beta;
+    const float *scale_a, *scale_b;
+};
+
+static tdm_status lt_matmul(cuda_backend *cb, const lt_call *q, tdm_error *err)
 {
     cuda_prof_scope prof(cb, TDM_OP_SUB_MATMUL);
-    int64_t batch = g->batch > 0 ? g->batch : 1;
-    cudaDataType_t ab = lt_type(g->a_dtype), ct = lt_type(g->c_dtype);
-    cublasOperation_t opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
-    cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* second operand */
-    uint32_t al_a = (uint32_t)align_of(g->b), al_b = (uint32_t)align_of(g->a);
-    uint32_t al_c = (uint32_t)align_of(g->c);
-    float alpha = g->alpha, beta = g->beta;
+    uint32_t al_a = (uint32_t)align_of(q->a), al_b = (uint32_t)align_of(q->b);
+    uint32_t al_c = (uint32_t)align_of(q->c);
     lt_plan_key key;
     memset(&key, 0, sizeof key);
-    key.ab = ab, key.ct = ct, key.opa = opa, key.opb = opb, key.m = g->m, key.n = g->n;
-    key.k = g->k, key.lda = g->lda, key.ldb = g->ldb, key.ldc = g->ldc, key.batch = batch;
-    if (batch > 1) key.sa = g->stride_a, key.sb = g->stride_b, key.sc = g->stride_c;
+    key.ab = q->ab, key.ct = q->ct, key.opa = q->opa, key.opb = q->opb, key.m = q->m;
+    key.n = q->n, key.k = q->k, key.lda = q->lda, key.ldb = q->ldb, key.ldc = q->ldc;
+    key.batch = q->batch;
+    if (q->batch > 1) key.sa = q->sa, key.sb = q->sb, key.sc = q->sc;
     key.al_a = al_a, key.al_b = al_b, key.al_c = al_c;
     if (cb->plans) {
         auto it = cb->plans->map.find(key);
         if (it != cb->plans->map.end()) {
             lt_plan *p = &it->second;
-            LT(cublasLtMatmul(cb->lt, p->op, &alpha, g->b, p->a, g->a, p->b, &beta, g->c, p->c,
-                              g->c, p->c, &p->algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
+            if (q->scale_a) {
+                LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                  &q->scale_a, sizeof q->scale_a));
+                LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                  &q->scale_b, sizeof q->scale_b));
+            }
+            LT(cublasLtMatmul(cb->lt, p->op, &q->alpha, q->a, p->a, q->b, p->b, &q->beta, q->c,
+                              p->c, q->c, p->c, &p->algo, cb->lt_ws, cb->lt_ws_bytes,
+                              cb->stream));
             return TDM_OK;
         }
     }
     lt_descs d;
     LT(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
-    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
-    /* first operand (our B): stored column-major as (n, k) when N, (k, n) when T */
-    TDM_TRY(layout(&d.a, ab, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->ldb, batch,
-                   g->stride_b, err));
-    /* second operand (our A): (k, m) when N, (m, k) when T */
-    TDM_TRY(layout(&d.b, ab, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->lda, batch,
-                   g->stride_a, err));
-    TDM_TRY(layout(&d.c, ct, g->n, g->m, g->ldc, batch, g->stride_c, err));
+    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &q->opa, sizeof q->opa));
+    LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &q->opb, sizeof q->opb));
+    if (q->scale_a) {
+        LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &q->scale_a,
+                                          sizeof q->scale_a));
+        LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q->scale_b,
+                                          sizeof q->scale_b));
+    }
+    bool ta = q->opa == CUBLAS_OP_T, tb = q->opb == CUBLAS_OP_T;
+    TDM_TRY(layout(&d.a, q->ab, ta ? q->k : q->m, ta ? q->m : q->k, q->lda, q->batch, q->sa, err));
+    TDM_TRY(layout(&d.b, q->ab, tb ? q->n : q->k, tb ? q->k : q->n, q->ldb, q->batch, q->sb, err));
+    TDM_TRY(layout(&d.c, q->ct, q->m, q->n, q->ldc, q->batch, q->sc, err));
     LT(cublasLtMatmulPreferenceCreate(&d.pref));
     LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                             &cb->lt_ws_bytes, sizeof cb->lt_ws_bytes));
@@ -620,14 +638,14 @@ static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_
     LT(cublasLtMatmulAlgoGetHeuristic(cb->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found));
     if (found < 1)
         return tdm_fail(err, TDM_ERR_DEVICE,
-                        "cublasLt: no algorithm for gemm m %lld n %lld k %lld (%s x %s -> %s, lda "
-                        "%lld ldb %lld ldc %lld, batch %lld)",
-                        (long long)g->m, (long long)g->n, (long long)g->k,
-                        tdm_be_dtype_name(g->a_dtype), tdm_be_dtype_name(g->b_dtype),
-                        tdm_be_dtype_name(g->c_dtype), (long long)g->lda, (long long)g->ldb,
-                        (long long)g->ldc, (long long)batch);
-    LT(cublasLtMatmul(cb->lt, d.op, &alpha, g->b, d.a, g->a, d.b, &beta, g->c, d.c, g->c, d.c,
-                      &heur.algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
+                        "cublasLt: no algorithm for a %s matmul (column-major m %lld n %lld k %lld, "
+                        "op %c%c, lda %lld ldb %lld ldc %lld, batch %lld)",
+                        q->ab == CUDA_R_8F_E4M3 ? "fp8" : q->ab == CUDA_R_16BF ? "bf16" : "f32",
+                        (long long)q->m, (long long)q->n, (long long)q->k, ta ? 'T' : 'N',
+                        tb ? 'T' : 'N', (long long)q->lda, (long long)q->ldb, (long long)q->ldc,
+                        (long long)q->batch);
+    LT(cublasLtMatmul(cb->lt, d.op, &q->alpha, q->a, d.a, q->b, d.b, &q->beta, q->c, d.c, q->c,
+                      d.c, &heur.algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
     if (cb->plans) {
         if (cb->plans->map.size() >= PLAN_CACHE_MAX) plan_cache_clear(cb->plans);
         lt_plan p = {d.op, d.a, d.b, d.c, heur.algo};
@@ -638,6 +656,23 @@ static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_
         }
     }
     return TDM_OK;
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is
+ * our B (its memory read column-major is B^T when B is not transposed), the second our A. */
+static tdm_status gemm_same_types(cuda_backend *cb, const tdm_gemm_args *g, tdm_error *err)
+{
+    lt_call q = {};
+    q.ab = lt_type(g->a_dtype), q.ct = lt_type(g->c_dtype);
+    q.opa = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    q.opb = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    q.m = g->n, q.n = g->m, q.k = g->k;
+    q.a = g->b, q.lda = g->ldb, q.sa = g->stride_b;
+    q.b = g->a, q.ldb = g->lda, q.sb = g->stride_a;
+    q.c = g->c, q.ldc = g->ldc, q.sc = g->stride_c;
+    q.batch = g->batch > 0 ? g->batch : 1;
+    q.alpha = g->alpha, q.beta = g->beta;
+    return lt_matmul(cb, &q, err);
 }
 
 static int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride)
@@ -845,6 +880,122 @@ static tdm_status cuda_weight_cols(cuda_backend *cb, const tdm_be_weight *w, int
     return TDM_OK;
 }
 
+/* ------------------------------------------------ FP8 base compute (fp8.cuh) ---- */
+
+static bool is_nf4(const tdm_be_weight *w)
+{
+    return w->format == TDM_BE_W_NF4 || w->format == TDM_BE_W_NF4_DQ;
+}
+
+/* Whether W's forward runs in FP8: --base-compute fp8, an NF4 weight, and what cuBLASLt's FP8
+ * kernels need (K = cols and the output features a multiple of 16, 16-byte aligned rows of X).
+ * Other weights take the bf16 path. */
+static bool fp8_fwd(const cuda_backend *cb, const tdm_be_weight *w, const void *x)
+{
+    return cb->base_fp8 && is_nf4(w) && w->cols % 16 == 0 && w->rows % 16 == 0 &&
+           (uintptr_t)x % 16 == 0;
+}
+
+/* The backward's transposed slabs also need cols (and so every slab) a multiple of 64. */
+static bool fp8_bwd(const cuda_backend *cb, const tdm_be_weight *w, const void *dy)
+{
+    return fp8_fwd(cb, w, dy) && w->cols % 64 == 0 && tdm_cuda_slab_cols(w->rows, w->cols) > 0;
+}
+
+/* The e4m3 copy of n contiguous bf16 values (X or dY) in scratch slot 8, its scale in
+ * f->scale_act, and the weight's amax in f->amax_w, in stream order. */
+static tdm_status fp8_operands(cuda_backend *cb, const tdm_be_weight *w, const void *act,
+                               int64_t n, uint8_t **act8, fp8_scales **f, tdm_error *err)
+{
+    void *s, *buf;
+    TDM_TRY(cuda_scratch_get(cb, 9, sizeof(fp8_scales), &s, err));
+    TDM_TRY(cuda_scratch_get(cb, 8, (size_t)n, &buf, err));
+    *f = (fp8_scales *)s;
+    *act8 = (uint8_t *)buf;
+    cudaStream_t st = cb->stream;
+    cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
+    CU(cudaMemsetAsync(&(*f)->amax_act, 0, 2 * sizeof(unsigned), st)); /* amax_act, amax_w */
+    unsigned blocks = fp8_blocks(n / 8);
+    fp8_amax_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, &(*f)->amax_act);
+    CU_LAUNCHED("fp8_amax_bf16");
+    fp8_quantize_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, &(*f)->amax_act,
+                                              &(*f)->scale_act, *act8);
+    CU_LAUNCHED("fp8_quantize_bf16");
+    int64_t nblk = (w->rows * w->cols + 63) / 64;
+    fp8_nf4_amax<<<fp8_blocks(nblk), 256, 0, st>>>(nf4_args_of(w, 0, 0), nblk,
+                                                         &(*f)->amax_w);
+    CU_LAUNCHED("fp8_nf4_amax");
+    return TDM_OK;
+}
+
+/* Y (m, rows) = X W^T + beta Y in FP8: W's row tiles as e4m3 in slot 0, each one TN matmul
+ * (column-major Y^T block (r1 - r0, m) = W8_tile (K = cols major) x X8). */
+static tdm_status fp8_linear_fwd(cuda_backend *cb, const tdm_be_weight *w, const void *x,
+                                 int64_t m, void *y, float beta, tdm_error *err)
+{
+    uint8_t *x8;
+    fp8_scales *f;
+    TDM_TRY(fp8_operands(cb, w, x, m * w->cols, &x8, &f, err));
+    int64_t tile = tile_rows(w);
+    void *buf;
+    TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols), &buf, err));
+    lt_call q = {};
+    q.ab = CUDA_R_8F_E4M3, q.ct = CUDA_R_16BF;
+    q.opa = CUBLAS_OP_T, q.opb = CUBLAS_OP_N;
+    q.n = m, q.k = w->cols, q.lda = w->cols, q.ldb = w->cols, q.ldc = w->rows, q.batch = 1;
+    q.b = x8, q.alpha = 1.0f, q.beta = beta;
+    q.scale_a = &f->scale_w, q.scale_b = &f->scale_act;
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+        int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+        {
+            cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
+            int64_t n = (r1 - r0) * w->cols;
+            fp8_nf4_rows<<<fp8_blocks(n / 32), 256, 0, cb->stream>>>(
+                nf4_args_of(w, r0 * w->cols, n), &f->amax_w, &f->scale_w, (uint8_t *)buf);
+            CU_LAUNCHED("fp8_nf4_rows");
+        }
+        q.m = r1 - r0, q.a = buf, q.c = (bf16 *)y + r0;
+        TDM_TRY(lt_matmul(cb, &q, err));
+    }
+    return TDM_OK;
+}
+
+/* dX (m, cols) = dY W + beta dX in FP8: W's column slabs transposed to (width, rows) e4m3 in
+ * slot 0, each one TN matmul (column-major dX^T block (width, m) = W8T_slab (K = rows major) x
+ * dY8), so every slab gives its own block of dX's columns, rounded to bf16 once. */
+static tdm_status fp8_linear_bwd(cuda_backend *cb, const tdm_be_weight *w, const void *dy,
+                                 int64_t m, void *dx, float beta, tdm_error *err)
+{
+    uint8_t *dy8;
+    fp8_scales *f;
+    TDM_TRY(fp8_operands(cb, w, dy, m * w->rows, &dy8, &f, err));
+    int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
+    void *buf;
+    TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab), &buf, err));
+    lt_call q = {};
+    q.ab = CUDA_R_8F_E4M3, q.ct = CUDA_R_16BF;
+    q.opa = CUBLAS_OP_T, q.opb = CUBLAS_OP_N;
+    q.n = m, q.k = w->rows, q.lda = w->rows, q.ldb = w->rows, q.ldc = w->cols, q.batch = 1;
+    q.b = dy8, q.alpha = 1.0f, q.beta = beta;
+    q.scale_a = &f->scale_w, q.scale_b = &f->scale_act;
+    nf4_args a = nf4_args_of(w, 0, 0);
+    a.ld = w->cols;
+    for (int64_t c0 = 0; c0 < w->cols; c0 += slab) {
+        int64_t c1 = c0 + slab < w->cols ? c0 + slab : w->cols;
+        {
+            cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
+            int64_t tiles = (w->rows + FP8_T_TILE - 1) / FP8_T_TILE * ((c1 - c0) / FP8_T_TILE);
+            unsigned blocks = (unsigned)(tiles < 8 * cb->n_sms ? tiles : 8 * cb->n_sms);
+            fp8_nf4_cols_t<<<blocks, 256, 0, cb->stream>>>(a, w->rows, c0, c1 - c0, &f->amax_w,
+                                                           &f->scale_w, (uint8_t *)buf);
+            CU_LAUNCHED("fp8_nf4_cols_t");
+        }
+        q.m = c1 - c0, q.a = buf, q.c = (bf16 *)dx + c0;
+        TDM_TRY(lt_matmul(cb, &q, err));
+    }
+    return TDM_OK;
+}
+
 /* Y (m, rows) = X (m, cols) W^T + beta Y. A bf16 weight is one GEMM; others (NF4, f32) are
  * dequantized to bf16 a tile of rows at a time into workspace, each tile producing a block of
  * Y's columns. */
@@ -873,6 +1024,7 @@ static tdm_status cuda_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const
         g.c = y;
         return cuda_gemm_rm(cb, &g, err);
     }
+    if (m > 0 && fp8_fwd(cb, w, x)) return fp8_linear_fwd(cb, w, x, m, y, beta, err);
     int64_t tile = tile_rows(w);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols) * sizeof(bf16), &buf, err));
@@ -926,6 +1078,7 @@ static tdm_status cuda_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const
         g.beta = beta;
         return cuda_gemm_rm(cb, &g, err);
     }
+    if (m > 0 && fp8_bwd(cb, w, dy)) return fp8_linear_bwd(cb, w, dy, m, dx, beta, err);
     int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
     if (slab > 0) {
         void *buf;
@@ -1004,6 +1157,12 @@ static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, td
                         "backend cuda: device %d (%s) has compute capability %d.%d; tandem needs "
                         "8.0 or newer (bf16)",
                         cb->device, prop.name, prop.major, prop.minor);
+    if (opts->base_fp8 && prop.major * 10 + prop.minor < 89)
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED,
+                        "--base-compute fp8: device %d (%s) has compute capability %d.%d; FP8 "
+                        "tensor cores need 8.9 or newer (Ada, Hopper): leave the option out",
+                        cb->device, prop.name, prop.major, prop.minor);
+    cb->base_fp8 = opts->base_fp8;
     cb->n_sms = prop.multiProcessorCount;
     const char *no_cache = getenv("TANDEM_CUDA_NO_PLAN_CACHE");
     if (!(no_cache && *no_cache && strcmp(no_cache, "0") != 0)) {

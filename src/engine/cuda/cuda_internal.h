@@ -55,11 +55,13 @@ typedef struct cuda_backend {
     int *dev_error; /* device i32: enum cuda_dev_error */
     /* Scratch: [0] NF4 weight tiles, [1] f32 accumulators / logits, [2] bf16 dlogits / converted
      * operands, [3] the LoRA down kernels' per-K-slice partials (and dU), [4] op tables (sumsq / AdamW / clip), [5] sumsq partials,
-     * [6] f32 staging of a bf16 GEMM output, [7] LoRA backward partial sums. */
+     * [6] f32 staging of a bf16 GEMM output, [7] LoRA backward partial sums, [8] the e4m3
+     * activation or gradient operand and [9] its scale words (--base-compute fp8, fp8.cuh). */
     cuda_scratch scratch[TDM_CUDA_SCRATCH_SLOTS];
     std::unordered_map<void *, size_t> *allocs; /* user buffers -> bytes */
     uint64_t used, peak;                         /* user buffers + scratch + workspace */
     int n_sms;
+    bool base_fp8;         /* tdm_backend_opts.base_fp8: NF4 projections' GEMMs in FP8 */
     size_t max_smem_optin; /* bytes of dynamic shared memory a block may opt in to */
     struct cuda_plan_cache *plans; /* cuBLASLt descriptors + algorithm per GEMM shape (NULL: off) */
     struct cuda_prof *prof;        /* event pairs of op_profile.h (NULL until profiling starts) */

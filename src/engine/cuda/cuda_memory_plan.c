@@ -113,6 +113,17 @@ void tdm_cuda_scratch_requests(const tdm_be_step_shape *s,
         if (chunks > TDM_CUDA_LORA_RED_MAX_CHUNKS) chunks = TDM_CUDA_LORA_RED_MAX_CHUNKS;
         slot[7] = (uint64_t)(chunks * s->lora_module_params) * 4;
     }
+    /* slots 8, 9: --base-compute fp8 (fp8.cuh): one e4m3 operand, X (m, in) in the forward or
+     * dY (m, out) in the backward, and the scale words; the weight's e4m3 tile or slab takes
+     * half of slot 0's bf16 size */
+    if (s->nf4 && s->base_fp8) {
+        const int64_t dims[] = {s->hidden, s->inter, s->q_dim, s->kv_dim};
+        int64_t widest = 0;
+        for (unsigned i = 0; i < sizeof dims / sizeof dims[0]; i++)
+            if (dims[i] > widest) widest = dims[i];
+        slot[8] = (uint64_t)(s->m * widest);
+        slot[9] = 64;
+    }
 }
 
 uint64_t tdm_cuda_scratch_bytes(const tdm_be_step_shape *s)

@@ -79,7 +79,7 @@ int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols);
 int64_t tdm_cuda_slab_cols(int64_t rows, int64_t cols);
 
 /* Scratch slots of the CUDA backend (cuda_internal.h's cuda_backend.scratch). */
-#define TDM_CUDA_SCRATCH_SLOTS 8
+#define TDM_CUDA_SCRATCH_SLOTS 10
 
 /* The largest request (bytes, before headroom) each scratch slot will get for that shape; 0 for
  * a slot the shape never uses. The backend reserves these at the start of a run; the estimate
