@@ -338,6 +338,27 @@ tdm_status tdm_be_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void
     DISPATCH(TDM_OP_LINEAR_FWD, be->vt->linear_fwd(be, w, x, m, y, beta, err));
 }
 
+tdm_status tdm_be_linear_fwd_shared(tdm_backend *be, const tdm_be_weight *const *ws, int n,
+                                    const void *x, int64_t m, void *const *ys, tdm_error *err)
+{
+    CHECK(ws && ys && n >= 1 && n <= TDM_BE_SHARED_MAX, "linear_fwd_shared: bad weight count");
+    for (int i = 0; i < n; i++) {
+        TDM_TRY(check_weight(ws[i], "linear_fwd_shared", err));
+        CHECK(ws[i]->cols == ws[0]->cols, "linear_fwd_shared: weights of different in-features");
+    }
+    CHECK(dim_ok(m), "linear_fwd_shared: bad row count");
+    if (m == 0) return TDM_OK;
+    CHECK(x, "linear_fwd_shared: NULL pointer");
+    for (int i = 0; i < n; i++)
+        CHECK(ys[i], "linear_fwd_shared: NULL pointer");
+    if (!be->vt->linear_fwd_shared) {
+        for (int i = 0; i < n; i++)
+            TDM_TRY(tdm_be_linear_fwd(be, ws[i], x, m, ys[i], 0.0f, err));
+        return TDM_OK;
+    }
+    DISPATCH(TDM_OP_LINEAR_FWD, be->vt->linear_fwd_shared(be, ws, n, x, m, ys, err));
+}
+
 tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,
                              void *dx, float beta, tdm_error *err)
 {

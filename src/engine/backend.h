@@ -263,6 +263,13 @@ tdm_status tdm_be_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t r
  * (never a full-precision copy of W kept). */
 tdm_status tdm_be_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
                              void *y, float beta, tdm_error *err);
+/* The forward of n <= TDM_BE_SHARED_MAX projections of one input (q, k, v; gate, up): ys[i]
+ * (m, ws[i].rows) = X (m, in) · ws[i]^T, every ws[i] with the same cols. The same results as n
+ * tdm_be_linear_fwd calls with beta 0, for which it stands where a backend can prepare X once
+ * (CUDA's --base-compute fp8 quantizes X once for all of them: fp8.cuh). */
+#define TDM_BE_SHARED_MAX 4
+tdm_status tdm_be_linear_fwd_shared(tdm_backend *be, const tdm_be_weight *const *ws, int n,
+                                    const void *x, int64_t m, void *const *ys, tdm_error *err);
 /* dX (m, w.cols) act = dY (m, w.rows) act · W + beta * dX. The frozen-projection backward
  * (no dW: the base is frozen). */
 tdm_status tdm_be_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const void *dy, int64_t m,

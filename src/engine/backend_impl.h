@@ -113,6 +113,10 @@ typedef struct tdm_backend_vtable {
     tdm_status (*copy_behind)(tdm_backend *be, void *dst, const void *src, size_t bytes,
                               tdm_error *err);
     tdm_status (*copies_join)(tdm_backend *be, tdm_error *err);
+
+    /* Optional (NULL: one linear_fwd per weight): tdm_be_linear_fwd_shared. */
+    tdm_status (*linear_fwd_shared)(tdm_backend *be, const tdm_be_weight *const *ws, int n,
+                                    const void *x, int64_t m, void *const *ys, tdm_error *err);
 } tdm_backend_vtable;
 
 /* The common head of every backend object; implementations embed it first. */

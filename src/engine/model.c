@@ -985,19 +985,43 @@ static float *u_row(const step *s, const float *U, int64_t r)
     return U ? (float *)U + r * s->u_ld : NULL;
 }
 
-/* y = x W^T (+ bias) (+ LoRA, keeping U) for the n rows from batch row r0: x, y and U point at
- * row r0 of their tensors. */
-static tdm_status proj_fwd_rows(step *s, int l, int t, int64_t r0, int64_t n, const void *x,
-                                void *y, float *U, tdm_error *err)
+/* What follows the frozen product y = x W^T of a projection: the bias, and the LoRA (keeping
+ * U), for the n rows from batch row r0. */
+static tdm_status proj_fwd_extras(step *s, int l, int t, int64_t r0, int64_t n, const void *x,
+                                  void *y, float *U, tdm_error *err)
 {
     tdm_model *m = s->m;
     layer_weights *L = &m->layers[l];
     int64_t in, out, n_segs;
     tdm_model_target_shape(m, (tdm_lora_target)t, &in, &out);
-    TDM_TRY(tdm_be_linear_fwd(m->be, &L->w[t], x, n, y, 0.0f, err));
     if (L->bias[t]) TDM_TRY(tdm_be_add_bias(m->be, y, L->bias[t], n, out, err));
     if (U && build_segs_rows(s, l, t, r0, n, &n_segs) > 0)
         TDM_TRY(tdm_be_lora_fwd(m->be, s->segs, n_segs, x, n, in, out, U, s->u_ld, y, err));
+    return TDM_OK;
+}
+
+/* y = x W^T (+ bias) (+ LoRA, keeping U) for the n rows from batch row r0: x, y and U point at
+ * row r0 of their tensors. */
+static tdm_status proj_fwd_rows(step *s, int l, int t, int64_t r0, int64_t n, const void *x,
+                                void *y, float *U, tdm_error *err)
+{
+    TDM_TRY(tdm_be_linear_fwd(s->m->be, &s->m->layers[l].w[t], x, n, y, 0.0f, err));
+    return proj_fwd_extras(s, l, t, r0, n, x, y, U, err);
+}
+
+/* proj_fwd_rows of n projections ts[] of the same input x (q, k, v; gate, up): their frozen
+ * products in one tdm_be_linear_fwd_shared (a backend may prepare x once), then each one's
+ * bias and LoRA. The same bits as one proj_fwd_rows each. */
+static tdm_status proj_fwd_shared_rows(step *s, int l, const int *ts, int n, int64_t r0,
+                                       int64_t rows, const void *x, void *const *ys,
+                                       float *const *Us, tdm_error *err)
+{
+    const tdm_be_weight *ws[TDM_BE_SHARED_MAX];
+    for (int i = 0; i < n; i++)
+        ws[i] = &s->m->layers[l].w[ts[i]];
+    TDM_TRY(tdm_be_linear_fwd_shared(s->m->be, ws, n, x, rows, ys, err));
+    for (int i = 0; i < n; i++)
+        TDM_TRY(proj_fwd_extras(s, l, ts[i], r0, rows, x, ys[i], Us[i], err));
     return TDM_OK;
 }
 
@@ -1064,8 +1088,21 @@ static mlp_block mlp_block_at(const step *s, const acts *A, bool gu_kept, int64_
  * when the layer did not keep them, by this one function so the two are the same bits. */
 static tdm_status mlp_gate_up(step *s, int l, const mlp_block *b, tdm_error *err)
 {
-    TDM_TRY(proj_fwd_rows(s, l, TDM_LORA_GATE, b->r0, b->n, b->xn2, b->g, b->Ug, err));
-    return proj_fwd_rows(s, l, TDM_LORA_UP, b->r0, b->n, b->xn2, b->u, b->Uu, err);
+    const int ts[2] = {TDM_LORA_GATE, TDM_LORA_UP};
+    void *const ys[2] = {b->g, b->u};
+    float *const Us[2] = {b->Ug, b->Uu};
+    return proj_fwd_shared_rows(s, l, ts, 2, b->r0, b->n, b->xn2, ys, Us, err);
+}
+
+/* q, k, v = the projections of xn1 (+ bias, + LoRA): layer_fwd's, and recompute_layer's again,
+ * by this one function so the two are the same bits. */
+static tdm_status qkv_fwd(step *s, int l, acts *A, tdm_error *err)
+{
+    bool qk_norm = s->m->cfg.qk_norm;
+    const int ts[3] = {TDM_LORA_Q, TDM_LORA_K, TDM_LORA_V};
+    void *const ys[3] = {qk_norm ? A->q_pre : A->q, qk_norm ? A->k_pre : A->k, A->v};
+    float *const Us[3] = {A->U[TDM_LORA_Q], A->U[TDM_LORA_K], A->U[TDM_LORA_V]};
+    return proj_fwd_shared_rows(s, l, ts, 3, 0, s->M, A->xn1, ys, Us, err);
 }
 
 /* The MLP's forward, x_out = x_mid + down(swiglu(gate(xn2), up(xn2))), in blocks of
@@ -1098,10 +1135,7 @@ static tdm_status layer_fwd(step *s, int l, const void *x, acts *A, bool gu_kept
     int64_t nh = c->num_heads, nkv = c->num_kv_heads, Q = nh * hd, K = nkv * hd;
     float eps = (float)c->rms_norm_eps;
     TDM_TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
-    void *qo = c->qk_norm ? A->q_pre : A->q, *ko = c->qk_norm ? A->k_pre : A->k;
-    TDM_TRY(proj_fwd(s, l, TDM_LORA_Q, A->xn1, qo, A->U[TDM_LORA_Q], err));
-    TDM_TRY(proj_fwd(s, l, TDM_LORA_K, A->xn1, ko, A->U[TDM_LORA_K], err));
-    TDM_TRY(proj_fwd(s, l, TDM_LORA_V, A->xn1, A->v, A->U[TDM_LORA_V], err));
+    TDM_TRY(qkv_fwd(s, l, A, err));
     if (c->qk_norm) {
         TDM_TRY(tdm_be_rmsnorm_fwd(be, A->q_pre, L->q_norm, M * nh, hd, eps, A->q, A->rstd_q, err));
         TDM_TRY(
@@ -1135,10 +1169,7 @@ static tdm_status recompute_layer(step *s, int l, const void *x, acts *A, unsign
     if (!(keep & KEEP_XN1))
         TDM_TRY(tdm_be_rmsnorm_fwd(be, x, L->in_norm, M, H, eps, A->xn1, A->rstd1, err));
     if (qkv) {
-        void *qo = c->qk_norm ? A->q_pre : A->q, *ko = c->qk_norm ? A->k_pre : A->k;
-        TDM_TRY(proj_fwd(s, l, TDM_LORA_Q, A->xn1, qo, A->U[TDM_LORA_Q], err));
-        TDM_TRY(proj_fwd(s, l, TDM_LORA_K, A->xn1, ko, A->U[TDM_LORA_K], err));
-        TDM_TRY(proj_fwd(s, l, TDM_LORA_V, A->xn1, A->v, A->U[TDM_LORA_V], err));
+        TDM_TRY(qkv_fwd(s, l, A, err));
         if (c->qk_norm) {
             TDM_TRY(
                 tdm_be_rmsnorm_fwd(be, A->q_pre, L->q_norm, M * nh, hd, eps, A->q, A->rstd_q, err));

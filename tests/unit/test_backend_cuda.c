@@ -427,6 +427,33 @@ static void test_linear_fp8(void **state)
     linear_fp8_case(gpu8, TDM_BE_W_NF4_DQ, 96, 128, 9, 0.5f);
     /* several forward tiles and backward slabs (more than 32 Mi elements) */
     linear_fp8_case(gpu8, TDM_BE_W_NF4_DQ, 9024, 4096, 12, 0.5f);
+    /* linear_fwd_shared quantizes X once for both weights: the same bits as one call each */
+    {
+        wpair a, b;
+        weight_make(&a, TDM_BE_W_NF4_DQ, 128, 256);
+        weight_make(&b, TDM_BE_W_NF4_DQ, 64, 256);
+        float *X = rndb(7 * 256, 2);
+        void *xg = put_act(gpu, X, 7 * 256);
+        void *ya = put_act(gpu, NULL, 7 * 128), *yb = put_act(gpu, NULL, 7 * 64);
+        void *sa = put_act(gpu, NULL, 7 * 128), *sb = put_act(gpu, NULL, 7 * 64);
+        OK(tdm_be_linear_fwd(gpu8, &a.w[0], xg, 7, ya, 0.0f, err));
+        OK(tdm_be_linear_fwd(gpu8, &b.w[0], xg, 7, yb, 0.0f, err));
+        const tdm_be_weight *ws[2] = {&a.w[0], &b.w[0]};
+        void *const ys[2] = {sa, sb};
+        OK(tdm_be_linear_fwd_shared(gpu8, ws, 2, xg, 7, ys, err));
+        OK(tdm_be_synchronize(gpu8, err));
+        float *g1 = get(gpu, ya, TDM_BE_BF16, 7 * 128), *g2 = get(gpu, sa, TDM_BE_BF16, 7 * 128);
+        float *g3 = get(gpu, yb, TDM_BE_BF16, 7 * 64), *g4 = get(gpu, sb, TDM_BE_BF16, 7 * 64);
+        assert_memory_equal(g1, g2, 7 * 128 * sizeof(float));
+        assert_memory_equal(g3, g4, 7 * 64 * sizeof(float));
+        printf("  fp8 linear_fwd_shared: the same bits as linear_fwd per weight\n");
+        free(g1), free(g2), free(g3), free(g4), free(X);
+        void *bufs[5] = {xg, ya, yb, sa, sb};
+        for (int i = 0; i < 5; i++)
+            tdm_be_free(gpu, bufs[i]);
+        weight_free(&a);
+        weight_free(&b);
+    }
     /* shapes FP8 cannot take (cols not a multiple of 16: the bf16 path) still match the CPU */
     wpair w;
     weight_make(&w, TDM_BE_W_NF4, 72, 100);

@@ -354,6 +354,21 @@ static void test_weight_rows_and_linear(void **state)
                      (long long)rows, (long long)cols);
             check(name, got, yd, m * rows, 1e-5);
             free(got);
+            /* linear_fwd_shared: per weight the same bits as linear_fwd with beta 0 */
+            {
+                void *y1 = dev_f32(NULL, m * rows), *ya = dev_f32(y0, m * rows),
+                     *yb = dev_f32(y0, m * rows);
+                OK(tdm_be_linear_fwd(be, &w, dx, m, y1, 0.0f, err));
+                const tdm_be_weight *ws[2] = {&w, &w};
+                void *const ys[2] = {ya, yb};
+                OK(tdm_be_linear_fwd_shared(be, ws, 2, dx, m, ys, err));
+                float *one = get_act(y1, m * rows), *a = get_act(ya, m * rows),
+                      *b = get_act(yb, m * rows);
+                assert_memory_equal(one, a, (size_t)(m * rows) * sizeof(float));
+                assert_memory_equal(one, b, (size_t)(m * rows) * sizeof(float));
+                free(one), free(a), free(b);
+                tdm_be_free(be, y1), tdm_be_free(be, ya), tdm_be_free(be, yb);
+            }
             /* linear_bwd with beta = 0 on top of garbage, then beta = 1 */
             float *g = rndf(m * rows, 1);
             double *gd = to_d(g, m * rows);
@@ -1413,6 +1428,15 @@ static void test_argument_checks(void **state)
         .m = 4, .n = 4, .k = 4, .alpha = 1, .a = x, .lda = 3, .b = x, .ldb = 4, .c = x, .ldc = 4};
     assert_int_equal(tdm_be_gemm(be, &g, &e), TDM_ERR_INVALID);
     assert_non_null(strstr(e.message, "lda 3"));
+    {
+        tdm_be_weight w1 = {.format = TDM_BE_W_F32, .rows = 2, .cols = 4, .data = x};
+        tdm_be_weight w2 = {.format = TDM_BE_W_F32, .rows = 2, .cols = 8, .data = x};
+        const tdm_be_weight *ws[2] = {&w1, &w2};
+        void *const ys[2] = {x, x};
+        assert_int_equal(tdm_be_linear_fwd_shared(be, ws, 2, x, 2, ys, &e), TDM_ERR_INVALID);
+        assert_non_null(strstr(e.message, "different in-features"));
+        assert_int_equal(tdm_be_linear_fwd_shared(be, ws, 0, x, 2, ys, &e), TDM_ERR_INVALID);
+    }
     tdm_lora_seg segs[2] = {{0, 5, 2, 1.0f, x, x, x, x, 0.0f, 0},
                             {4, 8, 2, 1.0f, x, x, x, x, 0.0f, 0}};
     assert_int_equal(tdm_be_lora_fwd(be, segs, 2, x, 8, 2, 2, x, 2, x, &e), TDM_ERR_INVALID);

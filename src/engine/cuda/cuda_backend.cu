@@ -902,10 +902,10 @@ static bool fp8_bwd(const cuda_backend *cb, const tdm_be_weight *w, const void *
     return fp8_fwd(cb, w, dy) && w->cols % 64 == 0 && tdm_cuda_slab_cols(w->rows, w->cols) > 0;
 }
 
-/* The e4m3 copy of n contiguous bf16 values (X or dY) in scratch slot 8, its scale in
- * f->scale_act, and the weight's amax in f->amax_w, in stream order. */
-static tdm_status fp8_operands(cuda_backend *cb, const tdm_be_weight *w, const void *act,
-                               int64_t n, uint8_t **act8, fp8_scales **f, tdm_error *err)
+/* The e4m3 copy of n contiguous bf16 values (X or dY) in scratch slot 8 and its scale in
+ * f->scale_act, in stream order. */
+static tdm_status fp8_quantize(cuda_backend *cb, const void *act, int64_t n, uint8_t **act8,
+                               fp8_scales **f, tdm_error *err)
 {
     void *s, *buf;
     TDM_TRY(cuda_scratch_get(cb, 9, sizeof(fp8_scales), &s, err));
@@ -914,28 +914,36 @@ static tdm_status fp8_operands(cuda_backend *cb, const tdm_be_weight *w, const v
     *act8 = (uint8_t *)buf;
     cudaStream_t st = cb->stream;
     cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
-    CU(cudaMemsetAsync(&(*f)->amax_act, 0, 2 * sizeof(unsigned), st)); /* amax_act, amax_w */
+    CU(cudaMemsetAsync(&(*f)->amax_act, 0, sizeof(unsigned), st));
     unsigned blocks = fp8_blocks(n / 8);
     fp8_amax_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, &(*f)->amax_act);
     CU_LAUNCHED("fp8_amax_bf16");
     fp8_quantize_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, &(*f)->amax_act,
                                               &(*f)->scale_act, *act8);
     CU_LAUNCHED("fp8_quantize_bf16");
+    return TDM_OK;
+}
+
+/* The weight's amax (its largest block absmax) into f->amax_w, in stream order. */
+static tdm_status fp8_weight_amax(cuda_backend *cb, const tdm_be_weight *w, fp8_scales *f,
+                                  tdm_error *err)
+{
+    cudaStream_t st = cb->stream;
+    cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
+    CU(cudaMemsetAsync(&f->amax_w, 0, sizeof(unsigned), st));
     int64_t nblk = (w->rows * w->cols + 63) / 64;
-    fp8_nf4_amax<<<fp8_blocks(nblk), 256, 0, st>>>(nf4_args_of(w, 0, 0), nblk,
-                                                         &(*f)->amax_w);
+    fp8_nf4_amax<<<fp8_blocks(nblk), 256, 0, st>>>(nf4_args_of(w, 0, 0), nblk, &f->amax_w);
     CU_LAUNCHED("fp8_nf4_amax");
     return TDM_OK;
 }
 
-/* Y (m, rows) = X W^T + beta Y in FP8: W's row tiles as e4m3 in slot 0, each one TN matmul
- * (column-major Y^T block (r1 - r0, m) = W8_tile (K = cols major) x X8). */
-static tdm_status fp8_linear_fwd(cuda_backend *cb, const tdm_be_weight *w, const void *x,
-                                 int64_t m, void *y, float beta, tdm_error *err)
+/* Y (m, rows) = X W^T + beta Y in FP8 from X's e4m3 copy x8 (scale in f): W's row tiles as e4m3
+ * in slot 0, each one TN matmul (column-major Y^T block (r1 - r0, m) = W8_tile (K = cols major)
+ * x X8). */
+static tdm_status fp8_fwd_tiles(cuda_backend *cb, const tdm_be_weight *w, const uint8_t *x8,
+                                fp8_scales *f, int64_t m, void *y, float beta, tdm_error *err)
 {
-    uint8_t *x8;
-    fp8_scales *f;
-    TDM_TRY(fp8_operands(cb, w, x, m * w->cols, &x8, &f, err));
+    TDM_TRY(fp8_weight_amax(cb, w, f, err));
     int64_t tile = tile_rows(w);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols), &buf, err));
@@ -960,6 +968,15 @@ static tdm_status fp8_linear_fwd(cuda_backend *cb, const tdm_be_weight *w, const
     return TDM_OK;
 }
 
+static tdm_status fp8_linear_fwd(cuda_backend *cb, const tdm_be_weight *w, const void *x,
+                                 int64_t m, void *y, float beta, tdm_error *err)
+{
+    uint8_t *x8;
+    fp8_scales *f;
+    TDM_TRY(fp8_quantize(cb, x, m * w->cols, &x8, &f, err));
+    return fp8_fwd_tiles(cb, w, x8, f, m, y, beta, err);
+}
+
 /* dX (m, cols) = dY W + beta dX in FP8: W's column slabs transposed to (width, rows) e4m3 in
  * slot 0, each one TN matmul (column-major dX^T block (width, m) = W8T_slab (K = rows major) x
  * dY8), so every slab gives its own block of dX's columns, rounded to bf16 once. */
@@ -968,7 +985,8 @@ static tdm_status fp8_linear_bwd(cuda_backend *cb, const tdm_be_weight *w, const
 {
     uint8_t *dy8;
     fp8_scales *f;
-    TDM_TRY(fp8_operands(cb, w, dy, m * w->rows, &dy8, &f, err));
+    TDM_TRY(fp8_quantize(cb, dy, m * w->rows, &dy8, &f, err));
+    TDM_TRY(fp8_weight_amax(cb, w, f, err));
     int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab), &buf, err));
@@ -1036,6 +1054,29 @@ static tdm_status cuda_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const
         g.c = (bf16 *)y + r0;
         TDM_TRY(cuda_gemm_rm(cb, &g, err));
     }
+    return TDM_OK;
+}
+
+/* tdm_be_linear_fwd_shared: with --base-compute fp8 and every weight on the FP8 path, X is
+ * quantized once for all of them; otherwise one cuda_linear_fwd each. */
+static tdm_status cuda_linear_fwd_shared(tdm_backend *be, const tdm_be_weight *const *ws, int n,
+                                         const void *x, int64_t m, void *const *ys,
+                                         tdm_error *err)
+{
+    cuda_backend *cb = cuda_of(be);
+    bool fp8 = true;
+    for (int i = 0; i < n; i++)
+        fp8 = fp8 && fp8_fwd(cb, ws[i], x);
+    if (!fp8) {
+        for (int i = 0; i < n; i++)
+            TDM_TRY(cuda_linear_fwd(be, ws[i], x, m, ys[i], 0.0f, err));
+        return TDM_OK;
+    }
+    uint8_t *x8;
+    fp8_scales *f;
+    TDM_TRY(fp8_quantize(cb, x, m * ws[0]->cols, &x8, &f, err));
+    for (int i = 0; i < n; i++)
+        TDM_TRY(fp8_fwd_tiles(cb, ws[i], x8, f, m, ys[i], 0.0f, err));
     return TDM_OK;
 }
 
@@ -1144,7 +1185,7 @@ static const tdm_backend_vtable cuda_vtable = {
     cuda_adamw,          cuda_prof_begin,  cuda_prof_end,     cuda_prof_collect,
     cuda_prof_reset,     cuda_reserve_scratch, cuda_attention_kv,
     cuda_quantize_nf4,   cuda_host_alloc,  cuda_host_free,    cuda_copy_behind,
-    cuda_copies_join,
+    cuda_copies_join,    cuda_linear_fwd_shared,
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)
