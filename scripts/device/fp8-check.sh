@@ -17,6 +17,7 @@
 #     transformers + PEFT, tandem bf16 and tandem --base-compute fp8, one table each.
 # Writes $OUT/*.log and prints a short table last.
 #   usage: scripts/device/fp8-check.sh [--no-test] [--no-speed] [--no-gate] [--peft]
+#   GATE_LR=X   the gate's learning rate (1e-3)
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/fp8-check-out}
@@ -83,7 +84,7 @@ if [ $GATE = 1 ]; then
                 while (lo < hi) { mid = int((lo + hi) / 2); if (c[mid] < u) lo = mid + 1; else hi = mid }
                 printf "%s%d", (j ? "," : ""), 1000 + lo }
             print "]}" } }' >data/zipf.jsonl
-    F=(--device cuda --no-join --max-seq-len 128 --batch-size 8 --epochs 1 --lr 1e-3 --log-every 10
+    F=(--device cuda --no-join --max-seq-len 128 --batch-size 8 --epochs 1 --lr "${GATE_LR:-1e-3}" --log-every 10
        --eval-every 50 --save-every 0 --val-split 0.05 --seed 7
        --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
     for bc in bf16 fp8; do
