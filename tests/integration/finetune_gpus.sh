@@ -127,7 +127,11 @@ toml orphan 40
 "$TANDEM" finetune "$M" --adapters-config orphan.toml --gpus 2 "${COMMON[@]}" --epochs 40 \
     --save-every 0 >orphan.out 2>orphan.err &
 parent=$!
-wait_until 60 sh -c "[ \$(grep -c '^\[gpu [01]\] adapter 0:' orphan.out) = 2 ]"
+# every adapter past its first step (a logged line: --log-every 1), not only started: a stop
+# before an adapter's first step has nothing to checkpoint, and on a loaded machine (the ASan
+# suite at -j2 beside a build) the kill came that early once
+wait_until 60 sh -c "[ -s orphan/long/metrics.jsonl ] && [ -s orphan/s1/metrics.jsonl ] &&
+    [ -s orphan/s2/metrics.jsonl ]"
 kill -9 $parent
 wait $parent 2>/dev/null
 wait_until 30 sh -c "[ \"\$('$TANDEM' gpu status --json | jq '[.gpus[].reservations[]] | length')\" = 0 ]"
