@@ -2,7 +2,7 @@
 # cuda-check.sh DIR [--full] — run on the GPU machine (CUDA 13 driver + toolkit, no internet).
 # DIR is what scripts/device/cuda-pack.sh made on the build machine:
 #   DIR/bin/test_backend_cuda       every CUDA backend op against the CPU backend (cmocka)
-#   DIR/bin/{nf4_dequant,attention,lora,adamw,cross_entropy,rmsnorm,swiglu,rope}   dev/cuda kernel programs (validation + timing)
+#   DIR/bin/{nf4_dequant,fp8,attention,lora,adamw,cross_entropy,rmsnorm,swiglu,rope}   dev/cuda kernel programs (validation + timing)
 #   DIR/lib/                        Debian shared libraries the GPU image lacks
 # A dev program missing from DIR/bin is compiled here from dev/cuda/ with nvcc (sm_90).
 # KERNELS="nf4_dequant lora" runs only those dev programs (default: all of them).
@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:?usage: cuda-check.sh DIR [--full]}
 QUICK=--quick
-KERNELS=${KERNELS:-nf4_dequant attention lora adamw cross_entropy rmsnorm swiglu rope}
+KERNELS=${KERNELS:-nf4_dequant fp8 attention lora adamw cross_entropy rmsnorm swiglu rope}
 [ "${2:-}" = --full ] && QUICK=
 LOG=${OUT:-/tmp/cuda-check}
 mkdir -p "$LOG"

@@ -937,6 +937,22 @@ static tdm_status fp8_weight_amax(cuda_backend *cb, const tdm_be_weight *w, fp8_
     return TDM_OK;
 }
 
+/* The FP8 matmul both directions make, in cuBLASLt's column-major terms: D (rows of the weight
+ * tile or slab, n) = A^T B with A the weight's e4m3 piece and B = b8 (X or dY), both K-major
+ * with leading dimension k ("TN", cuBLASLt's only FP8 layout), D bf16 with leading dimension
+ * ldc, scaled by the weight's and the operand's scales. The caller sets m, a and c per piece. */
+static lt_call fp8_tn_call(int64_t n, int64_t k, int64_t ldc, const uint8_t *b8, float beta,
+                           fp8_scales *f)
+{
+    lt_call q = {};
+    q.ab = CUDA_R_8F_E4M3, q.ct = CUDA_R_16BF;
+    q.opa = CUBLAS_OP_T, q.opb = CUBLAS_OP_N;
+    q.n = n, q.k = k, q.lda = k, q.ldb = k, q.ldc = ldc, q.batch = 1;
+    q.b = b8, q.alpha = 1.0f, q.beta = beta;
+    q.scale_a = &f->scale_w, q.scale_b = &f->scale_act;
+    return q;
+}
+
 /* Y (m, rows) = X W^T + beta Y in FP8 from X's e4m3 copy x8 (scale in f): W's row tiles as e4m3
  * in slot 0, each one TN matmul (column-major Y^T block (r1 - r0, m) = W8_tile (K = cols major)
  * x X8). */
@@ -947,12 +963,7 @@ static tdm_status fp8_fwd_tiles(cuda_backend *cb, const tdm_be_weight *w, const 
     int64_t tile = tile_rows(w);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols), &buf, err));
-    lt_call q = {};
-    q.ab = CUDA_R_8F_E4M3, q.ct = CUDA_R_16BF;
-    q.opa = CUBLAS_OP_T, q.opb = CUBLAS_OP_N;
-    q.n = m, q.k = w->cols, q.lda = w->cols, q.ldb = w->cols, q.ldc = w->rows, q.batch = 1;
-    q.b = x8, q.alpha = 1.0f, q.beta = beta;
-    q.scale_a = &f->scale_w, q.scale_b = &f->scale_act;
+    lt_call q = fp8_tn_call(m, w->cols, w->rows, x8, beta, f);
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         {
@@ -990,12 +1001,7 @@ static tdm_status fp8_linear_bwd(cuda_backend *cb, const tdm_be_weight *w, const
     int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab), &buf, err));
-    lt_call q = {};
-    q.ab = CUDA_R_8F_E4M3, q.ct = CUDA_R_16BF;
-    q.opa = CUBLAS_OP_T, q.opb = CUBLAS_OP_N;
-    q.n = m, q.k = w->rows, q.lda = w->rows, q.ldb = w->rows, q.ldc = w->cols, q.batch = 1;
-    q.b = dy8, q.alpha = 1.0f, q.beta = beta;
-    q.scale_a = &f->scale_w, q.scale_b = &f->scale_act;
+    lt_call q = fp8_tn_call(m, w->rows, w->cols, dy8, beta, f);
     nf4_args a = nf4_args_of(w, 0, 0);
     a.ld = w->cols;
     for (int64_t c0 = 0; c0 < w->cols; c0 += slab) {
