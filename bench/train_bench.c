@@ -4,7 +4,7 @@
  *     bench_train MODEL_DIR [--device cpu|cuda] [--batch 4] [--len var|N] [--median 245]
  *                 [--max-len 2048] [--steps 10] [--warmup 3] [--rank 16] [--method qlora|lora]
  *                 [--modes none,layer,mlp,attn] [--seed 1] [--matmul N]
- *                 [--base-compute bf16|fp8]
+ *                 [--base-compute bf16|fp8] [--profile]
  *     bench_train --matmul N [--device cuda]       the bf16 matmul rate only
  *
  * One adapter on q_proj,v_proj (rank r, alpha 2r, PEFT init with the same seed in every mode),
@@ -30,6 +30,9 @@
  * Recomputation is not counted: MFU counts the model's work, not the implementation's.
  * --base-compute fp8: the backend and model run the NF4 projections' GEMMs in FP8 (as
  * `tandem finetune --base-compute fp8`); MFU stays against the bf16 matmul rate.
+ * --profile: after each mode's timed steps, `--steps` more steps with per-op device timing
+ * (op_profile.h, as `tandem finetune --profile-ops`), its table printed with every line
+ * prefixed "# "; the timed figures above it are not affected.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -40,6 +43,7 @@
 
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/op_profile.h"
 #include "util/rng.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -119,6 +123,63 @@ static tdm_status matmul_rate(tdm_backend *be, int64_t n, double *tflops, tdm_er
     return st;
 }
 
+/* One training step as the trainer runs it: zero the gradients, the fused forward + backward of
+ * one batch (`rows` tokens of `batch` sequences, boundaries cu), the gradient norm, clipping
+ * and AdamW (step number t); *mean: the batch's mean loss. */
+static tdm_status train_step(tdm_backend *be, tdm_model *m, tdm_lora *a, int64_t rows,
+                             int32_t *tok, int32_t *cu, int batch, int t, float *sumsq,
+                             float *coef, double *mean, tdm_error *err)
+{
+    tdm_batch_seg seg = {0, 0, rows};
+    tdm_batch b = {rows, tok, tok, cu, batch, &seg, 1};
+    double loss;
+    int64_t ntok;
+    TDM_TRY(tdm_lora_zero_grad(a, err));
+    TDM_TRY(tdm_model_step(m, &a, 1, &b, true, NULL, &loss, &ntok, err));
+    tdm_be_vec vec = {a->grads, a->n_params, 0};
+    float max_norm = 1.0f;
+    tdm_adamw_tensor ts = {a->params, a->grads, a->adam_m, a->adam_v, a->n_params, coef,
+                           2e-4,      0.9,      0.999,     1e-8,      0.0,         t};
+    TDM_TRY(tdm_be_sumsq(be, &vec, 1, 1, sumsq, err));
+    TDM_TRY(tdm_be_clip_coef(be, sumsq, &max_norm, 1, coef, NULL, err));
+    TDM_TRY(tdm_be_adamw(be, &ts, 1, err));
+    *mean = loss / (double)ntok;
+    return TDM_OK;
+}
+
+/* --profile: the timed steps' batches again under per-op device timing; the table to stdout,
+ * each line prefixed "# ". */
+static tdm_status profile_steps(tdm_backend *be, tdm_model *m, tdm_lora *a, int64_t *rows,
+                                int32_t **tok, int32_t **cu, int batch, int warmup, int steps,
+                                float *sumsq, float *coef, tdm_error *err)
+{
+    TDM_TRY(tdm_be_synchronize(be, err));
+    TDM_TRY(tdm_be_profile_enable(be, true, err));
+    tdm_status st = TDM_OK;
+    for (int s = warmup; s < warmup + steps && st == TDM_OK; s++) {
+        double mean;
+        st = train_step(be, m, a, rows[s], tok[s], cu[s], batch, warmup + steps + s + 1, sumsq,
+                        coef, &mean, err);
+    }
+    if (st == TDM_OK) st = tdm_be_synchronize(be, err);
+    if (st == TDM_OK) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (f) {
+            printf("# profile of %d steps (--profile):\n", steps);
+            tdm_be_profile_report(be, f);
+            fclose(f);
+            for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+                 line = strtok_r(NULL, "\n", &save))
+                printf("# %s\n", line);
+            free(text);
+        }
+    }
+    tdm_be_profile_enable(be, false, NULL);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -126,7 +187,7 @@ int main(int argc, char **argv)
                 "usage: %s MODEL_DIR [--device cpu|cuda] [--batch B] [--len var|N] [--median N] "
                 "[--max-len N] [--steps S] [--warmup W] [--rank R] [--method qlora|lora] "
                 "[--modes none,layer,mlp,attn[+offload],...] [--seed S] "
-                "[--base-compute bf16|fp8]\n",
+                "[--base-compute bf16|fp8] [--profile]\n",
                 argv[0]);
         return 2;
     }
@@ -135,10 +196,13 @@ int main(int argc, char **argv)
     int batch = 4, steps = 10, warmup = 3, rank = 16, median = 245, max_len = 2048;
     int64_t mm = 8192;
     uint64_t seed = 1;
-    bool only_matmul = !strcmp(argv[1], "--matmul");
-    for (int i = only_matmul ? 1 : 2; i + 1 < argc; i += 2) {
-        const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--device"))
+    bool only_matmul = !strcmp(argv[1], "--matmul"), profile = false;
+    for (int i = only_matmul ? 1 : 2; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(k, "--profile")) {
+            profile = true;
+            i--; /* takes no value */
+        } else if (!strcmp(k, "--device"))
             device = v;
         else if (!strcmp(k, "--method"))
             method = v;
@@ -304,28 +368,19 @@ int main(int argc, char **argv)
                 if (tdm_be_synchronize(be, &err) != TDM_OK) return die("sync", &err);
                 t_start = now_s();
             }
-            tdm_batch_seg seg = {0, 0, rows[s]};
-            tdm_batch b = {rows[s], tok[s], tok[s], cu[s], batch, &seg, 1};
-            double loss;
-            int64_t ntok;
-            if (tdm_lora_zero_grad(a, &err) != TDM_OK ||
-                tdm_model_step(m, &a, 1, &b, true, NULL, &loss, &ntok, &err) != TDM_OK)
+            double mean;
+            if (train_step(be, m, a, rows[s], tok[s], cu[s], batch, s + 1, sumsq, coef, &mean,
+                           &err) != TDM_OK)
                 return die("step", &err);
-            tdm_be_vec vec = {a->grads, a->n_params, 0};
-            float max_norm = 1.0f;
-            tdm_adamw_tensor ts = {a->params, a->grads, a->adam_m, a->adam_v, a->n_params, coef,
-                                   2e-4,      0.9,      0.999,     1e-8,      0.0,         s + 1};
-            if (tdm_be_sumsq(be, &vec, 1, 1, sumsq, &err) != TDM_OK ||
-                tdm_be_clip_coef(be, sumsq, &max_norm, 1, coef, NULL, &err) != TDM_OK ||
-                tdm_be_adamw(be, &ts, 1, &err) != TDM_OK)
-                return die("optimizer", &err);
-            double mean = loss / (double)ntok;
             if (n_mode == 0) first_loss[s] = mean;
             same &= mean == first_loss[s];
             if (s >= warmup) loss_sum += mean;
         }
         if (tdm_be_synchronize(be, &err) != TDM_OK) return die("sync", &err);
         double el = now_s() - t_start, tok_s = (double)timed_tokens / el;
+        if (profile && profile_steps(be, m, a, rows, tok, cu, batch, warmup, steps, sumsq, coef,
+                                     &err) != TDM_OK)
+            return die("profile", &err);
         if (n_mode == 0) first_tok_s = tok_s;
         tdm_be_mem_info mi;
         if (tdm_be_memory(be, &mi, &err) != TDM_OK) return die("memory", &err);
