@@ -306,8 +306,9 @@ static void test_scratch_shape(void **state)
     s.base_fp8 = true;
     tdm_cuda_scratch_requests(&s, req);
     assert_int_equal(req[8], 2048 * 4864);
-    assert_int_equal(req[9], 64);
-    assert_int_equal(tdm_cuda_scratch_bytes(&s) - bf16_total, (2048 * 4864 + 64) * 5 / 4);
+    assert_int_equal(req[9], TDM_CUDA_FP8_SCALE_BYTES);
+    assert_int_equal(tdm_cuda_scratch_bytes(&s) - bf16_total,
+                     (2048 * 4864 + TDM_CUDA_FP8_SCALE_BYTES) * 5 / 4);
     s.nf4 = false; /* a bf16 base never takes the FP8 path */
     tdm_cuda_scratch_requests(&s, req);
     assert_int_equal(req[8], 0);

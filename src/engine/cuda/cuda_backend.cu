@@ -155,6 +155,7 @@ static void cuda_free_buf(tdm_backend *be, void *ptr)
     if (it == cb->allocs->end()) return; /* not ours: ignore rather than corrupt the heap */
     account(cb, -(int64_t)it->second);
     cb->allocs->erase(it);
+    if (cb->fp8_w_amax) cb->fp8_w_amax->clear(); /* a weight may have lived in it */
     cudaFree(ptr); /* an error here would be a pending asynchronous one: synchronize reports it */
 }
 
@@ -168,6 +169,7 @@ static void cuda_destroy(tdm_backend *be)
         cudaEventDestroy(cb->ops_done);
         cudaEventDestroy(cb->copies_done);
     }
+    delete cb->fp8_w_amax;
     cuda_plan_cache_free(cb);
     for (auto &kv : *cb->allocs)
         cudaFree(kv.first);
@@ -520,6 +522,7 @@ static tdm_status layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t ro
 
 struct lt_plan_key { /* all int64: no padding, so memcmp/byte hashing are exact */
     int64_t ab, ct, opa, opb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, al_a, al_b, al_c;
+    int64_t scales; /* bit 0: scale_a set, bit 1: scale_b set */
     bool operator==(const lt_plan_key &o) const
     {
         return memcmp(this, &o, sizeof o) == 0;
@@ -569,7 +572,7 @@ void cuda_plan_cache_free(cuda_backend *cb)
 
 /* One cuBLASLt matmul in its own column-major terms: D (m, n) = alpha op(A) op(B) + beta C,
  * with C = D; op(A) is (m, k), op(B) (k, n). scale_a / scale_b: device f32 scales of FP8
- * operands (NULL otherwise). Plans are cached by everything but the pointers. */
+ * operands (NULL: none). Plans are cached by everything but the pointers. */
 struct lt_call {
     cudaDataType_t ab, ct; /* operand and output types */
     cublasOperation_t opa, opb;
@@ -592,16 +595,17 @@ static tdm_status lt_matmul(cuda_backend *cb, const lt_call *q, tdm_error *err)
     key.batch = q->batch;
     if (q->batch > 1) key.sa = q->sa, key.sb = q->sb, key.sc = q->sc;
     key.al_a = al_a, key.al_b = al_b, key.al_c = al_c;
+    key.scales = (q->scale_a ? 1 : 0) | (q->scale_b ? 2 : 0);
     if (cb->plans) {
         auto it = cb->plans->map.find(key);
         if (it != cb->plans->map.end()) {
             lt_plan *p = &it->second;
-            if (q->scale_a) {
+            if (q->scale_a)
                 LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                   &q->scale_a, sizeof q->scale_a));
+            if (q->scale_b)
                 LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                   &q->scale_b, sizeof q->scale_b));
-            }
             LT(cublasLtMatmul(cb->lt, p->op, &q->alpha, q->a, p->a, q->b, p->b, &q->beta, q->c,
                               p->c, q->c, p->c, &p->algo, cb->lt_ws, cb->lt_ws_bytes,
                               cb->stream));
@@ -612,12 +616,12 @@ static tdm_status lt_matmul(cuda_backend *cb, const lt_call *q, tdm_error *err)
     LT(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &q->opa, sizeof q->opa));
     LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &q->opb, sizeof q->opb));
-    if (q->scale_a) {
+    if (q->scale_a)
         LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &q->scale_a,
                                           sizeof q->scale_a));
+    if (q->scale_b)
         LT(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q->scale_b,
                                           sizeof q->scale_b));
-    }
     bool ta = q->opa == CUBLAS_OP_T, tb = q->opb == CUBLAS_OP_T;
     TDM_TRY(layout(&d.a, q->ab, ta ? q->k : q->m, ta ? q->m : q->k, q->lda, q->batch, q->sa, err));
     TDM_TRY(layout(&d.b, q->ab, tb ? q->n : q->k, tb ? q->k : q->n, q->ldb, q->batch, q->sb, err));
@@ -902,8 +906,12 @@ static bool fp8_bwd(const cuda_backend *cb, const tdm_be_weight *w, const void *
     return fp8_fwd(cb, w, dy) && w->cols % 64 == 0 && tdm_cuda_slab_cols(w->rows, w->cols) > 0;
 }
 
+static_assert(sizeof(fp8_scales) <= TDM_CUDA_FP8_SCALE_BYTES,
+              "cuda_memory_plan.h's TDM_CUDA_FP8_SCALE_BYTES must hold fp8.cuh's fp8_scales");
+
 /* The e4m3 copy of n contiguous bf16 values (X or dY) in scratch slot 8 and its scale in
- * f->scale_act, in stream order. */
+ * f->scale_act, in stream order: two kernels (fp8.cuh: per-block maxima, then their maximum
+ * and the conversion). */
 static tdm_status fp8_quantize(cuda_backend *cb, const void *act, int64_t n, uint8_t **act8,
                                fp8_scales **f, tdm_error *err)
 {
@@ -914,42 +922,63 @@ static tdm_status fp8_quantize(cuda_backend *cb, const void *act, int64_t n, uin
     *act8 = (uint8_t *)buf;
     cudaStream_t st = cb->stream;
     cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
-    CU(cudaMemsetAsync(&(*f)->amax_act, 0, sizeof(unsigned), st));
     unsigned blocks = fp8_blocks(n / 8);
-    fp8_amax_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, &(*f)->amax_act);
+    fp8_amax_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, (*f)->amax_part);
     CU_LAUNCHED("fp8_amax_bf16");
-    fp8_quantize_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, &(*f)->amax_act,
+    fp8_quantize_bf16<<<blocks, 256, 0, st>>>((const bf16 *)act, n, (*f)->amax_part,
                                               &(*f)->scale_act, *act8);
     CU_LAUNCHED("fp8_quantize_bf16");
     return TDM_OK;
 }
 
-/* The weight's amax (its largest block absmax) into f->amax_w, in stream order. */
-static tdm_status fp8_weight_amax(cuda_backend *cb, const tdm_be_weight *w, fp8_scales *f,
+/* The weight's amax (its largest block absmax): measured on the device at the weight's first
+ * FP8 use (one reduction and a wait for it, once per weight: the base is frozen), then from
+ * cb->fp8_w_amax. */
+static tdm_status fp8_weight_amax(cuda_backend *cb, const tdm_be_weight *w, float *amax,
                                   tdm_error *err)
 {
+    if (!cb->fp8_w_amax) {
+        cb->fp8_w_amax = new (std::nothrow) std::unordered_map<const void *, float>();
+        if (!cb->fp8_w_amax) return tdm_fail(err, TDM_ERR_NOMEM, "backend cuda: out of memory");
+    }
+    auto it = cb->fp8_w_amax->find(w->codes);
+    if (it != cb->fp8_w_amax->end()) {
+        *amax = it->second;
+        return TDM_OK;
+    }
+    void *s;
+    TDM_TRY(cuda_scratch_get(cb, 9, sizeof(fp8_scales), &s, err));
+    fp8_scales *f = (fp8_scales *)s;
     cudaStream_t st = cb->stream;
-    cuda_prof_scope prof(cb, TDM_OP_SUB_CONVERT);
     CU(cudaMemsetAsync(&f->amax_w, 0, sizeof(unsigned), st));
     int64_t nblk = (w->rows * w->cols + 63) / 64;
     fp8_nf4_amax<<<fp8_blocks(nblk), 256, 0, st>>>(nf4_args_of(w, 0, 0), nblk, &f->amax_w);
     CU_LAUNCHED("fp8_nf4_amax");
+    unsigned bits;
+    CU(cudaMemcpyAsync(&bits, &f->amax_w, sizeof bits, cudaMemcpyDeviceToHost, st));
+    CU(cudaStreamSynchronize(st));
+    memcpy(amax, &bits, sizeof bits);
+    try {
+        cb->fp8_w_amax->emplace(w->codes, *amax);
+    } catch (...) { /* out of host memory: measured again next time */
+    }
     return TDM_OK;
 }
 
 /* The FP8 matmul both directions make, in cuBLASLt's column-major terms: D (rows of the weight
  * tile or slab, n) = A^T B with A the weight's e4m3 piece and B = b8 (X or dY), both K-major
  * with leading dimension k ("TN", cuBLASLt's only FP8 layout), D bf16 with leading dimension
- * ldc, scaled by the weight's and the operand's scales. The caller sets m, a and c per piece. */
+ * ldc. The activation's scale is read on the device (f->scale_act); the weight's is the host
+ * value amax_w / 448, passed as alpha. The caller sets m, a and c per piece. */
 static lt_call fp8_tn_call(int64_t n, int64_t k, int64_t ldc, const uint8_t *b8, float beta,
-                           fp8_scales *f)
+                           fp8_scales *f, float amax_w)
 {
     lt_call q = {};
     q.ab = CUDA_R_8F_E4M3, q.ct = CUDA_R_16BF;
     q.opa = CUBLAS_OP_T, q.opb = CUBLAS_OP_N;
     q.n = n, q.k = k, q.lda = k, q.ldb = k, q.ldc = ldc, q.batch = 1;
-    q.b = b8, q.alpha = 1.0f, q.beta = beta;
-    q.scale_a = &f->scale_w, q.scale_b = &f->scale_act;
+    q.b = b8, q.alpha = fp8_scale_of(amax_w), q.beta = beta;
+    q.scale_b = &f->scale_act;
     return q;
 }
 
@@ -959,18 +988,20 @@ static lt_call fp8_tn_call(int64_t n, int64_t k, int64_t ldc, const uint8_t *b8,
 static tdm_status fp8_fwd_tiles(cuda_backend *cb, const tdm_be_weight *w, const uint8_t *x8,
                                 fp8_scales *f, int64_t m, void *y, float beta, tdm_error *err)
 {
-    TDM_TRY(fp8_weight_amax(cb, w, f, err));
+    float amax_w;
+    TDM_TRY(fp8_weight_amax(cb, w, &amax_w, err));
+    const float inv = fp8_inv_scale(amax_w);
     int64_t tile = tile_rows(w);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(tile * w->cols), &buf, err));
-    lt_call q = fp8_tn_call(m, w->cols, w->rows, x8, beta, f);
+    lt_call q = fp8_tn_call(m, w->cols, w->rows, x8, beta, f, amax_w);
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         {
             cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
             int64_t n = (r1 - r0) * w->cols;
             fp8_nf4_rows<<<fp8_blocks(n / 32), 256, 0, cb->stream>>>(
-                nf4_args_of(w, r0 * w->cols, n), &f->amax_w, &f->scale_w, (uint8_t *)buf);
+                nf4_args_of(w, r0 * w->cols, n), inv, (uint8_t *)buf);
             CU_LAUNCHED("fp8_nf4_rows");
         }
         q.m = r1 - r0, q.a = buf, q.c = (bf16 *)y + r0;
@@ -997,11 +1028,13 @@ static tdm_status fp8_linear_bwd(cuda_backend *cb, const tdm_be_weight *w, const
     uint8_t *dy8;
     fp8_scales *f;
     TDM_TRY(fp8_quantize(cb, dy, m * w->rows, &dy8, &f, err));
-    TDM_TRY(fp8_weight_amax(cb, w, f, err));
+    float amax_w;
+    TDM_TRY(fp8_weight_amax(cb, w, &amax_w, err));
+    const float inv = fp8_inv_scale(amax_w);
     int64_t slab = tdm_cuda_slab_cols(w->rows, w->cols);
     void *buf;
     TDM_TRY(cuda_scratch_get(cb, 0, (size_t)(w->rows * slab), &buf, err));
-    lt_call q = fp8_tn_call(m, w->rows, w->cols, dy8, beta, f);
+    lt_call q = fp8_tn_call(m, w->rows, w->cols, dy8, beta, f, amax_w);
     nf4_args a = nf4_args_of(w, 0, 0);
     a.ld = w->cols;
     for (int64_t c0 = 0; c0 < w->cols; c0 += slab) {
@@ -1010,8 +1043,8 @@ static tdm_status fp8_linear_bwd(cuda_backend *cb, const tdm_be_weight *w, const
             cuda_prof_scope prof(cb, TDM_OP_SUB_NF4_DEQUANT);
             int64_t tiles = (w->rows + FP8_T_TILE - 1) / FP8_T_TILE * ((c1 - c0) / FP8_T_TILE);
             unsigned blocks = (unsigned)(tiles < 8 * cb->n_sms ? tiles : 8 * cb->n_sms);
-            fp8_nf4_cols_t<<<blocks, 256, 0, cb->stream>>>(a, w->rows, c0, c1 - c0, &f->amax_w,
-                                                           &f->scale_w, (uint8_t *)buf);
+            fp8_nf4_cols_t<<<blocks, 256, 0, cb->stream>>>(a, w->rows, c0, c1 - c0, inv,
+                                                           (uint8_t *)buf);
             CU_LAUNCHED("fp8_nf4_cols_t");
         }
         q.m = c1 - c0, q.a = buf, q.c = (bf16 *)dx + c0;

@@ -62,6 +62,10 @@ typedef struct cuda_backend {
     uint64_t used, peak;                         /* user buffers + scratch + workspace */
     int n_sms;
     bool base_fp8;         /* tdm_backend_opts.base_fp8: NF4 projections' GEMMs in FP8 */
+    /* --base-compute fp8: each NF4 weight's amax (its largest block absmax), found at its first
+     * FP8 use and kept, keyed by its codes pointer (the base is frozen); cleared whenever a
+     * buffer is freed, so a new weight at a freed address is measured afresh */
+    std::unordered_map<const void *, float> *fp8_w_amax;
     size_t max_smem_optin; /* bytes of dynamic shared memory a block may opt in to */
     struct cuda_plan_cache *plans; /* cuBLASLt descriptors + algorithm per GEMM shape (NULL: off) */
     struct cuda_prof *prof;        /* event pairs of op_profile.h (NULL until profiling starts) */

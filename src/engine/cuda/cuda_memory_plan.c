@@ -122,7 +122,7 @@ void tdm_cuda_scratch_requests(const tdm_be_step_shape *s,
         for (unsigned i = 0; i < sizeof dims / sizeof dims[0]; i++)
             if (dims[i] > widest) widest = dims[i];
         slot[8] = (uint64_t)(s->m * widest);
-        slot[9] = 64;
+        slot[9] = TDM_CUDA_FP8_SCALE_BYTES;
     }
 }
 

@@ -81,6 +81,10 @@ int64_t tdm_cuda_slab_cols(int64_t rows, int64_t cols);
 /* Scratch slots of the CUDA backend (cuda_internal.h's cuda_backend.scratch). */
 #define TDM_CUDA_SCRATCH_SLOTS 10
 
+/* Slot 9 under --base-compute fp8: fp8.cuh's struct fp8_scales (the activation scale, a weight's
+ * amax word and 1024 per-block activation maxima), checked against sizeof there. */
+#define TDM_CUDA_FP8_SCALE_BYTES 4128
+
 /* The largest request (bytes, before headroom) each scratch slot will get for that shape; 0 for
  * a slot the shape never uses. The backend reserves these at the start of a run; the estimate
  * adds them up with their headroom. */

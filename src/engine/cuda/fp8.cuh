@@ -2,26 +2,31 @@
  * (device code and small launch helpers; included by cuda_backend.cu and the dev program).
  *
  * Scaling (docs/cuda-backend.md, "FP8 base compute"): one f32 scale per tensor, the tensor's
- * largest magnitude / 448 (E4M3's largest finite value), found on the device each time the
- * tensor is quantized (no host round trip: cuBLASLt reads the scales through device pointers).
- * A value x is stored as e4m3(x * (448 / amax)), rounded to nearest even and saturated; the GEMM
- * multiplies its f32 accumulator by scale_a * scale_b = (amax_a / 448) (amax_b / 448).
- *   - activations X (m, in) and output gradients dY (m, out): amax over the whole tensor;
+ * largest magnitude / 448 (E4M3's largest finite value). A value x is stored as
+ * e4m3(x * (448 / amax)), rounded to nearest even and saturated; the GEMM multiplies its f32
+ * accumulator by the two scales (amax_a / 448) (amax_b / 448).
+ *   - activations X (m, in) and output gradients dY (m, out): amax over the whole tensor, found
+ *     on the device each time the tensor is quantized (no host round trip: cuBLASLt reads the
+ *     scale through a device pointer);
  *   - an NF4 weight: amax = the largest block absmax (an NF4 block's largest magnitude is its
- *     absmax: code 1.0 is exact), so the weight's scale needs only its absmax array, not a pass
- *     over the dequantized values.
+ *     absmax: code 1.0 is exact), found once per weight (the base is frozen) and kept on the
+ *     host: the dequantization kernels take 448 / amax as an argument and the GEMM's alpha is
+ *     amax / 448, so a projection call spends no launch on the weight's scale.
  * Why per tensor: E4M3's exponent spans 2^-6 .. 448 in normal numbers (2^-9 with subnormals), a
  * range of 2^15, so a weight's values, which differ between blocks by a few hundred at most,
  * keep E4M3's full 3-bit mantissa everywhere; finer scales would change which values round,
  * not how finely.
- * Amax reductions use atomicMax on the f32 bits of non-negative values (their order as
- * unsigned integers is their order as floats): a maximum does not depend on the order in which
- * it is taken, so the scales, and hence every result, are the same bits on every run.
+ * The activation amax is two kernels and no memset: fp8_amax_bf16 writes each block's maximum
+ * to its own partial word, and every block of fp8_quantize_bf16 first takes the maximum of
+ * those partials (at most FP8_AMAX_PARTIALS words, from L2). A maximum does not depend on the
+ * order in which it is taken, so the scales, and hence every result, are the same bits on
+ * every run. The weight amax (once per weight) uses atomicMax on the f32 bits of non-negative
+ * values (their order as unsigned integers is their order as floats).
  *
  * The scale words live in scratch slot 9 (fp8_scales). Kernels:
- *   fp8_amax_bf16       amax of n bf16 values (8 a thread, 16-byte loads) into a word
- *   fp8_quantize_bf16   e4m3 of n bf16 values with the scale of that word; writes the scale
- *   fp8_nf4_amax        the largest |absmax| of an NF4 weight's blocks
+ *   fp8_amax_bf16       per-block amax of n bf16 values (8 a thread, 16-byte loads)
+ *   fp8_quantize_bf16   e4m3 of n bf16 values with the scale of those partials; writes the scale
+ *   fp8_nf4_amax        the largest |absmax| of an NF4 weight's blocks (once per weight)
  *   fp8_nf4_rows        NF4 rows [r0, r1) as e4m3 (rows, cols): the forward's operand (K = in)
  *   fp8_nf4_cols_t      NF4 columns [c0, c1) of every row, transposed to (c1 - c0, rows): the
  *                       backward's operand dX = dY W needs W's rows (out) as its K, contiguous.
@@ -36,13 +41,16 @@
 
 #define FP8_E4M3_MAX 448.0f
 
-/* Scratch slot 9: the scales cuBLASLt reads, each on its own 16 bytes (cublasLtMatmul answers
- * NOT_SUPPORTED for scale pointers that are only 4-byte aligned), then the amax words (f32 bits). */
+/* Blocks of the activation amax / quantization grid at most, hence partial words. */
+#define FP8_AMAX_PARTIALS 1024
+
+/* Scratch slot 9 (TDM_CUDA_FP8_SCALE_BYTES): the activation scale cuBLASLt reads, on its own 16
+ * bytes (cublasLtMatmul answers NOT_SUPPORTED for scale pointers that are only 4-byte aligned),
+ * the word of a weight's one-time amax (f32 bits), and the per-block activation maxima. */
 struct fp8_scales {
     alignas(16) float scale_act; /* amax_act / 448 (1 when amax is 0) */
-    alignas(16) float scale_w;
-    alignas(16) unsigned amax_act; /* X or dY */
-    unsigned amax_w;
+    alignas(16) unsigned amax_w;
+    float amax_part[FP8_AMAX_PARTIALS];
 };
 
 __host__ __device__ __forceinline__ float fp8_inv_scale(float amax)
@@ -68,10 +76,9 @@ __device__ __forceinline__ float fp8_warp_max(float v)
     return v;
 }
 
-/* One atomicMax per block of the block's largest value (v >= 0, NaN-free; blockDim.x a multiple
- * of 32, at most 1024). Why per block: one address taking an atomic from every warp of a
- * 7B projection's 28k warps serialized them (76 us for 7.3 M values, measured). */
-__device__ __forceinline__ void fp8_block_amax_store(float v, unsigned *word)
+/* The block's largest value (v >= 0, NaN-free; blockDim.x a multiple of 32, at most 1024),
+ * valid in thread 0. */
+__device__ __forceinline__ float fp8_block_max(float v)
 {
     __shared__ float warp_max[32];
     v = fp8_warp_max(v);
@@ -80,21 +87,30 @@ __device__ __forceinline__ void fp8_block_amax_store(float v, unsigned *word)
     if (threadIdx.x < 32) {
         v = threadIdx.x < (blockDim.x >> 5) ? warp_max[threadIdx.x] : 0.0f;
         v = fp8_warp_max(v);
-        if (threadIdx.x == 0 && v > 0.0f) atomicMax(word, __float_as_uint(v));
     }
+    return v;
+}
+
+/* One atomicMax per block of the block's largest value. Why per block: one address taking an
+ * atomic from every warp of a 7B projection's 28k warps serialized them (76 us for 7.3 M
+ * values, measured). */
+__device__ __forceinline__ void fp8_block_amax_store(float v, unsigned *word)
+{
+    v = fp8_block_max(v);
+    if (threadIdx.x == 0 && v > 0.0f) atomicMax(word, __float_as_uint(v));
 }
 
 /* Blocks of 256 threads for the grid-stride FP8 kernels over `items` work items (each thread one
- * item a pass): at most 1024, so a reduction ends in at most 1024 atomics. */
+ * item a pass): at most FP8_AMAX_PARTIALS. */
 static inline unsigned fp8_blocks(int64_t items)
 {
     int64_t b = (items + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 1024 ? 1024 : b);
+    return (unsigned)(b < 1 ? 1 : b > FP8_AMAX_PARTIALS ? FP8_AMAX_PARTIALS : b);
 }
 
-/* *word = max(*word, max |x[i]|) over n bf16 values; x 16-byte aligned. The word must be
- * zeroed before (cudaMemsetAsync). */
-__global__ void fp8_amax_bf16(const __nv_bfloat16 *x, int64_t n, unsigned *word)
+/* part[b] = max |x[i]| over block b's share of n bf16 values; x 16-byte aligned; launched with
+ * at most FP8_AMAX_PARTIALS blocks, the same count as the fp8_quantize_bf16 reading them. */
+__global__ void fp8_amax_bf16(const __nv_bfloat16 *x, int64_t n, float *part)
 {
     float m = 0.0f;
     const int64_t n8 = n >> 3;
@@ -111,15 +127,24 @@ __global__ void fp8_amax_bf16(const __nv_bfloat16 *x, int64_t n, unsigned *word)
     for (int64_t i = n8 * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         m = fmaxf(m, fabsf(__bfloat162float(x[i])));
-    fp8_block_amax_store(m, word);
+    m = fp8_block_max(m);
+    if (threadIdx.x == 0) part[blockIdx.x] = m;
 }
 
-/* out[i] = e4m3(x[i] * 448 / amax) with amax = *word; block 0 writes amax / 448 to *scale.
- * x 16-byte aligned, out 8-byte aligned. */
-__global__ void fp8_quantize_bf16(const __nv_bfloat16 *x, int64_t n, const unsigned *word,
+/* out[i] = e4m3(x[i] * 448 / amax) with amax the largest of part[0 .. gridDim.x) (the amax
+ * kernel's partials, same grid); block 0 writes amax / 448 to *scale. x 16-byte aligned, out
+ * 8-byte aligned. */
+__global__ void fp8_quantize_bf16(const __nv_bfloat16 *x, int64_t n, const float *part,
                                   float *scale, uint8_t *out)
 {
-    const float amax = __uint_as_float(*word), inv = fp8_inv_scale(amax);
+    __shared__ float amax_s;
+    float pm = 0.0f;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+        pm = fmaxf(pm, __ldg(part + b));
+    pm = fp8_block_max(pm);
+    if (threadIdx.x == 0) amax_s = pm;
+    __syncthreads();
+    const float amax = amax_s, inv = fp8_inv_scale(amax);
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale = fp8_scale_of(amax);
     const int64_t n8 = n >> 3;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
@@ -177,17 +202,15 @@ __device__ __forceinline__ float fp8_nf4_absmax_s(const nf4_args &a, const float
                     : dmap_s[__ldg(a.absmax_q + blk)] * __ldg(a.absmax2 + blk / 256) + a.offset;
 }
 
-/* out[i] = e4m3(code * absmax * 448 / amax_w) for the contiguous elements [a.e0, a.e0 + a.n)
- * (a.e0 % 16 == 0, out 16-byte aligned); block 0 writes the weight's scale. Lane l of a warp
+/* out[i] = e4m3(code * absmax * inv) (inv = 448 / the weight's amax) for the contiguous
+ * elements [a.e0, a.e0 + a.n) (a.e0 % 16 == 0, out 16-byte aligned). Lane l of a warp
  * takes 16 elements (8 code bytes, one 16-byte store) of each 512-element run, so a warp reads
  * 256 and writes 512 contiguous bytes; two runs in flight. The tail (< 16) elementwise. */
-__global__ void fp8_nf4_rows(nf4_args a, const unsigned *word, float *scale, uint8_t *out)
+__global__ void fp8_nf4_rows(nf4_args a, float inv, uint8_t *out)
 {
     __shared__ float code_s[16];
     __shared__ float dmap_s[256];
     nf4_tables_to_shared(a, code_s, dmap_s);
-    const float amax_w = __uint_as_float(*word), inv = fp8_inv_scale(amax_w);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *scale = fp8_scale_of(amax_w);
     const int64_t n16 = a.n >> 4;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n16; g += 2 * stride) {
@@ -214,7 +237,7 @@ __global__ void fp8_nf4_rows(nf4_args a, const unsigned *word, float *scale, uin
     }
 }
 
-/* The transposed column slab: out[c][r] = e4m3(W[r][c0 + c] * 448 / amax_w) for r < rows,
+/* The transposed column slab: out[c][r] = e4m3(W[r][c0 + c] * inv) for r < rows,
  * c < width; out row stride = rows. A block of 256 threads walks 64 x 64 tiles (grid-stride,
  * so the code tables are loaded once a block): each thread dequantizes 16 consecutive elements
  * of one row (8 code bytes) into a shared tile of W's layout (four 4-byte stores), and after the
@@ -225,15 +248,13 @@ __global__ void fp8_nf4_rows(nf4_args a, const unsigned *word, float *scale, uin
 #define FP8_T_TILE 64
 #define FP8_T_LD 68
 __global__ void __launch_bounds__(256) fp8_nf4_cols_t(nf4_args a, int64_t rows, int64_t c0,
-                                                      int64_t width, const unsigned *word,
-                                                      float *scale, uint8_t *out)
+                                                      int64_t width, float inv,
+                                                      uint8_t *out)
 {
     __shared__ float code_s[16];
     __shared__ float dmap_s[256];
     __shared__ __align__(16) uint8_t tile[FP8_T_TILE * FP8_T_LD];
     nf4_tables_to_shared(a, code_s, dmap_s);
-    const float amax_w = __uint_as_float(*word), inv = fp8_inv_scale(amax_w);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *scale = fp8_scale_of(amax_w);
     const int64_t row_tiles = (rows + FP8_T_TILE - 1) / FP8_T_TILE, col_tiles = width / FP8_T_TILE;
     const int rr = threadIdx.x >> 2, cg = (threadIdx.x & 3) * 16;
     const int oc = threadIdx.x >> 2, part = (threadIdx.x & 3) * 16;
