@@ -724,6 +724,79 @@ static void test_attention(void **state)
     attention_case(2, 1, 2, lens_long, 2);
 }
 
+/* dq, dk, dv (concatenated) of attention_bwd over the sequences lens[0..n) with q, k, v, g the
+ * rows from row r0 of the full inputs (row-major, nh or nkv heads of hd). */
+static float *att_bwd_rows(int64_t nh, int64_t nkv, int64_t hd, const int32_t *lens, int n,
+                           const float *q, const float *k, const float *v, const float *g)
+{
+    int32_t cu[16] = {0};
+    int64_t maxlen = 0;
+    for (int s = 0; s < n; s++)
+        cu[s + 1] = cu[s] + lens[s], maxlen = lens[s] > maxlen ? lens[s] : maxlen;
+    int64_t m = cu[n], nq = m * nh * hd, nk = m * nkv * hd;
+    void *dq = dev_f32(q, nq), *dk = dev_f32(k, nk), *dv = dev_f32(v, nk), *dg = dev_f32(g, nq);
+    void *out = dev_f32(NULL, nq), *gq = dev_f32(NULL, nq), *gk = dev_f32(NULL, nk),
+         *gv = dev_f32(NULL, nk);
+    float *lse = dev_f32x(NULL, nh * m);
+    int32_t *dcu = dev_i32(cu, n + 1);
+    tdm_be_seqs s = {dcu, n, maxlen, m};
+    float scale = 1.0f / sqrtf((float)hd);
+    OK(tdm_be_attention_fwd(be, &s, dq, dk, dv, nh, nkv, hd, scale, out, lse, err));
+    OK(tdm_be_attention_bwd(be, &s, dq, dk, dv, out, lse, dg, nh, nkv, hd, scale, gq, gk, gv, err));
+    float *res = malloc((size_t)(nq + 2 * nk) * sizeof(float));
+    OK(tdm_be_download_f32(be, res, gq, TDM_BE_F32, nq, err));
+    OK(tdm_be_download_f32(be, res + nq, gk, TDM_BE_F32, nk, err));
+    OK(tdm_be_download_f32(be, res + nq + nk, gv, TDM_BE_F32, nk, err));
+    void *ptrs[] = {dq, dk, dv, dg, out, gq, gk, gv, lse, dcu};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
+        tdm_be_free(be, ptrs[i]);
+    return res;
+}
+
+/* The CPU backward keeps P and dS for sequences whose P and dS fit TANDEM_CPU_ATT_KEEP_KIB and
+ * recomputes them for the others: every case again with nothing kept (0) and with a cap that
+ * keeps the short sequences only (1 KiB: 2 x 4 heads x 5^2 floats fit, 9^2 do not); and a
+ * sequence's gradients are the same bits alone as beside others, kept or recomputed. */
+static void test_attention_kept_or_recomputed(void **state)
+{
+    if (strcmp(backend_name(), "cpu") != 0) skip();
+    const char *caps[] = {"0", "1"};
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+        setenv("TANDEM_CPU_ATT_KEEP_KIB", caps[c], 1);
+        tdm_backend *saved = be;
+        OK(tdm_backend_create(&be, backend_name(), NULL, err));
+        test_attention(state);
+        const int32_t lens[] = {9, 5, 1, 9};
+        int64_t nh = 4, nkv = 2, hd = 8, m = 24;
+        float *q = rndf(m * nh * hd, 1), *k = rndf(m * nkv * hd, 1), *v = rndf(m * nkv * hd, 1),
+              *g = rndf(m * nh * hd, 1);
+        float *all = att_bwd_rows(nh, nkv, hd, lens, 4, q, k, v, g);
+        int64_t r0 = 9, r1 = 9 + 5 + 1; /* the second sequence (kept at 1 KiB), then the last */
+        for (int i = 0; i < 2; i++) {
+            int64_t r = i == 0 ? r0 : r1, len = lens[i == 0 ? 1 : 3];
+            float *one = att_bwd_rows(nh, nkv, hd, &lens[i == 0 ? 1 : 3], 1, q + r * nh * hd,
+                                      k + r * nkv * hd, v + r * nkv * hd, g + r * nh * hd);
+            assert_memory_equal(one, all + r * nh * hd, (size_t)(len * nh * hd) * sizeof(float));
+            assert_memory_equal(one + len * nh * hd, all + m * nh * hd + r * nkv * hd,
+                                (size_t)(len * nkv * hd) * sizeof(float));
+            assert_memory_equal(one + len * (nh + nkv) * hd,
+                                all + m * (nh + nkv) * hd + r * nkv * hd,
+                                (size_t)(len * nkv * hd) * sizeof(float));
+            free(one);
+        }
+        free(all), free(q), free(k), free(v), free(g);
+        tdm_backend_free(be);
+        be = saved;
+        unsetenv("TANDEM_CPU_ATT_KEEP_KIB");
+    }
+    setenv("TANDEM_CPU_ATT_KEEP_KIB", "x", 1); /* a knob the backend refuses */
+    tdm_backend *bad = NULL;
+    tdm_error e = {0};
+    assert_int_equal(tdm_backend_create(&bad, backend_name(), NULL, &e), TDM_ERR_INVALID);
+    assert_non_null(strstr(e.message, "TANDEM_CPU_ATT_KEEP_KIB"));
+    unsetenv("TANDEM_CPU_ATT_KEEP_KIB");
+}
+
 /* ====================================================================== SwiGLU ==== */
 
 typedef struct {
@@ -1478,6 +1551,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_kept_or_recomputed),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_lora),

@@ -312,6 +312,22 @@ void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
     if (prev != nt) omp_set_num_threads(prev);
 }
 
+void cpu_blas_sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        cpu_blas_sgemm(1, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    /* the OpenMP build runs one thread inside a parallel region; outside, its count is the ICV */
+    int prev = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (prev != 1) omp_set_num_threads(1);
+    blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (prev != 1) omp_set_num_threads(prev);
+}
+
 bool cpu_blas_bits_measured(void)
 {
     /* the cores whose kernels unit.cpu_gemm has measured (its VMs' SkylakeX; Cooperlake by
@@ -363,8 +379,29 @@ static tdm_status gemm_tile_rows(int64_t *out, tdm_error *err)
     if (*end || n < 16 || n > 4096 || n % 16)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "TANDEM_CPU_TILE_ROWS=%s: want a multiple of 16 from 16 to 4096, or unset "
-                        "for %d", v, GEMM_TILE_M);
+                        "for %d",
+                        v, GEMM_TILE_M);
     *out = n;
+    return TDM_OK;
+}
+
+/* attention_bwd's cap on the P and dS it keeps (cpu_layers.c): ATT_KEEP_KIB, or
+ * TANDEM_CPU_ATT_KEEP_KIB when set (0: always recompute them). A constant for the process, so a
+ * sequence's bits never depend on the thread count or on the other sequences. */
+#define ATT_KEEP_KIB 65536
+
+static tdm_status att_keep_bytes(int64_t *out, tdm_error *err)
+{
+    const char *v = getenv("TANDEM_CPU_ATT_KEEP_KIB");
+    *out = (int64_t)ATT_KEEP_KIB << 10;
+    if (!v || !*v) return TDM_OK;
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (*end || n < 0 || n > (1LL << 30))
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "TANDEM_CPU_ATT_KEEP_KIB=%s: want KiB from 0 to 2^30, or unset for %d", v,
+                        ATT_KEEP_KIB);
+    *out = (int64_t)n << 10;
     return TDM_OK;
 }
 
@@ -377,15 +414,23 @@ void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, i
     cpu_sgemm_tiles(cpu, TM, TN, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t TM, int64_t TN, bool ta, bool tb, int64_t m,
-                     int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+/* C in tiles of TM x TN shared by the threads, each tile one call of `call` (1 thread). */
+typedef void (*tile_call)(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc);
+
+static void blas_sgemm_1thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                               const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                               float *c, int64_t ldc)
+{
+    cpu_blas_sgemm(1, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static void sgemm_tiled(const cpu_backend *cpu, tile_call call, int64_t TM, int64_t TN, bool ta,
+                        bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     int nt = cpu->n_threads;
-    if (cpu->blas_threaded || m == 0 || n == 0 || k == 0) {
-        cpu_blas_sgemm(nt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
     int64_t tm = (m + TM - 1) / TM, tn = (n + TN - 1) / TN;
     int64_t tiles = tm * tn;
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
@@ -396,8 +441,30 @@ void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t TM, int64_t TN, bool ta, bo
         int64_t nb = n - j0 < TN ? n - j0 : TN;
         const float *at = ta ? a + i0 : a + i0 * lda;
         const float *bt = tb ? b + j0 * ldb : b + j0;
-        cpu_blas_sgemm(1, ta, tb, mb, nb, k, alpha, at, lda, bt, ldb, beta, c + i0 * ldc + j0, ldc);
+        call(ta, tb, mb, nb, k, alpha, at, lda, bt, ldb, beta, c + i0 * ldc + j0, ldc);
     }
+}
+
+void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t TM, int64_t TN, bool ta, bool tb, int64_t m,
+                     int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                     int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (cpu->blas_threaded || m == 0 || n == 0 || k == 0) {
+        cpu_blas_sgemm(cpu->n_threads, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    sgemm_tiled(cpu, blas_sgemm_1thread, TM, TN, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                ldc);
+}
+
+void cpu_sgemm_segment(const cpu_backend *cpu, int64_t TM, int64_t TN, bool ta, bool tb, int64_t m,
+                       int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (TM <= 0 || TN <= 0) gemm_tiles(m, n, cpu->tile_m, &TM, &TN);
+    if (m == 0 || n == 0) return;
+    sgemm_tiled(cpu, cpu_blas_sgemm_1t, TM, TN, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                ldc);
 }
 
 /* Elements spanned by a batch of row-major matrices of `rows` rows, `cols` cols, ld, stride. */
@@ -562,7 +629,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
-    float *buf = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
+    float *buf =
+        cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
@@ -585,7 +653,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
         return TDM_OK;
     }
     int64_t tile = cpu_tile_rows(w->rows, w->cols);
-    float *buf = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
+    float *buf =
+        cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
@@ -727,6 +796,7 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     bool tiles;
     tdm_status st = gemm_mode(&tiles, err);
     if (st == TDM_OK) st = gemm_tile_rows(&cpu->tile_m, err);
+    if (st == TDM_OK) st = att_keep_bytes(&cpu->att_keep_bytes, err);
     if (st != TDM_OK) {
         free(cpu);
         return st;

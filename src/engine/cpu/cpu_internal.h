@@ -25,14 +25,16 @@ typedef enum {
     CPU_SCRATCH_CE_WEIGHT,   /* cross_entropy: the lm_head in f32 when it is stored otherwise */
     CPU_SCRATCH_CE_LOGITS,   /* cross_entropy: a chunk's logits, then its dlogits */
     CPU_SCRATCH_CE_PARTIAL,  /* cross_entropy: dH's per-vocabulary-block partial products */
+    CPU_SCRATCH_ATT_KEEP,    /* attention_bwd: P and dS of the dq pass for the dk, dv pass */
     CPU_SCRATCH_N
 } cpu_scratch_slot;
 
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;
-    bool blas_threaded; /* one threaded OpenBLAS call per product, not tiles (cpu_sgemm) */
-    int64_t tile_m;     /* rows of cpu_sgemm's tiles (GEMM_TILE_M in cpu_backend.c) */
+    bool blas_threaded;     /* one threaded OpenBLAS call per product, not tiles (cpu_sgemm) */
+    int64_t tile_m;         /* rows of cpu_sgemm's tiles (GEMM_TILE_M in cpu_backend.c) */
+    int64_t att_keep_bytes; /* attention_bwd's cap on kept P and dS (ATT_KEEP_KIB) */
     uint64_t used, peak;
     struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
     float dmap[256];          /* NF4 double-quant dynamic map */
@@ -58,8 +60,17 @@ void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, i
  * shape alone, so the bits do not depend on the thread count; cpu_sgemm picks them with
  * gemm_tiles). The threaded-calls mode ignores them: one call per K block. */
 void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t tm, int64_t tn, bool ta, bool tb, int64_t m,
-                     int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+                     int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                     int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* cpu_sgemm_tiles for a product computed per segment of rows (LoRA: one adapter's rows), in
+ * both GEMM modes: each tile one cpu_blas_sgemm_1t call (OpenBLAS's own kernels for the tile's
+ * shape, small ones included, with no copies). A tile's shape is a function of the segment's
+ * (m, n) and tm, tn alone (0: cpu_sgemm's tiles), and other segments never change it, so an
+ * adapter gets the same bits alone or beside others, at any thread count. */
+void cpu_sgemm_segment(const cpu_backend *cpu, int64_t tm, int64_t tn, bool ta, bool tb, int64_t m,
+                       int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* One product through OpenBLAS with nt threads (OpenMP build; 1 inside a parallel region, and
  * always 1 with other builds), cut so that its bits depend neither on the thread count nor on
@@ -67,6 +78,15 @@ void cpu_sgemm_tiles(const cpu_backend *cpu, int64_t tm, int64_t tn, bool ta, bo
 void cpu_blas_sgemm(int nt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                     int64_t ldc);
+
+/* One product through OpenBLAS on one thread, as OpenBLAS computes it for that shape (its
+ * small-matrix kernels included; K not cut): its bits depend on (ta, tb, m, n, k) alone, never on
+ * the thread count, but a row is not the same bits as in a product of more rows. For products
+ * whose shape is fixed by what they compute, whatever else the batch holds: attention's blocks
+ * of one sequence (cpu_layers.c). */
+void cpu_blas_sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc);
 
 /* Whether the OpenBLAS loaded is its OpenMP build (threads from OpenMP's pool). */
 bool cpu_blas_threaded(void);

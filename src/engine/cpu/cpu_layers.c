@@ -148,7 +148,7 @@ static double attend_row(const float *qi, const float *k0, const float *v0, int6
 static void att_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    cpu_blas_sgemm(1, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    cpu_blas_sgemm_1t(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static tdm_status check_seqs(const tdm_be_seqs *s, const char *op, tdm_error *err)
@@ -181,17 +181,17 @@ static int64_t att_blocks(const tdm_be_seqs *s, int64_t **blocks)
     return n;
 }
 
-/* P (rows x n_keys, ld n_keys) from scores, in place: row r is query i0 + r, key j of the block
+/* P (rows x n_keys, ld ld) from scores, in place: row r is query i0 + r, key j of the block
  * is j0 + j; keys after the query are masked to 0. lse: the row's log-sum-exp when computing
  * (lse_out; max, then the sum of exp(s - max) in double by cpu_sum_f64), else read from lse_in;
  * then P = exp(s - lse) with lse in float, so the backward recomputes exactly the forward's P.
  * SIMD loops through cpu_expf (cpu_math.h): libm's exp, in double, and expf were a call per
  * element, about 170M a B4 x 256 step of Qwen2.5-0.5B. */
-static void att_probs(float *p, int64_t rows, int64_t n_keys, int64_t i0, int64_t j0,
+static void att_probs(float *p, int64_t ld, int64_t rows, int64_t n_keys, int64_t i0, int64_t j0,
                       float *lse_out, const float *lse_in)
 {
     for (int64_t r = 0; r < rows; r++) {
-        float *pr = p + r * n_keys;
+        float *pr = p + r * ld;
         int64_t vis = i0 + r - j0 + 1; /* keys j0 .. i0 + r */
         if (vis > n_keys) vis = n_keys;
         if (vis < 0) vis = 0;
@@ -211,13 +211,14 @@ static void att_probs(float *p, int64_t rows, int64_t n_keys, int64_t i0, int64_
     }
 }
 
-/* dS = P (dP - Di) in place of dP (rows x n_keys, ld n_keys), Di (rows): the row's
+/* dS = P (dP - Di) in place of dP (rows x n_keys, both ld ld), Di (rows): the row's
  * dout . out. */
-static void att_dscores(const float *p, float *dp, int64_t rows, int64_t n_keys, const float *di)
+static void att_dscores(const float *p, float *dp, int64_t ld, int64_t rows, int64_t n_keys,
+                        const float *di)
 {
     for (int64_t r = 0; r < rows; r++) {
-        const float *pr = p + r * n_keys;
-        float *dpr = dp + r * n_keys, dr = di[r];
+        const float *pr = p + r * ld;
+        float *dpr = dp + r * ld, dr = di[r];
 #pragma omp simd
         for (int64_t j = 0; j < n_keys; j++)
             dpr[j] = pr[j] * (dpr[j] - dr);
@@ -258,7 +259,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
             const float *qb = q + (base + i0) * qld + h * D;
             const float *kb = k + base * kld + kvh * D, *vb = v + base * kld + kvh * D;
             att_gemm(false, true, rows, nk, D, scale, qb, qld, kb, kld, 0.0f, p, nk);
-            att_probs(p, rows, nk, i0, 0, l, NULL);
+            att_probs(p, nk, rows, nk, i0, 0, l, NULL);
             att_gemm(false, false, rows, D, nk, 1.0f, p, nk, vb, kld, 0.0f,
                      out + (base + i0) * qld + h * D, qld);
             for (int64_t r = 0; r < rows; r++)
@@ -334,88 +335,174 @@ tdm_status cpu_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t 
  * recompute them for the rows from the block's first key on and sum dk and dv over the group's
  * query heads in head order. P and dS are computed twice (7 GEMMs per block instead of 5); the
  * backward gets as many tasks as the forward. */
+/* The backward keeps P and dS of the dq pass for the dk, dv pass (5 products a block and head,
+ * one exponential per score) when a sequence's fit the backend's cap (att_keep_bytes, 64 MiB
+ * unless TANDEM_CPU_ATT_KEEP_KIB says otherwise): 2 x heads x len^2 floats, 29 MB for 4 x 256
+ * tokens and 14 heads. Sequences are taken in rounds that fit; one whose P and dS alone do not
+ * is done as before, the dk, dv pass recomputing them (7 products; 2x the exponentials). The
+ * choice is a function of the sequence alone, so its bits are the same beside any other
+ * sequences. Before, with the recomputation always (2-thread development VM, B4 x 256,
+ * Qwen2.5-0.5B): attention_bwd 0.60 s a step, 0.49 s after. */
+
+static int64_t att_keep_bytes(int64_t len, int64_t n_heads)
+{
+    return 2 * n_heads * len * len * (int64_t)sizeof(float);
+}
+
+/* The dq pass over blocks [b0, b1): dq = scale dS K for rows [i0, i0 + rows) of head h against
+ * keys [0, i0 + rows). With keep, P and dS go to keep (per sequence from off[sq] - off[q0], per
+ * head a stride of hstride floats, len x len with ld len) instead of the thread's p, dp. */
+typedef struct {
+    const int32_t *cu;
+    const int64_t *blk;
+    const float *q, *k, *v, *dout, *lse, *Di;
+    float *dq, *dk, *dv;
+    int64_t m, D, qld, kld, group, n_heads, n_kv_heads;
+    float scale;
+    float *keep;        /* NULL: recompute in the dk, dv pass */
+    const int64_t *off; /* keep offset of each sequence (floats) */
+    int64_t hstride;    /* keep floats per head */
+} att_bwd_args;
+
+static void att_bwd_dq(const att_bwd_args *a, int64_t b, int64_t h, float *p, float *dp)
+{
+    int64_t kvh = h / a->group, D = a->D, qld = a->qld, kld = a->kld, m = a->m;
+    int64_t sq = a->blk[2 * b], i0 = a->blk[2 * b + 1], base = a->cu[sq];
+    int64_t len = a->cu[sq + 1] - base;
+    int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows, ld = nk;
+    const float *qb = a->q + (base + i0) * qld + h * D, *dob = a->dout + (base + i0) * qld + h * D;
+    const float *kb = a->k + base * kld + kvh * D, *vb = a->v + base * kld + kvh * D;
+    if (a->keep) {
+        p = a->keep + h * a->hstride + a->off[sq] + i0 * len, ld = len;
+        dp = p + a->hstride * a->n_heads;
+    }
+    att_gemm(false, true, rows, nk, D, a->scale, qb, qld, kb, kld, 0.0f, p, ld);
+    att_probs(p, ld, rows, nk, i0, 0, NULL, a->lse + h * m + base + i0);
+    att_gemm(false, true, rows, nk, D, 1.0f, dob, qld, vb, kld, 0.0f, dp, ld);
+    att_dscores(p, dp, ld, rows, nk, a->Di + h * m + base + i0);
+    att_gemm(false, false, rows, D, nk, a->scale, dp, ld, kb, kld, 0.0f,
+             a->dq + (base + i0) * qld + h * D, qld);
+}
+
+/* The dk, dv pass for block b (keys [j0, j0 + cols)) of KV head kvh against rows [j0, len), every
+ * query head of the group: dv = sum P^T dO, dk = scale sum dS^T Q, P and dS kept or recomputed. */
+static void att_bwd_dkv(const att_bwd_args *a, int64_t b, int64_t kvh, float *p, float *dp)
+{
+    int64_t D = a->D, qld = a->qld, kld = a->kld, m = a->m;
+    int64_t sq = a->blk[2 * b], j0 = a->blk[2 * b + 1], base = a->cu[sq];
+    int64_t len = a->cu[sq + 1] - base;
+    int64_t cols = len - j0 < ATT_BLOCK ? len - j0 : ATT_BLOCK, rows = len - j0, ld = cols;
+    const float *kb = a->k + (base + j0) * kld + kvh * D, *vb = a->v + (base + j0) * kld + kvh * D;
+    float *dkb = a->dk + (base + j0) * kld + kvh * D, *dvb = a->dv + (base + j0) * kld + kvh * D;
+    for (int64_t h = kvh * a->group; h < (kvh + 1) * a->group; h++) {
+        const float *qb = a->q + (base + j0) * qld + h * D;
+        const float *dob = a->dout + (base + j0) * qld + h * D;
+        float beta = h == kvh * a->group ? 0.0f : 1.0f;
+        if (a->keep) { /* rows [j0, len), columns [j0, j0 + cols) of the kept P and dS */
+            p = a->keep + h * a->hstride + a->off[sq] + j0 * len + j0, ld = len;
+            dp = p + a->hstride * a->n_heads;
+        } else {
+            att_gemm(false, true, rows, cols, D, a->scale, qb, qld, kb, kld, 0.0f, p, ld);
+            att_probs(p, ld, rows, cols, j0, j0, NULL, a->lse + h * m + base + j0);
+            att_gemm(false, true, rows, cols, D, 1.0f, dob, qld, vb, kld, 0.0f, dp, ld);
+        }
+        /* dv += P^T dO */
+        att_gemm(true, false, cols, D, rows, 1.0f, p, ld, dob, qld, beta, dvb, kld);
+        if (!a->keep) att_dscores(p, dp, ld, rows, cols, a->Di + h * m + base + j0);
+        /* dk += scale dS^T Q */
+        att_gemm(true, false, cols, D, rows, a->scale, dp, ld, qb, qld, beta, dkb, kld);
+    }
+}
+
 tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *qv, const void *kv,
                              const void *vv, const void *outv, const float *lse, const void *doutv,
                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                              void *dqv, void *dkv, void *dvv, tdm_error *err)
 {
     TDM_TRY(check_seqs(s, "attention_bwd", err));
+    cpu_backend *cpu = cpu_of(be);
     const int32_t *cu = s->cu_seqlens;
-    const float *q = qv, *k = kv, *v = vv, *out = outv, *dout = doutv;
-    float *dq = dqv, *dk = dkv, *dv = dvv;
-    int64_t D = head_dim, qld = n_heads * D, kld = n_kv_heads * D, group = n_heads / n_kv_heads;
-    int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1, m = s->m;
-    int64_t *blk;
+    int64_t D = head_dim, qld = n_heads * D, m = s->m;
+    att_bwd_args a = {.cu = cu,
+                      .q = qv,
+                      .k = kv,
+                      .v = vv,
+                      .dout = doutv,
+                      .lse = lse,
+                      .dq = dqv,
+                      .dk = dkv,
+                      .dv = dvv,
+                      .m = m,
+                      .D = D,
+                      .qld = qld,
+                      .kld = n_kv_heads * D,
+                      .group = n_heads / n_kv_heads,
+                      .n_heads = n_heads,
+                      .n_kv_heads = n_kv_heads,
+                      .scale = scale};
+    const float *out = outv;
+    int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
+    int64_t *blk, *off = malloc((size_t)(s->n_seqs + 1) * sizeof(int64_t));
     int64_t nb = att_blocks(s, &blk);
     float *Di = malloc((size_t)(m * n_heads > 0 ? m * n_heads : 1) * sizeof(float));
-    if (nb < 0 || !Di) {
-        free(blk), free(Di);
+    if (nb < 0 || !Di || !off) {
+        free(blk), free(Di), free(off);
         return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     }
-    int nt = cpu_of(be)->n_threads;
+    a.blk = blk, a.Di = Di, a.off = off;
+    int nt = cpu->n_threads;
     bool par = s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN;
 #pragma omp parallel for schedule(static) num_threads(nt) if (par)
     for (int64_t i = 0; i < m; i++)
         for (int64_t h = 0; h < n_heads; h++)
-            Di[h * m + i] = (float)dotf(dout + i * qld + h * D, out + i * qld + h * D, D);
+            Di[h * m + i] = (float)dotf(a.dout + i * qld + h * D, out + i * qld + h * D, D);
     bool oom = false;
-#pragma omp parallel num_threads(nt) if (par)
-    {
-        float *p = malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
-        float *dp = malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
-        if (!p || !dp) {
-#pragma omp atomic write
-            oom = true;
+    int64_t cap = cpu->att_keep_bytes;
+    /* rounds of whole sequences [q0, q1), blocks [b0, b1) */
+    for (int64_t q0 = 0, b0 = 0; q0 < s->n_seqs && !oom;) {
+        int64_t q1 = q0, b1 = b0, bytes = 0;
+        while (q1 < s->n_seqs) {
+            int64_t len = cu[q1 + 1] - cu[q1], need = att_keep_bytes(len, n_heads);
+            if (q1 > q0 && (bytes + need > cap || need > cap)) break;
+            off[q1] = bytes / (2 * n_heads * (int64_t)sizeof(float));
+            bytes += need, b1 += (len + ATT_BLOCK - 1) / ATT_BLOCK, q1++;
+            if (need > cap) break; /* alone, recomputed */
         }
-        /* dq: rows [i0, i0 + rows) of head h against keys [0, i0 + rows) */
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t t = 0; t < nb * n_heads; t++) {
-            if (!p || !dp) continue;
-            int64_t b = t / n_heads, h = t % n_heads, kvh = h / group;
-            int64_t sq = blk[2 * b], i0 = blk[2 * b + 1], base = cu[sq];
-            int64_t len = cu[sq + 1] - base;
-            int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows;
-            const float *qb = q + (base + i0) * qld + h * D,
-                        *dob = dout + (base + i0) * qld + h * D;
-            const float *kb = k + base * kld + kvh * D, *vb = v + base * kld + kvh * D;
-            att_gemm(false, true, rows, nk, D, scale, qb, qld, kb, kld, 0.0f, p, nk);
-            att_probs(p, rows, nk, i0, 0, NULL, lse + h * m + base + i0);
-            att_gemm(false, true, rows, nk, D, 1.0f, dob, qld, vb, kld, 0.0f, dp, nk);
-            att_dscores(p, dp, rows, nk, Di + h * m + base + i0);
-            att_gemm(false, false, rows, D, nk, scale, dp, nk, kb, kld, 0.0f,
-                     dq + (base + i0) * qld + h * D, qld);
-        }
-        /* dk, dv: keys [j0, j0 + cols) of KV head kvh against rows [j0, len), every query head
-         * of the group */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < nb * n_kv_heads; t++) {
-            if (!p || !dp) continue;
-            int64_t b = t / n_kv_heads, kvh = t % n_kv_heads;
-            int64_t sq = blk[2 * b], j0 = blk[2 * b + 1], base = cu[sq];
-            int64_t len = cu[sq + 1] - base;
-            int64_t cols = len - j0 < ATT_BLOCK ? len - j0 : ATT_BLOCK, rows = len - j0;
-            const float *kb = k + (base + j0) * kld + kvh * D,
-                        *vb = v + (base + j0) * kld + kvh * D;
-            float *dkb = dk + (base + j0) * kld + kvh * D, *dvb = dv + (base + j0) * kld + kvh * D;
-            for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-                const float *qb = q + (base + j0) * qld + h * D;
-                const float *dob = dout + (base + j0) * qld + h * D;
-                float beta = h == kvh * group ? 0.0f : 1.0f;
-                att_gemm(false, true, rows, cols, D, scale, qb, qld, kb, kld, 0.0f, p, cols);
-                att_probs(p, rows, cols, j0, j0, NULL, lse + h * m + base + j0);
-                att_gemm(false, true, rows, cols, D, 1.0f, dob, qld, vb, kld, 0.0f, dp, cols);
-                /* dv += P^T dO */
-                att_gemm(true, false, cols, D, rows, 1.0f, p, cols, dob, qld, beta, dvb, kld);
-                att_dscores(p, dp, rows, cols, Di + h * m + base + j0);
-                /* dk += scale dS^T Q */
-                att_gemm(true, false, cols, D, rows, scale, dp, cols, qb, qld, beta, dkb, kld);
+        a.keep = NULL;
+        if (bytes <= cap && bytes > 0) {
+            a.keep = cpu_scratch(cpu, CPU_SCRATCH_ATT_KEEP, (size_t)bytes);
+            if (!a.keep) {
+                oom = true;
+                break;
             }
+            a.hstride = bytes / (2 * n_heads * (int64_t)sizeof(float));
         }
-        free(p);
-        free(dp);
+        int64_t n_dq = (b1 - b0) * n_heads, n_dkv = (b1 - b0) * n_kv_heads;
+#pragma omp parallel num_threads(nt) if (par)
+        {
+            /* the thread's P and dP when they are recomputed */
+            float *p = a.keep ? NULL : malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
+            float *dp = a.keep ? NULL : malloc((size_t)(ATT_BLOCK * maxlen) * sizeof(float));
+            bool ok = a.keep || (p && dp);
+            if (!ok) {
+#pragma omp atomic write
+                oom = true;
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < n_dq; t++)
+                if (ok) att_bwd_dq(&a, b0 + t / n_heads, t % n_heads, p, dp);
+                    /* (the barrier: the dk, dv pass reads the kept P and dS of every block) */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < n_dkv; t++)
+                if (ok) att_bwd_dkv(&a, b0 + t / n_kv_heads, t % n_kv_heads, p, dp);
+            free(p);
+            free(dp);
+        }
+        q0 = q1, b0 = b1;
     }
     free(blk);
     free(Di);
+    free(off);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     return TDM_OK;
 }

@@ -42,8 +42,8 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         int64_t rows = c - i0 < CE_ROWS ? c - i0 : CE_ROWS;
         int64_t v0 = b * CE_VBLOCK, kb = V - v0 < CE_VBLOCK ? V - v0 : CE_VBLOCK;
         /* one call per task (no tiles: they would re-pack the block's W rows per tile) */
-        cpu_blas_sgemm(1, false, false, rows, d, kb, 1.0f, logits + i0 * V + v0, V, W + v0 * d,
-                       d, 0.0f, part + b * c * d + i0 * d, d);
+        cpu_blas_sgemm(1, false, false, rows, d, kb, 1.0f, logits + i0 * V + v0, V, W + v0 * d, d,
+                       0.0f, part + b * c * d + i0 * d, d);
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < c * d; i++) {
@@ -74,7 +74,8 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     if (chunk_rows > m) chunk_rows = m;
     /* kept buffers (cpu_scratch), not malloc per call: fresh pages fault one by one */
     const float *W = cpu_dense_f32(cpu, w);
-    float *logits = cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
+    float *logits =
+        cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
     int64_t nvb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
     float *part = dhv && !cpu->blas_threaded
                       ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
@@ -153,7 +154,10 @@ static int64_t drop_scratch(const tdm_lora_seg *segs, int64_t n_segs, int64_t in
  * width from n) gave them 4-8 tiles, at most 8 of 16 threads busy (the LoRA ops took ~125 ms of
  * a 2.5 s 0.5B step at 16 threads, ~9 GFLOP). They take tiles of LORA_CHUNK_ROWS rows of C
  * instead (dA, r x in: LORA_CHUNK_COLS columns): functions of the shape alone, and the products
- * are per segment, so the bits depend neither on the thread count nor on the other segments. */
+ * are per segment, so the bits depend neither on the thread count nor on the other segments.
+ * Every LoRA product goes through cpu_sgemm_segment: OpenBLAS's own kernels for a tile's shape,
+ * where cpu_blas_sgemm's copies for small calls (every tile here is one) had taken two thirds of
+ * the LoRA ops' time (2-thread VM, B4 x 256: 0.30 -> 0.10 s a step). */
 #define LORA_CHUNK_ROWS 32
 #define LORA_CHUNK_COLS 64
 
@@ -180,10 +184,10 @@ tdm_status cpu_lora_fwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             drop_apply(nt, s, xs, in, xd, false);
             xs = xd;
         }
-        cpu_sgemm_tiles(cpu, LORA_CHUNK_ROWS, s->rank, false, true, R, s->rank, in, 1.0f, xs, in,
-                        s->a, in, 0.0f, us, u_ld);
-        cpu_sgemm(cpu, false, true, R, out, s->rank, s->scale, us, u_ld, s->b, s->rank, 1.0f,
-                  y + s->row_begin * out, out);
+        cpu_sgemm_segment(cpu, LORA_CHUNK_ROWS, s->rank, false, true, R, s->rank, in, 1.0f, xs, in,
+                          s->a, in, 0.0f, us, u_ld);
+        cpu_sgemm_segment(cpu, 0, 0, false, true, R, out, s->rank, s->scale, us, u_ld, s->b,
+                          s->rank, 1.0f, y + s->row_begin * out, out);
     }
     free(xd);
     return TDM_OK;
@@ -224,20 +228,21 @@ tdm_status cpu_lora_bwd(tdm_backend *be, const tdm_lora_seg *segs, int64_t n_seg
             xs = xd;
         }
         /* dB (out, r) += scale dY^T U */
-        cpu_sgemm_tiles(cpu, LORA_CHUNK_ROWS, r, true, false, out, r, R, s->scale, dys, out, us,
-                        u_ld, 1.0f, s->db, r);
+        cpu_sgemm_segment(cpu, LORA_CHUNK_ROWS, r, true, false, out, r, R, s->scale, dys, out, us,
+                          u_ld, 1.0f, s->db, r);
         /* dU (R, r) = scale dY B */
-        cpu_sgemm_tiles(cpu, LORA_CHUNK_ROWS, r, false, false, R, r, out, s->scale, dys, out, s->b,
-                        r, 0.0f, du, r);
+        cpu_sgemm_segment(cpu, LORA_CHUNK_ROWS, r, false, false, R, r, out, s->scale, dys, out,
+                          s->b, r, 0.0f, du, r);
         /* dA (r, in) += dU^T Xd */
-        cpu_sgemm_tiles(cpu, r, LORA_CHUNK_COLS, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f,
-                        s->da, in);
+        cpu_sgemm_segment(cpu, r, LORA_CHUNK_COLS, true, false, r, in, R, 1.0f, du, r, xs, in, 1.0f,
+                          s->da, in);
         /* dX (R, in) += dU A, times the mask with dropout (T = dU A in the scratch first) */
         if (dx && !drop)
-            cpu_sgemm(cpu, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
-                      dx + s->row_begin * in, in);
+            cpu_sgemm_segment(cpu, 0, 0, false, false, R, in, r, 1.0f, du, r, s->a, in, 1.0f,
+                              dx + s->row_begin * in, in);
         else if (dx) {
-            cpu_sgemm(cpu, false, false, R, in, r, 1.0f, du, r, s->a, in, 0.0f, xd, in);
+            cpu_sgemm_segment(cpu, 0, 0, false, false, R, in, r, 1.0f, du, r, s->a, in, 0.0f, xd,
+                              in);
             drop_apply(nt, s, xd, in, dx + s->row_begin * in, true);
         }
     }
