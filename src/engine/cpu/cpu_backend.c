@@ -345,8 +345,12 @@ bool cpu_blas_threaded(void)
 }
 
 /* Tiles for a BLAS that is not OpenMP's: GEMM_TILE_M rows (fixed: a function of n alone, not of
- * the rows) by a width from GEMM_TILE_N halved (to a multiple of 16, not under 64) until there
- * are GEMM_COL_TILES_MIN column tiles. Each tile re-packs its block of A and of B.
+ * the rows) by a width that cuts n in a multiple of GEMM_COL_TILES_MIN column tiles of at most
+ * GEMM_TILE_N (a multiple of 16, not under 64). A multiple, so that a product of a multiple of
+ * 4 x 128 rows (B4 x 256 tokens: 8 row tiles) gives every one of 2, 4, 8 or 16 threads the same
+ * count of tiles: n = 4864 (Qwen2.5-0.5B's MLP) took 5 columns of 1024 before, 40 tiles, 3
+ * rounds of 16 threads with the last half idle; now 8 of 608, 64 tiles, 4 rounds of tiles 0.6x
+ * the size. Each tile re-packs its block of A and of B.
  * TANDEM_CPU_TILE_ROWS=N (a multiple of 16, 16 to 4096) replaces GEMM_TILE_M: a benchmark's knob
  * (the height trades re-packing B per row tile against tiles to share; docs/benchmarks.md). It is
  * a constant for the process, so a row's bits still do not depend on the thread count. */
@@ -362,10 +366,10 @@ static int64_t round16(int64_t x)
 /* The tile of C (mb rows x nb columns) for an m x n product: a function of n only. */
 static void gemm_tiles(int64_t m, int64_t n, int64_t tile_m, int64_t *mb, int64_t *nb)
 {
-    int64_t tn = n < GEMM_TILE_N ? n : GEMM_TILE_N;
-    while ((n + tn - 1) / tn < GEMM_COL_TILES_MIN && tn > 64)
-        tn = round16(tn / 2) > 64 ? round16(tn / 2) : 64;
-    *mb = m < tile_m ? m : tile_m, *nb = tn;
+    int64_t cols = (n + GEMM_TILE_N - 1) / GEMM_TILE_N;
+    cols = (cols + GEMM_COL_TILES_MIN - 1) / GEMM_COL_TILES_MIN * GEMM_COL_TILES_MIN;
+    int64_t tn = round16((n + cols - 1) / cols);
+    *mb = m < tile_m ? m : tile_m, *nb = tn < 64 ? (n < 64 ? n : 64) : tn;
 }
 
 /* GEMM_TILE_M, or TANDEM_CPU_TILE_ROWS when set (above). */

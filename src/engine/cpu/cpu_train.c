@@ -15,12 +15,31 @@
  * OpenMP build of OpenBLAS: cpu_blas_sgemm's threaded calls, one per 256 vocabulary rows (each
  * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM
  * would cut only c and d, and every tile would stream its own copy of W; so K is split instead:
- * fixed blocks of CE_VBLOCK vocabulary rows, one task each computing its partial product (c, d)
+ * fixed blocks of vocabulary rows (ce_vblock), one task each computing its partial product (c, d)
  * into its own slice of part; then dH = the partials summed in block order. Fixed blocks and a
  * fixed order: the same bits whatever the thread count (other bits than the one call's, within f32
  * rounding). */
-#define CE_VBLOCK 4096
 #define CE_ROWS 256
+
+/* dH's vocabulary blocks: V cut in CE_VBLOCKS blocks (a multiple of 16, not under
+ * CE_VBLOCK_MIN rows), so that with the chunk's 2 row tasks (CE_ROWS) 16 threads run 4 full
+ * rounds; blocks of 4096 gave Qwen2.5's 152K vocabulary 38 blocks, 76 tasks, the fifth round
+ * 3/4 idle. A function of V alone. */
+#define CE_VBLOCKS 32
+#define CE_VBLOCK_MIN 1024
+
+static int64_t ce_vblock(int64_t V)
+{
+    int64_t b = ((V + CE_VBLOCKS - 1) / CE_VBLOCKS + 15) / 16 * 16;
+    return b < CE_VBLOCK_MIN ? CE_VBLOCK_MIN : b;
+}
+
+/* The logits' tiles: a chunk's rows (up to CE_TILE_M) by CE_TILE_N vocabulary rows, so each
+ * tile packs its slice of the lm_head once per chunk; cpu_sgemm's 128-row tiles packed all of
+ * it (545 MB in f32 for Qwen2.5's 152K x 896) once per 128 rows. A tile is a sub-block: no other
+ * bits. */
+#define CE_TILE_M 512
+#define CE_TILE_N 256
 
 static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, int64_t c, int64_t V,
                   int64_t d, float *part, float *dh)
@@ -30,7 +49,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         cpu_blas_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh, d);
         return;
     }
-    int64_t nb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
+    int64_t vb = ce_vblock(V), nb = (V + vb - 1) / vb;
     /* tasks: a vocabulary block x CE_ROWS rows of it. Blocks alone were 38 tasks at a 152K
      * vocabulary, 3 rounds of 16 threads with the last 3/8 full; rows of a product are computed
      * alone (cpu_blas_sgemm), so the cut changes no bits and re-packs the block's W once more
@@ -40,7 +59,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
     for (int64_t t = 0; t < nb * nr; t++) {
         int64_t b = t / nr, i0 = (t % nr) * CE_ROWS;
         int64_t rows = c - i0 < CE_ROWS ? c - i0 : CE_ROWS;
-        int64_t v0 = b * CE_VBLOCK, kb = V - v0 < CE_VBLOCK ? V - v0 : CE_VBLOCK;
+        int64_t v0 = b * vb, kb = V - v0 < vb ? V - v0 : vb;
         /* one call per task (no tiles: they would re-pack the block's W rows per tile) */
         cpu_blas_sgemm(1, false, false, rows, d, kb, 1.0f, logits + i0 * V + v0, V, W + v0 * d, d,
                        0.0f, part + b * c * d + i0 * d, d);
@@ -59,7 +78,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
  * loss, and the logits buffer overwritten with dlogits; then dH (c, d) = dlogits W (ce_dh).
  * Extra memory, kept between calls (cpu_scratch):
  * chunk_rows * V floats, the lm_head in f32 unless it is stored so, and chunk_rows * d floats
- * per CE_VBLOCK vocabulary rows for dH's partial products. */
+ * per ce_vblock vocabulary rows for dH's partial products. */
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
                              const int32_t *labels, const float *weight, int64_t m,
                              int64_t chunk_rows, float *loss, void *dhv, tdm_error *err)
@@ -76,7 +95,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     const float *W = cpu_dense_f32(cpu, w);
     float *logits =
         cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
-    int64_t nvb = (V + CE_VBLOCK - 1) / CE_VBLOCK;
+    int64_t nvb = (V + ce_vblock(V) - 1) / ce_vblock(V);
     float *part = dhv && !cpu->blas_threaded
                       ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
                                     (size_t)(nvb * chunk_rows * d) * sizeof(float))
@@ -89,7 +108,8 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     int nt = cpu->n_threads;
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
-        cpu_sgemm(cpu, false, true, c, V, d, 1.0f, h + r0 * d, d, W, d, 0.0f, logits, V);
+        cpu_sgemm_tiles(cpu, c < CE_TILE_M ? c : CE_TILE_M, CE_TILE_N, false, true, c, V, d, 1.0f,
+                        h + r0 * d, d, W, d, 0.0f, logits, V);
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < c; i++) {
             float *l = logits + i * V;
