@@ -181,6 +181,35 @@ static int64_t att_blocks(const tdm_be_seqs *s, int64_t **blocks)
     return n;
 }
 
+/* The blocks [b0, b1) of blk in the order the threads should take them, the costliest first (a
+ * block's tasks take time in proportion to its keys, i0 + rows, in the forward and the dq pass,
+ * and to its query rows after j0, len - j0, in the dk, dv pass): with dynamic scheduling the
+ * last tasks to start are then the short ones, where the sequences' order (each one's blocks
+ * ascending) left the longest for last. Which thread computes a task never changes its bits. */
+typedef struct {
+    int64_t cost, b;
+} att_task;
+
+static int att_task_cmp(const void *x, const void *y)
+{
+    const att_task *a = x, *b = y;
+    if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
+    return a->b < b->b ? -1 : a->b > b->b;
+}
+
+static void att_order(const int32_t *cu, const int64_t *blk, int64_t b0, int64_t b1, bool by_keys,
+                      att_task *tmp, int64_t *order)
+{
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t len = cu[blk[2 * b] + 1] - cu[blk[2 * b]], r0 = blk[2 * b + 1];
+        int64_t rows = len - r0 < ATT_BLOCK ? len - r0 : ATT_BLOCK;
+        tmp[b - b0] = (att_task){by_keys ? r0 + rows : len - r0, b};
+    }
+    qsort(tmp, (size_t)(b1 - b0), sizeof *tmp, att_task_cmp);
+    for (int64_t i = 0; i < b1 - b0; i++)
+        order[i] = tmp[i].b;
+}
+
 /* P (rows x n_keys, ld ld) from scores, in place: row r is query i0 + r, key j of the block
  * is j0 + j; keys after the query are masked to 0. lse: the row's log-sum-exp when computing
  * (lse_out; max, then the sum of exp(s - max) in double by cpu_sum_f64), else read from lse_in;
@@ -237,7 +266,13 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
     int64_t *blk;
     int64_t nb = att_blocks(s, &blk);
-    if (nb < 0) return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
+    att_task *tmp = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *tmp) : NULL;
+    int64_t *order = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *order) : NULL;
+    if (nb < 0 || !tmp || !order) {
+        free(blk), free(tmp), free(order);
+        return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
+    }
+    att_order(cu, blk, 0, nb, true, tmp, order);
     int64_t n_tasks = nb * n_heads;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
@@ -252,7 +287,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; t++) {
             if (!p || !l) continue;
-            int64_t b = t / n_heads, h = t % n_heads, kvh = h / group;
+            int64_t b = order[t / n_heads], h = t % n_heads, kvh = h / group;
             int64_t sq = blk[2 * b], i0 = blk[2 * b + 1], base = cu[sq];
             int64_t len = cu[sq + 1] - base;
             int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows;
@@ -268,7 +303,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
         free(p);
         free(l);
     }
-    free(blk);
+    free(blk), free(tmp), free(order);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
     return TDM_OK;
 }
@@ -445,10 +480,13 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t *blk, *off = malloc((size_t)(s->n_seqs + 1) * sizeof(int64_t));
     int64_t nb = att_blocks(s, &blk);
     float *Di = malloc((size_t)(m * n_heads > 0 ? m * n_heads : 1) * sizeof(float));
-    if (nb < 0 || !Di || !off) {
-        free(blk), free(Di), free(off);
+    att_task *tmp = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *tmp) : NULL;
+    int64_t *ord_q = nb >= 0 ? malloc((size_t)(2 * nb + 1) * sizeof *ord_q) : NULL;
+    if (nb < 0 || !Di || !off || !tmp || !ord_q) {
+        free(blk), free(Di), free(off), free(tmp), free(ord_q);
         return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     }
+    int64_t *ord_k = ord_q + nb;
     a.blk = blk, a.Di = Di, a.off = off;
     int nt = cpu->n_threads;
     bool par = s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN;
@@ -478,6 +516,8 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
             a.hstride = bytes / (2 * n_heads * (int64_t)sizeof(float));
         }
         int64_t n_dq = (b1 - b0) * n_heads, n_dkv = (b1 - b0) * n_kv_heads;
+        att_order(cu, blk, b0, b1, true, tmp, ord_q);
+        att_order(cu, blk, b0, b1, false, tmp, ord_k);
 #pragma omp parallel num_threads(nt) if (par)
         {
             /* the thread's P and dP when they are recomputed */
@@ -490,11 +530,12 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
             }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < n_dq; t++)
-                if (ok) att_bwd_dq(&a, b0 + t / n_heads, t % n_heads, p, dp);
-                    /* (the barrier: the dk, dv pass reads the kept P and dS of every block) */
+                if (ok) att_bwd_dq(&a, ord_q[t / n_heads], t % n_heads, p, dp);
+                    /* (the loop's barrier: the dk, dv pass reads the kept P and dS of every block)
+                     */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < n_dkv; t++)
-                if (ok) att_bwd_dkv(&a, b0 + t / n_kv_heads, t % n_kv_heads, p, dp);
+                if (ok) att_bwd_dkv(&a, ord_k[t / n_kv_heads], t % n_kv_heads, p, dp);
             free(p);
             free(dp);
         }
@@ -503,6 +544,8 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     free(blk);
     free(Di);
     free(off);
+    free(tmp);
+    free(ord_q);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     return TDM_OK;
 }
