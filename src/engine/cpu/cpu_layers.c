@@ -198,16 +198,14 @@ static int att_task_cmp(const void *x, const void *y)
 }
 
 static void att_order(const int32_t *cu, const int64_t *blk, int64_t b0, int64_t b1, bool by_keys,
-                      att_task *tmp, int64_t *order)
+                      att_task *order)
 {
     for (int64_t b = b0; b < b1; b++) {
         int64_t len = cu[blk[2 * b] + 1] - cu[blk[2 * b]], r0 = blk[2 * b + 1];
         int64_t rows = len - r0 < ATT_BLOCK ? len - r0 : ATT_BLOCK;
-        tmp[b - b0] = (att_task){by_keys ? r0 + rows : len - r0, b};
+        order[b - b0] = (att_task){by_keys ? r0 + rows : len - r0, b};
     }
-    qsort(tmp, (size_t)(b1 - b0), sizeof *tmp, att_task_cmp);
-    for (int64_t i = 0; i < b1 - b0; i++)
-        order[i] = tmp[i].b;
+    qsort(order, (size_t)(b1 - b0), sizeof *order, att_task_cmp);
 }
 
 /* P (rows x n_keys, ld ld) from scores, in place: row r is query i0 + r, key j of the block
@@ -266,13 +264,12 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t maxlen = s->max_seqlen > 0 ? s->max_seqlen : 1;
     int64_t *blk;
     int64_t nb = att_blocks(s, &blk);
-    att_task *tmp = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *tmp) : NULL;
-    int64_t *order = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *order) : NULL;
-    if (nb < 0 || !tmp || !order) {
-        free(blk), free(tmp), free(order);
+    att_task *order = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *order) : NULL;
+    if (nb < 0 || !order) {
+        free(blk), free(order);
         return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
     }
-    att_order(cu, blk, 0, nb, true, tmp, order);
+    att_order(cu, blk, 0, nb, true, order);
     int64_t n_tasks = nb * n_heads;
     int nt = cpu_of(be)->n_threads;
     bool oom = false;
@@ -287,7 +284,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; t++) {
             if (!p || !l) continue;
-            int64_t b = order[t / n_heads], h = t % n_heads, kvh = h / group;
+            int64_t b = order[t / n_heads].b, h = t % n_heads, kvh = h / group;
             int64_t sq = blk[2 * b], i0 = blk[2 * b + 1], base = cu[sq];
             int64_t len = cu[sq + 1] - base;
             int64_t rows = len - i0 < ATT_BLOCK ? len - i0 : ATT_BLOCK, nk = i0 + rows;
@@ -303,7 +300,7 @@ tdm_status cpu_attention_fwd(tdm_backend *be, const tdm_be_seqs *s, const void *
         free(p);
         free(l);
     }
-    free(blk), free(tmp), free(order);
+    free(blk), free(order);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_fwd: out of memory");
     return TDM_OK;
 }
@@ -365,28 +362,21 @@ tdm_status cpu_attention_kv(tdm_backend *be, const tdm_be_kv_seq *seqs, int64_t 
 
 /* With P_ij = exp(scale q_i.k_j - lse_i), Di = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - Di):
  *   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i P_ij dout_i
- * in two passes so that each output has one owner: tasks (query block, head) recompute P and dS
- * of their rows against keys 0..end of the block and write dq; tasks (key block, KV head)
- * recompute them for the rows from the block's first key on and sum dk and dv over the group's
- * query heads in head order. P and dS are computed twice (7 GEMMs per block instead of 5); the
- * backward gets as many tasks as the forward. */
-/* The backward keeps P and dS of the dq pass for the dk, dv pass (5 products a block and head,
- * one exponential per score) when a sequence's fit the backend's cap (att_keep_bytes, 64 MiB
- * unless TANDEM_CPU_ATT_KEEP_KIB says otherwise): 2 x heads x len^2 floats, 29 MB for 4 x 256
- * tokens and 14 heads. Sequences are taken in rounds that fit; one whose P and dS alone do not
- * is done as before, the dk, dv pass recomputing them (7 products; 2x the exponentials). The
- * choice is a function of the sequence alone, so its bits are the same beside any other
+ * in two passes so that each output has one owner: tasks (query block, head) compute P and dS of
+ * their rows against keys 0..end of the block and write dq; tasks (key block, KV head) sum dk
+ * and dv over the group's query heads in head order, for the rows from the block's first key on.
+ * The second pass reads the first pass's P and dS, kept (len x len per sequence and head), when
+ * a sequence's fit the backend's cap (cpu->att_keep_bytes: 64 MiB unless TANDEM_CPU_ATT_KEEP_KIB
+ * says otherwise; 29 MB for 4 x 256 tokens and 14 heads): 5 products a block and head, one
+ * exponential per score. Sequences are taken in rounds whose P and dS fit together; one whose P
+ * and dS alone do not has them recomputed in the second pass (7 products, 2x the exponentials).
+ * The choice is a function of the sequence alone, so its bits are the same beside any other
  * sequences. Before, with the recomputation always (2-thread development VM, B4 x 256,
  * Qwen2.5-0.5B): attention_bwd 0.60 s a step, 0.49 s after. */
 
-static int64_t att_keep_bytes(int64_t len, int64_t n_heads)
-{
-    return 2 * n_heads * len * len * (int64_t)sizeof(float);
-}
-
-/* The dq pass over blocks [b0, b1): dq = scale dS K for rows [i0, i0 + rows) of head h against
- * keys [0, i0 + rows). With keep, P and dS go to keep (per sequence from off[sq] - off[q0], per
- * head a stride of hstride floats, len x len with ld len) instead of the thread's p, dp. */
+/* What both passes read. With keep, a round's P is at keep + h hstride + off[sq] (sequence sq's
+ * len x len, ld len, from the round's start; hstride = the round's sum of len^2) and its dS
+ * n_heads hstride floats after it; without, each thread's p and dp hold one block's. */
 typedef struct {
     const int32_t *cu;
     const int64_t *blk;
@@ -395,10 +385,12 @@ typedef struct {
     int64_t m, D, qld, kld, group, n_heads, n_kv_heads;
     float scale;
     float *keep;        /* NULL: recompute in the dk, dv pass */
-    const int64_t *off; /* keep offset of each sequence (floats) */
+    const int64_t *off; /* keep offset of each sequence in its round (floats) */
     int64_t hstride;    /* keep floats per head */
 } att_bwd_args;
 
+/* The dq pass for block b of head h: dq = scale dS K for rows [i0, i0 + rows) against keys
+ * [0, i0 + rows). */
 static void att_bwd_dq(const att_bwd_args *a, int64_t b, int64_t h, float *p, float *dp)
 {
     int64_t kvh = h / a->group, D = a->D, qld = a->qld, kld = a->kld, m = a->m;
@@ -480,13 +472,12 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     int64_t *blk, *off = malloc((size_t)(s->n_seqs + 1) * sizeof(int64_t));
     int64_t nb = att_blocks(s, &blk);
     float *Di = malloc((size_t)(m * n_heads > 0 ? m * n_heads : 1) * sizeof(float));
-    att_task *tmp = nb >= 0 ? malloc((size_t)(nb + 1) * sizeof *tmp) : NULL;
-    int64_t *ord_q = nb >= 0 ? malloc((size_t)(2 * nb + 1) * sizeof *ord_q) : NULL;
-    if (nb < 0 || !Di || !off || !tmp || !ord_q) {
-        free(blk), free(Di), free(off), free(tmp), free(ord_q);
+    att_task *ord_q = nb >= 0 ? malloc((size_t)(2 * nb + 1) * sizeof *ord_q) : NULL;
+    if (nb < 0 || !Di || !off || !ord_q) {
+        free(blk), free(Di), free(off), free(ord_q);
         return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     }
-    int64_t *ord_k = ord_q + nb;
+    att_task *ord_k = ord_q + nb;
     a.blk = blk, a.Di = Di, a.off = off;
     int nt = cpu->n_threads;
     bool par = s->m * maxlen * n_heads * head_dim > TDM_CPU_PAR_MIN;
@@ -497,27 +488,28 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     bool oom = false;
     int64_t cap = cpu->att_keep_bytes;
     /* rounds of whole sequences [q0, q1), blocks [b0, b1) */
+    /* bytes of P and dS for len^2 floats a head */
+    const int64_t per_sq = 2 * n_heads * (int64_t)sizeof(float);
     for (int64_t q0 = 0, b0 = 0; q0 < s->n_seqs && !oom;) {
-        int64_t q1 = q0, b1 = b0, bytes = 0;
+        int64_t q1 = q0, b1 = b0, sq_sum = 0; /* the round's sum of len^2 */
         while (q1 < s->n_seqs) {
-            int64_t len = cu[q1 + 1] - cu[q1], need = att_keep_bytes(len, n_heads);
-            if (q1 > q0 && (bytes + need > cap || need > cap)) break;
-            off[q1] = bytes / (2 * n_heads * (int64_t)sizeof(float));
-            bytes += need, b1 += (len + ATT_BLOCK - 1) / ATT_BLOCK, q1++;
-            if (need > cap) break; /* alone, recomputed */
+            int64_t len = cu[q1 + 1] - cu[q1];
+            if (q1 > q0 && (sq_sum + len * len) * per_sq > cap) break;
+            off[q1] = sq_sum;
+            sq_sum += len * len, b1 += (len + ATT_BLOCK - 1) / ATT_BLOCK, q1++;
+            if (sq_sum * per_sq > cap) break; /* alone, recomputed */
         }
-        a.keep = NULL;
-        if (bytes <= cap && bytes > 0) {
-            a.keep = cpu_scratch(cpu, CPU_SCRATCH_ATT_KEEP, (size_t)bytes);
+        a.keep = NULL, a.hstride = sq_sum;
+        if (sq_sum > 0 && sq_sum * per_sq <= cap) {
+            a.keep = cpu_scratch(cpu, CPU_SCRATCH_ATT_KEEP, (size_t)(sq_sum * per_sq));
             if (!a.keep) {
                 oom = true;
                 break;
             }
-            a.hstride = bytes / (2 * n_heads * (int64_t)sizeof(float));
         }
         int64_t n_dq = (b1 - b0) * n_heads, n_dkv = (b1 - b0) * n_kv_heads;
-        att_order(cu, blk, b0, b1, true, tmp, ord_q);
-        att_order(cu, blk, b0, b1, false, tmp, ord_k);
+        att_order(cu, blk, b0, b1, true, ord_q);
+        att_order(cu, blk, b0, b1, false, ord_k);
 #pragma omp parallel num_threads(nt) if (par)
         {
             /* the thread's P and dP when they are recomputed */
@@ -529,13 +521,13 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
                 oom = true;
             }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < n_dq; t++)
-                if (ok) att_bwd_dq(&a, ord_q[t / n_heads], t % n_heads, p, dp);
-                    /* (the loop's barrier: the dk, dv pass reads the kept P and dS of every block)
-                     */
+            for (int64_t t = 0; t < n_dq; t++) {
+                if (ok) att_bwd_dq(&a, ord_q[t / n_heads].b, t % n_heads, p, dp);
+            }
+            /* (the loop's barrier: the dk, dv pass reads the kept P and dS of every block) */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < n_dkv; t++)
-                if (ok) att_bwd_dkv(&a, ord_k[t / n_kv_heads], t % n_kv_heads, p, dp);
+                if (ok) att_bwd_dkv(&a, ord_k[t / n_kv_heads].b, t % n_kv_heads, p, dp);
             free(p);
             free(dp);
         }
@@ -544,7 +536,6 @@ tdm_status cpu_attention_bwd(tdm_backend *be, const tdm_be_seqs *s, const void *
     free(blk);
     free(Di);
     free(off);
-    free(tmp);
     free(ord_q);
     if (oom) return tdm_fail(err, TDM_ERR_NOMEM, "attention_bwd: out of memory");
     return TDM_OK;

@@ -34,6 +34,12 @@ static int64_t ce_vblock(int64_t V)
     return b < CE_VBLOCK_MIN ? CE_VBLOCK_MIN : b;
 }
 
+/* The count of ce_vblock(V)-row blocks covering V (at most CE_VBLOCKS). */
+static int64_t ce_vblock_count(int64_t V)
+{
+    return (V + ce_vblock(V) - 1) / ce_vblock(V);
+}
+
 /* The logits' tiles: a chunk's rows (up to CE_TILE_M) by CE_TILE_N vocabulary rows, so each
  * tile packs its slice of the lm_head once per chunk; cpu_sgemm's 128-row tiles packed all of
  * it (545 MB in f32 for Qwen2.5's 152K x 896) once per 128 rows. A tile is a sub-block: no other
@@ -49,7 +55,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         cpu_blas_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh, d);
         return;
     }
-    int64_t vb = ce_vblock(V), nb = (V + vb - 1) / vb;
+    int64_t vb = ce_vblock(V), nb = ce_vblock_count(V);
     /* tasks: a vocabulary block x CE_ROWS rows of it. Blocks alone were 38 tasks at a 152K
      * vocabulary, 3 rounds of 16 threads with the last 3/8 full; rows of a product are computed
      * alone (cpu_blas_sgemm), so the cut changes no bits and re-packs the block's W once more
@@ -95,7 +101,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     const float *W = cpu_dense_f32(cpu, w);
     float *logits =
         cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
-    int64_t nvb = (V + ce_vblock(V) - 1) / ce_vblock(V);
+    int64_t nvb = ce_vblock_count(V);
     float *part = dhv && !cpu->blas_threaded
                       ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
                                     (size_t)(nvb * chunk_rows * d) * sizeof(float))
