@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <iterator>
 #include <new>
 
 #include "engine/cuda/bf16x8.cuh"
@@ -154,8 +155,14 @@ static void cuda_free_buf(tdm_backend *be, void *ptr)
     auto it = cb->allocs->find(ptr);
     if (it == cb->allocs->end()) return; /* not ours: ignore rather than corrupt the heap */
     account(cb, -(int64_t)it->second);
+    if (cb->fp8_w_amax) { /* a weight that lived in it: a new one there is measured afresh */
+        const char *lo = (const char *)ptr, *hi = lo + it->second;
+        for (auto e = cb->fp8_w_amax->begin(); e != cb->fp8_w_amax->end();) {
+            const char *k = (const char *)e->first;
+            e = k >= lo && k < hi ? cb->fp8_w_amax->erase(e) : std::next(e);
+        }
+    }
     cb->allocs->erase(it);
-    if (cb->fp8_w_amax) cb->fp8_w_amax->clear(); /* a weight may have lived in it */
     cudaFree(ptr); /* an error here would be a pending asynchronous one: synchronize reports it */
 }
 

@@ -63,8 +63,8 @@ typedef struct cuda_backend {
     int n_sms;
     bool base_fp8;         /* tdm_backend_opts.base_fp8: NF4 projections' GEMMs in FP8 */
     /* --base-compute fp8: each NF4 weight's amax (its largest block absmax), found at its first
-     * FP8 use and kept, keyed by its codes pointer (the base is frozen); cleared whenever a
-     * buffer is freed, so a new weight at a freed address is measured afresh */
+     * FP8 use and kept, keyed by its codes pointer (the base is frozen); a freed buffer's
+     * entries are erased (cuda_free_buf), so a new weight at that address is measured afresh */
     std::unordered_map<const void *, float> *fp8_w_amax;
     size_t max_smem_optin; /* bytes of dynamic shared memory a block may opt in to */
     struct cuda_plan_cache *plans; /* cuBLASLt descriptors + algorithm per GEMM shape (NULL: off) */
