@@ -11,3 +11,12 @@ DEVICE_LD=$PWD/.device/lib:/usr/local/cuda/lib64
 gpu_line() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 }
+# init_model_once DIR PRESET LOG: a random model of PRESET (the pack's tandem init-model) in DIR
+# unless a run before on this machine finished one there (DIR/.complete); its output in LOG.
+DEVICE_TANDEM=$PWD/.device/tandem
+init_model_once() {
+    [ -f "$1/.complete" ] && return 0
+    rm -rf "$1"
+    "$DEVICE_TANDEM" init-model "$1" --preset "$2" >"$3" 2>&1 || { tail "$3"; return 1; }
+    touch "$1/.complete"
+}

@@ -24,7 +24,7 @@ TEST=1
 [ -f .device-pack/device.tgz ] || { echo "fp8-ab: carry .device-pack (scripts/device/pack.sh)"; exit 2; }
 . scripts/device/device-env.sh
 export LD_LIBRARY_PATH=$DEVICE_LD
-T=$PWD/.device/tandem BENCH=$PWD/.device/bin/bench_train
+BENCH=$PWD/.device/bin/bench_train
 gpu_line
 TRC=- KRC=-
 if [ $TEST = 1 ]; then
@@ -38,12 +38,8 @@ if [ $TEST = 1 ]; then
     cat "$OUT/dev-fp8.log"
 fi
 M=/tmp/fp8-7b
-if [ ! -f $M/.complete ]; then
-    rm -rf $M
-    echo "== init-model 7B ($((SECONDS - T0)) s)"
-    "$T" init-model $M --preset qwen2.5-7b >"$OUT/init-model.log" 2>&1 || { tail "$OUT/init-model.log"; exit 1; }
-    touch $M/.complete
-fi
+echo "== init-model 7B ($((SECONDS - T0)) s)"
+init_model_once $M qwen2.5-7b "$OUT/init-model.log" || exit 1
 ROWS=
 for round in $(seq 1 "${ROUNDS:-1}"); do
     for cfg in "$@"; do

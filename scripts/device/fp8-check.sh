@@ -53,11 +53,7 @@ SPEED_ROWS=
 if [ $SPEED = 1 ]; then
     echo "== 2. 7B, batch 4 x 512: bf16 against fp8 ($((SECONDS - T0)) s)"
     M=/tmp/fp8-7b
-    if [ ! -f $M/.complete ]; then
-        rm -rf $M
-        "$T" init-model $M --preset qwen2.5-7b >"$OUT/init-model.log" 2>&1 || { tail "$OUT/init-model.log"; exit 1; }
-        touch $M/.complete
-    fi
+    init_model_once $M qwen2.5-7b "$OUT/init-model.log" || exit 1
     for bc in bf16 fp8; do
         $BENCH $M --device cuda --batch 4 --len 512 --warmup 3 --steps "${STEPS:-15}" \
             --modes none,layer --matmul 8192 --base-compute $bc | tee "$OUT/bench-7b-$bc.txt"
