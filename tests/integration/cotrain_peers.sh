@@ -95,7 +95,7 @@ SUFFIX=$$
 GRP="tdmct$SUFFIX"; MEMBER="tdmctm$SUFFIX"; OUTSIDER="tdmcto$SUFFIX"
 cleanup_users() {
     userdel "$MEMBER" 2>/dev/null; userdel "$OUTSIDER" 2>/dev/null; groupdel "$GRP" 2>/dev/null
-    rm -rf "$WORK"
+    cleanup_work
 }
 trap cleanup_users EXIT
 groupadd "$GRP" && useradd -M -N -g nogroup -G "$GRP" "$MEMBER" && useradd -M -N -g nogroup "$OUTSIDER" ||

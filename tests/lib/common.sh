@@ -3,7 +3,7 @@
 WORK=$(mktemp -d /tmp/tandem-it-XXXXXX)
 export TANDEM_LEDGER_DIR="$WORK/ledger"
 FAILURES=0
-cleanup_work() { rm -rf "$WORK"; }
+cleanup_work() { release_ports; rm -rf "$WORK"; }
 trap cleanup_work EXIT
 
 fail() { echo "FAIL: $*" >&2; FAILURES=$((FAILURES + 1)); }
@@ -73,14 +73,40 @@ ledger_count() {
     "$TANDEM" gpu status --json | jq '[.gpus[] | (.reservations | length) + (.queue | length)] | add // 0'
 }
 
-# free_port: prints a loopback TCP port nothing listens on.
+# free_port: prints a loopback TCP port nothing listens on, claimed for this test until it exits.
+# Tests run in parallel and their daemons (sshd, slurmctld, slurmd) bind the port later, so a
+# port is (1) claimed by an atomic mkdir under $PORT_CLAIMS, holding the claiming test's pid (a
+# claim whose test is gone is taken over), so two tests never pick the same one, and (2) taken
+# below the kernel's ephemeral range (ip_local_port_range), so no outgoing connection's local
+# port can occupy it between this check and the daemon's bind (a CI failure of 2026-12-06:
+# slurmd "Unable to bind listen port: Address already in use").
+PORT_CLAIMS=/tmp/tandem-port-claims
 free_port() {
-    local p
-    for _ in $(seq 1 50); do
-        p=$(( 20000 + RANDOM % 40000 ))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+    local lo hi p base=10000 span owner
+    read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+    span=$(( lo - base ))
+    if [ "$span" -lt 2000 ]; then base=$(( hi + 1 )); span=$(( 65535 - hi )); fi
+    mkdir -p "$PORT_CLAIMS" 2>/dev/null && chmod 1777 "$PORT_CLAIMS" 2>/dev/null
+    for _ in $(seq 1 200); do
+        p=$(( base + (RANDOM * 32768 + RANDOM) % span ))
+        if ! mkdir "$PORT_CLAIMS/$p" 2>/dev/null; then
+            owner=$(cat "$PORT_CLAIMS/$p/pid" 2>/dev/null)
+            # Taken over only when its test is gone (an empty pid file: a claim being written).
+            [ -n "$owner" ] && [ ! -d "/proc/$owner" ] || continue
+            rm -rf "$PORT_CLAIMS/$p"
+            mkdir "$PORT_CLAIMS/$p" 2>/dev/null || continue
+        fi
+        echo "$$" >"$PORT_CLAIMS/$p/pid"
+        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then rm -rf "$PORT_CLAIMS/$p"; continue; fi
+        echo "$p" >>"$WORK/.ports"
+        echo "$p"; return 0
     done
     return 1
+}
+release_ports() {
+    local p
+    [ -r "$WORK/.ports" ] || return 0
+    while read -r p; do rm -rf "${PORT_CLAIMS:?}/$p"; done <"$WORK/.ports"
 }
 
 # close_adapters A B: the two adapter_model.safetensors agree within unit.trainer's fused ==

@@ -15,7 +15,7 @@ sshd_stop_all() {
     for f in "$SSH_DIR"/*/sshd.pid; do
         [ -r "$f" ] && kill "$(cat "$f")" 2>/dev/null
     done
-    rm -rf "$WORK"
+    cleanup_work
 }
 trap sshd_stop_all EXIT
 
