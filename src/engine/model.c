@@ -2,6 +2,7 @@
  * hand-written backward (see model.h; activations kept for backward: docs/engine.md). */
 #include "engine/model.h"
 #include "engine/cuda/cuda_memory_plan.h"
+#include "engine/cpu/cpu_memory_plan.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1586,7 +1587,7 @@ static uint64_t weight_bytes(int64_t numel, bool quantize, bool double_quant, td
     return bytes;
 }
 
-/* What the plan's largest step asks of the CUDA backend's scratch. */
+/* What the plan's largest step asks of the backend's own scratch. */
 static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_model_opts *o,
                                        tdm_be_dtype act, const tdm_model_mem_plan *p)
 {
@@ -1706,6 +1707,8 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
     out->host_activations = ws_host_bytes(c, act, &w);
     out->adapters = (uint64_t)p->lora_params * 4 * 4; /* params, grads, AdamW m and v: f32 */
     tdm_be_step_shape sh = scratch_shape(c, o, act, p);
-    out->backend_scratch = tdm_cuda_scratch_bytes(&sh);
+    /* f32 activations are the CPU backend's, bf16 the CUDA backend's */
+    out->backend_scratch =
+        act == TDM_BE_F32 ? tdm_cpu_scratch_bytes(&sh) : tdm_cuda_scratch_bytes(&sh);
     return TDM_OK;
 }

@@ -231,16 +231,19 @@ typedef struct tdm_model_mem_plan {
 } tdm_model_mem_plan;
 
 /* Device bytes by owner. weights, activations and adapters are exactly what tdm_model_load,
- * the step's workspace and tdm_lora_create allocate; backend_scratch is the CUDA backend's
- * cuBLASLt workspace and grown scratch slots (src/engine/cuda/cuda_memory_plan.h). The CUDA
- * context itself is not included: it is a property of the device and driver. */
+ * the step's workspace and tdm_lora_create allocate; backend_scratch is the backend's own:
+ * the CUDA backend's cuBLASLt workspace and grown scratch slots (engine/cuda/cuda_memory_plan.h),
+ * or the CPU backend's kept scratch buffers (engine/cpu/cpu_memory_plan.h). The CUDA context
+ * itself is not included: it is a property of the device and driver. */
 typedef struct tdm_model_mem {
     uint64_t weights, activations, adapters, backend_scratch; /* device bytes */
     uint64_t host_activations; /* page-locked host bytes of --offload-activations (not device) */
 } tdm_model_mem;
 
 /* Computes the estimate from the config alone (no backend, no device): what --vram auto
- * reserves before a CUDA context exists. act: the backend's activation dtype (bf16 on CUDA). */
+ * reserves before a CUDA context exists. act: the backend's activation dtype, which also names
+ * the backend whose scratch is counted: bf16 the CUDA backend's (engine/cuda/cuda_memory_plan.h),
+ * f32 the CPU backend's (engine/cpu/cpu_memory_plan.h). */
 tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_opts *o,
                                      tdm_be_dtype act, const tdm_model_mem_plan *p,
                                      tdm_model_mem *out, tdm_error *err);

@@ -83,7 +83,8 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
             break;
         out->gpu_mb[k] = ro->device.vram_gib > 0 ? (int64_t)ceil(ro->device.vram_gib * 1024.0)
                                                  : tdm_device_reservation_mb(&gpu);
-        out->cpu_mb[k] = mib_up(cpu.weights + cpu.activations + cpu.adapters) + TDM_CPU_PROCESS_MIB;
+        out->cpu_mb[k] = mib_up(cpu.weights + cpu.activations + cpu.adapters + cpu.backend_scratch) +
+                         TDM_CPU_PROCESS_MIB;
         out->gpu_min_mb[k] = out->gpu_mb[k];
         if (ro->device.vram_gib > 0) continue;
         /* the smallest plan --vram auto may take on a GPU too small for this one */

@@ -389,26 +389,6 @@ static tdm_status gemm_tile_rows(int64_t *out, tdm_error *err)
     return TDM_OK;
 }
 
-/* attention_bwd's cap on the P and dS it keeps (cpu_layers.c): ATT_KEEP_KIB, or
- * TANDEM_CPU_ATT_KEEP_KIB when set (0: always recompute them). A constant for the process, so a
- * sequence's bits never depend on the thread count or on the other sequences. */
-#define ATT_KEEP_KIB 65536
-
-static tdm_status att_keep_bytes(int64_t *out, tdm_error *err)
-{
-    const char *v = getenv("TANDEM_CPU_ATT_KEEP_KIB");
-    *out = (int64_t)ATT_KEEP_KIB << 10;
-    if (!v || !*v) return TDM_OK;
-    char *end;
-    long long n = strtoll(v, &end, 10);
-    if (*end || n < 0 || n > (1LL << 30))
-        return tdm_fail(err, TDM_ERR_INVALID,
-                        "TANDEM_CPU_ATT_KEEP_KIB=%s: want KiB from 0 to 2^30, or unset for %d", v,
-                        ATT_KEEP_KIB);
-    *out = (int64_t)n << 10;
-    return TDM_OK;
-}
-
 void cpu_sgemm(const cpu_backend *cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                float *c, int64_t ldc)
@@ -574,13 +554,34 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
     }
 }
 
+/* Counted in used/peak like the caller's buffers: the memory plan predicts it
+ * (cpu_memory_plan.h) and the CPU placement budget counts it. */
 void *cpu_scratch(cpu_backend *cpu, cpu_scratch_slot slot, size_t bytes)
 {
     if (cpu->scratch[slot].p && cpu->scratch[slot].bytes >= bytes) return cpu->scratch[slot].p;
     free(cpu->scratch[slot].p); /* the contents need not survive: no realloc copy */
+    cpu->used -= cpu->scratch[slot].bytes;
     cpu->scratch[slot].p = malloc(bytes ? bytes : 1);
     cpu->scratch[slot].bytes = cpu->scratch[slot].p ? bytes : 0;
+    cpu->used += cpu->scratch[slot].bytes;
+    if (cpu->used > cpu->peak) cpu->peak = cpu->used;
     return cpu->scratch[slot].p;
+}
+
+/* Every slot grown now to what steps of that shape ask for (cpu_memory_plan.c computes them
+ * with the ops' own rules), so a run holds its memory from the start. */
+static tdm_status cpu_reserve_scratch(tdm_backend *be, const tdm_be_step_shape *shape,
+                                      tdm_error *err)
+{
+    cpu_backend *cpu = cpu_of(be);
+    uint64_t request[CPU_SCRATCH_N];
+    tdm_cpu_scratch_requests(shape, cpu->att_keep_bytes, request);
+    if (cpu->blas_threaded) request[CPU_SCRATCH_CE_PARTIAL] = 0; /* dH in threaded calls */
+    for (int i = 0; i < CPU_SCRATCH_N; i++)
+        if (request[i] && !cpu_scratch(cpu, (cpu_scratch_slot)i, (size_t)request[i]))
+            return tdm_fail(err, TDM_ERR_NOMEM, "reserve: out of host memory for %.1f MiB of scratch",
+                            (double)request[i] / (1 << 20));
+    return TDM_OK;
 }
 
 const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w)
@@ -589,18 +590,6 @@ const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w)
     float *f = cpu_scratch(cpu, CPU_SCRATCH_CE_WEIGHT, (size_t)(w->rows * w->cols) * sizeof(float));
     if (f) cpu_weight_rows_f32(cpu, w, 0, w->rows, f);
     return f;
-}
-
-int64_t cpu_tile_rows(int64_t rows, int64_t cols)
-{
-    /* equal tiles of at most 4 Mi floats (16 MiB; a multiple of 16 rows): a 4864 x 896 gate_proj
-     * is 2 tiles of 2432 rows, not 4 of 1170 and one of 184 (a product of 184 columns is all
-     * narrow GEMM tiles) */
-    int64_t max_rows = ((int64_t)1 << 22) / cols;
-    if (max_rows < 16) max_rows = 16;
-    int64_t n = (rows + max_rows - 1) / max_rows;
-    int64_t t = round16((rows + n - 1) / n);
-    return t > rows ? rows : t;
 }
 
 static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
@@ -632,7 +621,9 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
                   y, w->rows);
         return TDM_OK;
     }
-    int64_t tile = cpu_tile_rows(w->rows, w->cols);
+    /* tiles of at most 16 MiB of f32, dequantized by all threads, then multiplied while in the
+     * caches */
+    int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     float *buf =
         cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
@@ -656,7 +647,9 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
                   dx, w->cols);
         return TDM_OK;
     }
-    int64_t tile = cpu_tile_rows(w->rows, w->cols);
+    /* tiles of at most 16 MiB of f32, dequantized by all threads, then multiplied while in the
+     * caches */
+    int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     float *buf =
         cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
@@ -705,6 +698,7 @@ static const tdm_backend_vtable cpu_vtable = {
     .copy = cpu_upload,
     .memory = cpu_memory,
     .reset_peak = cpu_reset_peak,
+    .reserve_scratch = cpu_reserve_scratch,
     .synchronize = cpu_synchronize,
     .fill = cpu_fill,
     .axpy = cpu_axpy,
@@ -800,7 +794,7 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     bool tiles;
     tdm_status st = gemm_mode(&tiles, err);
     if (st == TDM_OK) st = gemm_tile_rows(&cpu->tile_m, err);
-    if (st == TDM_OK) st = att_keep_bytes(&cpu->att_keep_bytes, err);
+    if (st == TDM_OK) st = tdm_cpu_att_keep_cap(&cpu->att_keep_bytes, err);
     if (st != TDM_OK) {
         free(cpu);
         return st;

@@ -13,28 +13,20 @@
 #include <stdint.h>
 
 #include "engine/backend_impl.h"
+#include "engine/cpu/cpu_memory_plan.h" /* cpu_scratch_slot */
 
 /* Loops over fewer elements than this run on the calling thread: a parallel region costs
  * microseconds, more than small ops take. (Which thread computes an element never changes the
  * result, so this only affects speed.) */
 #define TDM_CPU_PAR_MIN ((int64_t)1 << 15)
 
-/* The backend's scratch buffers, kept from one op call to the next (cpu_scratch). */
-typedef enum {
-    CPU_SCRATCH_WEIGHT_TILE, /* linear_fwd / linear_bwd: one dequantized tile of W's rows */
-    CPU_SCRATCH_CE_WEIGHT,   /* cross_entropy: the lm_head in f32 when it is stored otherwise */
-    CPU_SCRATCH_CE_LOGITS,   /* cross_entropy: a chunk's logits, then its dlogits */
-    CPU_SCRATCH_CE_PARTIAL,  /* cross_entropy: dH's per-vocabulary-block partial products */
-    CPU_SCRATCH_ATT_KEEP,    /* attention_bwd: P and dS of the dq pass for the dk, dv pass */
-    CPU_SCRATCH_N
-} cpu_scratch_slot;
 
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;
     bool blas_threaded;     /* one threaded OpenBLAS call per product, not tiles (cpu_sgemm) */
     int64_t tile_m;         /* rows of cpu_sgemm's tiles (GEMM_TILE_M in cpu_backend.c) */
-    int64_t att_keep_bytes; /* attention_bwd's cap on kept P and dS (ATT_KEEP_KIB) */
+    int64_t att_keep_bytes; /* attention_bwd's cap on kept P and dS (tdm_cpu_att_keep_cap) */
     uint64_t used, peak;
     struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
     float dmap[256];          /* NF4 double-quant dynamic map */
@@ -112,11 +104,6 @@ void *cpu_scratch(cpu_backend *cpu, cpu_scratch_slot slot, size_t bytes);
 /* A full f32 view of a dense weight: w->data itself when F32, else its conversion into the
  * CPU_SCRATCH_CE_WEIGHT scratch buffer. NULL on allocation failure. */
 const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w);
-
-/* Rows of W (rows x cols) per dequantized tile in linear_fwd / linear_bwd: equal tiles of at
- * most 16 MiB of f32 (the tile is dequantized by all threads, then multiplied while it is in
- * the caches). */
-int64_t cpu_tile_rows(int64_t rows, int64_t cols);
 
 /* Op entry points defined in cpu_layers.c and cpu_train.c. */
 tdm_status cpu_embedding(tdm_backend *be, const tdm_be_weight *w, const int32_t *ids, int64_t m,

@@ -15,30 +15,11 @@
  * OpenMP build of OpenBLAS: cpu_blas_sgemm's threaded calls, one per 256 vocabulary rows (each
  * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM
  * would cut only c and d, and every tile would stream its own copy of W; so K is split instead:
- * fixed blocks of vocabulary rows (ce_vblock), one task each computing its partial product (c, d)
+ * fixed blocks of vocabulary rows (tdm_cpu_ce_vblock), one task each computing its partial product (c, d)
  * into its own slice of part; then dH = the partials summed in block order. Fixed blocks and a
  * fixed order: the same bits whatever the thread count (other bits than the one call's, within f32
  * rounding). */
 #define CE_ROWS 256
-
-/* dH's vocabulary blocks: V cut in CE_VBLOCKS blocks (a multiple of 16, not under
- * CE_VBLOCK_MIN rows), so that with the chunk's 2 row tasks (CE_ROWS) 16 threads run 4 full
- * rounds; blocks of 4096 gave Qwen2.5's 152K vocabulary 38 blocks, 76 tasks, the fifth round
- * 3/4 idle. A function of V alone. */
-#define CE_VBLOCKS 32
-#define CE_VBLOCK_MIN 1024
-
-static int64_t ce_vblock(int64_t V)
-{
-    int64_t b = ((V + CE_VBLOCKS - 1) / CE_VBLOCKS + 15) / 16 * 16;
-    return b < CE_VBLOCK_MIN ? CE_VBLOCK_MIN : b;
-}
-
-/* The count of ce_vblock(V)-row blocks covering V (at most CE_VBLOCKS). */
-static int64_t ce_vblock_count(int64_t V)
-{
-    return (V + ce_vblock(V) - 1) / ce_vblock(V);
-}
 
 /* The logits' tiles: a chunk's rows (up to CE_TILE_M) by CE_TILE_N vocabulary rows, so each
  * tile packs its slice of the lm_head once per chunk; cpu_sgemm's 128-row tiles packed all of
@@ -55,7 +36,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         cpu_blas_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh, d);
         return;
     }
-    int64_t vb = ce_vblock(V), nb = ce_vblock_count(V);
+    int64_t vb = tdm_cpu_ce_vblock(V), nb = tdm_cpu_ce_vblock_count(V);
     /* tasks: a vocabulary block x CE_ROWS rows of it. Blocks alone were 38 tasks at a 152K
      * vocabulary, 3 rounds of 16 threads with the last 3/8 full; rows of a product are computed
      * alone (cpu_blas_sgemm), so the cut changes no bits and re-packs the block's W once more
@@ -84,7 +65,7 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
  * loss, and the logits buffer overwritten with dlogits; then dH (c, d) = dlogits W (ce_dh).
  * Extra memory, kept between calls (cpu_scratch):
  * chunk_rows * V floats, the lm_head in f32 unless it is stored so, and chunk_rows * d floats
- * per ce_vblock vocabulary rows for dH's partial products. */
+ * per tdm_cpu_ce_vblock vocabulary rows for dH's partial products. */
 tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weight *w,
                              const int32_t *labels, const float *weight, int64_t m,
                              int64_t chunk_rows, float *loss, void *dhv, tdm_error *err)
@@ -101,7 +82,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     const float *W = cpu_dense_f32(cpu, w);
     float *logits =
         cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
-    int64_t nvb = ce_vblock_count(V);
+    int64_t nvb = tdm_cpu_ce_vblock_count(V);
     float *part = dhv && !cpu->blas_threaded
                       ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
                                     (size_t)(nvb * chunk_rows * d) * sizeof(float))

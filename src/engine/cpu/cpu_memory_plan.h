@@ -1,0 +1,61 @@
+/* tandem — the CPU backend's own memory, predicted from shapes alone.
+ *
+ * Besides the buffers its caller allocates (weights, activations, adapters), the CPU backend
+ * keeps a few scratch buffers between op calls (cpu_scratch: fresh pages of a per-call malloc
+ * fault one by one, ~16 us a page in the VMs measured): a dequantized weight tile, the
+ * cross-entropy's logits and dH partial products, attention's kept P and dS. They grow to the
+ * largest request and stay. The CPU placement budget (run/placement_budget.c) and
+ * tdm_be_reserve_scratch size them with the functions below, which use the rules the ops
+ * allocate by, so the prediction and the allocation cannot drift apart
+ * (tests/unit/test_memory_estimate.c holds them equal). What an op mallocs for the length of
+ * one call (LoRA's dropout copy and dU, attention's per-thread rows, the small-product copies of
+ * cpu_blas_sgemm: each a few MiB at most at 7B shapes) is not here; TDM_CPU_PROCESS_MIB
+ * (run/placement_budget.h) covers it. */
+#ifndef TANDEM_ENGINE_CPU_MEMORY_PLAN_H
+#define TANDEM_ENGINE_CPU_MEMORY_PLAN_H
+
+#include <stdint.h>
+
+#include "engine/backend.h" /* tdm_be_step_shape */
+#include "util/error.h"
+
+/* The backend's scratch buffers, kept from one op call to the next (cpu_scratch). */
+typedef enum {
+    CPU_SCRATCH_WEIGHT_TILE, /* linear_fwd / linear_bwd: one dequantized tile of W's rows */
+    CPU_SCRATCH_CE_WEIGHT,   /* cross_entropy: the lm_head in f32 when it is stored otherwise */
+    CPU_SCRATCH_CE_LOGITS,   /* cross_entropy: a chunk's logits, then its dlogits */
+    CPU_SCRATCH_CE_PARTIAL,  /* cross_entropy: dH's per-vocabulary-block partial products */
+    CPU_SCRATCH_ATT_KEEP,    /* attention_bwd: P and dS of the dq pass for the dk, dv pass */
+    CPU_SCRATCH_N
+} cpu_scratch_slot;
+
+/* attention_bwd keeps P and dS (2 x heads x len^2 floats a sequence) for sequences whose sum
+ * over a round fits this cap (KiB; TANDEM_CPU_ATT_KEEP_KIB overrides it, 0: always recompute).
+ * A constant for the process, so a sequence's bits never depend on the thread count or on the
+ * other sequences. */
+#define TDM_CPU_ATT_KEEP_KIB 65536
+
+/* The cap in bytes: TDM_CPU_ATT_KEEP_KIB, or TANDEM_CPU_ATT_KEEP_KIB when set. Errors:
+ * TDM_ERR_INVALID naming the variable when it is not KiB from 0 to 2^30. */
+tdm_status tdm_cpu_att_keep_cap(int64_t *bytes, tdm_error *err);
+
+/* The tile of rows a non-f32 weight (rows, cols) is dequantized in: equal tiles of at most 4 Mi
+ * floats, a multiple of 16 rows. */
+int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols);
+
+/* dH's vocabulary blocks of the cross-entropy: rows per block, and the count covering V. */
+int64_t tdm_cpu_ce_vblock(int64_t V);
+int64_t tdm_cpu_ce_vblock_count(int64_t V);
+
+/* Bytes of each slot for steps of shape s on the CPU backend in its default GEMM mode (tiles;
+ * the threaded-call mode needs no CE_PARTIAL), with attention's kept P and dS capped at
+ * att_keep_cap bytes. The dense weights and the lm_head are f32 there (its activation dtype),
+ * so CE_WEIGHT is 0. */
+void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
+                              uint64_t slot[CPU_SCRATCH_N]);
+
+/* Their sum, with the cap tdm_cpu_att_keep_cap gives (the default when the variable is not
+ * valid: the backend refuses to start then). */
+uint64_t tdm_cpu_scratch_bytes(const tdm_be_step_shape *s);
+
+#endif
