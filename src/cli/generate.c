@@ -472,6 +472,7 @@ int tdm_cmd_generate(int argc, char **argv)
     size_t n_ps = 0;
     tdm_generate_request *reqs = NULL;
     tdm_generate_result *res = NULL;
+    size_t n_req = 0; /* read at out: even when a goto leaves before the requests are built */
     int *req_prompt = NULL;
     tdm_device dev = {0};
     tdm_model *m = NULL;
@@ -496,7 +497,6 @@ int tdm_cmd_generate(int argc, char **argv)
     int32_t stops[2], eos;
     int n_stop = stop_ids(&tok, model_dir, tmpl, stops, &eos);
     /* requests: each prompt under the slot it names, or under every slot */
-    size_t n_req = 0;
     for (size_t i = 0; !code && i < n_ps; i++) {
         code = render(&tok, tmpl, eos, &ps[i]);
         n_req += ps[i].adapter ? 1 : (size_t)n_slots;

@@ -1017,7 +1017,7 @@ static tdm_status proj_fwd_shared_rows(step *s, int l, const int *ts, int n, int
                                        int64_t rows, const void *x, void *const *ys,
                                        float *const *Us, tdm_error *err)
 {
-    const tdm_be_weight *ws[TDM_BE_SHARED_MAX];
+    const tdm_be_weight *ws[TDM_BE_SHARED_MAX] = {0}; /* {0}: GCC 12 -O1 cannot see n <= max */
     for (int i = 0; i < n; i++)
         ws[i] = &s->m->layers[l].w[ts[i]];
     TDM_TRY(tdm_be_linear_fwd_shared(s->m->be, ws, n, x, rows, ys, err));

@@ -188,7 +188,7 @@ static tdm_status write_byte_tokenizer(const char *dir, const tdm_model_config *
         return st;
     json_t *decoder = json_object();
     for (int i = 0; i < 3; i++) {
-        char id[8];
+        char id[16]; /* room for any int: GCC -O1 checks the format, not the range */
         snprintf(id, sizeof id, "%d", 256 + i);
         json_object_set_new(decoder, id,
                             json_pack("{s:s, s:b, s:b, s:b, s:b, s:b}", "content", specials[i],

@@ -250,7 +250,7 @@ static void fd_check(const char *preset, bool nf4, float dropout)
                     gmax = fmax(gmax, fabs(grad[off + i]));
                 int64_t picks[10];
                 int np_ = 0;
-                bool *used = calloc((size_t)n, 1);
+                bool *used = calloc((size_t)(n > 0 ? n : 1), 1);
                 for (int k = 0; k < 4 && k < n; k++) {
                     int64_t best = -1;
                     for (int64_t i = 0; i < n; i++)

@@ -205,7 +205,7 @@ static void test_fused_equals_alone(void **state)
     tdm_trainer_adapter rr[3] = {spec(0, "r0"), spec(1, "r1"), spec(2, "r2")};
     train(rr, 3, TDM_SCHEDULE_ROUND_ROBIN);
     for (int k = 0; k < 3; k++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "a%d", k);
         tdm_trainer_adapter alone = spec(k, name);
         train(&alone, 1, TDM_SCHEDULE_SYNCHRONIZED);
