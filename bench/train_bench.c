@@ -4,7 +4,7 @@
  *     bench_train MODEL_DIR [--device cpu|cuda] [--batch 4] [--len var|N] [--median 245]
  *                 [--max-len 2048] [--steps 10] [--warmup 3] [--rank 16] [--method qlora|lora]
  *                 [--modes none,layer,mlp,attn] [--seed 1] [--matmul N]
- *                 [--base-compute bf16|fp8] [--profile]
+ *                 [--base-compute bf16|fp8] [--profile] [--plan-layers N]
  *     bench_train --matmul N [--device cuda]       the bf16 matmul rate only
  *
  * One adapter on q_proj,v_proj (rank r, alpha 2r, PEFT init with the same seed in every mode),
@@ -33,6 +33,10 @@
  * --profile: after each mode's timed steps, `--steps` more steps with per-op device timing
  * (op_profile.h, as `tandem finetune --profile-ops`), its table printed with every line
  * prefixed "# "; the timed figures above it are not affected.
+ * --plan-layers N: after each mode's line, "# MODE at N layers: est-MiB X, host MiB Y": the same
+ * estimate for the model with N decoder layers (the adapter's parameters scaled by N / layers),
+ * for a model written with `tandem init-model --layers` to measure a step that all of the real
+ * model's layers would make too long for one call (scripts/device/long-context.sh, LAYERS).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -194,7 +198,7 @@ int main(int argc, char **argv)
     const char *dir = argv[1], *device = "cpu", *method = "qlora", *len = "var";
     const char *modes = "none,layer,mlp,attn", *base_compute = "bf16";
     int batch = 4, steps = 10, warmup = 3, rank = 16, median = 245, max_len = 2048;
-    int64_t mm = 8192;
+    int64_t mm = 8192, plan_layers = 0;
     uint64_t seed = 1;
     bool only_matmul = !strcmp(argv[1], "--matmul"), profile = false;
     for (int i = only_matmul ? 1 : 2; i < argc; i += 2) {
@@ -228,6 +232,8 @@ int main(int argc, char **argv)
             mm = atoll(v);
         else if (!strcmp(k, "--base-compute"))
             base_compute = v;
+        else if (!strcmp(k, "--plan-layers"))
+            plan_layers = atoll(v);
         else {
             fprintf(stderr, "bench_train: unknown option %s\n", k);
             return 2;
@@ -235,6 +241,7 @@ int main(int argc, char **argv)
     }
     int fixed = strcmp(len, "var") ? atoi(len) : 0;
     if (batch < 1 || steps < 1 || warmup < 0 || rank < 1 || median < 2 || max_len < 8 ||
+        plan_layers < 0 ||
         (strcmp(len, "var") && fixed < 2) || (strcmp(method, "qlora") && strcmp(method, "lora")) ||
         (strcmp(base_compute, "bf16") && strcmp(base_compute, "fp8"))) {
         fprintf(stderr, "bench_train: bad arguments\n");
@@ -394,6 +401,18 @@ int main(int argc, char **argv)
                tok_s / first_tok_s, mfu, 1000 * el / steps,
                (double)tdm_model_activation_bytes(m) / MIB, (double)est.activations / MIB,
                (double)mi.peak_bytes / MIB, (double)est_all / MIB, loss_sum, same ? "yes" : "NO");
+        if (plan_layers > 0) {
+            tdm_model_config pc = *c;
+            pc.num_layers = plan_layers;
+            tdm_model_mem_plan pp = plan;
+            pp.lora_params = a->n_params / c->num_layers * plan_layers;
+            tdm_model_mem pe;
+            if (tdm_model_memory_estimate(&pc, &eo, tdm_be_act_dtype(be), &pp, &pe, &err) != TDM_OK)
+                return die("estimate", &err);
+            printf("# %s at %" PRId64 " layers: est-MiB %.1f, host MiB %.1f\n", name, plan_layers,
+                   (double)(pe.weights + pe.activations + pe.adapters + pe.backend_scratch) / MIB,
+                   (double)pe.host_activations / MIB);
+        }
         fflush(stdout);
         tdm_lora_free(a);
     }

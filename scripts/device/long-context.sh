@@ -12,9 +12,14 @@
 #   also with --offload-activations (the loss must be the same bits: the "same" column); a
 #   length of its own modes as LEN:MODES in LENS (e.g. "65536:layer,layer+offload
 #   262144:layer+offload").
+#   LAYERS=N writes the 7B with its first N of 28 layers (`tandem init-model --layers N`: the
+#   same tensors) and prints, beside each mode's line, the estimate for all 28 layers
+#   (bench_train --plan-layers 28): a step too long for one call with 28 layers (350,000
+#   tokens: ~9.3 minutes on an H100) runs in about N/28 of its time, and its peak, against the
+#   estimate for N layers, checks the per-layer working set the 28-layer estimate is built from.
 # Carry .device-pack (scripts/device/pack.sh, a CUDA build: tandem and bench_train).
 # Writes $OUT/long-context.log and $OUT/bench-LEN.txt; prints the table last.
-#   env: LENS, MODES, STEPS (default 1), WARMUP (default 1), PER_LEN_S (default 240)
+#   env: LENS, MODES, STEPS (default 1), WARMUP (default 1), PER_LEN_S (default 240), LAYERS
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/long-context-out}
@@ -32,9 +37,12 @@ source scripts/device/device-env.sh
 export LD_LIBRARY_PATH=$DEVICE_LD
 TANDEM=.device/tandem BENCH=.device/bin/bench_train
 [ -x $BENCH ] || { echo "the pack has no bench_train"; exit 2; }
-M=/tmp/long-context-7b
-[ -f $M/.complete ] || { rm -rf $M && $TANDEM init-model $M --preset qwen2.5-7b >"$OUT/init-model.log" 2>&1 &&
-    touch $M/.complete; } || { tail "$OUT/init-model.log"; exit 1; }
+M=/tmp/long-context-7b LAYER_ARGS=() PLAN_ARGS=()
+if [ -n "${LAYERS:-}" ]; then
+    M=/tmp/long-context-7b-$LAYERS LAYER_ARGS=(--layers "$LAYERS") PLAN_ARGS=(--plan-layers 28)
+fi
+[ -f $M/.complete ] || { rm -rf $M && $TANDEM init-model $M --preset qwen2.5-7b "${LAYER_ARGS[@]}" \
+    >"$OUT/init-model.log" 2>&1 && touch $M/.complete; } || { tail "$OUT/init-model.log"; exit 1; }
 echo "init-model done ($((SECONDS - T0)) s)"
 MATMUL=8192
 for LM in $LENS; do
@@ -42,7 +50,7 @@ for LM in $LENS; do
     [ "$LM" != "$L" ] && LMODES=${LM#*:}
     echo "== $L tokens, modes $LMODES ($((SECONDS - T0)) s)"
     timeout "$PER_LEN_S" $BENCH $M --device cuda --batch 1 --len "$L" --warmup "$WARMUP" \
-        --steps "$STEPS" --modes "$LMODES" --matmul $MATMUL >"$OUT/bench-$L.txt" 2>&1
+        --steps "$STEPS" --modes "$LMODES" --matmul $MATMUL "${PLAN_ARGS[@]}" >"$OUT/bench-$L.txt" 2>&1
     echo "exit $? ($((SECONDS - T0)) s)"
     cat "$OUT/bench-$L.txt"
     MATMUL=0
@@ -53,7 +61,7 @@ echo "tokens | bench_train's line (mode tok/s ratio MFU step-ms act-MiB est-act-
 for LM in $LENS; do
     L=${LM%%:*}
     grep -E '^(none|layer|mlp|attn)' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
-    grep -E '^# .*host memory' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
+    grep -E '^# .*(host memory|layers: est-MiB)' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
     grep -m1 -iE 'error|out of memory' "$OUT/bench-$L.txt" | sed "s/^/$L | /"
 done
 echo "the 24 GB card's ledger capacity: 20.4 GiB = 20890 MiB for est-MiB + the CUDA context (~680 MiB)"

@@ -1,5 +1,5 @@
 /* tandem init-model OUT_DIR --preset NAME [--seed S] [--dtype bf16|f32] [--tokenizer PATH]
- * [--init-std X] */
+ * [--init-std X] [--layers N] */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +13,12 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: tandem init-model OUT_DIR --preset NAME [--seed S] [--dtype bf16|f32]\n"
-                 "                         [--tokenizer PATH] [--init-std X]\n\n"
+                 "                         [--tokenizer PATH] [--init-std X] [--layers N]\n\n"
                  "Writes config.json, model.safetensors (random weights, normal(0, X), X = 0.02\n"
                  "unless --init-std says otherwise, norms 1)\n"
                  "and a tokenizer (a built-in byte-level one unless --tokenizer names a\n"
-                 "tokenizer.json or a directory holding one) in a real architecture's shapes.\n\n"
+                 "tokenizer.json or a directory holding one) in a real architecture's shapes.\n"
+                 "--layers N keeps the first N decoder layers of the preset (the same tensors).\n\n"
                  "presets:\n");
     size_t n;
     const tdm_preset_info *p = tdm_presets(&n);
@@ -42,7 +43,7 @@ int tdm_cmd_init_model(int argc, char **argv)
     static const struct option opts[] = {
         {"preset", required_argument, NULL, 'p'}, {"seed", required_argument, NULL, 's'},
         {"dtype", required_argument, NULL, 'd'},  {"tokenizer", required_argument, NULL, 't'},
-        {"init-std", required_argument, NULL, 'i'},
+        {"init-std", required_argument, NULL, 'i'}, {"layers", required_argument, NULL, 'l'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     tdm_init_model_opts o = {.dtype = TDM_DTYPE_BF16};
@@ -77,6 +78,15 @@ int tdm_cmd_init_model(int argc, char **argv)
                                     "init-model: --init-std wants a number in (0, 1], not '%s'",
                                     optarg);
             break;
+        case 'l': {
+            long n;
+            if (!tdm_cli_parse_long(optarg, &n) || n < 1 || n > TDM_INIT_MODEL_MAX_LAYERS)
+                return tdm_cli_fail(TDM_EXIT_USAGE,
+                                    "init-model: --layers wants an integer from 1 to %d, not '%s'",
+                                    TDM_INIT_MODEL_MAX_LAYERS, optarg);
+            o.layers = n;
+            break;
+        }
         case 'h': usage(stdout); return TDM_EXIT_OK;
         default:
             usage(stderr);
@@ -101,8 +111,9 @@ int tdm_cmd_init_model(int argc, char **argv)
         return tdm_cli_fail(st == TDM_ERR_NOT_FOUND && !o.tokenizer ? TDM_EXIT_USAGE
                                                                     : TDM_EXIT_FAILURE,
                             "init-model: %s", err.message);
-    printf("wrote %s: preset %s (%s), %lld parameters, %s, seed %llu\n", out, o.preset,
-           cfg.architecture, (long long)tdm_model_config_param_count(&cfg),
+    printf("wrote %s: preset %s (%s), %lld layers, %lld parameters, %s, seed %llu\n", out,
+           o.preset, cfg.architecture, (long long)cfg.num_layers,
+           (long long)tdm_model_config_param_count(&cfg),
            o.dtype == TDM_DTYPE_BF16 ? "bf16" : "f32", (unsigned long long)o.seed);
     return TDM_EXIT_OK;
 }

@@ -326,6 +326,10 @@ tdm_status tdm_init_model(const char *out_dir, const tdm_init_model_opts *o,
     tdm_status st = tdm_preset_config(o->preset, &cfg, err);
     if (st != TDM_OK)
         return st;
+    if (o->layers < 0 || o->layers > TDM_INIT_MODEL_MAX_LAYERS)
+        return tdm_fail(err, TDM_ERR_INVALID, "init-model: %lld layers is not in 1..%d",
+                        (long long)o->layers, TDM_INIT_MODEL_MAX_LAYERS);
+    if (o->layers > 0) cfg.num_layers = o->layers;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
              o->dtype == TDM_DTYPE_BF16 ? "bfloat16" : "float32");
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)

@@ -32,12 +32,19 @@
 #include "model/dtype.h"
 #include "util/error.h"
 
+/* The most decoder layers tdm_init_model_opts.layers may ask for. */
+#define TDM_INIT_MODEL_MAX_LAYERS 1024
+
 typedef struct tdm_init_model_opts {
     const char *preset; /* see presets.h */
     uint64_t seed;
     tdm_dtype dtype;       /* TDM_DTYPE_BF16 or TDM_DTYPE_F32 */
     const char *tokenizer; /* NULL: the built-in byte-level tokenizer */
     double init_std;       /* std of the matrices; 0 means 0.02 */
+    /* decoder layers; 0: the preset's. Layer i's tensors are the full model's layer i (seeds
+     * follow the tensor names): a model of fewer layers in a real model's shapes, for measuring
+     * what one layer costs (memory, time) without writing or loading all of it. */
+    int64_t layers;
     /* Called after each written piece (may be NULL): bytes of tensor data done / total. */
     void (*progress)(uint64_t done, uint64_t total, void *user);
     void *user;

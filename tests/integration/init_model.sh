@@ -40,6 +40,14 @@ awk -v a="$s_default" -v b="$s_wide" 'BEGIN { exit !(a > 0.0196 && a < 0.0204 &&
     fail "--init-std 0.1: embedding std $s_wide (default $s_default)"
 expect_exit 2 "$TANDEM" init-model "$WORK/bad" --preset tiny --init-std 0
 expect_exit 2 "$TANDEM" init-model "$WORK/bad" --preset tiny --init-std 2
+# --layers N: the preset's first N layers, a model tandem loads (inspect) with that many
+expect_exit 0 "$TANDEM" init-model "$WORK/one-layer" --preset tiny --layers 1
+grep -q ", 1 layers," "$WORK/last.out" || fail "--layers 1: $(cat "$WORK/last.out")"
+[ "$(jq .num_hidden_layers "$WORK/one-layer/config.json")" = 1 ] || fail "--layers 1: config.json"
+expect_exit 0 "$TANDEM" inspect "$WORK/one-layer"
+grep -q "layers 1," "$WORK/last.out" || fail "--layers 1: inspect says $(grep sizes "$WORK/last.out")"
+expect_exit 2 "$TANDEM" init-model "$WORK/bad" --preset tiny --layers 0
+expect_exit 2 "$TANDEM" init-model "$WORK/bad" --preset tiny --layers 1025
 
 # --tokenizer: a directory or a tokenizer.json.
 expect_exit 0 "$TANDEM" init-model "$WORK/tok" --preset tiny-llama --tokenizer "$WORK/tiny"

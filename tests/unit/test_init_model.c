@@ -169,6 +169,45 @@ static void test_every_tiny_preset_checks(void **state)
     }
 }
 
+/* --layers N: the preset's first N layers, tensor for tensor the full model's (seeds follow the
+ * names), a valid model of that many layers; 0 and beyond the maximum refused. */
+static void test_fewer_layers(void **state)
+{
+    char full[400], one[400];
+    tdm_model_config cfg_full, cfg_one;
+    make("layers-full", "tiny", TDM_DTYPE_BF16, 3, NULL, full, &cfg_full);
+    snprintf(one, sizeof one, "%s/layers-one", tmpdir);
+    tdm_init_model_opts o = {.preset = "tiny", .seed = 3, .dtype = TDM_DTYPE_BF16, .layers = 1};
+    tdm_error err = {0};
+    assert_int_equal(tdm_init_model(one, &o, &cfg_one, &err), TDM_OK);
+    assert_true(cfg_full.num_layers > 1);
+    assert_int_equal(cfg_one.num_layers, 1);
+    tdm_model_config loaded;
+    assert_int_equal(tdm_model_config_load(&loaded, one, &err), TDM_OK);
+    assert_int_equal(loaded.num_layers, 1);
+    tdm_weights wf, w1;
+    assert_int_equal(tdm_weights_open(&wf, full, &err), TDM_OK);
+    assert_int_equal(tdm_weights_open(&w1, one, &err), TDM_OK);
+    size_t unused = 99;
+    assert_int_equal(tdm_model_check_weights(&cfg_one, &w1, &unused, &err), TDM_OK);
+    assert_int_equal(unused, 0);
+    assert_true(w1.n_tensors < wf.n_tensors);
+    for (size_t k = 0; k < w1.n_tensors; k++) {
+        const tdm_st_tensor *a = w1.tensors[k], *b = tdm_weights_find(&wf, a->name);
+        assert_non_null(b);
+        assert_int_equal(a->numel, b->numel);
+        assert_memory_equal(a->data, b->data, (size_t)a->numel * 2);
+    }
+    assert_null(tdm_weights_find(&w1, "model.layers.1.mlp.up_proj.weight"));
+    tdm_weights_close(&w1);
+    tdm_weights_close(&wf);
+    o.layers = -1;
+    assert_int_equal(tdm_init_model(one, &o, NULL, &err), TDM_ERR_INVALID);
+    o.layers = TDM_INIT_MODEL_MAX_LAYERS + 1;
+    assert_int_equal(tdm_init_model(one, &o, NULL, &err), TDM_ERR_INVALID);
+    assert_non_null(strstr(err.message, "layers"));
+}
+
 static void test_byte_tokenizer(void **state)
 {
     char dir[400], path[600];
@@ -238,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_presets_are_valid_configs),
         cmocka_unit_test(test_weights_follow_the_recipe),
         cmocka_unit_test(test_every_tiny_preset_checks),
+        cmocka_unit_test(test_fewer_layers),
         cmocka_unit_test(test_byte_tokenizer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
