@@ -22,7 +22,7 @@ static const tdm_command commands[] = {
     {"data", tdm_cmd_data, "check a JSONL training dataset"},
     {"eval", tdm_cmd_eval, "mean loss and perplexity of a model (+ adapter) on a dataset"},
     {"finetune", tdm_cmd_finetune, "train LoRA adapters, several at once on one frozen base"},
-    {"generate", tdm_cmd_generate, "greedy text from a model (+ adapter), on the CPU"},
+    {"generate", tdm_cmd_generate, "continue prompts with a model (+ adapters): greedy or sampled"},
     {"gpu", tdm_cmd_gpu, "share GPUs safely: status, run"},
     {"inspect", tdm_cmd_inspect, "show a model's architecture, sizes and tensors"},
     {"init-model", tdm_cmd_init_model, "write a random model in a real architecture's shapes"},
