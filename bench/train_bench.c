@@ -276,7 +276,8 @@ int main(int argc, char **argv)
     tdm_rng_seed(&rng, seed);
     int32_t **tok = calloc((size_t)n_steps, sizeof *tok),
             **cu = calloc((size_t)n_steps, sizeof *cu);
-    int64_t *rows = calloc((size_t)n_steps, sizeof *rows), max_rows = 0, timed_tokens = 0;
+    int64_t *rows = calloc((size_t)n_steps, sizeof *rows), max_rows = 0, timed_tokens = 0,
+            max_seq = 0;
     if (!tok || !cu || !rows) return 1;
     for (int s = 0; s < n_steps; s++) {
         if (!(cu[s] = malloc((size_t)(batch + 1) * sizeof(int32_t)))) return 1;
@@ -289,6 +290,7 @@ int main(int argc, char **argv)
                 n = n < 8 ? 8 : n > max_len ? max_len : n;
             }
             cu[s][q + 1] = cu[s][q] + n;
+            if (n > max_seq) max_seq = n;
         }
         rows[s] = cu[s][batch];
         if (rows[s] > max_rows) max_rows = rows[s];
@@ -351,6 +353,7 @@ int main(int argc, char **argv)
                 per_module = rank * (in + o);
         }
         tdm_model_mem_plan plan = {.rows = max_rows,
+                                   .max_seq = max_seq,
                                    .n_seqs = batch,
                                    .max_rank = rank,
                                    .targets = a->targets,

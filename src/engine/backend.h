@@ -124,6 +124,7 @@ tdm_status tdm_be_memory(tdm_backend *be, tdm_be_mem_info *info, tdm_error *err)
  * engine/cuda/cuda_memory_plan.h). */
 typedef struct tdm_be_step_shape {
     int64_t m;        /* rows of the largest fused batch */
+    int64_t max_seq;  /* rows of its longest sequence (0: unknown, taken as m) */
     int64_t hidden;   /* H */
     int64_t inter;    /* I */
     int64_t q_dim;    /* heads * head_dim */

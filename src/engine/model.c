@@ -1592,6 +1592,7 @@ static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_mode
                                        tdm_be_dtype act, const tdm_model_mem_plan *p)
 {
     return (tdm_be_step_shape){.m = p->rows,
+                               .max_seq = p->max_seq,
                                .hidden = c->hidden_size,
                                .inter = c->intermediate_size,
                                .q_dim = c->num_heads * c->head_dim,

@@ -221,6 +221,7 @@ tdm_status tdm_model_decode(tdm_model *m, tdm_lora *const *adapters, int n_adapt
 typedef struct tdm_model_mem_plan {
     int64_t rows;        /* rows of the largest fused batch */
     int64_t n_seqs;      /* most sequences in one batch */
+    int64_t max_seq;     /* rows of the longest sequence (0: unknown, taken as rows) */
     int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
     unsigned targets;    /* union of the adapters' TDM_LORA_BIT sets */
     int64_t lora_params; /* all adapters' parameters together */

@@ -49,6 +49,10 @@ void tdm_memory_plan_build(const tdm_model_config *c, const tdm_plan_adapter *ad
         p.rows += rows;
         p.n_seqs += pass_seqs(&ads[a]);
         if (rows > max_rows) max_rows = rows;
+        int64_t longest = ads[a].longest && ads[a].n_longest > 0 ? ads[a].longest[0]
+                                                                   : ads[a].max_seq_len;
+        if (longest > ads[a].max_seq_len) longest = ads[a].max_seq_len;
+        if (longest > p.max_seq) p.max_seq = longest;
         if (pass_seqs(&ads[a]) > max_seqs) max_seqs = pass_seqs(&ads[a]);
         if (ads[a].rank > p.max_rank) p.max_rank = ads[a].rank;
         p.targets |= ads[a].targets;

@@ -132,6 +132,31 @@ static void check_equal(const char *const *flags, int64_t *one_adapter_mb)
     tdm_run_budget_free(&b);
 }
 
+/* The plan's longest sequence (what the CPU backend's kept attention is bounded by): each
+ * adapter's longest sample when the data was measured, else its max_seq_len; the largest. */
+static void test_plan_longest_sequence(void **state)
+{
+    (void)state;
+    tdm_model_config c;
+    tdm_error err = {0};
+    assert_int_equal(tdm_preset_config("tiny", &c, &err), TDM_OK);
+    const int32_t measured[] = {40, 30, 12};
+    tdm_plan_adapter ads[2] = {
+        {.rank = 4, .targets = 1, .batch_size = 2, .max_seq_len = 64, .weight = 1},
+        {.rank = 4, .targets = 1, .batch_size = 3, .max_seq_len = 128, .weight = 1}};
+    tdm_model_mem_plan p;
+    tdm_memory_plan_build(&c, ads, 2, true, &p);
+    assert_int_equal(p.max_seq, 128);
+    assert_int_equal(p.rows, 2 * 64 + 3 * 128);
+    ads[1].longest = measured, ads[1].n_longest = 3;
+    tdm_memory_plan_build(&c, ads, 2, true, &p);
+    assert_int_equal(p.max_seq, 64);
+    assert_int_equal(p.rows, 2 * 64 + 40 + 30 + 12);
+    ads[0].max_seq_len = 16; /* a sample is cut to max_seq_len */
+    tdm_memory_plan_build(&c, ads, 2, true, &p);
+    assert_int_equal(p.max_seq, 40);
+}
+
 static void test_submit_places_with_what_finetune_reserves(void **state)
 {
     (void)state;
@@ -632,6 +657,7 @@ static void test_after_leave(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_longest_sequence),
         cmocka_unit_test(test_fit_7b_on_24g),
         cmocka_unit_test(test_fit_order),
         cmocka_unit_test(test_trainer_fit_is_what_it_reserves),

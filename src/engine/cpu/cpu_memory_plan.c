@@ -76,9 +76,10 @@ void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
     if (s->backward) {
         slot[CPU_SCRATCH_CE_PARTIAL] =
             (uint64_t)(tdm_cpu_ce_vblock_count(s->vocab) * chunk * s->hidden) * 4;
-        /* a round keeps 2 x heads x sum(len^2) floats, at most the cap; sum(len^2) <= m^2
-         * (the shape does not say how the m rows split into sequences) */
-        uint64_t all = (uint64_t)s->m * (uint64_t)s->m * 2 * (uint64_t)s->heads * 4;
+        /* a round keeps 2 x heads x sum(len^2) floats, at most the cap; sum(len^2) <= m x the
+         * longest (equal when every sequence is that long) */
+        int64_t longest = s->max_seq > 0 && s->max_seq < s->m ? s->max_seq : s->m;
+        uint64_t all = (uint64_t)s->m * (uint64_t)longest * 2 * (uint64_t)s->heads * 4;
         slot[CPU_SCRATCH_ATT_KEEP] = all < (uint64_t)att_keep_cap ? all : (uint64_t)att_keep_cap;
     }
 }
