@@ -11,6 +11,8 @@
 
 #include "engine/backend.h"
 #include "gpu/guard.h"
+#include "gpu/meminfo.h"
+#include "util/cgroup.h"
 #include "util/cpu_count.h"
 #include "train/memory_plan.h"
 
@@ -22,6 +24,11 @@ static int64_t mib_up(uint64_t bytes)
 int64_t tdm_device_reservation_mb(const tdm_model_mem *e)
 {
     return tdm_memory_plan_mb(e, TDM_CUDA_CONTEXT_MIB);
+}
+
+int64_t tdm_device_cpu_need_mb(const tdm_model_mem *e)
+{
+    return tdm_memory_plan_mb(e, TDM_CPU_PROCESS_MIB);
 }
 
 static void note(const tdm_device_request *req, const char *fmt, ...)
@@ -426,6 +433,53 @@ tdm_status tdm_device_gpu_budgets(tdm_inventory *inv, int64_t **budget_mb, tdm_e
     for (size_t i = 0; i < inv->n_gpus; i++)
         (*budget_mb)[i] = tdm_device_alone_mb(&inv->gpus[i], &st, NULL);
     tdm_ledger_state_free(&st);
+    return TDM_OK;
+}
+
+tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_model_mem *est,
+                                       tdm_error *err)
+{
+    int64_t need = tdm_device_cpu_need_mb(est), total_mb, avail_mb;
+    const char *path = getenv("TANDEM_MEMINFO");
+    if (!path || !*path) path = "/proc/meminfo";
+    tdm_error why = {0};
+    if (tdm_meminfo_read(path, &total_mb, &avail_mb, &why) != TDM_OK) {
+        note(req, "note: the machine's memory is unknown (%s); not checked against the %lld MiB "
+                  "this run needs", why.message, (long long)need);
+        return TDM_OK;
+    }
+    /* a container's or a Slurm job's cgroup limit binds before the machine's memory does */
+    int64_t limit_mb = (int64_t)(tdm_cgroup_memory_limit() >> 20);
+    char cap[256];
+    if (limit_mb > 0 && limit_mb < total_mb) {
+        snprintf(cap, sizeof cap, "this process's cgroup memory limit of %lld MiB",
+                 (long long)limit_mb);
+        total_mb = limit_mb;
+        if (avail_mb > limit_mb) avail_mb = limit_mb;
+    } else {
+        snprintf(cap, sizeof cap, "this machine's %lld MiB of memory (%s)", (long long)total_mb,
+                 path);
+    }
+    char parts[256];
+    snprintf(parts, sizeof parts,
+             "weights %lld + activations %lld + adapters %lld + backend scratch %lld + process %d",
+             (long long)mib_up(est->weights), (long long)mib_up(est->activations),
+             (long long)mib_up(est->adapters), (long long)mib_up(est->backend_scratch),
+             TDM_CPU_PROCESS_MIB);
+    if (need > total_mb)
+        return tdm_fail(err, TDM_ERR_NEVER_FITS,
+                        "--device cpu: this run needs about %lld MiB (%s), more than %s. Use "
+                        "--method qlora, --grad-checkpoint, a lower --max-seq-len or "
+                        "--batch-size, fewer adapters, or a larger machine",
+                        (long long)need, parts, cap);
+    if (need > avail_mb)
+        note(req,
+             "warning: this run needs about %lld MiB (%s), more than the %lld MiB available now "
+             "(%s): it may swap or be killed for memory",
+             (long long)need, parts, (long long)avail_mb, path);
+    else
+        note(req, "cpu memory: about %lld MiB (%s) of %lld MiB available", (long long)need, parts,
+             (long long)avail_mb);
     return TDM_OK;
 }
 

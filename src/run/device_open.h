@@ -101,6 +101,26 @@ typedef struct tdm_device {
  * MiB, plus the CUDA context. Pure arithmetic; the same figure `tandem submit` places with. */
 int64_t tdm_device_reservation_mb(const tdm_model_mem *est);
 
+/* What a CPU-only training process holds beyond the model's own buffers and the backend's kept
+ * scratch (the program, OpenBLAS and OpenMP threads' buffers, the ops' per-call buffers, the
+ * tokenizer, the datasets), MiB. */
+#define TDM_CPU_PROCESS_MIB 200
+
+/* The memory a run on the CPU backend needs (MiB) for an estimate made with f32 activations:
+ * every owner together rounded up to MiB, plus TDM_CPU_PROCESS_MIB. The same figure `tandem
+ * submit` places CPU processes with and `tandem finetune --device cpu` checks against the
+ * machine's memory (tdm_device_cpu_memory_check). */
+int64_t tdm_device_cpu_need_mb(const tdm_model_mem *est);
+
+/* Before a CPU run loads anything: need_mb (tdm_device_cpu_need_mb) against the machine's memory
+ * from /proc/meminfo (TANDEM_MEMINFO=PATH: that file instead, a test seam) and the tightest
+ * cgroup memory limit on this process (util/cgroup.h), whichever is lower. More than that:
+ * TDM_ERR_NEVER_FITS naming both figures and what would shrink the run. More than MemAvailable:
+ * a note through req->note, and the run goes on (other processes' memory may be freed, page
+ * cache is reclaimed). An unreadable meminfo: a note, no check. */
+tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_model_mem *est,
+                                       tdm_error *err);
+
 /* The budget a run can get (docs/finetune.md, "The budget a run can get"): on one GPU, the most
  * the ledger would admit once every live reservation on it has ended, while the memory held
  * outside the ledger stays held:

@@ -223,6 +223,13 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
         tdm_trainer_free(tr);
         return st;
     }
+    /* a CPU run checks the machine's memory before it loads anything (the GPU's is the ledger's) */
+    if (!dev.gpu) {
+        tdm_model_mem cpu_est;
+        if ((st = tdm_trainer_cpu_memory_estimate(tr, &cpu_est, err)) != TDM_OK ||
+            (st = tdm_device_cpu_memory_check(&o->device, &cpu_est, err)) != TDM_OK)
+            goto out;
+    }
     /* a GPU run hosts on the GPU it reserved, or joins the host that took it meanwhile */
     bool join_instead = false;
     if ((st = tdm_cotrain_serve_open(srv, &dev, &join_instead, err)) != TDM_OK) goto out;

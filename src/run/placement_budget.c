@@ -8,11 +8,6 @@
 #include "run/device_open.h"
 #include "train/memory_plan.h"
 
-static int64_t mib_up(uint64_t bytes)
-{
-    return (int64_t)((bytes + (1u << 20) - 1) >> 20);
-}
-
 /* The alike adapter: the largest settings of the file over the flags' values. */
 static tdm_plan_adapter alike_adapter(const tdm_run_opts *ro, const tdm_adapters_config *ac,
                                       bool *weights_differ)
@@ -83,8 +78,7 @@ tdm_status tdm_run_placement_budget(const tdm_model_config *mc, const tdm_run_op
             break;
         out->gpu_mb[k] = ro->device.vram_gib > 0 ? (int64_t)ceil(ro->device.vram_gib * 1024.0)
                                                  : tdm_device_reservation_mb(&gpu);
-        out->cpu_mb[k] = mib_up(cpu.weights + cpu.activations + cpu.adapters + cpu.backend_scratch) +
-                         TDM_CPU_PROCESS_MIB;
+        out->cpu_mb[k] = tdm_device_cpu_need_mb(&cpu);
         out->gpu_min_mb[k] = out->gpu_mb[k];
         if (ro->device.vram_gib > 0) continue;
         /* the smallest plan --vram auto may take on a GPU too small for this one */

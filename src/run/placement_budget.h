@@ -4,8 +4,8 @@
  *   GPU: for a process training k adapters, tdm_device_reservation_mb of
  *        tdm_run_memory_estimate(bf16 activations) = every owner rounded up to MiB + the CUDA
  *        context; with --vram GB, GB x 1024 whatever k (what each node's process reserves).
- *   CPU: the same estimate with f32 activations and the CPU backend's scratch
- *        (engine/cpu/cpu_memory_plan.h), + TDM_CPU_PROCESS_MIB.
+ *   CPU: tdm_device_cpu_need_mb of the same estimate with f32 activations and the CPU backend's
+ *        scratch (engine/cpu/cpu_memory_plan.h): + TDM_CPU_PROCESS_MIB.
  *
  * The adapters are taken alike, each with the largest rank, batch size and max_seq_len of the
  * file (over the flags), the union of their targets, and a partial-gradient copy for all but one
@@ -25,10 +25,6 @@
 #include "train/adapters_config.h"
 #include "util/error.h"
 
-/* What a CPU-only training process holds beyond the model's own buffers and the backend's kept
- * scratch (the program, OpenBLAS and OpenMP threads' buffers, the ops' per-call buffers, the
- * tokenizer, the datasets), MiB. */
-#define TDM_CPU_PROCESS_MIB 200
 
 typedef struct tdm_run_budget {
     int64_t *gpu_mb, *cpu_mb; /* (n_adapters + 1): [k] for a process training k adapters */

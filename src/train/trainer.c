@@ -1483,9 +1483,9 @@ static tdm_status memory_plan(const tdm_trainer *t, tdm_model_mem_plan *out, tdm
 }
 
 /* The memory estimate of t's adapters (active_only: its unfinished ones) together with extra's
- * (NULL: none; they train at t's split). */
-static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
-                              tdm_model_mem *out, tdm_error *err)
+ * (NULL: none; they train at t's split), for the backend of activation dtype act. */
+static tdm_status estimate_act(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
+                               tdm_be_dtype act, tdm_model_mem *out, tdm_error *err)
 {
     int cap = t->n + (extra ? extra->n : 0);
     tdm_plan_adapter *ads = calloc((size_t)cap + 1, sizeof *ads);
@@ -1493,15 +1493,28 @@ static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_
     int n = plan_adapters(t, t->split, active_only, ads);
     if (extra) n += plan_adapters(extra, t->split, false, ads + n);
     tdm_model_opts mo = model_opts(t);
-    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, TDM_BE_BF16, ads, n,
+    tdm_status st = tdm_run_memory_estimate(t->mcfg_host, &mo, act, ads, n,
                                             t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED, out, err);
     free_plan_adapters(ads, n);
     return st;
 }
 
+/* estimate_act on the CUDA backend (bf16 activations) */
+static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
+                              tdm_model_mem *out, tdm_error *err)
+{
+    return estimate_act(t, active_only, extra, TDM_BE_BF16, out, err);
+}
+
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
 {
     return estimate_of(t, false, NULL, out, err);
+}
+
+tdm_status tdm_trainer_cpu_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
+                                           tdm_error *err)
+{
+    return estimate_act(t, false, NULL, TDM_BE_F32, out, err);
 }
 
 /* The most micro-batches any adapter accumulates per step (grad_accum is per adapter). */

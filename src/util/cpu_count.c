@@ -1,5 +1,6 @@
 /* cpu_count.c — CPUs this process may use (cpu_count.h). */
 #include "util/cpu_count.h"
+#include "util/cgroup.h"
 
 #include <sched.h>
 #include <stdbool.h>
@@ -27,60 +28,33 @@ int tdm_cpu_quota_parse(const char *cpu_max, const char *cfs_period)
     return n > 1 << 20 ? 1 << 20 : (int)n;
 }
 
-static int read_small(const char *path, char *buf, size_t size)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, size - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return (int)n;
-}
-
 static int min_quota(int a, int b)
 {
     return !a ? b : !b ? a : a < b ? a : b;
 }
 
+static void visit_cpu(const char *dir, bool v2, void *user)
+{
+    int *best = user;
+    char f[2400], q[128], p[128];
+    if (v2) {
+        snprintf(f, sizeof f, "%s/cpu.max", dir);
+        if (tdm_cgroup_read(f, q, sizeof q) > 0) *best = min_quota(*best, tdm_cpu_quota_parse(q, NULL));
+    } else {
+        snprintf(f, sizeof f, "%s/cpu.cfs_quota_us", dir);
+        if (tdm_cgroup_read(f, q, sizeof q) > 0) {
+            snprintf(f, sizeof f, "%s/cpu.cfs_period_us", dir);
+            if (tdm_cgroup_read(f, p, sizeof p) > 0)
+                *best = min_quota(*best, tdm_cpu_quota_parse(q, p));
+        }
+    }
+}
+
 /* The tightest limit from this process's cgroup (v2, or v1's cpu controller) up to the root. */
 static int cgroup_quota(void)
 {
-    char cg[4096];
-    if (read_small("/proc/self/cgroup", cg, sizeof cg) <= 0) return 0;
     int best = 0;
-    for (char *line = strtok(cg, "\n"); line; line = strtok(NULL, "\n")) {
-        /* "0::/path" (v2) or "N:cpu,cpuacct:/path" (v1) */
-        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2) continue;
-        bool v2 = c2 == c1 + 1;
-        char ctrl[256];
-        snprintf(ctrl, sizeof ctrl, ",%.*s,", (int)(c2 - c1 - 1), c1 + 1);
-        if (!v2 && !strstr(ctrl, ",cpu,")) continue;
-        char path[2048];
-        snprintf(path, sizeof path, "%s", c2 + 1);
-        const char *mount = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/cpu";
-        for (;;) {
-            char f[2300], q[128], p[128];
-            if (v2) {
-                snprintf(f, sizeof f, "%s%s/cpu.max", mount, path);
-                if (read_small(f, q, sizeof q) > 0)
-                    best = min_quota(best, tdm_cpu_quota_parse(q, NULL));
-            } else {
-                snprintf(f, sizeof f, "%s%s/cpu.cfs_quota_us", mount, path);
-                if (read_small(f, q, sizeof q) > 0) {
-                    snprintf(f, sizeof f, "%s%s/cpu.cfs_period_us", mount, path);
-                    if (read_small(f, p, sizeof p) > 0)
-                        best = min_quota(best, tdm_cpu_quota_parse(q, p));
-                }
-            }
-            char *slash = strrchr(path, '/');
-            if (!slash || !path[1]) break;
-            if (slash == path)
-                path[1] = 0; /* the root itself next */
-            else
-                *slash = 0;
-        }
-    }
+    tdm_cgroup_walk("cpu", visit_cpu, &best);
     return best;
 }
 

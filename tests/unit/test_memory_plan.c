@@ -2,7 +2,9 @@
  * (train/memory_plan.h, run/placement_budget.h): for the same flags and adapters.toml, the MiB
  * submit places a process of k adapters with equals what that finetune process reserves
  * (tdm_trainer_memory_estimate + the CUDA context, device_open's --vram auto) when every sample
- * reaches max_seq_len; and --grad-checkpoint, which shrinks the activations, shrinks both.
+ * reaches max_seq_len, and the MiB it places a CPU-only node's process with equals what that
+ * `tandem finetune --device cpu` checks the machine's memory against; and --grad-checkpoint,
+ * which shrinks the activations, shrinks both.
  * The plan that fits a budget (tdm_memory_plan_fit), on the real shapes of Qwen2.5-7B and a
  * 24 GiB card: the order as asked -> gradient checkpointing -> micro-batches, the smallest plan
  * when nothing fits, and the trainer's fit equal to what its estimate then reserves. */
@@ -75,8 +77,9 @@ static void parse_flags(tdm_run_opts *ro, const char *const *flags)
     }
 }
 
-/* What `tandem finetune --adapters-config` of n alike adapters reserves under --vram auto. */
-static int64_t finetune_reservation_mb(const tdm_run_opts *ro, int n)
+/* What `tandem finetune --adapters-config` of n alike adapters reserves under --vram auto, or
+ * with cpu what `--device cpu` checks the machine's memory against. */
+static int64_t finetune_need_mb(const tdm_run_opts *ro, int n, bool cpu)
 {
     tdm_trainer_adapter ads[4];
     for (int a = 0; a < n; a++) {
@@ -89,9 +92,11 @@ static int64_t finetune_reservation_mb(const tdm_run_opts *ro, int n)
     if (tdm_trainer_create(&t, &ro->trainer, ads, n, NULL, &err) != TDM_OK)
         fail_msg("create: %s", err.message);
     tdm_model_mem est;
-    if (tdm_trainer_memory_estimate(t, &est, &err) != TDM_OK) fail_msg("%s", err.message);
+    if ((cpu ? tdm_trainer_cpu_memory_estimate(t, &est, &err)
+             : tdm_trainer_memory_estimate(t, &est, &err)) != TDM_OK)
+        fail_msg("%s", err.message);
     tdm_trainer_free(t);
-    return tdm_device_reservation_mb(&est);
+    return cpu ? tdm_device_cpu_need_mb(&est) : tdm_device_reservation_mb(&est);
 }
 
 /* What `tandem submit` places a process of k of the adapters of an n-adapter file with. */
@@ -118,7 +123,7 @@ static void check_equal(const char *const *flags, int64_t *one_adapter_mb)
     tdm_run_budget b;
     submit_budget(&ro, 3, &b);
     for (int k = 1; k <= 3; k++) {
-        int64_t reserved = finetune_reservation_mb(&ro, k);
+        int64_t reserved = finetune_need_mb(&ro, k, false);
         if (b.gpu_mb[k] != reserved)
             fail_msg("%s ...: %d adapter(s): submit places with %lld MiB, finetune reserves %lld",
                      flags[0], k, (long long)b.gpu_mb[k], (long long)reserved);
@@ -126,6 +131,12 @@ static void check_equal(const char *const *flags, int64_t *one_adapter_mb)
         /* the smallest plan a GPU too small for this one may still take */
         assert_true(b.gpu_min_mb[k] <= b.gpu_mb[k]);
         assert_true(k == 1 || b.gpu_min_mb[k] > b.gpu_min_mb[k - 1]);
+        /* on a CPU-only node: what that finetune checks the machine's memory against */
+        int64_t cpu_need = finetune_need_mb(&ro, k, true);
+        if (b.cpu_mb[k] != cpu_need)
+            fail_msg("%s ...: %d adapter(s): submit places on a CPU with %lld MiB, finetune "
+                     "--device cpu needs %lld",
+                     flags[0], k, (long long)b.cpu_mb[k], (long long)cpu_need);
         assert_true(b.cpu_mb[k] > TDM_CPU_PROCESS_MIB);
     }
     if (one_adapter_mb) *one_adapter_mb = b.gpu_mb[1];

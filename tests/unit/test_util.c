@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "util/atomic_file.h"
+#include "util/cgroup.h"
 #include "util/cpu_count.h"
 #include "util/error.h"
 #include "util/fault.h"
@@ -234,6 +235,22 @@ static void test_mkdir_p(void **state)
     free(huge);
 }
 
+/* cgroup memory limits as their files hold them (v2 memory.max, v1 memory.limit_in_bytes). */
+static void test_cgroup_memory_parse(void **state)
+{
+    assert_int_equal(tdm_cgroup_memory_parse("max\n"), 0);
+    assert_int_equal(tdm_cgroup_memory_parse("1073741824\n"), 1073741824ULL);
+    assert_int_equal(tdm_cgroup_memory_parse("9223372036854771712\n"), 0); /* v1: no limit */
+    assert_int_equal(tdm_cgroup_memory_parse(""), 0);
+    assert_int_equal(tdm_cgroup_memory_parse("0\n"), 0);
+    assert_int_equal(tdm_cgroup_memory_parse("12ab"), 0);
+    assert_int_equal(tdm_cgroup_memory_parse("-5"), 0);
+    assert_int_equal(tdm_cgroup_memory_parse(NULL), 0);
+    /* this process's: none, or a limit a process can live in */
+    uint64_t lim = tdm_cgroup_memory_limit();
+    assert_true(lim == 0 || lim >= (1u << 20));
+}
+
 /* cgroup CPU limits as their files hold them, and the affinity mask cutting the count. */
 static void test_cpu_count(void **state)
 {
@@ -278,6 +295,7 @@ int main(void)
         cmocka_unit_test(test_atomic_write_failures_keep_old_content),
         cmocka_unit_test(test_read_missing_file),
         cmocka_unit_test(test_rfc3339),
+        cmocka_unit_test(test_cgroup_memory_parse),
         cmocka_unit_test(test_cpu_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -10,7 +10,7 @@
  * (tests/unit/test_memory_estimate.c holds them equal). What an op mallocs for the length of
  * one call (LoRA's dropout copy and dU, attention's per-thread rows, the small-product copies of
  * cpu_blas_sgemm: each a few MiB at most at 7B shapes) is not here; TDM_CPU_PROCESS_MIB
- * (run/placement_budget.h) covers it. */
+ * (run/device_open.h) covers it. */
 #ifndef TANDEM_ENGINE_CPU_MEMORY_PLAN_H
 #define TANDEM_ENGINE_CPU_MEMORY_PLAN_H
 
