@@ -1052,6 +1052,26 @@ static tdm_status plan_join(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join
                     (long long)rq.capacity_mb);
 }
 
+/* The head waiter's admission on the CPU: the need of the unfinished adapters with its adapters
+ * against the machine's memory (tdm_device_cpu_memory_check: refused when it could never fit,
+ * a warning when it exceeds what is available now). There is no ledger to grow. */
+static tdm_status cpu_join_check(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w,
+                                 tdm_error *e)
+{
+    tdm_model_mem est;
+    TDM_TRY(tdm_trainer_join_cpu_estimate(t, w->tj, &est, e));
+    tdm_device_request rq = {.note = s->note, .note_user = s->note_user};
+    tdm_status st = tdm_device_cpu_memory_check(&rq, &est, e);
+    if (st == TDM_ERR_NEVER_FITS) {
+        char why[sizeof e->message];
+        snprintf(why, sizeof why, "%s", e->message);
+        return tdm_fail(e, st, "with the adapters of pid %d, the finetune of pid %d: %s; or run "
+                               "with --no-join",
+                        (int)w->peer.pid, (int)getpid(), why);
+    }
+    return st;
+}
+
 /* Says the plan an admission changed to (one line), when it is not the one in use. */
 static void note_plan(tdm_cotrain_serving *s, const waiting_join *w, const tdm_join_admission *adm,
                       int64_t growable_mb)
@@ -1103,6 +1123,8 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
                     st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait,
                                            &w->ticket, &granted, &rep, &e);
             }
+        } else {
+            st = cpu_join_check(s, t, w, &e);
         }
         if (st == TDM_OK && granted && replan) {
             st = tdm_trainer_set_memory_plan(t, adm.plan.grad_checkpoint, adm.plan.recompute,

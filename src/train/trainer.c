@@ -2155,6 +2155,12 @@ tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_joi
     return estimate_of(t, true, j ? j->nt : NULL, out, err);
 }
 
+tdm_status tdm_trainer_join_cpu_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
+                                         tdm_model_mem *out, tdm_error *err)
+{
+    return estimate_act(t, true, j ? j->nt : NULL, TDM_BE_F32, out, err);
+}
+
 tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *j,
                                   const tdm_join_admit_request *req, tdm_join_admission *out,
                                   tdm_error *err)

@@ -310,6 +310,9 @@ tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adap
                                     char **report, tdm_error *err);
 tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
                                      tdm_model_mem *out, tdm_error *err);
+/* The same on the CPU backend (tdm_trainer_cpu_memory_estimate's): a CPU host's admission. */
+tdm_status tdm_trainer_join_cpu_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
+                                         tdm_model_mem *out, tdm_error *err);
 /* The memory admission of j (tdm_memory_plan_admit, train/memory_plan.h): the fit of the
  * unfinished adapters of t together with j's, measured on their data, under t's options with
  * --grad-checkpoint as the user gave it; req's reservation, plan, growable and capacity MiB and

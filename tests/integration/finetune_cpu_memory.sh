@@ -8,6 +8,8 @@
 #  - MemAvailable under the need: a warning, the run trains;
 #  - plenty: one "cpu memory" line, the run trains; --grad-checkpoint lowers the need;
 #  - an unreadable meminfo: a note, the run trains;
+#  - a CPU host refuses a joiner whose adapters would take the need past the machine's memory
+#    (the joiner exits 1 with the need and the limit; the host trains on);
 #  - a real cgroup memory limit under the need (root, a writable memory controller; else that
 #    part is skipped with a note): exit 1 naming the cgroup limit.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -46,6 +48,32 @@ gc=$(need_of "$WORK/last.err")
 
 TANDEM_MEMINFO="$WORK/nowhere" expect_exit 0 "$TANDEM" "${RUN[@]}" --adapter d.jsonl:out/unknown
 grep -q "the machine's memory is unknown" "$WORK/last.err" || fail "unknown: $(cat "$WORK/last.err")"
+# A CPU host (about 205 MiB) in a 400 MiB machine, and a joiner of 16 x 512-token samples (about
+# 600 MiB more): refused, exit 1; the host is undisturbed.
+python3 -c "
+import json
+for i in range(16): print(json.dumps({'text': ('word%d ' % i) * 120}))" >long.jsonl
+meminfo $((400 * 1024)) $((400 * 1024))
+export TANDEM_MEMINFO="$WORK/meminfo"
+"$TANDEM" finetune "$M" --device cpu --epochs 2 --batch-size 2 --max-seq-len 32 --save-every 0 \
+    --adapter d.jsonl:out/host >host.out 2>host.err &
+host=$!
+hold_host $host
+"$TANDEM" finetune "$M" --device cpu --epochs 1 --batch-size 16 --max-seq-len 512 --save-every 0 \
+    --adapter long.jsonl:out/joiner >join.out 2>join.err &
+joiner=$!
+release_host $host join.err
+wait $joiner
+rc=$?
+wait $host || fail "host exited $?: $(tail -3 host.err)"
+unset TANDEM_MEMINFO
+[ $rc -eq 1 ] || fail "the joiner exited $rc, not 1: $(tail -3 join.err)"
+grep -q "with the adapters of pid $joiner, the finetune of pid $host: --device cpu: this run needs about [0-9]* MiB .*, more than this machine's 400 MiB of memory" join.err ||
+    fail "joiner's message: $(cat join.err)"
+grep -q "refused 1 adapter(s) of pid $joiner" host.err || fail "host: $(cat host.err)"
+[ -f out/host/adapter_model.safetensors ] || fail "the host's adapter is missing"
+[ -e out/joiner/adapter_model.safetensors ] && fail "the refused joiner's adapter was written"
+
 # A cgroup memory limit of 150 MiB (below the need, far above what the tiny run uses): v1's
 # memory hierarchy, or v2's when its memory controller is enabled at the root.
 CG=""
