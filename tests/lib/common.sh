@@ -75,11 +75,11 @@ ledger_count() {
 
 # free_port: prints a loopback TCP port nothing listens on, claimed for this test until it exits.
 # Tests run in parallel and their daemons (sshd, slurmctld, slurmd) bind the port later, so a
-# port is (1) claimed by an atomic mkdir under $PORT_CLAIMS, holding the claiming test's pid (a
-# claim whose test is gone is taken over), so two tests never pick the same one, and (2) taken
-# below the kernel's ephemeral range (ip_local_port_range), so no outgoing connection's local
-# port can occupy it between this check and the daemon's bind (a CI failure of 2026-12-06:
-# slurmd "Unable to bind listen port: Address already in use").
+# port is (1) claimed under $PORT_CLAIMS (a directory holding the claiming test's pid, made while
+# holding $PORT_CLAIMS/.lock; a claim whose test is gone is taken over), so two tests never pick
+# the same one, and (2) taken below the kernel's ephemeral range (ip_local_port_range), so no
+# outgoing connection's local port can occupy it between this check and the daemon's bind (a CI
+# failure of 2026-12-06: slurmd "Unable to bind listen port: Address already in use").
 PORT_CLAIMS=/tmp/tandem-port-claims
 free_port() {
     local lo hi p base=10000 span owner
@@ -89,21 +89,22 @@ free_port() {
     # an ephemeral range that leaves neither side: any port, claims still keep tests apart
     if [ "$span" -lt 2000 ]; then base=10000; span=55535; fi
     mkdir -p "$PORT_CLAIMS" 2>/dev/null && chmod 1777 "$PORT_CLAIMS" 2>/dev/null
-    for _ in $(seq 1 200); do
-        p=$(( base + (RANDOM * 32768 + RANDOM) % span ))
-        if ! mkdir "$PORT_CLAIMS/$p" 2>/dev/null; then
+    : >>"$PORT_CLAIMS/.lock" && chmod 666 "$PORT_CLAIMS/.lock" 2>/dev/null
+    {
+        flock 9
+        for _ in $(seq 1 200); do
+            p=$(( base + (RANDOM * 32768 + RANDOM) % span ))
             owner=$(cat "$PORT_CLAIMS/$p/pid" 2>/dev/null)
-            # Taken over only when its test is gone (an empty pid file: a claim being written).
-            [ -n "$owner" ] && [ ! -d "/proc/$owner" ] || continue
-            rm -rf "$PORT_CLAIMS/$p"
-            mkdir "$PORT_CLAIMS/$p" 2>/dev/null || continue
-        fi
-        echo "$$" >"$PORT_CLAIMS/$p/pid"
-        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then rm -rf "$PORT_CLAIMS/$p"; continue; fi
-        echo "$p" >>"$WORK/.ports"
-        echo "$p"; return 0
-    done
-    return 1
+            [ -n "$owner" ] && [ -d "/proc/$owner" ] && continue # claimed by a live test
+            (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue # something listens
+            rm -rf "${PORT_CLAIMS:?}/$p"
+            mkdir "$PORT_CLAIMS/$p" && echo "$$" >"$PORT_CLAIMS/$p/pid" || continue
+            echo "$p" >>"$WORK/.ports"
+            echo "$p"
+            return 0
+        done
+        return 1
+    } 9>>"$PORT_CLAIMS/.lock"
 }
 release_ports() {
     local p
