@@ -25,7 +25,6 @@
 #include "train/adapters_config.h"
 #include "util/error.h"
 
-
 typedef struct tdm_run_budget {
     int64_t *gpu_mb, *cpu_mb; /* (n_adapters + 1): [k] for a process training k adapters */
     int64_t *gpu_min_mb;      /* (n_adapters + 1): [k], the smallest plan */

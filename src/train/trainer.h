@@ -195,7 +195,8 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
  * all adapters together under the synchronized schedule; one layer's worth with grad_checkpoint)
  * and the backend's scratch. The CUDA context is not included. */
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err);
-/* The same on the CPU backend (f32 activations, its own kept scratch: engine/cpu/cpu_memory_plan.h). */
+/* The same on the CPU backend (f32 activations, its own kept scratch:
+ * engine/cpu/cpu_memory_plan.h). */
 tdm_status tdm_trainer_cpu_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
                                            tdm_error *err);
 

@@ -39,7 +39,8 @@ static void visit_cpu(const char *dir, bool v2, void *user)
     char f[2400], q[128], p[128];
     if (v2) {
         snprintf(f, sizeof f, "%s/cpu.max", dir);
-        if (tdm_cgroup_read(f, q, sizeof q) > 0) *best = min_quota(*best, tdm_cpu_quota_parse(q, NULL));
+        if (tdm_cgroup_read(f, q, sizeof q) > 0)
+            *best = min_quota(*best, tdm_cpu_quota_parse(q, NULL));
     } else {
         snprintf(f, sizeof f, "%s/cpu.cfs_quota_us", dir);
         if (tdm_cgroup_read(f, q, sizeof q) > 0) {

@@ -7,8 +7,9 @@
  * estimated workspace and the backend's scratch before the first step, and the plan's steps
  * allocate nothing more. The CPU backend's scratch (engine/cpu/cpu_memory_plan.h) must equal what
  * its ops kept after the steps, but for attention's kept P and dS, which the estimate bounds by
- * m x the longest sequence (it does not know how the other rows split into sequences). The CUDA backend's scratch part is
- * checked on a GPU by scripts/device/vram-estimate.sh (docs/verification.md). */
+ * m x the longest sequence (it does not know how the other rows split into sequences). The CUDA
+ * backend's scratch part is checked on a GPU by scripts/device/vram-estimate.sh
+ * (docs/verification.md). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

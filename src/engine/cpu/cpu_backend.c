@@ -579,7 +579,8 @@ static tdm_status cpu_reserve_scratch(tdm_backend *be, const tdm_be_step_shape *
     if (cpu->blas_threaded) request[CPU_SCRATCH_CE_PARTIAL] = 0; /* dH in threaded calls */
     for (int i = 0; i < CPU_SCRATCH_N; i++)
         if (request[i] && !cpu_scratch(cpu, (cpu_scratch_slot)i, (size_t)request[i]))
-            return tdm_fail(err, TDM_ERR_NOMEM, "reserve: out of host memory for %.1f MiB of scratch",
+            return tdm_fail(err, TDM_ERR_NOMEM,
+                            "reserve: out of host memory for %.1f MiB of scratch",
                             (double)request[i] / (1 << 20));
     return TDM_OK;
 }
@@ -621,8 +622,6 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
                   y, w->rows);
         return TDM_OK;
     }
-    /* tiles of at most 16 MiB of f32, dequantized by all threads, then multiplied while in the
-     * caches */
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     float *buf =
         cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
@@ -647,8 +646,6 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
                   dx, w->cols);
         return TDM_OK;
     }
-    /* tiles of at most 16 MiB of f32, dequantized by all threads, then multiplied while in the
-     * caches */
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     float *buf =
         cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));

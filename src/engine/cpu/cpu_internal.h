@@ -20,7 +20,6 @@
  * result, so this only affects speed.) */
 #define TDM_CPU_PAR_MIN ((int64_t)1 << 15)
 
-
 typedef struct cpu_backend {
     struct tdm_backend base;
     int n_threads;

@@ -18,6 +18,11 @@ tdm_status tdm_cpu_att_keep_cap(int64_t *bytes, tdm_error *err)
     return TDM_OK;
 }
 
+static int64_t round16(int64_t x)
+{
+    return (x + 15) / 16 * 16;
+}
+
 int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols)
 {
     /* equal tiles of at most 4 Mi floats (16 MiB; a multiple of 16 rows): a 4864 x 896 gate_proj
@@ -26,7 +31,7 @@ int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols)
     int64_t max_rows = ((int64_t)1 << 22) / cols;
     if (max_rows < 16) max_rows = 16;
     int64_t n = (rows + max_rows - 1) / max_rows;
-    int64_t t = ((rows + n - 1) / n + 15) / 16 * 16;
+    int64_t t = round16((rows + n - 1) / n);
     return t > rows ? rows : t;
 }
 
@@ -39,7 +44,7 @@ int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols)
 
 int64_t tdm_cpu_ce_vblock(int64_t V)
 {
-    int64_t b = ((V + CE_VBLOCKS - 1) / CE_VBLOCKS + 15) / 16 * 16;
+    int64_t b = round16((V + CE_VBLOCKS - 1) / CE_VBLOCKS);
     return b < CE_VBLOCK_MIN ? CE_VBLOCK_MIN : b;
 }
 

@@ -39,8 +39,9 @@ typedef enum {
  * TDM_ERR_INVALID naming the variable when it is not KiB from 0 to 2^30. */
 tdm_status tdm_cpu_att_keep_cap(int64_t *bytes, tdm_error *err);
 
-/* The tile of rows a non-f32 weight (rows, cols) is dequantized in: equal tiles of at most 4 Mi
- * floats, a multiple of 16 rows. */
+/* The tile of rows a non-f32 weight (rows, cols) is dequantized in by linear_fwd / linear_bwd:
+ * equal tiles of at most 4 Mi floats (16 MiB), a multiple of 16 rows, dequantized by all threads
+ * and then multiplied while in the caches. */
 int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols);
 
 /* dH's vocabulary blocks of the cross-entropy: rows per block, and the count covering V. */

@@ -15,8 +15,8 @@
  * OpenMP build of OpenBLAS: cpu_blas_sgemm's threaded calls, one per 256 vocabulary rows (each
  * cuts C's rows and columns over the threads; W streams once per chunk). Otherwise a tiled GEMM
  * would cut only c and d, and every tile would stream its own copy of W; so K is split instead:
- * fixed blocks of vocabulary rows (tdm_cpu_ce_vblock), one task each computing its partial product (c, d)
- * into its own slice of part; then dH = the partials summed in block order. Fixed blocks and a
+ * fixed blocks of vocabulary rows (tdm_cpu_ce_vblock), one task each computing its partial
+ * product (c, d) into its own slice of part; then dH = the partials summed in block order. Fixed blocks and a
  * fixed order: the same bits whatever the thread count (other bits than the one call's, within f32
  * rounding). */
 #define CE_ROWS 256
