@@ -763,15 +763,37 @@ static void reject(tdm_cotrain_serving *s, uint64_t conn, tdm_status status, con
 
 /* The plan's reservation (MiB) as --vram auto takes it, the backend scratch counted at the largest
  * size held so far (the scratch never shrinks). */
-static int64_t plan_mb(tdm_cotrain_serving *s, tdm_model_mem *est)
-{
-    if (est->backend_scratch < s->scratch_hw) est->backend_scratch = s->scratch_hw;
-    return tdm_device_reservation_mb(est);
-}
-
 static bool on_gpu(const tdm_cotrain_serving *s)
 {
     return s->dev && s->dev->gpu;
+}
+
+/* The activations the host's plans are made for (the CUDA backend's also on a simulated GPU,
+ * whose reservation is the one a real GPU's plan would take). */
+static tdm_be_dtype host_act(const tdm_cotrain_serving *s)
+{
+    return on_gpu(s) ? TDM_BE_BF16 : TDM_BE_F32;
+}
+
+/* What a plan of est (host_act's estimate) needs, MiB: its reservation on a GPU, its need on the
+ * CPU. */
+static int64_t plan_mb(tdm_cotrain_serving *s, tdm_model_mem *est)
+{
+    if (est->backend_scratch < s->scratch_hw) est->backend_scratch = s->scratch_hw;
+    return on_gpu(s) ? tdm_device_reservation_mb(est) : tdm_device_cpu_need_mb(est);
+}
+
+/* The memory a CPU host may use (tdm_device_cpu_memory_limit), -1 when unknown; where (cap
+ * bytes) says what binds. */
+static int64_t cpu_limit_mb(char *where, size_t cap)
+{
+    int64_t limit_mb = -1, avail_mb = -1;
+    tdm_error why = {0};
+    if (tdm_device_cpu_memory_limit(&limit_mb, &avail_mb, where, cap, &why) != TDM_OK) {
+        snprintf(where, cap, "the machine's memory (unknown: %.300s)", why.message);
+        return -1;
+    }
+    return limit_mb;
 }
 
 static int active_adapters(const tdm_trainer *t)
@@ -793,7 +815,7 @@ static void plan_start(tdm_cotrain_serving *s, tdm_trainer *t)
     s->n_active = active_adapters(t);
     tdm_model_mem est;
     tdm_error e = {0};
-    if (tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) return;
+    if (tdm_trainer_join_estimate(t, NULL, host_act(s), &est, &e) != TDM_OK) return;
     s->scratch_hw = est.backend_scratch;
     s->plan_mb = plan_mb(s, &est);
     s->grow_checked_ns = tdm_now_mono_ns(); /* the plan was just fitted to what is free */
@@ -824,10 +846,19 @@ static bool switch_plan(tdm_cotrain_serving *s, tdm_trainer *t, const tdm_leave_
  * adapters, and what is released now is room for it. */
 static void replan_after_leave(tdm_cotrain_serving *s, tdm_trainer *t, int active, int left)
 {
-    if (!on_gpu(s) || active < 1 || s->n_wait > 0) return;
-    tdm_leave_replan_request rq = {.reservation_mb = s->dev->budget_mb, .plan_mb = s->plan_mb};
-    rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    if (active < 1 || s->n_wait > 0) return;
+    char where[400];
+    tdm_leave_replan_request rq = {0};
+    if (on_gpu(s)) {
+        rq.reservation_mb = s->dev->budget_mb;
+        rq.plan_mb = s->plan_mb;
+        rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    } else { /* no reservation: the fastest plan within the memory the host may use */
+        if ((rq.reservation_mb = rq.plan_mb = cpu_limit_mb(where, sizeof where)) < 0) return;
+        rq.fit.context_mb = TDM_CPU_PROCESS_MIB;
+    }
     rq.fit.scratch_floor = s->scratch_hw;
+    rq.fit.act = host_act(s);
     tdm_leave_replan lr;
     tdm_error e = {0};
     if (tdm_trainer_leave_replan(t, &rq, &lr, &e) != TDM_OK) {
@@ -837,6 +868,13 @@ static void replan_after_leave(tdm_cotrain_serving *s, tdm_trainer *t, int activ
     }
     char was[256], now[256];
     if (!lr.faster || !switch_plan(s, t, &lr, was, now)) return;
+    if (!on_gpu(s)) {
+        note(s->note, s->note_user,
+             "co-training: %d adapter(s) left, %d training: %s fits %s: using it, %lld MiB, "
+             "instead of %s, %lld MiB",
+             left, active, now, where, (long long)lr.plan.mb, was, (long long)lr.current.mb);
+        return;
+    }
     note(s->note, s->note_user,
          "co-training: %d adapter(s) left, %d training: %s fits the %lld MiB this finetune's "
          "reservation holds for its plan on %s: using it, %lld MiB, instead of %s, %lld MiB",
@@ -869,6 +907,7 @@ static void grow_to_faster(tdm_cotrain_serving *s, tdm_trainer *t)
     tdm_leave_replan_request rq = {.reservation_mb = growable, .plan_mb = growable - slack};
     rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
     rq.fit.scratch_floor = s->scratch_hw;
+    rq.fit.act = host_act(s);
     tdm_leave_replan lr;
     if (tdm_trainer_leave_replan(t, &rq, &lr, &e) != TDM_OK || !lr.faster ||
         lr.target_mb <= held)
@@ -910,7 +949,7 @@ static void shrink_after_leave(tdm_cotrain_serving *s, tdm_trainer *t)
     tdm_model_mem est;
     tdm_status st = tdm_trainer_shrink(t, &e);
     if (st == TDM_OK) replan_after_leave(s, t, active, left);
-    if (st != TDM_OK || tdm_trainer_join_estimate(t, NULL, &est, &e) != TDM_OK) {
+    if (st != TDM_OK || tdm_trainer_join_estimate(t, NULL, host_act(s), &est, &e) != TDM_OK) {
         note(s->note, s->note_user, "warning: memory of the adapters that left not released: %s",
              e.message);
         return;
@@ -1038,6 +1077,7 @@ static tdm_status plan_join(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join
     tdm_join_admit_request rq = {.reservation_mb = s->dev->budget_mb, .plan_mb = s->plan_mb};
     rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
     rq.fit.scratch_floor = s->scratch_hw;
+    rq.fit.act = host_act(s);
     TDM_TRY(tdm_device_growth_budget(s->dev, &rq.growable_mb, &rq.capacity_mb, e));
     *growable_mb = rq.growable_mb;
     TDM_TRY(tdm_trainer_join_admit(t, w->tj, &rq, adm, e));
@@ -1052,50 +1092,79 @@ static tdm_status plan_join(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join
                     (long long)rq.capacity_mb);
 }
 
-/* The head waiter's admission on the CPU: the need of the unfinished adapters with its adapters
- * against the machine's memory (tdm_device_cpu_memory_check: refused when it could never fit,
- * a warning when it exceeds what is available now). There is no ledger to grow. */
-static tdm_status cpu_join_check(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w,
-                                 tdm_error *e)
+/* The head waiter's admission on the CPU (tdm_trainer_join_admit; no ledger to grow): the plan
+ * of the unfinished adapters with its adapters that fits the memory the host may use
+ * (tdm_device_cpu_memory_limit, where says what binds), applied at this boundary like a GPU
+ * host's; refused when even the smallest exceeds it. Growth past what is available this moment
+ * is admitted with a warning (the CPU has no queue to wait in, and page cache is reclaimed). An
+ * unknown limit: the plan as asked, with a note. */
+static tdm_status plan_join_cpu(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w,
+                                tdm_join_admission *adm, char *where, size_t cap, tdm_error *e)
 {
-    tdm_model_mem est;
-    TDM_TRY(tdm_trainer_join_cpu_estimate(t, w->tj, &est, e));
-    tdm_device_request rq = {.note = s->note, .note_user = s->note_user};
-    tdm_status st = tdm_device_cpu_memory_check(&rq, &est, e);
-    if (st == TDM_ERR_NEVER_FITS) {
-        char why[sizeof e->message];
-        snprintf(why, sizeof why, "%s", e->message);
-        return tdm_fail(e, st, "with the adapters of pid %d, the finetune of pid %d: %s; or run "
-                               "with --no-join",
-                        (int)w->peer.pid, (int)getpid(), why);
-    }
-    return st;
+    int64_t limit = cpu_limit_mb(where, cap);
+    if (limit < 0)
+        note(s->note, s->note_user, "note: %s; the adapters of pid %d are admitted unchecked",
+             where, (int)w->peer.pid);
+    tdm_join_admit_request rq = {
+        .reservation_mb = limit, .plan_mb = limit, .growable_mb = limit, .capacity_mb = limit};
+    rq.fit.context_mb = TDM_CPU_PROCESS_MIB;
+    rq.fit.scratch_floor = s->scratch_hw;
+    rq.fit.act = host_act(s);
+    TDM_TRY(tdm_trainer_join_admit(t, w->tj, &rq, adm, e));
+    char smallest[256];
+    tdm_memory_plan_describe(&adm->plan, smallest, sizeof smallest);
+    if (adm->kind == TDM_JOIN_NEVER_FITS)
+        return tdm_fail(e, TDM_ERR_NEVER_FITS,
+                        "with the adapters of pid %d, the finetune of pid %d needs at least %lld "
+                        "MiB (its smallest plan: %s), more than %s; lower --max-seq-len, "
+                        "--batch-size or --rank, use --method qlora, or run with --no-join",
+                        (int)w->peer.pid, (int)getpid(), (long long)adm->need_mb, smallest, where);
+    int64_t limit_now, avail_mb;
+    char ignored[400];
+    tdm_error why = {0};
+    if (limit >= 0 && adm->plan.mb > s->plan_mb &&
+        tdm_device_cpu_memory_limit(&limit_now, &avail_mb, ignored, sizeof ignored, &why) ==
+            TDM_OK &&
+        adm->plan.mb - s->plan_mb > avail_mb)
+        note(s->note, s->note_user,
+             "warning: co-training: the adapters of pid %d take this finetune's need from %lld to "
+             "%lld MiB, more than the %lld MiB available now: it may swap or be killed for memory",
+             (int)w->peer.pid, (long long)s->plan_mb, (long long)adm->plan.mb,
+             (long long)avail_mb);
+    return TDM_OK;
 }
 
-/* Says the plan an admission changed to (one line), when it is not the one in use. */
+/* Says the plan an admission changed to (one line), when it is not the one in use; what bounded
+ * it: the reservation's growth on a GPU, cpu_where on the CPU. */
 static void note_plan(tdm_cotrain_serving *s, const waiting_join *w, const tdm_join_admission *adm,
-                      int64_t growable_mb)
+                      int64_t growable_mb, const char *cpu_where)
 {
-    char what[256];
+    char what[256], limit[512];
     tdm_memory_plan_describe(&adm->plan, what, sizeof what);
+    if (on_gpu(s))
+        snprintf(limit, sizeof limit, "the %lld MiB this finetune's reservation can grow to on %s",
+                 (long long)growable_mb, s->dev->lease.gpu_uuid);
+    else
+        snprintf(limit, sizeof limit, "%s", cpu_where);
     if (adm->plan.rung != TDM_PLAN_AS_ASKED)
         note(s->note, s->note_user,
              "co-training: with %d adapter(s) of pid %d the plan as asked needs %lld MiB, more "
-             "than the %lld MiB this finetune's reservation can grow to on %s: using %s, %lld MiB",
-             w->join.u.join.n_adapters, (int)w->peer.pid, (long long)adm->fit.asked.mb,
-             (long long)growable_mb, s->dev->lease.gpu_uuid, what, (long long)adm->plan.mb);
+             "than %s: using %s, %lld MiB",
+             w->join.u.join.n_adapters, (int)w->peer.pid, (long long)adm->fit.asked.mb, limit,
+             what, (long long)adm->plan.mb);
     else
         note(s->note, s->note_user,
              "co-training: with %d adapter(s) of pid %d the plan as asked fits: using it, %lld MiB",
              w->join.u.join.n_adapters, (int)w->peer.pid, (long long)adm->plan.mb);
 }
 
-/* Admits waiting joins in arrival order while the reservation can grow for the head one. On a
- * GPU each admission re-plans (memory_plan.h, tdm_memory_plan_admit): the plan of the unfinished
- * adapters with the joiner's that fits what the reservation can grow to now, applied at this
- * step boundary (tdm_trainer_set_memory_plan: checkpointing and the split), after the ledger
- * granted the growth and before the joiner's adapters are allocated; a plan that needs less
- * than the reservation holds shrinks it after the commit. */
+/* Admits waiting joins in arrival order while the reservation can grow for the head one. Each
+ * admission re-plans (memory_plan.h, tdm_memory_plan_admit): the plan of the unfinished adapters
+ * with the joiner's that fits what the reservation can grow to now on a GPU (the memory the
+ * process may use on the CPU: plan_join_cpu), applied at this step boundary
+ * (tdm_trainer_set_memory_plan: checkpointing and the split), after the ledger granted the
+ * growth and before the joiner's adapters are allocated; a plan that needs less than the
+ * reservation holds shrinks it after the commit. */
 static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
 {
     while (s->n_wait > 0) {
@@ -1103,6 +1172,7 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
         int64_t with_mb = 0, target = 0, growable = -1;
         uint64_t scratch = 0;
         bool granted = true, replan = false;
+        char cpu_where[400] = "";
         bool gc0 = tdm_trainer_grad_checkpoint(t);
         tdm_recompute rc0 = tdm_trainer_recompute(t);
         int split0 = tdm_trainer_split(t);
@@ -1111,25 +1181,24 @@ static void admit_waiting(tdm_cotrain_serving *s, tdm_trainer *t)
         tdm_wait_report rep = {0};
         tdm_error e = {0};
         tdm_status st = TDM_OK;
-        if (on_gpu(s)) {
-            st = plan_join(s, t, w, &adm, &growable, &e);
-            if (st == TDM_OK) {
-                scratch = adm.plan.est.backend_scratch;
-                with_mb = adm.plan.mb;
-                target = adm.target_mb;
-                replan = adm.plan.grad_checkpoint != gc0 || adm.plan.split != split0 ||
-                         (gc0 && adm.plan.recompute != rc0);
-                if (target > before)
-                    st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait,
-                                           &w->ticket, &granted, &rep, &e);
-            }
-        } else {
-            st = cpu_join_check(s, t, w, &e);
+        st = on_gpu(s) ? plan_join(s, t, w, &adm, &growable, &e)
+                       : plan_join_cpu(s, t, w, &adm, cpu_where, sizeof cpu_where, &e);
+        if (st == TDM_OK) {
+            scratch = adm.plan.est.backend_scratch;
+            with_mb = adm.plan.mb;
+            replan = adm.plan.grad_checkpoint != gc0 || adm.plan.split != split0 ||
+                     (gc0 && adm.plan.recompute != rc0);
+        }
+        if (st == TDM_OK && on_gpu(s)) {
+            target = adm.target_mb;
+            if (target > before)
+                st = tdm_device_resize(s->dev, target, !w->join.u.join.opts.no_wait, &w->ticket,
+                                       &granted, &rep, &e);
         }
         if (st == TDM_OK && granted && replan) {
             st = tdm_trainer_set_memory_plan(t, adm.plan.grad_checkpoint, adm.plan.recompute,
                                              adm.plan.split, &e);
-            if (st == TDM_OK) note_plan(s, w, &adm, growable);
+            if (st == TDM_OK) note_plan(s, w, &adm, growable, cpu_where);
         }
         if (st != TDM_OK) {
             note(s->note, s->note_user, "refused %d adapter(s) of pid %d (%s): %s",

@@ -436,29 +436,37 @@ tdm_status tdm_device_gpu_budgets(tdm_inventory *inv, int64_t **budget_mb, tdm_e
     return TDM_OK;
 }
 
+tdm_status tdm_device_cpu_memory_limit(int64_t *limit_mb, int64_t *avail_mb, char *where,
+                                       size_t cap, tdm_error *err)
+{
+    const char *path = getenv("TANDEM_MEMINFO");
+    if (!path || !*path) path = "/proc/meminfo";
+    int64_t total_mb, avail;
+    TDM_TRY(tdm_meminfo_read(path, &total_mb, &avail, err));
+    /* a container's or a Slurm job's cgroup limit binds before the machine's memory does */
+    int64_t cg_mb = (int64_t)(tdm_cgroup_memory_limit() >> 20);
+    if (cg_mb > 0 && cg_mb < total_mb) {
+        snprintf(where, cap, "this process's cgroup memory limit of %lld MiB", (long long)cg_mb);
+        total_mb = cg_mb;
+        if (avail > cg_mb) avail = cg_mb;
+    } else {
+        snprintf(where, cap, "this machine's %lld MiB of memory (%s)", (long long)total_mb, path);
+    }
+    *limit_mb = total_mb;
+    *avail_mb = avail;
+    return TDM_OK;
+}
+
 tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_model_mem *est,
                                        tdm_error *err)
 {
     int64_t need = tdm_device_cpu_need_mb(est), total_mb, avail_mb;
-    const char *path = getenv("TANDEM_MEMINFO");
-    if (!path || !*path) path = "/proc/meminfo";
+    char cap[400];
     tdm_error why = {0};
-    if (tdm_meminfo_read(path, &total_mb, &avail_mb, &why) != TDM_OK) {
+    if (tdm_device_cpu_memory_limit(&total_mb, &avail_mb, cap, sizeof cap, &why) != TDM_OK) {
         note(req, "note: the machine's memory is unknown (%s); not checked against the %lld MiB "
                   "this run needs", why.message, (long long)need);
         return TDM_OK;
-    }
-    /* a container's or a Slurm job's cgroup limit binds before the machine's memory does */
-    int64_t limit_mb = (int64_t)(tdm_cgroup_memory_limit() >> 20);
-    char cap[256];
-    if (limit_mb > 0 && limit_mb < total_mb) {
-        snprintf(cap, sizeof cap, "this process's cgroup memory limit of %lld MiB",
-                 (long long)limit_mb);
-        total_mb = limit_mb;
-        if (avail_mb > limit_mb) avail_mb = limit_mb;
-    } else {
-        snprintf(cap, sizeof cap, "this machine's %lld MiB of memory (%s)", (long long)total_mb,
-                 path);
     }
     char parts[256];
     snprintf(parts, sizeof parts,
@@ -475,8 +483,8 @@ tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_
     if (need > avail_mb)
         note(req,
              "warning: this run needs about %lld MiB (%s), more than the %lld MiB available now "
-             "(%s): it may swap or be killed for memory",
-             (long long)need, parts, (long long)avail_mb, path);
+             "of %s: it may swap or be killed for memory",
+             (long long)need, parts, (long long)avail_mb, cap);
     else
         note(req, "cpu memory: about %lld MiB (%s) of %lld MiB available", (long long)need, parts,
              (long long)avail_mb);

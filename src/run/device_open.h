@@ -112,9 +112,17 @@ int64_t tdm_device_reservation_mb(const tdm_model_mem *est);
  * machine's memory (tdm_device_cpu_memory_check). */
 int64_t tdm_device_cpu_need_mb(const tdm_model_mem *est);
 
-/* Before a CPU run loads anything: need_mb (tdm_device_cpu_need_mb) against the machine's memory
- * from /proc/meminfo (TANDEM_MEMINFO=PATH: that file instead, a test seam) and the tightest
- * cgroup memory limit on this process (util/cgroup.h), whichever is lower. More than that:
+/* The memory a CPU run may use (MiB): the machine's MemTotal from /proc/meminfo
+ * (TANDEM_MEMINFO=PATH: that file instead, a test seam) or the tightest cgroup memory limit on this
+ * process (util/cgroup.h), whichever is lower, as *limit_mb, and MemAvailable capped by it as
+ * *avail_mb; what binds in words in where (cap bytes: "this machine's N MiB of memory (PATH)",
+ * "this process's cgroup memory limit of N MiB"). TDM_ERR_IO (err says why) when meminfo is
+ * unreadable. */
+tdm_status tdm_device_cpu_memory_limit(int64_t *limit_mb, int64_t *avail_mb, char *where,
+                                       size_t cap, tdm_error *err);
+
+/* Before a CPU run loads anything: need_mb (tdm_device_cpu_need_mb) against the memory it may use
+ * (tdm_device_cpu_memory_limit). More than that:
  * TDM_ERR_NEVER_FITS naming both figures and what would shrink the run. More than MemAvailable:
  * a note through req->note, and the run goes on (other processes' memory may be freed, page
  * cache is reclaimed). An unreadable meminfo: a note, no check. */

@@ -137,7 +137,7 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
     TDM_TRY(tdm_device_budget_query(&o->device, &b, err));
     if (!b.gpu || b.budget_mb < 0) return TDM_OK;
     tdm_memory_fit fit;
-    TDM_TRY(tdm_trainer_memory_fit(tr, b.budget_mb, TDM_CUDA_CONTEXT_MIB, &fit, err));
+    TDM_TRY(tdm_trainer_memory_fit(tr, TDM_BE_BF16, b.budget_mb, TDM_CUDA_CONTEXT_MIB, &fit, err));
     char chosen[256], smallest[256];
     tdm_memory_plan_describe(&fit.chosen, chosen, sizeof chosen);
     tdm_memory_plan_describe(&fit.smallest, smallest, sizeof smallest);
@@ -193,6 +193,43 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
                                        fit.chosen.split, err);
 }
 
+/* On the CPU: the first plan of the run that fits the memory it may use
+ * (tdm_device_cpu_memory_limit: the machine's or the cgroup's limit, not what is available this
+ * moment, so the plan, and with it the result to float rounding, does not depend on what other
+ * processes hold), in tdm_memory_plan_fit's order: the plan as asked, gradient checkpointing,
+ * then micro-batches with accumulation. Applied to the trainer and said in one line when it is not
+ * the plan as asked; when even the smallest exceeds the limit the run fails at once
+ * (TDM_ERR_NEVER_FITS, exit 1) naming what it would need. An unknown limit: the plan as asked
+ * (tdm_device_cpu_memory_check says so). */
+static tdm_status fit_cpu_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_error *err)
+{
+    int64_t limit_mb, avail_mb;
+    char where[400];
+    tdm_error why = {0};
+    if (tdm_device_cpu_memory_limit(&limit_mb, &avail_mb, where, sizeof where, &why) != TDM_OK)
+        return TDM_OK;
+    tdm_memory_fit fit;
+    TDM_TRY(tdm_trainer_memory_fit(tr, TDM_BE_F32, limit_mb, TDM_CPU_PROCESS_MIB, &fit, err));
+    char chosen[256], smallest[256];
+    tdm_memory_plan_describe(&fit.chosen, chosen, sizeof chosen);
+    tdm_memory_plan_describe(&fit.smallest, smallest, sizeof smallest);
+    if (!fit.fits)
+        return tdm_fail(err, TDM_ERR_NEVER_FITS,
+                        "--device cpu: this run needs at least %lld MiB (its smallest plan: %s; "
+                        "as asked %lld MiB), more than %s. Use --method qlora, a lower "
+                        "--max-seq-len or --batch-size, fewer adapters, or a larger machine",
+                        (long long)fit.smallest.mb, smallest, (long long)fit.asked.mb, where);
+    if (fit.chosen.rung != TDM_PLAN_AS_ASKED && o->device.note) {
+        char line[1024];
+        snprintf(line, sizeof line,
+                 "cpu memory: the plan as asked needs %lld MiB, more than %s: using %s, %lld MiB",
+                 (long long)fit.asked.mb, where, chosen, (long long)fit.chosen.mb);
+        o->device.note(line, o->device.note_user);
+    }
+    return tdm_trainer_set_memory_plan(tr, fit.chosen.grad_checkpoint, fit.chosen.recompute,
+                                       fit.chosen.split, err);
+}
+
 /* One line on the base's load: at 7B it is the wait before anyone's first step (a joiner's too). */
 static void note_load_times(const tdm_trainer *tr, const tdm_run_opts *o)
 {
@@ -223,10 +260,12 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
         tdm_trainer_free(tr);
         return st;
     }
-    /* a CPU run checks the machine's memory before it loads anything (the GPU's is the ledger's) */
+    /* a CPU run fits its plan to the machine's memory before it loads anything (the GPU's is
+     * the ledger's) */
     if (!dev.gpu) {
         tdm_model_mem cpu_est;
-        if ((st = tdm_trainer_cpu_memory_estimate(tr, &cpu_est, err)) != TDM_OK ||
+        if ((st = fit_cpu_memory_plan(tr, o, err)) != TDM_OK ||
+            (st = tdm_trainer_cpu_memory_estimate(tr, &cpu_est, err)) != TDM_OK ||
             (st = tdm_device_cpu_memory_check(&o->device, &cpu_est, err)) != TDM_OK)
             goto out;
     }

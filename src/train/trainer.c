@@ -1499,16 +1499,9 @@ static tdm_status estimate_act(const tdm_trainer *t, bool active_only, const tdm
     return st;
 }
 
-/* estimate_act on the CUDA backend (bf16 activations) */
-static tdm_status estimate_of(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
-                              tdm_model_mem *out, tdm_error *err)
-{
-    return estimate_act(t, active_only, extra, TDM_BE_BF16, out, err);
-}
-
 tdm_status tdm_trainer_memory_estimate(const tdm_trainer *t, tdm_model_mem *out, tdm_error *err)
 {
-    return estimate_of(t, false, NULL, out, err);
+    return estimate_act(t, false, NULL, TDM_BE_BF16, out, err);
 }
 
 tdm_status tdm_trainer_cpu_memory_estimate(const tdm_trainer *t, tdm_model_mem *out,
@@ -1530,8 +1523,8 @@ static int max_grad_accum(const tdm_trainer *t)
  * --grad-checkpoint as the user gave it; its adapters are malloc'd into *ads (*n of them: free
  * with free_plan_adapters). */
 static tdm_status fit_request(const tdm_trainer *t, bool active_only, const tdm_trainer *extra,
-                              tdm_memory_fit_request *req, tdm_plan_adapter **ads, int *n,
-                              tdm_error *err)
+                              tdm_be_dtype act, tdm_memory_fit_request *req, tdm_plan_adapter **ads,
+                              int *n, tdm_error *err)
 {
     int cap = t->n + (extra ? extra->n : 0);
     *ads = calloc((size_t)cap + 1, sizeof **ads);
@@ -1545,7 +1538,7 @@ static tdm_status fit_request(const tdm_trainer *t, bool active_only, const tdm_
     mo.recompute = t->rc_asked;
     *req = (tdm_memory_fit_request){.config = t->mcfg_host,
                                     .opts = mo,
-                                    .act = TDM_BE_BF16,
+                                    .act = act,
                                     .adapters = *ads,
                                     .n_adapters = *n,
                                     .synchronized = t->o.schedule == TDM_SCHEDULE_SYNCHRONIZED,
@@ -1553,13 +1546,13 @@ static tdm_status fit_request(const tdm_trainer *t, bool active_only, const tdm_
     return TDM_OK;
 }
 
-tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
-                                  tdm_memory_fit *out, tdm_error *err)
+tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, tdm_be_dtype act, int64_t budget_mb,
+                                  int64_t context_mb, tdm_memory_fit *out, tdm_error *err)
 {
     tdm_memory_fit_request req;
     tdm_plan_adapter *ads = NULL;
     int n = 0;
-    TDM_TRY(fit_request(t, false, NULL, &req, &ads, &n, err));
+    TDM_TRY(fit_request(t, false, NULL, act, &req, &ads, &n, err));
     req.context_mb = context_mb;
     req.budget_mb = budget_mb;
     tdm_status st = tdm_memory_plan_fit(&req, out, err);
@@ -2150,15 +2143,9 @@ tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adap
 }
 
 tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
-                                     tdm_model_mem *out, tdm_error *err)
+                                     tdm_be_dtype act, tdm_model_mem *out, tdm_error *err)
 {
-    return estimate_of(t, true, j ? j->nt : NULL, out, err);
-}
-
-tdm_status tdm_trainer_join_cpu_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
-                                         tdm_model_mem *out, tdm_error *err)
-{
-    return estimate_act(t, true, j ? j->nt : NULL, TDM_BE_F32, out, err);
+    return estimate_act(t, true, j ? j->nt : NULL, act, out, err);
 }
 
 tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *j,
@@ -2168,7 +2155,7 @@ tdm_status tdm_trainer_join_admit(const tdm_trainer *t, const tdm_trainer_join *
     tdm_join_admit_request r = *req;
     tdm_plan_adapter *ads = NULL;
     int n = 0;
-    TDM_TRY(fit_request(t, true, j ? j->nt : NULL, &r.fit, &ads, &n, err));
+    TDM_TRY(fit_request(t, true, j ? j->nt : NULL, req->fit.act, &r.fit, &ads, &n, err));
     r.fit.context_mb = req->fit.context_mb;
     r.fit.scratch_floor = req->fit.scratch_floor;
     tdm_status st = tdm_memory_plan_admit(&r, out, err);
@@ -2182,7 +2169,7 @@ tdm_status tdm_trainer_leave_replan(const tdm_trainer *t, const tdm_leave_replan
     tdm_leave_replan_request r = *req;
     tdm_plan_adapter *ads = NULL;
     int n = 0;
-    TDM_TRY(fit_request(t, true, NULL, &r.fit, &ads, &n, err));
+    TDM_TRY(fit_request(t, true, NULL, req->fit.act, &r.fit, &ads, &n, err));
     r.fit.context_mb = req->fit.context_mb;
     r.fit.scratch_floor = req->fit.scratch_floor;
     r.grad_checkpoint = t->o.grad_checkpoint;

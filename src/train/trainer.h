@@ -202,10 +202,11 @@ tdm_status tdm_trainer_cpu_memory_estimate(const tdm_trainer *t, tdm_model_mem *
 
 /* The memory plan (train/memory_plan.h) that fits budget_mb (MiB, context_mb included), for this
  * trainer's adapters measured on their data, its options (--grad-checkpoint as the user gave it)
- * and its --grad-accum: tdm_memory_plan_fit. Call it before tdm_trainer_set_memory_plan. */
+ * and its --grad-accum, with activations of act (TDM_BE_BF16 for the CUDA backend, TDM_BE_F32
+ * for the CPU's): tdm_memory_plan_fit. Call it before tdm_trainer_set_memory_plan. */
 struct tdm_memory_fit;
-tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, int64_t budget_mb, int64_t context_mb,
-                                  struct tdm_memory_fit *out, tdm_error *err);
+tdm_status tdm_trainer_memory_fit(const tdm_trainer *t, tdm_be_dtype act, int64_t budget_mb,
+                                  int64_t context_mb, struct tdm_memory_fit *out, tdm_error *err);
 
 /* tdm_trainer_memory_fit for the adapters subset[0..n_subset) of t alone (indices into t's
  * adapters): the plan a process training only them would choose (`finetune --gpus` asks it of
@@ -299,9 +300,10 @@ tdm_status tdm_trainer_add_adapters_resume(tdm_trainer *t, const tdm_trainer_ada
  *   prepare   validates them and reads their data (no device, nothing written, the running
  *             adapters untouched): the errors and *report of add_adapters; resume records that
  *             commit continues them as tdm_trainer_add_adapters_resume does;
- *   estimate  the memory estimate (tdm_trainer_memory_estimate's plan) of the unfinished
- *             adapters of t together with j's (j NULL: without them), so the difference of the
- *             two is what the join adds;
+ *   estimate  the memory estimate (tdm_trainer_memory_estimate's plan, with activations of
+ *             act: TDM_BE_BF16 on a GPU, TDM_BE_F32 on the CPU) of the unfinished adapters of t
+ *             together with j's (j NULL: without them), so the difference of the two is what the
+ *             join adds;
  *   commit    the rest of add_adapters (device state, OUT_DIRs, into the trainer) or, with
  *             resume, of add_adapters_resume (their checkpoints loaded, RESUMED reported);
  *             always frees j. */
@@ -310,14 +312,12 @@ tdm_status tdm_trainer_join_prepare(const tdm_trainer *t, const tdm_trainer_adap
                                     int n_adapters, bool resume, tdm_trainer_join **out,
                                     char **report, tdm_error *err);
 tdm_status tdm_trainer_join_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
-                                     tdm_model_mem *out, tdm_error *err);
-/* The same on the CPU backend (tdm_trainer_cpu_memory_estimate's): a CPU host's admission. */
-tdm_status tdm_trainer_join_cpu_estimate(const tdm_trainer *t, const tdm_trainer_join *j,
-                                         tdm_model_mem *out, tdm_error *err);
+                                     tdm_be_dtype act, tdm_model_mem *out, tdm_error *err);
 /* The memory admission of j (tdm_memory_plan_admit, train/memory_plan.h): the fit of the
  * unfinished adapters of t together with j's, measured on their data, under t's options with
  * --grad-checkpoint as the user gave it; req's reservation, plan, growable and capacity MiB and
- * its fit's context_mb and scratch_floor are the caller's (the rest of req->fit is ignored).
+ * its fit's act (TDM_BE_BF16 on a GPU, TDM_BE_F32 on the CPU), context_mb and scratch_floor are
+ * the caller's (the rest of req->fit is ignored).
  * Apply the answer's plan with tdm_trainer_set_memory_plan before the commit. */
 struct tdm_join_admit_request;
 struct tdm_join_admission;
@@ -330,7 +330,7 @@ tdm_status tdm_trainer_join_commit(tdm_trainer *t, tdm_trainer_join *j, int *fir
 /* After adapters left: whether the plan of t's unfinished adapters goes back to a faster one
  * within the reservation held (tdm_memory_plan_after_leave, train/memory_plan.h), measured on
  * their data, with --grad-checkpoint and --recompute as the user gave them and the plan in use
- * (the rest of req is the caller's: reservation_mb, plan_mb, fit.context_mb,
+ * (the rest of req is the caller's: reservation_mb, plan_mb, fit.act, fit.context_mb,
  * fit.scratch_floor). Apply a faster answer with tdm_trainer_set_memory_plan. TDM_ERR_INVALID
  * when no adapter is training. */
 struct tdm_leave_replan_request;

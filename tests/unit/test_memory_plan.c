@@ -394,20 +394,24 @@ static void test_trainer_fit_is_what_it_reserves(void **state)
     if (tdm_trainer_create(&t, &ro.trainer, &ad, 1, NULL, &err) != TDM_OK)
         fail_msg("create: %s", err.message);
     tdm_memory_fit big, f;
-    assert_int_equal(tdm_trainer_memory_fit(t, INT64_MAX / 2, TDM_CUDA_CONTEXT_MIB, &big, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_trainer_memory_fit(t, TDM_BE_BF16, INT64_MAX / 2, TDM_CUDA_CONTEXT_MIB, &big, &err),
+        TDM_OK);
     tdm_model_mem est;
     assert_int_equal(tdm_trainer_memory_estimate(t, &est, &err), TDM_OK);
     assert_int_equal(tdm_device_reservation_mb(&est), big.asked.mb);
     /* a budget below the plan as asked and both checkpointing ones: micro-batches */
-    assert_int_equal(tdm_trainer_memory_fit(t, big.asked.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_trainer_memory_fit(t, TDM_BE_BF16, big.asked.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
+        TDM_OK);
     assert_int_equal(f.chosen.rung, TDM_PLAN_RECOMPUTE_ATTN);
-    assert_int_equal(tdm_trainer_memory_fit(t, f.chosen.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_trainer_memory_fit(t, TDM_BE_BF16, f.chosen.mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err),
+        TDM_OK);
     assert_int_equal(f.chosen.rung, TDM_PLAN_GRAD_CHECKPOINT);
     int64_t gc_mb = f.chosen.mb;
-    assert_int_equal(tdm_trainer_memory_fit(t, gc_mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err), TDM_OK);
+    assert_int_equal(
+        tdm_trainer_memory_fit(t, TDM_BE_BF16, gc_mb - 1, TDM_CUDA_CONTEXT_MIB, &f, &err), TDM_OK);
     assert_true(f.fits);
     assert_int_equal(f.chosen.rung, TDM_PLAN_MICRO_BATCH);
     assert_int_equal(tdm_trainer_set_memory_plan(t, f.chosen.grad_checkpoint, f.chosen.recompute,
@@ -424,6 +428,7 @@ static void test_trainer_fit_is_what_it_reserves(void **state)
     assert_int_equal(tdm_trainer_set_memory_plan(t, true, TDM_RECOMPUTE_ATTN, 2, &err), TDM_OK);
     tdm_leave_replan_request lq = {.reservation_mb = gc_mb, .plan_mb = gc_mb};
     lq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
+    lq.fit.act = TDM_BE_BF16;
     tdm_leave_replan lr;
     assert_int_equal(tdm_trainer_leave_replan(t, &lq, &lr, &err), TDM_OK);
     assert_true(lr.faster);

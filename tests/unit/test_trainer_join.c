@@ -160,7 +160,8 @@ static uint64_t est_total(const tdm_trainer *t, const tdm_trainer_join *j)
 {
     tdm_model_mem m;
     tdm_error e = {0};
-    if (tdm_trainer_join_estimate(t, j, &m, &e) != TDM_OK) fail_msg("estimate: %s", e.message);
+    if (tdm_trainer_join_estimate(t, j, TDM_BE_BF16, &m, &e) != TDM_OK)
+        fail_msg("estimate: %s", e.message);
     return m.weights + m.activations + m.adapters + m.backend_scratch;
 }
 
@@ -233,6 +234,7 @@ static tdm_status at_boundary(tdm_trainer *t, void *user, tdm_error *err)
         TDM_TRY(tdm_trainer_shrink(t, err));
         p->used_before_back = be_used();
         tdm_leave_replan_request rq = {.reservation_mb = 1 << 20, .plan_mb = 1 << 20};
+        rq.fit.act = TDM_BE_BF16;
         TDM_TRY(tdm_trainer_leave_replan(t, &rq, &p->back, err));
         if (p->back.faster)
             TDM_TRY(tdm_trainer_set_memory_plan(t, p->back.plan.grad_checkpoint,
