@@ -761,8 +761,6 @@ static void reject(tdm_cotrain_serving *s, uint64_t conn, tdm_status status, con
 
 /* ---- memory admission: the host's reservation follows the plan of its adapters ---- */
 
-/* The plan's reservation (MiB) as --vram auto takes it, the backend scratch counted at the largest
- * size held so far (the scratch never shrinks). */
 static bool on_gpu(const tdm_cotrain_serving *s)
 {
     return s->dev && s->dev->gpu;
@@ -775,25 +773,32 @@ static tdm_be_dtype host_act(const tdm_cotrain_serving *s)
     return on_gpu(s) ? TDM_BE_BF16 : TDM_BE_F32;
 }
 
-/* What a plan of est (host_act's estimate) needs, MiB: its reservation on a GPU, its need on the
- * CPU. */
+/* What a plan of est (host_act's estimate) needs, MiB: its reservation as --vram auto takes it
+ * on a GPU, its need on the CPU; the backend scratch counted at the largest size held so far
+ * (the scratch never shrinks). */
 static int64_t plan_mb(tdm_cotrain_serving *s, tdm_model_mem *est)
 {
     if (est->backend_scratch < s->scratch_hw) est->backend_scratch = s->scratch_hw;
     return on_gpu(s) ? tdm_device_reservation_mb(est) : tdm_device_cpu_need_mb(est);
 }
 
-/* The memory a CPU host may use (tdm_device_cpu_memory_limit), -1 when unknown; where (cap
- * bytes) says what binds. */
-static int64_t cpu_limit_mb(char *where, size_t cap)
+/* The host's part of a fit request (train/memory_plan.h): its device's activations and fixed
+ * cost (the CUDA context, or the CPU process's), and the scratch it already holds. */
+static void host_fit(const tdm_cotrain_serving *s, tdm_memory_fit_request *fit)
 {
-    int64_t limit_mb = -1, avail_mb = -1;
+    fit->act = host_act(s);
+    fit->context_mb = on_gpu(s) ? TDM_CUDA_CONTEXT_MIB : TDM_CPU_PROCESS_MIB;
+    fit->scratch_floor = s->scratch_hw;
+}
+
+/* The memory a CPU host may use (tdm_device_cpu_memory_limit) into *m; false when unknown (then
+ * m->where says so). */
+static bool cpu_memory(tdm_cpu_memory *m)
+{
     tdm_error why = {0};
-    if (tdm_device_cpu_memory_limit(&limit_mb, &avail_mb, where, cap, &why) != TDM_OK) {
-        snprintf(where, cap, "the machine's memory (unknown: %.300s)", why.message);
-        return -1;
-    }
-    return limit_mb;
+    if (tdm_device_cpu_memory_limit(m, &why) == TDM_OK) return true;
+    snprintf(m->where, sizeof m->where, "the machine's memory (unknown: %.300s)", why.message);
+    return false;
 }
 
 static int active_adapters(const tdm_trainer *t)
@@ -847,18 +852,17 @@ static bool switch_plan(tdm_cotrain_serving *s, tdm_trainer *t, const tdm_leave_
 static void replan_after_leave(tdm_cotrain_serving *s, tdm_trainer *t, int active, int left)
 {
     if (active < 1 || s->n_wait > 0) return;
-    char where[400];
+    tdm_cpu_memory m;
     tdm_leave_replan_request rq = {0};
     if (on_gpu(s)) {
         rq.reservation_mb = s->dev->budget_mb;
         rq.plan_mb = s->plan_mb;
-        rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
-    } else { /* no reservation: the fastest plan within the memory the host may use */
-        if ((rq.reservation_mb = rq.plan_mb = cpu_limit_mb(where, sizeof where)) < 0) return;
-        rq.fit.context_mb = TDM_CPU_PROCESS_MIB;
+    } else if (cpu_memory(&m)) { /* no reservation: the fastest plan within the memory */
+        rq.reservation_mb = rq.plan_mb = m.limit_mb;
+    } else {
+        return;
     }
-    rq.fit.scratch_floor = s->scratch_hw;
-    rq.fit.act = host_act(s);
+    host_fit(s, &rq.fit);
     tdm_leave_replan lr;
     tdm_error e = {0};
     if (tdm_trainer_leave_replan(t, &rq, &lr, &e) != TDM_OK) {
@@ -872,7 +876,7 @@ static void replan_after_leave(tdm_cotrain_serving *s, tdm_trainer *t, int activ
         note(s->note, s->note_user,
              "co-training: %d adapter(s) left, %d training: %s fits %s: using it, %lld MiB, "
              "instead of %s, %lld MiB",
-             left, active, now, where, (long long)lr.plan.mb, was, (long long)lr.current.mb);
+             left, active, now, m.where, (long long)lr.plan.mb, was, (long long)lr.current.mb);
         return;
     }
     note(s->note, s->note_user,
@@ -905,9 +909,7 @@ static void grow_to_faster(tdm_cotrain_serving *s, tdm_trainer *t)
         return;
     int64_t slack = held - s->plan_mb;
     tdm_leave_replan_request rq = {.reservation_mb = growable, .plan_mb = growable - slack};
-    rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
-    rq.fit.scratch_floor = s->scratch_hw;
-    rq.fit.act = host_act(s);
+    host_fit(s, &rq.fit);
     tdm_leave_replan lr;
     if (tdm_trainer_leave_replan(t, &rq, &lr, &e) != TDM_OK || !lr.faster ||
         lr.target_mb <= held)
@@ -1075,9 +1077,7 @@ static tdm_status plan_join(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join
                             tdm_join_admission *adm, int64_t *growable_mb, tdm_error *e)
 {
     tdm_join_admit_request rq = {.reservation_mb = s->dev->budget_mb, .plan_mb = s->plan_mb};
-    rq.fit.context_mb = TDM_CUDA_CONTEXT_MIB;
-    rq.fit.scratch_floor = s->scratch_hw;
-    rq.fit.act = host_act(s);
+    host_fit(s, &rq.fit);
     TDM_TRY(tdm_device_growth_budget(s->dev, &rq.growable_mb, &rq.capacity_mb, e));
     *growable_mb = rq.growable_mb;
     TDM_TRY(tdm_trainer_join_admit(t, w->tj, &rq, adm, e));
@@ -1101,15 +1101,16 @@ static tdm_status plan_join(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join
 static tdm_status plan_join_cpu(tdm_cotrain_serving *s, tdm_trainer *t, waiting_join *w,
                                 tdm_join_admission *adm, char *where, size_t cap, tdm_error *e)
 {
-    int64_t limit = cpu_limit_mb(where, cap);
-    if (limit < 0)
+    tdm_cpu_memory m;
+    bool known = cpu_memory(&m);
+    snprintf(where, cap, "%s", m.where);
+    if (!known)
         note(s->note, s->note_user, "note: %s; the adapters of pid %d are admitted unchecked",
-             where, (int)w->peer.pid);
+             m.where, (int)w->peer.pid);
+    int64_t limit = known ? m.limit_mb : -1; /* -1: no limit (tdm_memory_plan_admit) */
     tdm_join_admit_request rq = {
         .reservation_mb = limit, .plan_mb = limit, .growable_mb = limit, .capacity_mb = limit};
-    rq.fit.context_mb = TDM_CPU_PROCESS_MIB;
-    rq.fit.scratch_floor = s->scratch_hw;
-    rq.fit.act = host_act(s);
+    host_fit(s, &rq.fit);
     TDM_TRY(tdm_trainer_join_admit(t, w->tj, &rq, adm, e));
     char smallest[256];
     tdm_memory_plan_describe(&adm->plan, smallest, sizeof smallest);
@@ -1118,19 +1119,14 @@ static tdm_status plan_join_cpu(tdm_cotrain_serving *s, tdm_trainer *t, waiting_
                         "with the adapters of pid %d, the finetune of pid %d needs at least %lld "
                         "MiB (its smallest plan: %s), more than %s; lower --max-seq-len, "
                         "--batch-size or --rank, use --method qlora, or run with --no-join",
-                        (int)w->peer.pid, (int)getpid(), (long long)adm->need_mb, smallest, where);
-    int64_t limit_now, avail_mb;
-    char ignored[400];
-    tdm_error why = {0};
-    if (limit >= 0 && adm->plan.mb > s->plan_mb &&
-        tdm_device_cpu_memory_limit(&limit_now, &avail_mb, ignored, sizeof ignored, &why) ==
-            TDM_OK &&
-        adm->plan.mb - s->plan_mb > avail_mb)
+                        (int)w->peer.pid, (int)getpid(), (long long)adm->need_mb, smallest,
+                        m.where);
+    if (known && adm->plan.mb - s->plan_mb > m.avail_mb)
         note(s->note, s->note_user,
              "warning: co-training: the adapters of pid %d take this finetune's need from %lld to "
              "%lld MiB, more than the %lld MiB available now: it may swap or be killed for memory",
              (int)w->peer.pid, (long long)s->plan_mb, (long long)adm->plan.mb,
-             (long long)avail_mb);
+             (long long)m.avail_mb);
     return TDM_OK;
 }
 

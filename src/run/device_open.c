@@ -436,37 +436,33 @@ tdm_status tdm_device_gpu_budgets(tdm_inventory *inv, int64_t **budget_mb, tdm_e
     return TDM_OK;
 }
 
-tdm_status tdm_device_cpu_memory_limit(int64_t *limit_mb, int64_t *avail_mb, char *where,
-                                       size_t cap, tdm_error *err)
+tdm_status tdm_device_cpu_memory_limit(tdm_cpu_memory *out, tdm_error *err)
 {
     const char *path = getenv("TANDEM_MEMINFO");
     if (!path || !*path) path = "/proc/meminfo";
-    int64_t total_mb, avail;
-    TDM_TRY(tdm_meminfo_read(path, &total_mb, &avail, err));
+    TDM_TRY(tdm_meminfo_read(path, &out->limit_mb, &out->avail_mb, err));
     /* a container's or a Slurm job's cgroup limit binds before the machine's memory does */
     int64_t cg_mb = (int64_t)(tdm_cgroup_memory_limit() >> 20);
-    if (cg_mb > 0 && cg_mb < total_mb) {
-        snprintf(where, cap, "this process's cgroup memory limit of %lld MiB", (long long)cg_mb);
-        total_mb = cg_mb;
-        if (avail > cg_mb) avail = cg_mb;
+    if (cg_mb > 0 && cg_mb < out->limit_mb) {
+        snprintf(out->where, sizeof out->where, "this process's cgroup memory limit of %lld MiB",
+                 (long long)cg_mb);
+        out->limit_mb = cg_mb;
+        if (out->avail_mb > cg_mb) out->avail_mb = cg_mb;
     } else {
-        snprintf(where, cap, "this machine's %lld MiB of memory (%s)", (long long)total_mb, path);
+        snprintf(out->where, sizeof out->where, "this machine's %lld MiB of memory (%s)",
+                 (long long)out->limit_mb, path);
     }
-    *limit_mb = total_mb;
-    *avail_mb = avail;
     return TDM_OK;
 }
 
-tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_model_mem *est,
-                                       tdm_error *err)
+void tdm_device_cpu_memory_note(const tdm_device_request *req, const tdm_cpu_memory *m,
+                                const char *unknown_why, const tdm_model_mem *est)
 {
-    int64_t need = tdm_device_cpu_need_mb(est), total_mb, avail_mb;
-    char cap[400];
-    tdm_error why = {0};
-    if (tdm_device_cpu_memory_limit(&total_mb, &avail_mb, cap, sizeof cap, &why) != TDM_OK) {
+    int64_t need = tdm_device_cpu_need_mb(est);
+    if (!m) {
         note(req, "note: the machine's memory is unknown (%s); not checked against the %lld MiB "
-                  "this run needs", why.message, (long long)need);
-        return TDM_OK;
+                  "this run needs", unknown_why, (long long)need);
+        return;
     }
     char parts[256];
     snprintf(parts, sizeof parts,
@@ -474,21 +470,14 @@ tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_
              (long long)mib_up(est->weights), (long long)mib_up(est->activations),
              (long long)mib_up(est->adapters), (long long)mib_up(est->backend_scratch),
              TDM_CPU_PROCESS_MIB);
-    if (need > total_mb)
-        return tdm_fail(err, TDM_ERR_NEVER_FITS,
-                        "--device cpu: this run needs about %lld MiB (%s), more than %s. Use "
-                        "--method qlora, --grad-checkpoint, a lower --max-seq-len or "
-                        "--batch-size, fewer adapters, or a larger machine",
-                        (long long)need, parts, cap);
-    if (need > avail_mb)
+    if (need > m->avail_mb)
         note(req,
              "warning: this run needs about %lld MiB (%s), more than the %lld MiB available now "
              "of %s: it may swap or be killed for memory",
-             (long long)need, parts, (long long)avail_mb, cap);
+             (long long)need, parts, (long long)m->avail_mb, m->where);
     else
         note(req, "cpu memory: about %lld MiB (%s) of %lld MiB available", (long long)need, parts,
-             (long long)avail_mb);
-    return TDM_OK;
+             (long long)m->avail_mb);
 }
 
 /* Reserves the plan's memory (or adopts gpu run's reservation) and points CUDA at that GPU. */

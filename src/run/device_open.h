@@ -108,26 +108,32 @@ int64_t tdm_device_reservation_mb(const tdm_model_mem *est);
 
 /* The memory a run on the CPU backend needs (MiB) for an estimate made with f32 activations:
  * every owner together rounded up to MiB, plus TDM_CPU_PROCESS_MIB. The same figure `tandem
- * submit` places CPU processes with and `tandem finetune --device cpu` checks against the
- * machine's memory (tdm_device_cpu_memory_check). */
+ * submit` places CPU processes with and `tandem finetune --device cpu` fits to the machine's
+ * memory (tdm_device_cpu_memory_limit). */
 int64_t tdm_device_cpu_need_mb(const tdm_model_mem *est);
 
-/* The memory a CPU run may use (MiB): the machine's MemTotal from /proc/meminfo
- * (TANDEM_MEMINFO=PATH: that file instead, a test seam) or the tightest cgroup memory limit on this
- * process (util/cgroup.h), whichever is lower, as *limit_mb, and MemAvailable capped by it as
- * *avail_mb; what binds in words in where (cap bytes: "this machine's N MiB of memory (PATH)",
- * "this process's cgroup memory limit of N MiB"). TDM_ERR_IO (err says why) when meminfo is
- * unreadable. */
-tdm_status tdm_device_cpu_memory_limit(int64_t *limit_mb, int64_t *avail_mb, char *where,
-                                       size_t cap, tdm_error *err);
+/* The memory a CPU run may use: the machine's MemTotal from /proc/meminfo (TANDEM_MEMINFO=PATH:
+ * that file instead, a test seam) or the tightest cgroup memory limit on this process
+ * (util/cgroup.h), whichever is lower. */
+typedef struct tdm_cpu_memory {
+    int64_t limit_mb; /* MemTotal or the cgroup limit */
+    int64_t avail_mb; /* MemAvailable, at most limit_mb */
+    /* what binds, in words: "this machine's N MiB of memory (PATH)", "this process's cgroup
+     * memory limit of N MiB" */
+    char where[400];
+} tdm_cpu_memory;
 
-/* Before a CPU run loads anything: need_mb (tdm_device_cpu_need_mb) against the memory it may use
- * (tdm_device_cpu_memory_limit). More than that:
- * TDM_ERR_NEVER_FITS naming both figures and what would shrink the run. More than MemAvailable:
- * a note through req->note, and the run goes on (other processes' memory may be freed, page
- * cache is reclaimed). An unreadable meminfo: a note, no check. */
-tdm_status tdm_device_cpu_memory_check(const tdm_device_request *req, const tdm_model_mem *est,
-                                       tdm_error *err);
+/* Reads *out (one read of meminfo and the cgroup files). TDM_ERR_IO (err says why) when meminfo
+ * is unreadable. */
+tdm_status tdm_device_cpu_memory_limit(tdm_cpu_memory *out, tdm_error *err);
+
+/* The one line a CPU run of estimate est (f32 activations) prints before it loads, through
+ * req->note: its need (tdm_device_cpu_need_mb, by owner) against m's MemAvailable, a warning
+ * when more (the run goes on: other processes' memory may be freed, page cache is reclaimed);
+ * m NULL (unknown, unknown_why): a note that nothing was checked. The need against the limit is
+ * the plan fit's (finetune_run.c). */
+void tdm_device_cpu_memory_note(const tdm_device_request *req, const tdm_cpu_memory *m,
+                                const char *unknown_why, const tdm_model_mem *est);
 
 /* The budget a run can get (docs/finetune.md, "The budget a run can get"): on one GPU, the most
  * the ledger would admit once every live reservation on it has ended, while the memory held

@@ -193,23 +193,23 @@ static tdm_status fit_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_er
                                        fit.chosen.split, err);
 }
 
-/* On the CPU: the first plan of the run that fits the memory it may use
- * (tdm_device_cpu_memory_limit: the machine's or the cgroup's limit, not what is available this
- * moment, so the plan, and with it the result to float rounding, does not depend on what other
- * processes hold), in tdm_memory_plan_fit's order: the plan as asked, gradient checkpointing,
- * then micro-batches with accumulation. Applied to the trainer and said in one line when it is not
- * the plan as asked; when even the smallest exceeds the limit the run fails at once
- * (TDM_ERR_NEVER_FITS, exit 1) naming what it would need. An unknown limit: the plan as asked
- * (tdm_device_cpu_memory_check says so). */
+/* On the CPU, before anything is loaded: the first plan of the run that fits the memory it may
+ * use (tdm_device_cpu_memory_limit: the machine's or the cgroup's limit, not what is available
+ * this moment, so the plan, and with it the result to float rounding, does not depend on what
+ * other processes hold), in tdm_memory_plan_fit's order: the plan as asked, gradient
+ * checkpointing, then micro-batches with accumulation. Applied to the trainer and said in one
+ * line when it is not the plan as asked, then the need against what is available
+ * (tdm_device_cpu_memory_note); when even the smallest exceeds the limit the run fails at once
+ * (TDM_ERR_NEVER_FITS, exit 1) naming what it would need. An unknown limit: the plan as asked,
+ * with a note. */
 static tdm_status fit_cpu_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, tdm_error *err)
 {
-    int64_t limit_mb, avail_mb;
-    char where[400];
+    tdm_cpu_memory m;
     tdm_error why = {0};
-    if (tdm_device_cpu_memory_limit(&limit_mb, &avail_mb, where, sizeof where, &why) != TDM_OK)
-        return TDM_OK;
+    bool known = tdm_device_cpu_memory_limit(&m, &why) == TDM_OK;
     tdm_memory_fit fit;
-    TDM_TRY(tdm_trainer_memory_fit(tr, TDM_BE_F32, limit_mb, TDM_CPU_PROCESS_MIB, &fit, err));
+    TDM_TRY(tdm_trainer_memory_fit(tr, TDM_BE_F32, known ? m.limit_mb : INT64_MAX / 4,
+                                   TDM_CPU_PROCESS_MIB, &fit, err));
     char chosen[256], smallest[256];
     tdm_memory_plan_describe(&fit.chosen, chosen, sizeof chosen);
     tdm_memory_plan_describe(&fit.smallest, smallest, sizeof smallest);
@@ -218,14 +218,15 @@ static tdm_status fit_cpu_memory_plan(tdm_trainer *tr, const tdm_run_opts *o, td
                         "--device cpu: this run needs at least %lld MiB (its smallest plan: %s; "
                         "as asked %lld MiB), more than %s. Use --method qlora, a lower "
                         "--max-seq-len or --batch-size, fewer adapters, or a larger machine",
-                        (long long)fit.smallest.mb, smallest, (long long)fit.asked.mb, where);
+                        (long long)fit.smallest.mb, smallest, (long long)fit.asked.mb, m.where);
     if (fit.chosen.rung != TDM_PLAN_AS_ASKED && o->device.note) {
         char line[1024];
         snprintf(line, sizeof line,
                  "cpu memory: the plan as asked needs %lld MiB, more than %s: using %s, %lld MiB",
-                 (long long)fit.asked.mb, where, chosen, (long long)fit.chosen.mb);
+                 (long long)fit.asked.mb, m.where, chosen, (long long)fit.chosen.mb);
         o->device.note(line, o->device.note_user);
     }
+    tdm_device_cpu_memory_note(&o->device, known ? &m : NULL, why.message, &fit.chosen.est);
     return tdm_trainer_set_memory_plan(tr, fit.chosen.grad_checkpoint, fit.chosen.recompute,
                                        fit.chosen.split, err);
 }
@@ -262,13 +263,7 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
     }
     /* a CPU run fits its plan to the machine's memory before it loads anything (the GPU's is
      * the ledger's) */
-    if (!dev.gpu) {
-        tdm_model_mem cpu_est;
-        if ((st = fit_cpu_memory_plan(tr, o, err)) != TDM_OK ||
-            (st = tdm_trainer_cpu_memory_estimate(tr, &cpu_est, err)) != TDM_OK ||
-            (st = tdm_device_cpu_memory_check(&o->device, &cpu_est, err)) != TDM_OK)
-            goto out;
-    }
+    if (!dev.gpu && (st = fit_cpu_memory_plan(tr, o, err)) != TDM_OK) goto out;
     /* a GPU run hosts on the GPU it reserved, or joins the host that took it meanwhile */
     bool join_instead = false;
     if ((st = tdm_cotrain_serve_open(srv, &dev, &join_instead, err)) != TDM_OK) goto out;
