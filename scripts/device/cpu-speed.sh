@@ -8,7 +8,8 @@
 #   1 at 2 and 1). No run starts after 250 s; one still going at 330 s is killed (its row FAIL).
 # Before measuring, the CPU backend's bits on this CPU and its OpenBLAS kernels: test_cpu_gemm
 # (GEMM rows alone == in a larger product, 1/2/3 threads, threaded calls vs tiles) and
-# test_backend_ops (every op against double references, 1 vs 3 threads); their logs under $OUT,
+# test_backend_ops (every op against double references, 1 vs 3 threads), test_cpu_panel_gemm
+# (tandem's own kernels for the frozen projections: AVX-512 == AVX2, rows, threads); their logs under $OUT,
 # their verdict in the log's first lines and last line.
 # Built HERE first (the build machine), with or without CUDA:
 #   make build ... && BUILD=build scripts/device/pack.sh     (writes .device-pack/device.tgz)
@@ -43,13 +44,20 @@ RES=/tmp/cpu-speed-res
 rm -rf "$RES"
 mkdir -p "$RES"
 {
-    for t in test_cpu_gemm test_backend_ops; do
+    for t in test_cpu_gemm test_backend_ops test_cpu_panel_gemm; do
         timeout 120 ".device/bin/$t" >"$OUT/$t.log" 2>&1
         echo "# $t: exit $?, $(grep -oE '\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/$t.log" | paste -sd' ' -) (log: $t.log)"
     done
     grep -E '^(OpenBLAS|[0-9]+ shapes|gemm |cross-entropy dH)' "$OUT/test_cpu_gemm.log" | sed 's/^/#   /'
     echo "# cores: nproc $(nproc), $(lscpu 2>/dev/null | grep -E '^(Model name|Socket|Thread|Core)' | tr -s ' ' | paste -sd';' -)"
     echo "# OpenBLAS in the pack: $(ls .device/lib | grep -i blas | paste -sd' ' -)"
+    # the frozen projections' GEMMs alone at the step's shapes (1024 rows), tandem's kernels
+    # against OpenBLAS's tiles, at 16 threads
+    if [ -x .device/bin/bench_cpu_linears ]; then
+        for v in 1 0; do
+            TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "${LINEARS_THREADS:-16}" --reps 10 | sed 's/^/#   /'
+        done
+    fi
     BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
         TORCH_AFTER=${TORCH_AFTER-1:1} AFTER_BUDGET=${AFTER_BUDGET:-200} \
         RUNS=${RUNS-lora:16 qlora:16 lora:8 lora:4:2 lora:2:1 lora:1:1} \
@@ -111,7 +119,7 @@ tail -n +2 "$RES2/rows.tsv" 2>/dev/null
 [ -f "$RES3/rows.tsv" ] && { echo "baseline build:"; tail -n +2 "$RES3/rows.tsv"; }
 [ -f "$RES4/rows.tsv" ] && { echo "this build with $EXTRA_ENV:"; tail -n +2 "$RES4/rows.tsv"; }
 DET=PASS
-for t in test_cpu_gemm test_backend_ops; do
+for t in test_cpu_gemm test_backend_ops test_cpu_panel_gemm; do
     grep -q 'PASSED  \]' "$OUT/$t.log" && ! grep -q 'FAILED  \]' "$OUT/$t.log" || DET=FAIL
 done
-echo "CPU backend determinism tests (test_cpu_gemm, test_backend_ops): $DET"
+echo "CPU backend determinism tests (test_cpu_gemm, test_backend_ops, test_cpu_panel_gemm): $DET"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pack.sh — run HERE (the build machine): packs the built tandem binary, the CUDA op test, the
-# CPU backend's op and GEMM determinism tests (test_backend_ops, test_cpu_gemm), bench_train (the engine benchmark and its cuBLASLt matmul rate), the
+# CPU backend's op and GEMM determinism tests (test_backend_ops, test_cpu_gemm, test_cpu_panel_gemm), bench_train (the engine benchmark and its cuBLASLt matmul rate), bench_cpu_linears, the
 # dev/cuda kernel programs and the Debian shared libraries the GPU machine lacks into
 # .device-pack/device.tgz (git-ignored), to carry to the GPU machine, where
 #   rm -rf .device && mkdir -p .device && tar xzf .device-pack/device.tgz -C .device
@@ -16,8 +16,8 @@ mkdir -p "$STAGE/bin" "$STAGE/lib" .device-pack
 cp "$BUILD/tandem" "$STAGE/tandem"
 cp "$BUILD/tests/test_backend_cuda" "$STAGE/bin/" 2>/dev/null || true
 cp "$BUILD/tests/test_generate" "$STAGE/bin/" 2>/dev/null || true
-cp "$BUILD/tests/test_backend_ops" "$BUILD/tests/test_cpu_gemm" "$STAGE/bin/"
-cp "$BUILD/bench_train" "$STAGE/bin/" 2>/dev/null || true
+cp "$BUILD/tests/test_backend_ops" "$BUILD/tests/test_cpu_gemm" "$BUILD/tests/test_cpu_panel_gemm" "$STAGE/bin/"
+cp "$BUILD/bench_train" "$BUILD/bench_cpu_linears" "$STAGE/bin/" 2>/dev/null || true
 for p in "$BUILD"/dev/cuda/*; do [ -x "$p" ] && [ -f "$p" ] && cp "$p" "$STAGE/bin/"; done
 strip "$STAGE/tandem" "$STAGE"/bin/* 2>/dev/null || true
 # Shared libraries outside glibc / libstdc++ / CUDA (the GPU image has those): among them the

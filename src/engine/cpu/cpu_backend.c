@@ -618,8 +618,10 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols, beta,
-                  y, w->rows);
+        if (!cpu_panel_gemm(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->cols, beta, y,
+                            w->rows))
+            cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols,
+                      beta, y, w->rows);
         return TDM_OK;
     }
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
@@ -629,8 +631,10 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols, beta,
-                  (float *)y + r0, w->rows);
+        if (!cpu_panel_gemm(cpu, true, m, r1 - r0, w->cols, x, w->cols, buf, w->cols, beta,
+                            (float *)y + r0, w->rows))
+            cpu_sgemm(cpu, false, true, m, r1 - r0, w->cols, 1.0f, x, w->cols, buf, w->cols, beta,
+                      (float *)y + r0, w->rows);
     }
     return TDM_OK;
 }
@@ -642,8 +646,10 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols, beta,
-                  dx, w->cols);
+        if (!cpu_panel_gemm(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data, w->cols, beta,
+                            dx, w->cols))
+            cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols,
+                      beta, dx, w->cols);
         return TDM_OK;
     }
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
@@ -653,8 +659,11 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
         int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
         cpu_weight_rows_f32(cpu, w, r0, r1, buf);
-        cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0, w->rows,
-                  buf, w->cols, r0 == 0 ? beta : 1.0f, dx, w->cols);
+        float b = r0 == 0 ? beta : 1.0f;
+        if (!cpu_panel_gemm(cpu, false, m, w->cols, r1 - r0, (const float *)dy + r0, w->rows, buf,
+                            w->cols, b, dx, w->cols))
+            cpu_sgemm(cpu, false, false, m, w->cols, r1 - r0, 1.0f, (const float *)dy + r0,
+                      w->rows, buf, w->cols, b, dx, w->cols);
     }
     return TDM_OK;
 }
@@ -767,8 +776,13 @@ static const char *gemm_mode_words(void)
 
 const char *tdm_cpu_gemm_mode(void)
 {
-    static char buf[320];
-    snprintf(buf, sizeof buf, "%s; %s", gemm_mode_words(), tdm_blas_core_note());
+    static char buf[400];
+    const char *words = gemm_mode_words(), *panels = cpu_panel_isa_name();
+    if (panels && strncmp(words, "GEMMs: ", 7) == 0)
+        snprintf(buf, sizeof buf, "GEMMs: the frozen projections on tandem's %s kernels, the rest %s; %s",
+                 panels, words + 7, tdm_blas_core_note());
+    else
+        snprintf(buf, sizeof buf, "%s; %s", words, tdm_blas_core_note());
     return buf;
 }
 

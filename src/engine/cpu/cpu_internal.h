@@ -79,6 +79,23 @@ void cpu_blas_sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc);
 
+/* C (m x n) = A (m x k) op(B) + beta C with tandem's own kernels (cpu_panel_gemm.c): op(B) =
+ * B^T, B (n x k) row-major when tb (the frozen forward X W^T), else B (k x n) row-major (the
+ * frozen backward dY W); beta 0 or 1. Every element one FMA chain over k in order, so its bits
+ * depend on nothing but its row, its column and the ISA-independent chain (not threads, tiles,
+ * or the rows beside it). False when it cannot: no AVX2 + FMA on this CPU, TANDEM_CPU_PANELS=0,
+ * another beta, or no memory for the panels (the caller then uses cpu_sgemm). */
+bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* "avx512", "avx2", or NULL when cpu_panel_gemm is off (TANDEM_CPU_PANELS=0, or no kernel for
+ * this CPU). TANDEM_CPU_PANELS=avx2 takes the AVX2 kernel on an AVX-512 CPU (a comparison). */
+const char *cpu_panel_isa_name(void);
+
+/* Tests: use the kernel named ("avx512", "avx2", "none"; NULL: as TANDEM_CPU_PANELS and the CPU
+ * say). False, nothing changed, when this CPU lacks it. */
+bool cpu_panel_isa_use(const char *name);
+
 /* Whether the OpenBLAS loaded is its OpenMP build (threads from OpenMP's pool). */
 bool cpu_blas_threaded(void);
 

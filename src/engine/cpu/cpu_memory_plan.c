@@ -35,6 +35,16 @@ int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols)
     return t > rows ? rows : t;
 }
 
+/* the widest panel of cpu_panel_gemm.c's kernels (AVX-512: 32 columns; AVX2's 16 fit) */
+#define PANEL_NR_MAX 32
+
+uint64_t tdm_cpu_panel_bytes(int64_t n, int64_t k)
+{
+    int64_t panels = (n + PANEL_NR_MAX - 1) / PANEL_NR_MAX;
+    if (panels * PANEL_NR_MAX * k > TDM_CPU_PANEL_MAX_FLOATS) return 0;
+    return (uint64_t)(panels * PANEL_NR_MAX * k) * sizeof(float);
+}
+
 /* dH's vocabulary blocks: V cut in CE_VBLOCKS blocks (a multiple of 16, not under CE_VBLOCK_MIN
  * rows), so that with a chunk's 2 row tasks 16 threads run 4 full rounds; blocks of 4096 gave
  * Qwen2.5's 152K vocabulary 38 blocks, 76 tasks, the fifth round 3/4 idle. A function of V
@@ -65,16 +75,21 @@ void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
         slot[i] = 0;
     if (s->m <= 0) return;
     /* the decoder's projections (rows = out features, cols = in): q, k/v, o, gate/up, down */
-    if (s->nf4) {
-        const int64_t shapes[][2] = {{s->q_dim, s->hidden}, {s->kv_dim, s->hidden},
-                                     {s->hidden, s->q_dim}, {s->inter, s->hidden},
-                                     {s->hidden, s->inter}};
-        for (unsigned i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            int64_t rows = shapes[i][0], cols = shapes[i][1];
-            if (rows <= 0 || cols <= 0) continue;
-            uint64_t tile = (uint64_t)(tdm_cpu_weight_tile_rows(rows, cols) * cols) * 4;
-            slot[CPU_SCRATCH_WEIGHT_TILE] = max_u64(slot[CPU_SCRATCH_WEIGHT_TILE], tile);
-        }
+    const int64_t shapes[][2] = {{s->q_dim, s->hidden}, {s->kv_dim, s->hidden},
+                                 {s->hidden, s->q_dim}, {s->inter, s->hidden},
+                                 {s->hidden, s->inter}};
+    for (unsigned i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t rows = shapes[i][0], cols = shapes[i][1];
+        if (rows <= 0 || cols <= 0) continue;
+        /* NF4 is multiplied a dequantized tile of rows at a time, f32 as a whole */
+        int64_t tile = s->nf4 ? tdm_cpu_weight_tile_rows(rows, cols) : rows;
+        if (s->nf4)
+            slot[CPU_SCRATCH_WEIGHT_TILE] =
+                max_u64(slot[CPU_SCRATCH_WEIGHT_TILE], (uint64_t)(tile * cols) * 4);
+        /* the (tile of) W in panels: the forward's of its rows, the backward's of its columns */
+        uint64_t panels = tdm_cpu_panel_bytes(tile, cols);
+        if (s->backward) panels = max_u64(panels, tdm_cpu_panel_bytes(cols, tile));
+        slot[CPU_SCRATCH_PANELS] = max_u64(slot[CPU_SCRATCH_PANELS], panels);
     }
     int64_t chunk = s->ce_chunk < s->m ? s->ce_chunk : s->m;
     slot[CPU_SCRATCH_CE_LOGITS] = (uint64_t)(chunk * s->vocab) * 4;

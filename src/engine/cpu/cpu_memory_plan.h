@@ -26,6 +26,7 @@ typedef enum {
     CPU_SCRATCH_CE_LOGITS,   /* cross_entropy: a chunk's logits, then its dlogits */
     CPU_SCRATCH_CE_PARTIAL,  /* cross_entropy: dH's per-vocabulary-block partial products */
     CPU_SCRATCH_ATT_KEEP,    /* attention_bwd: P and dS of the dq pass for the dk, dv pass */
+    CPU_SCRATCH_PANELS,      /* linear_fwd / linear_bwd: W (or its tile) in the kernels' panels */
     CPU_SCRATCH_N
 } cpu_scratch_slot;
 
@@ -43,6 +44,15 @@ tdm_status tdm_cpu_att_keep_cap(int64_t *bytes, tdm_error *err);
  * equal tiles of at most 4 Mi floats (16 MiB), a multiple of 16 rows, dequantized by all threads
  * and then multiplied while in the caches. */
 int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols);
+
+/* The largest operand (floats) the panel kernels lay out in panels: 256 MiB, every projection
+ * of a Qwen2.5-3B; larger ones (a 7B's MLP in f32, an lm_head) are read in place. */
+#define TDM_CPU_PANEL_MAX_FLOATS ((int64_t)1 << 26)
+
+/* Bytes of an n x k operand (n the product's columns) laid out in the panel kernels' panels
+ * (cpu_panel_gemm.c): n rounded up to the widest panel, 32 columns; 0 over
+ * TDM_CPU_PANEL_MAX_FLOATS (read in place). */
+uint64_t tdm_cpu_panel_bytes(int64_t n, int64_t k);
 
 /* dH's vocabulary blocks of the cross-entropy: rows per block, and the count covering V. */
 int64_t tdm_cpu_ce_vblock(int64_t V);

@@ -1,0 +1,123 @@
+/* cpu_linears.c — the CPU backend's frozen-projection GEMMs alone, at a training step's shapes.
+ *
+ *     bench_cpu_linears [--rows 1024] [--threads 0] [--reps 10] [--shapes OUTxIN,...]
+ *
+ * For each weight shape (default: Qwen2.5-0.5B's projections, 896x896 q/o, 128x896 k/v,
+ * 4864x896 gate/up, 896x4864 down) times tdm_be_linear_fwd (Y = X W^T) and tdm_be_linear_bwd
+ * (dX = dY W) of ROWS rows through the CPU backend, f32 weights: median of REPS after 2 untimed
+ * calls, in ms and TFLOP/s, then the step's frozen GEMMs in all (q, k, v, o, gate, up, down
+ * forward and backward, weighted by how often a layer runs each). Compare kernels with
+ * TANDEM_CPU_PANELS=0 (OpenBLAS tiles) against the default (cpu_panel_gemm.c) in one session.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/backend.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define MAX_REPS 100
+
+/* median seconds of one call of linear_fwd (bwd false) or linear_bwd */
+static double time_linear(tdm_backend *be, const tdm_be_weight *w, int64_t m, bool bwd,
+                          const void *in, void *out, int reps)
+{
+    double t[MAX_REPS];
+    tdm_error err = {0};
+    for (int i = 0; i < reps + 2; i++) {
+        double t0 = now_s();
+        tdm_status st = bwd ? tdm_be_linear_bwd(be, w, in, m, out, 0.0f, &err)
+                            : tdm_be_linear_fwd(be, w, in, m, out, 0.0f, &err);
+        if (st != TDM_OK) {
+            fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
+            exit(1);
+        }
+        if (i >= 2) t[i - 2] = now_s() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    return reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+}
+
+int main(int argc, char **argv)
+{
+    int64_t m = 1024;
+    int threads = 0, reps = 10;
+    const char *shapes = "896x896,128x896,4864x896,896x4864";
+    /* how many of each shape a Qwen2.5 layer has: q+o, k+v, gate+up, down */
+    int per_layer[] = {2, 2, 2, 1};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--rows"))
+            m = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--shapes"))
+            shapes = argv[i + 1], per_layer[0] = per_layer[1] = per_layer[2] = per_layer[3] = 1;
+        else {
+            fprintf(stderr, "bench_cpu_linears: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS || m < 1) {
+        fprintf(stderr, "bench_cpu_linears: --reps 1..%d, --rows >= 1\n", MAX_REPS);
+        return 2;
+    }
+    tdm_backend *be;
+    tdm_error err = {0};
+    tdm_backend_opts opts = {.n_threads = threads};
+    if (tdm_backend_create(&be, "cpu", &opts, &err) != TDM_OK) {
+        fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
+        return 1;
+    }
+    const char *panels = getenv("TANDEM_CPU_PANELS");
+    printf("# rows %lld, TANDEM_CPU_PANELS=%s\n", (long long)m, panels ? panels : "(unset)");
+    printf("%-12s %10s %8s %10s %8s\n", "out x in", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
+    double layer_s = 0, layer_flop = 0;
+    char *list = strdup(shapes);
+    int idx = 0;
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","), idx++) {
+        long long rows, cols;
+        if (sscanf(tok, "%lldx%lld", &rows, &cols) != 2 || rows < 1 || cols < 1) {
+            fprintf(stderr, "bench_cpu_linears: bad shape %s (want OUTxIN)\n", tok);
+            return 2;
+        }
+        void *w = NULL, *x = NULL, *y = NULL;
+        int64_t big = (m * cols > m * rows ? m * cols : m * rows);
+        if (tdm_be_alloc(be, TDM_BE_F32, rows * cols, &w, &err) != TDM_OK ||
+            tdm_be_alloc(be, TDM_BE_F32, big, &x, &err) != TDM_OK ||
+            tdm_be_alloc(be, TDM_BE_F32, big, &y, &err) != TDM_OK ||
+            tdm_be_fill(be, w, TDM_BE_F32, rows * cols, 0.01f, &err) != TDM_OK ||
+            tdm_be_fill(be, x, TDM_BE_F32, big, 0.5f, &err) != TDM_OK) {
+            fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
+            return 1;
+        }
+        tdm_be_weight wt = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
+        double flop = 2.0 * (double)m * (double)rows * (double)cols;
+        double f = time_linear(be, &wt, m, false, x, y, reps);
+        double b = time_linear(be, &wt, m, true, x, y, reps);
+        printf("%-12s %10.3f %8.3f %10.3f %8.3f\n", tok, 1e3 * f, flop / f / 1e12, 1e3 * b,
+               flop / b / 1e12);
+        int times = idx < 4 ? per_layer[idx] : 1;
+        layer_s += times * (f + b), layer_flop += times * 2 * flop;
+        tdm_be_free(be, w), tdm_be_free(be, x), tdm_be_free(be, y);
+    }
+    printf("# a layer's frozen GEMMs, forward + backward: %.3f ms, %.3f TFLOP/s\n", 1e3 * layer_s,
+           layer_flop / layer_s / 1e12);
+    free(list);
+    tdm_backend_free(be);
+    return 0;
+}

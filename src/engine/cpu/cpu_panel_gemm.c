@@ -1,0 +1,375 @@
+/* cpu_panel_gemm.c — the frozen projections' GEMMs with tandem's own kernels (cpu_internal.h).
+ *
+ * Why not OpenBLAS here: the backend's tiles call single-threaded OpenBLAS once per tile, and
+ * each call packs its own copy of the weight's columns and of the activation rows, so a 1024-row
+ * product with 8 row tiles packs every weight 8 times (docs/benchmarks.md, issue 20: about 25 %
+ * slower per thread than one large call). Here the weight is laid out once per product, shared
+ * by every thread, and a tile packs only its activation rows.
+ *
+ * C (m x n) = A (m x k) op(B) + beta C, f32 row-major, beta 0 or 1:
+ *   forward  Y = X W^T: op(B) = B^T, B (n x k) row-major (the weight);
+ *   backward dX = dY W: op(B) = B, B (k x n) row-major (the weight, read as it is).
+ * The kernel keeps an MR x NR block of C in registers (MR rows, NR columns in vector lanes):
+ * per k it loads NR values of the B panel and broadcasts MR values of A, MR x NR / lanes FMAs.
+ *   AVX-512: MR 12, NR 32 (24 accumulators of 16 lanes);  AVX2 + FMA: MR 6, NR 16 (12 of 8).
+ * B panels: NR columns, for each k the NR values contiguous, zero-padded past n: one pass over
+ * W per product by all threads (the forward transposes, the backward copies NR-float pieces of
+ * its rows), shared by every tile.
+ *
+ * Bits: every element of C is one chain of FMAs over k = 0 .. k-1 in order, starting from 0
+ * (beta 0) or from C (beta 1); K blocks reload the stored partial and go on with the same chain.
+ * So an element's bits depend on neither the tiles, the thread count, the rows beside it (an
+ * adapter alone == fused with others) nor K blocking, and the AVX-512 and AVX2 kernels, the same
+ * chain of fused multiply-adds, give the same bits (tests/unit/test_cpu_panel_gemm.c checks them
+ * against a double reference, across threads, row counts and the two kernels).
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_internal.h"
+
+#define KC 256          /* K block: an A block of TILE_M x KC floats (128 KiB) stays in L2 */
+#define TILE_M 96       /* rows a task packs: a multiple of both MRs */
+/* Fewer rows than this read B in place: a pass over the weight to lay out panels costs about
+ * what a product of this many rows does with it */
+#define PACK_MIN_ROWS 64
+
+typedef enum { PANEL_NONE, PANEL_AVX2, PANEL_AVX512 } panel_isa;
+
+static panel_isa detect_isa(void)
+{
+    const char *v = getenv("TANDEM_CPU_PANELS");
+    if (v && strcmp(v, "0") == 0) return PANEL_NONE;
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    bool avx512 = __builtin_cpu_supports("avx512f");
+    if (v && strcmp(v, "avx2") == 0) return avx2 ? PANEL_AVX2 : PANEL_NONE;
+    if (avx512) return PANEL_AVX512;
+    return avx2 ? PANEL_AVX2 : PANEL_NONE;
+}
+
+static int isa_chosen = -1; /* panel_isa once detected (the backend's ops run on one thread) */
+
+static panel_isa isa(void)
+{
+    if (isa_chosen < 0) isa_chosen = (int)detect_isa();
+    return (panel_isa)isa_chosen;
+}
+
+bool cpu_panel_isa_use(const char *name)
+{
+    __builtin_cpu_init();
+    if (!name) {
+        isa_chosen = (int)detect_isa();
+        return true;
+    }
+    if (!strcmp(name, "avx512") && __builtin_cpu_supports("avx512f"))
+        isa_chosen = PANEL_AVX512;
+    else if (!strcmp(name, "avx2") && __builtin_cpu_supports("avx2") &&
+             __builtin_cpu_supports("fma"))
+        isa_chosen = PANEL_AVX2;
+    else if (!strcmp(name, "none"))
+        isa_chosen = PANEL_NONE;
+    else
+        return false;
+    return true;
+}
+
+const char *cpu_panel_isa_name(void)
+{
+    switch (isa()) {
+    case PANEL_AVX512:
+        return "avx512";
+    case PANEL_AVX2:
+        return "avx2";
+    default:
+        return NULL;
+    }
+}
+
+static int panel_nr(void)
+{
+    return isa() == PANEL_AVX512 ? 32 : 16;
+}
+
+static int panel_mr(void)
+{
+    return isa() == PANEL_AVX512 ? 12 : 6;
+}
+
+/* ---- kernels: C[0..mr) x [0..nr) (+)= A panel (kc x MR) . B (kc x NR) ----
+ * B comes one of three ways, every one the same values in the same FMA chain (the same bits):
+ *   B_PACKED  a panel (kc x NR contiguous; bp advances NR a k);
+ *   B_ROWS    B (k x n) in place: NR contiguous floats of row k (bp advances bs = ldb a k);
+ *   B_GATHER  B (n x k) in place, transposed on the fly: lane j reads bp[j bs] (bp advances 1).
+ * Lanes at or past nr are zeros (masked loads: they never touch memory). */
+typedef enum { B_PACKED, B_ROWS, B_GATHER } b_access;
+
+/* Each kernel names its accumulators (c<row><half>) one by one: an array of them, or pointers
+ * to them, made GCC keep them in memory (0.05 against OpenBLAS's 0.12 TFLOP/s on two threads). */
+#define ROWS12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+#define Z512_DECL(i) __m512 c##i##0, c##i##1;
+#define Z512_INIT(i)                                                                               \
+    c##i##0 = load_c && i < mr ? _mm512_maskz_loadu_ps(m0, c + i * ldc) : _mm512_setzero_ps();    \
+    c##i##1 = load_c && i < mr ? _mm512_maskz_loadu_ps(m1, c + i * ldc + 16) : _mm512_setzero_ps();
+#define Z512_FMA(i)                                                                                \
+    {                                                                                              \
+        __m512 a_ = _mm512_set1_ps(ap[i]);                                                         \
+        c##i##0 = _mm512_fmadd_ps(a_, b0, c##i##0);                                               \
+        c##i##1 = _mm512_fmadd_ps(a_, b1, c##i##1);                                               \
+    }
+#define Z512_STORE(i)                                                                              \
+    if (i < mr) {                                                                                  \
+        _mm512_mask_storeu_ps(c + i * ldc, m0, c##i##0);                                          \
+        if (m1) _mm512_mask_storeu_ps(c + i * ldc + 16, m1, c##i##1);                             \
+    }
+#define Z512_LOOP(LOAD_B, STEP)                                                                    \
+    for (int64_t p = 0; p < kc; p++) {                                                             \
+        __m512 b0, b1;                                                                             \
+        LOAD_B;                                                                                    \
+        ROWS12(Z512_FMA)                                                                           \
+        ap += 12, bp += STEP;                                                                      \
+    }
+
+__attribute__((target("avx512f,fma"))) static void
+kernel_avx512(int64_t kc, const float *ap, const float *bp, b_access how, int64_t bs, float *c,
+              int64_t ldc, int mr, int nr, bool load_c)
+{
+    __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    ROWS12(Z512_DECL)
+    ROWS12(Z512_INIT)
+    switch (how) {
+    case B_PACKED:
+        Z512_LOOP((b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16)), 32)
+        break;
+    case B_ROWS:
+        Z512_LOOP((b0 = _mm512_maskz_loadu_ps(m0, bp), b1 = _mm512_maskz_loadu_ps(m1, bp + 16)),
+                  bs)
+        break;
+    case B_GATHER: {
+        __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512i i0 = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)bs));
+        __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32((int)(16 * bs)));
+        __m512 z = _mm512_setzero_ps();
+        Z512_LOOP((b0 = _mm512_mask_i32gather_ps(z, m0, i0, bp, 4),
+                   b1 = _mm512_mask_i32gather_ps(z, m1, i1, bp, 4)),
+                  1)
+        break;
+    }
+    }
+    ROWS12(Z512_STORE)
+}
+
+__attribute__((target("avx2,fma"))) static __m256i avx2_mask(int n)
+{
+    /* lane j on when j < n (n clamped to 0..8) */
+    n = n < 0 ? 0 : n > 8 ? 8 : n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+#define Y256_DECL(i) __m256 c##i##0, c##i##1;
+#define Y256_INIT(i)                                                                               \
+    c##i##0 = !load_c || i >= mr ? _mm256_setzero_ps()                                             \
+              : full             ? _mm256_loadu_ps(c + i * ldc)                                    \
+                                 : _mm256_maskload_ps(c + i * ldc, m0);                            \
+    c##i##1 = !load_c || i >= mr || nr <= 8 ? _mm256_setzero_ps()                                  \
+              : full                        ? _mm256_loadu_ps(c + i * ldc + 8)                     \
+                                            : _mm256_maskload_ps(c + i * ldc + 8, m1);
+#define Y256_FMA(i)                                                                                \
+    {                                                                                              \
+        __m256 a_ = _mm256_broadcast_ss(ap + i);                                                   \
+        c##i##0 = _mm256_fmadd_ps(a_, b0, c##i##0);                                               \
+        c##i##1 = _mm256_fmadd_ps(a_, b1, c##i##1);                                               \
+    }
+#define Y256_STORE(i)                                                                              \
+    if (i < mr && full) {                                                                          \
+        _mm256_storeu_ps(c + i * ldc, c##i##0);                                                    \
+        _mm256_storeu_ps(c + i * ldc + 8, c##i##1);                                                \
+    } else if (i < mr) {                                                                           \
+        _mm256_maskstore_ps(c + i * ldc, m0, c##i##0);                                            \
+        if (nr > 8) _mm256_maskstore_ps(c + i * ldc + 8, m1, c##i##1);                            \
+    }
+#define Y256_LOOP(LOAD_B, STEP)                                                                    \
+    for (int64_t p = 0; p < kc; p++) {                                                             \
+        __m256 b0, b1;                                                                             \
+        LOAD_B;                                                                                    \
+        ROWS6(Y256_FMA)                                                                            \
+        ap += 6, bp += STEP;                                                                       \
+    }
+
+__attribute__((target("avx2,fma"))) static void
+kernel_avx2(int64_t kc, const float *ap, const float *bp, b_access how, int64_t bs, float *c,
+            int64_t ldc, int mr, int nr, bool load_c)
+{
+    /* masked loads and stores only at a partial panel: vmaskmovps stores are microcoded on AMD
+     * cores (tens of cycles each) */
+    __m256i m0 = avx2_mask(nr), m1 = avx2_mask(nr - 8);
+    bool full = nr == 16;
+    ROWS6(Y256_DECL)
+    ROWS6(Y256_INIT)
+    switch (how) {
+    case B_PACKED:
+        Y256_LOOP((b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8)), 16)
+        break;
+    case B_ROWS:
+        if (full)
+            Y256_LOOP((b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8)), bs)
+        else
+            Y256_LOOP((b0 = _mm256_maskload_ps(bp, m0), b1 = _mm256_maskload_ps(bp + 8, m1)), bs)
+        break;
+    case B_GATHER: {
+        __m256i i0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                        _mm256_set1_epi32((int)bs));
+        __m256i i1 = _mm256_add_epi32(i0, _mm256_set1_epi32((int)(8 * bs)));
+        __m256 z = _mm256_setzero_ps(), f0 = _mm256_castsi256_ps(m0),
+               f1 = _mm256_castsi256_ps(m1);
+        Y256_LOOP((b0 = _mm256_mask_i32gather_ps(z, bp, i0, f0, 4),
+                   b1 = _mm256_mask_i32gather_ps(z, bp, i1, f1, 4)),
+                  1)
+        break;
+    }
+    }
+    ROWS6(Y256_STORE)
+}
+
+/* ---- packing ---- */
+
+/* B^T panels for the forward: panel j holds rows [j NR, j NR + NR) of B (n x k), for each of
+ * the k columns the NR values contiguous; rows past n are zeros. All threads, one pass. */
+static void pack_bt(int nt, int nr, int64_t n, int64_t k, const float *b, int64_t ldb, float *out)
+{
+    int64_t panels = (n + nr - 1) / nr;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * k > TDM_CPU_PAR_MIN)
+    for (int64_t j = 0; j < panels; j++) {
+        float *o = out + j * nr * k;
+        int64_t rows = n - j * nr < nr ? n - j * nr : nr;
+        /* 16 columns of k at a time: the NR source rows' 64-byte pieces, written in order */
+        for (int64_t p0 = 0; p0 < k; p0 += 16) {
+            int64_t pe = p0 + 16 < k ? p0 + 16 : k;
+            for (int64_t r = 0; r < nr; r++) {
+                const float *src = b + (j * nr + r) * ldb;
+                for (int64_t p = p0; p < pe; p++)
+                    o[p * nr + r] = r < rows ? src[p] : 0.0f;
+            }
+        }
+    }
+}
+
+/* B (k x n) for the backward, in panels of NR of its columns, for each k the NR values
+ * contiguous (columns past n zeros). Read in place, a panel's rows lie ldb floats apart: at
+ * Qwen2.5-0.5B's strides (3,584 and 19,456 bytes) its 256 rows of a K block fall in 8 or 4 of
+ * an L1's 64 sets and evict each other (the backward ran 15 % slower than the forward). */
+static void pack_b(int nt, int nr, int64_t n, int64_t k, const float *b, int64_t ldb, float *out)
+{
+    int64_t panels = (n + nr - 1) / nr;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * k > TDM_CPU_PAR_MIN)
+    for (int64_t j = 0; j < panels; j++) {
+        float *o = out + j * nr * k;
+        int64_t cols = n - j * nr < nr ? n - j * nr : nr;
+        for (int64_t p = 0; p < k; p++) {
+            memcpy(o + p * nr, b + p * ldb + j * nr, (size_t)cols * sizeof(float));
+            if (cols < nr) memset(o + p * nr + cols, 0, (size_t)(nr - cols) * sizeof(float));
+        }
+    }
+}
+
+/* A block rows [i0, i0 + mb) x K [p0, p0 + kb) into MR-row panels (per k the MR values), rows
+ * past mb zeros. */
+static void pack_a(int mr, const float *a, int64_t lda, int64_t mb, int64_t kb, float *out)
+{
+    for (int64_t i0 = 0; i0 < mb; i0 += mr) {
+        float *o = out + i0 * kb;
+        int64_t rows = mb - i0 < mr ? mb - i0 : mr;
+        for (int64_t r = 0; r < mr; r++) {
+            if (r < rows) {
+                const float *src = a + (i0 + r) * lda;
+                for (int64_t p = 0; p < kb; p++)
+                    o[p * mr + r] = src[p];
+            } else {
+                for (int64_t p = 0; p < kb; p++)
+                    o[p * mr + r] = 0.0f;
+            }
+        }
+    }
+}
+
+/* ---- the driver ---- */
+
+/* Column tiles: a width in whole panels, so that rows x columns tiles give every thread work
+ * (tiles never change bits here, so they may depend on the thread count; about 8 a thread, so
+ * that dynamic scheduling evens out 11 row tiles of 1024 rows on 2 threads). */
+static int64_t tile_cols(int nt, int nr, int64_t m, int64_t n)
+{
+    int64_t row_tiles = (m + TILE_M - 1) / TILE_M;
+    int64_t panels = (n + nr - 1) / nr;
+    int64_t want = (8 * (int64_t)nt + row_tiles - 1) / row_tiles; /* ~8 tiles a thread */
+    if (want < 1) want = 1;
+    int64_t per = (panels + want - 1) / want;
+    if (per < 1) per = 1;
+    return per * nr;
+}
+
+bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    panel_isa set = isa();
+    if (set == PANEL_NONE || (beta != 0.0f && beta != 1.0f)) return false;
+    if (m == 0 || n == 0) return true;
+    int nt = cpu->n_threads, nr = panel_nr(), mr = panel_mr();
+    /* B in panels when the rows repay the pass over it and the panels stay small, else read in
+     * place (decoding a few rows; the lm_head when generating): the same bits either way */
+    uint64_t bytes = tdm_cpu_panel_bytes(n, k);
+    float *panels = NULL;
+    if (m >= PACK_MIN_ROWS && bytes > 0) {
+        panels = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)bytes);
+        if (!panels) return false;
+        if (tb)
+            pack_bt(nt, nr, n, k, b, ldb, panels);
+        else
+            pack_b(nt, nr, n, k, b, ldb, panels);
+    }
+    if (k == 0) { /* C = beta C: nothing to multiply */
+        if (beta == 0.0f)
+            for (int64_t i = 0; i < m; i++)
+                memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return true;
+    }
+    int64_t TN = tile_cols(nt, nr, m, n);
+    int64_t tm = (m + TILE_M - 1) / TILE_M, tn = (n + TN - 1) / TN, tiles = tm * tn;
+#pragma omp parallel num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
+    {
+        /* the thread's A block: TILE_M x KC floats, 96 KiB (aligned for the broadcasts) */
+        static _Thread_local float apack[TILE_M * KC] __attribute__((aligned(64)));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t i0 = (t / tn) * TILE_M, j0 = (t % tn) * TN;
+            int64_t mb = m - i0 < TILE_M ? m - i0 : TILE_M;
+            int64_t nb = n - j0 < TN ? n - j0 : TN;
+            for (int64_t p0 = 0; p0 < k; p0 += KC) {
+                int64_t kb = k - p0 < KC ? k - p0 : KC;
+                bool load_c = p0 > 0 || beta == 1.0f;
+                pack_a(mr, a + i0 * lda + p0, lda, mb, kb, apack);
+                for (int64_t j = j0; j < j0 + nb; j += nr) {
+                    int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
+                    const float *bp = panels ? panels + (j / nr) * nr * k + p0 * nr
+                                      : tb     ? b + j * ldb + p0
+                                               : b + p0 * ldb + j;
+                    b_access how = panels ? B_PACKED : tb ? B_GATHER : B_ROWS;
+                    for (int64_t i = 0; i < mb; i += mr) {
+                        int mrr = (int)(mb - i < mr ? mb - i : mr);
+                        float *cp = c + (i0 + i) * ldc + j;
+                        if (set == PANEL_AVX512)
+                            kernel_avx512(kb, apack + i * kb, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
+                        else
+                            kernel_avx2(kb, apack + i * kb, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}

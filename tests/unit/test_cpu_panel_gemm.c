@@ -1,0 +1,182 @@
+/* test_cpu_panel_gemm.c — tandem's own kernels for the frozen projections (cpu_panel_gemm.c):
+ *  - C = A B^T (forward) and C = A B (backward), beta 0 and 1, against a double reference, over
+ *    shapes that end inside a kernel block in every dimension (m not a multiple of 6 or 12, n not
+ *    of 16 or 32, k across the 256-long K blocks);
+ *  - the bits of an element depend on nothing around it: rows computed alone equal the same rows
+ *    inside a larger product, and 1, 2 and 3 threads give the same bits;
+ *  - the AVX-512 and AVX2 kernels give the same bits (where this CPU has AVX-512);
+ *  - through the backend, tdm_be_linear_fwd / linear_bwd with f32 weights use them and equal them.
+ * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cpu/cpu_internal.h"
+#include "util/rng.h"
+
+static tdm_rng rng;
+
+static float *rndf(int64_t n)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    assert_non_null(p);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = (float)(tdm_rng_uniform(&rng) * 2.0 - 1.0);
+    return p;
+}
+
+static cpu_backend *backend(int threads)
+{
+    tdm_backend *be;
+    tdm_error err = {0};
+    tdm_backend_opts o = {.n_threads = threads};
+    if (tdm_backend_create(&be, "cpu", &o, &err) != TDM_OK) fail_msg("backend: %s", err.message);
+    return cpu_of(be);
+}
+
+/* C (m x n) = A (m x k) op(B) + beta C0 through cpu_panel_gemm; returns C (caller frees). */
+static float *panel(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                    const float *b, float beta, const float *c0)
+{
+    float *c = malloc((size_t)(m * n > 0 ? m * n : 1) * sizeof(float));
+    assert_non_null(c);
+    memcpy(c, c0, (size_t)(m * n) * sizeof(float));
+    assert_true(cpu_panel_gemm(cpu, tb, m, n, k, a, k, b, tb ? k : n, beta, c, n));
+    return c;
+}
+
+static const int64_t ms[] = {1, 5, 13, 97, 130};
+static const int64_t ns[] = {1, 15, 16, 17, 33, 64, 100};
+static const int64_t ks[] = {1, 7, 256, 300, 600};
+
+static void test_against_double(void **state)
+{
+    (void)state;
+    cpu_backend *cpu = backend(2);
+    int checked = 0;
+    for (unsigned mi = 0; mi < 5; mi++)
+        for (unsigned ni = 0; ni < 7; ni++)
+            for (unsigned ki = 0; ki < 5; ki++)
+                for (int tb = 0; tb < 2; tb++) {
+                    int64_t m = ms[mi], n = ns[ni], k = ks[ki];
+                    float beta = (mi + ni + ki) % 2 ? 1.0f : 0.0f;
+                    float *a = rndf(m * k), *b = rndf(n * k), *c0 = rndf(m * n);
+                    float *c = panel(cpu, tb, m, n, k, a, b, beta, c0);
+                    double worst = 0;
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < n; j++) {
+                            double ref = beta * (double)c0[i * n + j], mag = fabs(ref);
+                            for (int64_t p = 0; p < k; p++) {
+                                double bv = tb ? b[j * k + p] : b[p * n + j];
+                                ref += (double)a[i * k + p] * bv;
+                                mag += fabs((double)a[i * k + p] * bv);
+                            }
+                            double e = fabs((double)c[i * n + j] - ref) / (mag + 1e-30);
+                            if (e > worst) worst = e;
+                        }
+                    /* k roundings of at most 2^-24 each, relative to the sum of magnitudes */
+                    if (worst > 1.2e-7 * (double)(k + 1))
+                        fail_msg("%s m %lld n %lld k %lld beta %g: relative error %.3g",
+                                 tb ? "A B^T" : "A B", (long long)m, (long long)n, (long long)k,
+                                 beta, worst);
+                    checked++;
+                    free(a), free(b), free(c0), free(c);
+                }
+    printf("%d products within k x 1.2e-7 of a double reference (%s kernel)\n", checked,
+           cpu_panel_isa_name());
+    tdm_backend_free(&cpu->base);
+}
+
+/* rows [r0, r0 + rn) alone, against the whole product, at `threads` threads */
+static void rows_and_threads(const char *isa, float **whole_out)
+{
+    const int64_t m = 203, n = 150, k = 530, r0 = 37, rn = 29;
+    tdm_rng_seed(&rng, 7);
+    float *a = rndf(m * k), *b = rndf(n * k), *c0 = rndf(m * n);
+    for (int tb = 0; tb < 2; tb++) {
+        float *first = NULL;
+        for (int threads = 1; threads <= 3; threads++) {
+            cpu_backend *cpu = backend(threads);
+            float *c = panel(cpu, tb, m, n, k, a, b, 1.0f, c0);
+            float *part = panel(cpu, tb, rn, n, k, a + r0 * k, b, 1.0f, c0 + r0 * n);
+            assert_memory_equal(part, c + r0 * n, (size_t)(rn * n) * sizeof(float));
+            if (first)
+                assert_memory_equal(first, c, (size_t)(m * n) * sizeof(float));
+            else
+                first = c, c = NULL;
+            free(c), free(part);
+            tdm_backend_free(&cpu->base);
+        }
+        if (whole_out)
+            whole_out[tb] = first;
+        else
+            free(first);
+    }
+    printf("%s: rows alone == inside the product, 1 == 2 == 3 threads\n", isa);
+    free(a), free(b), free(c0);
+}
+
+static void test_rows_threads_and_kernels(void **state)
+{
+    (void)state;
+    float *avx2[2], *avx512[2];
+    assert_true(cpu_panel_isa_use("avx2"));
+    rows_and_threads("avx2", avx2);
+    if (cpu_panel_isa_use("avx512")) {
+        rows_and_threads("avx512", avx512);
+        for (int tb = 0; tb < 2; tb++) {
+            assert_memory_equal(avx2[tb], avx512[tb], (size_t)(203 * 150) * sizeof(float));
+            free(avx512[tb]);
+        }
+        printf("avx512 == avx2, bit for bit\n");
+    } else {
+        printf("no AVX-512 on this CPU: the AVX-512 kernel is not run\n");
+    }
+    for (int tb = 0; tb < 2; tb++)
+        free(avx2[tb]);
+    assert_true(cpu_panel_isa_use(NULL));
+}
+
+static void test_backend_linears(void **state)
+{
+    (void)state;
+    const int64_t m = 70, rows = 48, cols = 40;
+    cpu_backend *cpu = backend(3);
+    tdm_backend *be = &cpu->base;
+    tdm_error err = {0};
+    float *w = rndf(rows * cols), *x = rndf(m * cols), *dy = rndf(m * rows);
+    tdm_be_weight wt = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
+    float *y = calloc((size_t)(m * rows), sizeof(float)), *dx = calloc((size_t)(m * cols), 4);
+    assert_int_equal(tdm_be_linear_fwd(be, &wt, x, m, y, 0.0f, &err), TDM_OK);
+    assert_int_equal(tdm_be_linear_bwd(be, &wt, dy, m, dx, 0.0f, &err), TDM_OK);
+    float *zy = calloc((size_t)(m * rows), 4), *zx = calloc((size_t)(m * cols), 4);
+    float *py = panel(cpu, true, m, rows, cols, x, w, 0.0f, zy);
+    float *px = panel(cpu, false, m, cols, rows, dy, w, 0.0f, zx);
+    assert_memory_equal(y, py, (size_t)(m * rows) * sizeof(float));
+    assert_memory_equal(dx, px, (size_t)(m * cols) * sizeof(float));
+    free(w), free(x), free(dy), free(y), free(dx), free(zy), free(zx), free(py), free(px);
+    tdm_backend_free(be);
+}
+
+int main(void)
+{
+    tdm_rng_seed(&rng, 1);
+    if (!cpu_panel_isa_name()) {
+        printf("no AVX2 + FMA (or TANDEM_CPU_PANELS=0): the backend uses OpenBLAS's tiles\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_double),
+        cmocka_unit_test(test_rows_threads_and_kernels),
+        cmocka_unit_test(test_backend_linears),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
