@@ -2,8 +2,13 @@
  *  - C = A B^T (forward) and C = A B (backward), beta 0 and 1, against a double reference, over
  *    shapes that end inside a kernel block in every dimension (m not a multiple of 6 or 12, n not
  *    of 16 or 32, k across the 256-long K blocks);
- *  - the bits of an element depend on nothing around it: rows computed alone equal the same rows
- *    inside a larger product, and 1, 2 and 3 threads give the same bits;
+ *  - the bits of an element depend on nothing around it: rows computed alone (fewer than 64: W
+ *    read in place, X packed per tile) equal the same rows inside a larger product (W and X laid
+ *    out once), 1, 2 and 3 threads give the same bits, and so does the one-thread form the
+ *    cross-entropy's tasks use (cpu_panel_gemm_1t, 512-row tiles: a last group of 2 rows once
+ *    overran its block);
+ *  - through the backend, rows at an offset alone == inside a 2100-row batch for the tiny model's
+ *    projections and its cross-entropy (loss and dH: an adapter alone == co-trained);
  *  - the AVX-512 and AVX2 kernels give the same bits (where this CPU has AVX-512);
  *  - through the backend, tdm_be_linear_fwd / linear_bwd with f32 weights use them and equal them.
  * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
@@ -108,6 +113,13 @@ static void rows_and_threads(const char *isa, float **whole_out)
             float *c = panel(cpu, tb, m, n, k, a, b, 1.0f, c0);
             float *part = panel(cpu, tb, rn, n, k, a + r0 * k, b, 1.0f, c0 + r0 * n);
             assert_memory_equal(part, c + r0 * n, (size_t)(rn * n) * sizeof(float));
+            /* one thread, each K block of B packed as it is used (the cross-entropy's tasks) */
+            float *one = malloc((size_t)(m * n) * sizeof(float));
+            assert_non_null(one);
+            memcpy(one, c0, (size_t)(m * n) * sizeof(float));
+            assert_true(cpu_panel_gemm_1t(tb, m, n, k, a, k, b, tb ? k : n, 1.0f, one, n));
+            assert_memory_equal(one, c, (size_t)(m * n) * sizeof(float));
+            free(one);
             if (first)
                 assert_memory_equal(first, c, (size_t)(m * n) * sizeof(float));
             else
@@ -166,6 +178,60 @@ static void test_backend_linears(void **state)
     tdm_backend_free(be);
 }
 
+/* Through the backend at the tiny model's shapes: rows [off, off + mm) computed alone equal the
+ * same rows inside the 2100-row batch (an adapter alone == co-trained) for the four projection
+ * shapes, forward and backward, and for the cross-entropy's loss and dH. */
+static void test_backend_rows_alone(void **state)
+{
+    (void)state;
+    cpu_backend *cpu = backend(2);
+    tdm_backend *be = &cpu->base;
+    tdm_error err = {0};
+    const int64_t M = 2100, off = 130, mm = 1970;
+    const int64_t shapes[][2] = {{256, 256}, {128, 256}, {688, 256}, {256, 688}};
+    for (unsigned si = 0; si < 4; si++) {
+        int64_t rows = shapes[si][0], cols = shapes[si][1];
+        float *w = rndf(rows * cols), *x = rndf(M * cols), *dy = rndf(M * rows);
+        tdm_be_weight wt = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
+        float *y1 = calloc((size_t)(M * rows), 4), *y2 = calloc((size_t)(mm * rows), 4);
+        float *d1 = calloc((size_t)(M * cols), 4), *d2 = calloc((size_t)(mm * cols), 4);
+        assert_int_equal(tdm_be_linear_fwd(be, &wt, x, M, y1, 0.0f, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_fwd(be, &wt, x + off * cols, mm, y2, 0.0f, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_bwd(be, &wt, dy, M, d1, 0.0f, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_bwd(be, &wt, dy + off * rows, mm, d2, 0.0f, &err), TDM_OK);
+        assert_memory_equal(y1 + off * rows, y2, (size_t)(mm * rows) * sizeof(float));
+        assert_memory_equal(d1 + off * cols, d2, (size_t)(mm * cols) * sizeof(float));
+        free(w), free(x), free(dy), free(y1), free(y2), free(d1), free(d2);
+    }
+    {
+        /* the logits' tile: 512 rows x 256 vocabulary rows, k 256, C rows 320 apart */
+        float *hh = rndf(600 * 256), *ww = rndf(256 * 256);
+        float *c1 = calloc(600 * 320, 4), *c2 = calloc(600 * 320, 4);
+        assert_true(cpu_panel_gemm_1t(true, 512, 256, 256, hh, 256, ww, 256, 0.0f, c1, 320));
+        assert_true(cpu_panel_gemm_1t(true, 512, 256, 256, hh + 130 * 256, 256, ww, 256, 0.0f, c2, 320));
+        for (int64_t i = 0; i < 382; i++)
+            if (memcmp(c1 + (130 + i) * 320, c2 + i * 320, 256 * 4))
+                fail_msg("logits row %lld (full 130 + it) differs", (long long)i);
+        free(hh), free(ww), free(c1), free(c2);
+    }
+    const int64_t V = 320, d = 256;
+    float *W = rndf(V * d), *h = rndf(M * d), *wt = malloc((size_t)M * sizeof(float));
+    int32_t *lab = malloc((size_t)M * sizeof(int32_t));
+    for (int64_t i = 0; i < M; i++)
+        lab[i] = (int32_t)(i % V), wt[i] = 1.0f;
+    tdm_be_weight lw = {.format = TDM_BE_W_F32, .rows = V, .cols = d, .data = W};
+    float *l1 = calloc((size_t)M, 4), *l2 = calloc((size_t)mm, 4);
+    float *g1 = calloc((size_t)(M * d), 4), *g2 = calloc((size_t)(mm * d), 4);
+    assert_int_equal(tdm_be_cross_entropy(be, h, &lw, lab, wt, M, 512, l1, g1, &err), TDM_OK);
+    assert_int_equal(
+        tdm_be_cross_entropy(be, h + off * d, &lw, lab + off, wt + off, mm, 512, l2, g2, &err),
+        TDM_OK);
+    assert_memory_equal(l1 + off, l2, (size_t)mm * sizeof(float));
+    assert_memory_equal(g1 + off * d, g2, (size_t)(mm * d) * sizeof(float));
+    free(W), free(h), free(wt), free(lab), free(l1), free(l2), free(g1), free(g2);
+    tdm_backend_free(be);
+}
+
 int main(void)
 {
     tdm_rng_seed(&rng, 1);
@@ -177,6 +243,7 @@ int main(void)
         cmocka_unit_test(test_against_double),
         cmocka_unit_test(test_rows_threads_and_kernels),
         cmocka_unit_test(test_backend_linears),
+        cmocka_unit_test(test_backend_rows_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

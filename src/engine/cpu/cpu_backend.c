@@ -778,7 +778,9 @@ const char *tdm_cpu_gemm_mode(void)
 {
     static char buf[400];
     const char *words = gemm_mode_words(), *panels = cpu_panel_isa_name();
-    if (panels && strncmp(words, "GEMMs: ", 7) == 0)
+    bool tiles;
+    tdm_error e = {0};
+    if (panels && gemm_mode(&tiles, &e) == TDM_OK && tiles && strncmp(words, "GEMMs: ", 7) == 0)
         snprintf(buf, sizeof buf, "GEMMs: the frozen projections on tandem's %s kernels, the rest %s; %s",
                  panels, words + 7, tdm_blas_core_note());
     else

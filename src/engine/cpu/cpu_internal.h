@@ -84,9 +84,15 @@ void cpu_blas_sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
  * frozen backward dY W); beta 0 or 1. Every element one FMA chain over k in order, so its bits
  * depend on nothing but its row, its column and the ISA-independent chain (not threads, tiles,
  * or the rows beside it). False when it cannot: no AVX2 + FMA on this CPU, TANDEM_CPU_PANELS=0,
- * another beta, or no memory for the panels (the caller then uses cpu_sgemm). */
+ * TANDEM_CPU_GEMM=blas, another beta, or no memory for the panels (the caller then uses
+ * cpu_sgemm). */
 bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* cpu_panel_gemm on the calling thread alone (inside a parallel region: a task's product), each
+ * K block of B packed as it is used: the same bits as cpu_panel_gemm. False when it cannot. */
+bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* "avx512", "avx2", or NULL when cpu_panel_gemm is off (TANDEM_CPU_PANELS=0, or no kernel for
  * this CPU). TANDEM_CPU_PANELS=avx2 takes the AVX2 kernel on an AVX-512 CPU (a comparison). */

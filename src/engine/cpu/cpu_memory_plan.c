@@ -37,12 +37,21 @@ int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols)
 
 /* the widest panel of cpu_panel_gemm.c's kernels (AVX-512: 32 columns; AVX2's 16 fit) */
 #define PANEL_NR_MAX 32
+/* the tallest row group (AVX-512: 12 rows; AVX2's 6 divide it) */
+#define PANEL_MR_MAX 12
 
 uint64_t tdm_cpu_panel_bytes(int64_t n, int64_t k)
 {
     int64_t panels = (n + PANEL_NR_MAX - 1) / PANEL_NR_MAX;
     if (panels * PANEL_NR_MAX * k > TDM_CPU_PANEL_MAX_FLOATS) return 0;
     return (uint64_t)(panels * PANEL_NR_MAX * k) * sizeof(float);
+}
+
+uint64_t tdm_cpu_panel_a_bytes(int64_t m, int64_t k)
+{
+    int64_t rows = (m + PANEL_MR_MAX - 1) / PANEL_MR_MAX * PANEL_MR_MAX;
+    if (m < TDM_CPU_PANEL_MIN_ROWS || rows * k > TDM_CPU_PANEL_MAX_FLOATS) return 0;
+    return (uint64_t)(rows * k) * sizeof(float);
 }
 
 /* dH's vocabulary blocks: V cut in CE_VBLOCKS blocks (a multiple of 16, not under CE_VBLOCK_MIN
@@ -86,9 +95,11 @@ void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
         if (s->nf4)
             slot[CPU_SCRATCH_WEIGHT_TILE] =
                 max_u64(slot[CPU_SCRATCH_WEIGHT_TILE], (uint64_t)(tile * cols) * 4);
-        /* the (tile of) W in panels: the forward's of its rows, the backward's of its columns */
-        uint64_t panels = tdm_cpu_panel_bytes(tile, cols);
-        if (s->backward) panels = max_u64(panels, tdm_cpu_panel_bytes(cols, tile));
+        /* the (tile of) W in panels, the forward's of its rows, the backward's of its columns,
+         * each with X or dY in row groups when W is laid out */
+        uint64_t fwd = tdm_cpu_panel_bytes(tile, cols), bwd = tdm_cpu_panel_bytes(cols, tile);
+        uint64_t panels = fwd ? fwd + tdm_cpu_panel_a_bytes(s->m, cols) : 0;
+        if (s->backward && bwd) panels = max_u64(panels, bwd + tdm_cpu_panel_a_bytes(s->m, tile));
         slot[CPU_SCRATCH_PANELS] = max_u64(slot[CPU_SCRATCH_PANELS], panels);
     }
     int64_t chunk = s->ce_chunk < s->m ? s->ce_chunk : s->m;

@@ -54,6 +54,15 @@ int64_t tdm_cpu_weight_tile_rows(int64_t rows, int64_t cols);
  * TDM_CPU_PANEL_MAX_FLOATS (read in place). */
 uint64_t tdm_cpu_panel_bytes(int64_t n, int64_t k);
 
+/* Products of fewer rows read W in place rather than laying it out (the pass over W would cost
+ * about what the product does). */
+#define TDM_CPU_PANEL_MIN_ROWS 64
+
+/* Bytes of the m x k left operand laid out in the kernels' row groups beside W's panels: m
+ * rounded up to the tallest group, 12 rows; 0 under TDM_CPU_PANEL_MIN_ROWS rows or over
+ * TDM_CPU_PANEL_MAX_FLOATS (then each tile lays out its own rows). */
+uint64_t tdm_cpu_panel_a_bytes(int64_t m, int64_t k);
+
 /* dH's vocabulary blocks of the cross-entropy: rows per block, and the count covering V. */
 int64_t tdm_cpu_ce_vblock(int64_t V);
 int64_t tdm_cpu_ce_vblock_count(int64_t V);

@@ -24,6 +24,7 @@
  * against a double reference, across threads, row counts and the two kernels).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,9 +32,6 @@
 
 #define KC 256          /* K block: an A block of TILE_M x KC floats (128 KiB) stays in L2 */
 #define TILE_M 96       /* rows a task packs: a multiple of both MRs */
-/* Fewer rows than this read B in place: a pass over the weight to lay out panels costs about
- * what a product of this many rows does with it */
-#define PACK_MIN_ROWS 64
 
 typedef enum { PANEL_NONE, PANEL_AVX2, PANEL_AVX512 } panel_isa;
 
@@ -297,6 +295,25 @@ static void pack_a(int mr, const float *a, int64_t lda, int64_t mb, int64_t kb, 
     }
 }
 
+/* All of A (m x k) in row groups of mr rows, each group k-major (per k its mr values), rows past
+ * m zeros: once per product, by all threads, for every tile to share. */
+static void pack_a_all(int nt, int mr, int64_t m, int64_t k, const float *a, int64_t lda,
+                       float *out)
+{
+    int64_t groups = (m + mr - 1) / mr;
+#pragma omp parallel for schedule(static) num_threads(nt) if (m * k > TDM_CPU_PAR_MIN)
+    for (int64_t g = 0; g < groups; g++) {
+        float *o = out + g * mr * k;
+        int64_t rows = m - g * mr < mr ? m - g * mr : mr;
+        for (int64_t p0 = 0; p0 < k; p0 += 64) { /* 64 k at a time: mr source lines in L1 */
+            int64_t pe = p0 + 64 < k ? p0 + 64 : k;
+            for (int64_t p = p0; p < pe; p++)
+                for (int r = 0; r < mr; r++)
+                    o[p * mr + r] = r < rows ? a[(g * mr + r) * lda + p] : 0.0f;
+        }
+    }
+}
+
 /* ---- the driver ---- */
 
 /* Column tiles: a width in whole panels, so that rows x columns tiles give every thread work
@@ -313,24 +330,125 @@ static int64_t tile_cols(int nt, int nr, int64_t m, int64_t n)
     return per * nr;
 }
 
+/* The thread's packed blocks: A, TILE_M_MAX x KC floats (512 KiB), and one K block of one B
+ * panel, KC x 32 (32 KiB): allocated on a thread's first use and kept for the process (inside
+ * TDM_CPU_PROCESS_MIB at 16 threads: 9 MiB). A pointer in thread-local storage, not the arrays:
+ * 544 KiB of static TLS crashed OpenMP's worker threads (their thread pointer read 0 under gdb,
+ * in integration.finetune_stop). */
+#define TILE_M_MAX 512
+/* rows of the A block: TILE_M_MAX rounded up to whole groups of the tallest MR (12). Without the
+ * rounding a tile of 512 rows in groups of 6 wrote its last group past the block into B's, and
+ * the cross-entropy's rows 510 and 511 of a chunk came out other bits than alone
+ * (unit.cpu_panel_gemm, test_backend_rows_alone). */
+#define APACK_ROWS ((TILE_M_MAX + 11) / 12 * 12)
+static _Thread_local float *thread_blocks;
+
+static float *blocks(void)
+{
+    if (!thread_blocks)
+        thread_blocks = aligned_alloc(64, (size_t)(APACK_ROWS * KC + KC * 32) * sizeof(float));
+    return thread_blocks;
+}
+
+/* B's K block [p0, p0 + kb) of columns [j, j + nrr) into bpack, zero-padded to nr columns. */
+static void pack_b_piece(float *bpack, bool tb, int nr, int64_t j, int nrr, int64_t p0,
+                         int64_t kb, const float *b, int64_t ldb)
+{
+    if (tb) {
+        const float *src = b + j * ldb + p0;
+        for (int64_t p = 0; p < kb; p++) {
+            float *o = bpack + p * nr;
+            for (int jj = 0; jj < nrr; jj++)
+                o[jj] = src[jj * ldb + p];
+            for (int jj = nrr; jj < nr; jj++)
+                o[jj] = 0.0f;
+        }
+    } else {
+        for (int64_t p = 0; p < kb; p++) {
+            memcpy(bpack + p * nr, b + (p0 + p) * ldb + j, (size_t)nrr * sizeof(float));
+            if (nrr < nr) memset(bpack + p * nr + nrr, 0, (size_t)(nr - nrr) * sizeof(float));
+        }
+    }
+}
+
+/* One tile of C: rows [0, mb <= TILE_M_MAX) of A and C, columns [j0, j0 + nb) of op(B) and C. A
+ * is read from `a_groups` (its rows laid out by pack_a_all, the tile's first group) when given,
+ * else packed here a K block at a time; B from `panels` (the whole product's, laid out by
+ * pack_bt / pack_b) when given, else packed here a K block of a panel at a time (pack) or read
+ * in place. */
+static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t nb, int64_t k,
+                       const float *a, int64_t lda, const float *a_groups, const float *b,
+                       int64_t ldb, const float *panels, bool pack, float beta, float *c,
+                       int64_t ldc)
+{
+    int nr = panel_nr(), mr = panel_mr();
+    float *apack = blocks();
+    if (!apack) { /* no memory for the blocks: the same chain of FMAs, one element at a time */
+        for (int64_t i = 0; i < mb; i++)
+            for (int64_t j = j0; j < j0 + nb; j++) {
+                float acc = beta == 1.0f ? c[i * ldc + j] : 0.0f;
+                for (int64_t p = 0; p < k; p++)
+                    acc = fmaf(a[i * lda + p], tb ? b[j * ldb + p] : b[p * ldb + j], acc);
+                c[i * ldc + j] = acc;
+            }
+        return;
+    }
+    float *bpack = apack + APACK_ROWS * KC;
+    for (int64_t p0 = 0; p0 < k; p0 += KC) {
+        int64_t kb = k - p0 < KC ? k - p0 : KC;
+        bool load_c = p0 > 0 || beta == 1.0f;
+        if (!a_groups) pack_a(mr, a + p0, lda, mb, kb, apack);
+        for (int64_t j = j0; j < j0 + nb; j += nr) {
+            int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
+            const float *bp;
+            b_access how = B_PACKED;
+            if (panels) {
+                bp = panels + (j / nr) * nr * k + p0 * nr;
+            } else if (pack) {
+                pack_b_piece(bpack, tb, nr, j, nrr, p0, kb, b, ldb);
+                bp = bpack;
+            } else {
+                bp = tb ? b + j * ldb + p0 : b + p0 * ldb + j;
+                how = tb ? B_GATHER : B_ROWS;
+            }
+            for (int64_t i = 0; i < mb; i += mr) {
+                int mrr = (int)(mb - i < mr ? mb - i : mr);
+                float *cp = c + i * ldc + j;
+                const float *ap = a_groups ? a_groups + i * k + p0 * mr : apack + i * kb;
+                if (set == PANEL_AVX512)
+                    kernel_avx512(kb, ap, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
+                else
+                    kernel_avx2(kb, ap, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
+            }
+        }
+    }
+}
+
 bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     panel_isa set = isa();
-    if (set == PANEL_NONE || (beta != 0.0f && beta != 1.0f)) return false;
+    /* TANDEM_CPU_GEMM=blas asks for OpenBLAS's threaded calls everywhere */
+    if (set == PANEL_NONE || cpu->blas_threaded || (beta != 0.0f && beta != 1.0f)) return false;
     if (m == 0 || n == 0) return true;
-    int nt = cpu->n_threads, nr = panel_nr(), mr = panel_mr();
+    int nt = cpu->n_threads, nr = panel_nr();
     /* B in panels when the rows repay the pass over it and the panels stay small, else read in
      * place (decoding a few rows; the lm_head when generating): the same bits either way */
-    uint64_t bytes = tdm_cpu_panel_bytes(n, k);
-    float *panels = NULL;
-    if (m >= PACK_MIN_ROWS && bytes > 0) {
-        panels = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)bytes);
+    uint64_t bytes = tdm_cpu_panel_bytes(n, k), a_bytes = tdm_cpu_panel_a_bytes(m, k);
+    float *panels = NULL, *a_groups = NULL;
+    if (m >= TDM_CPU_PANEL_MIN_ROWS && bytes > 0) {
+        panels = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(bytes + a_bytes));
         if (!panels) return false;
         if (tb)
             pack_bt(nt, nr, n, k, b, ldb, panels);
         else
             pack_b(nt, nr, n, k, b, ldb, panels);
+        /* A in row groups once, not once per tile and K block: a tile of 160 columns (16
+         * threads, 896 wide) packed one element of A per 160 multiply-adds */
+        if (a_bytes > 0) {
+            a_groups = panels + bytes / sizeof(float);
+            pack_a_all(nt, panel_mr(), m, k, a, lda, a_groups);
+        }
     }
     if (k == 0) { /* C = beta C: nothing to multiply */
         if (beta == 0.0f)
@@ -340,36 +458,32 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
     }
     int64_t TN = tile_cols(nt, nr, m, n);
     int64_t tm = (m + TILE_M - 1) / TILE_M, tn = (n + TN - 1) / TN, tiles = tm * tn;
-#pragma omp parallel num_threads(nt) if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
-    {
-        /* the thread's A block: TILE_M x KC floats, 96 KiB (aligned for the broadcasts) */
-        static _Thread_local float apack[TILE_M * KC] __attribute__((aligned(64)));
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t i0 = (t / tn) * TILE_M, j0 = (t % tn) * TN;
-            int64_t mb = m - i0 < TILE_M ? m - i0 : TILE_M;
-            int64_t nb = n - j0 < TN ? n - j0 : TN;
-            for (int64_t p0 = 0; p0 < k; p0 += KC) {
-                int64_t kb = k - p0 < KC ? k - p0 : KC;
-                bool load_c = p0 > 0 || beta == 1.0f;
-                pack_a(mr, a + i0 * lda + p0, lda, mb, kb, apack);
-                for (int64_t j = j0; j < j0 + nb; j += nr) {
-                    int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
-                    const float *bp = panels ? panels + (j / nr) * nr * k + p0 * nr
-                                      : tb     ? b + j * ldb + p0
-                                               : b + p0 * ldb + j;
-                    b_access how = panels ? B_PACKED : tb ? B_GATHER : B_ROWS;
-                    for (int64_t i = 0; i < mb; i += mr) {
-                        int mrr = (int)(mb - i < mr ? mb - i : mr);
-                        float *cp = c + (i0 + i) * ldc + j;
-                        if (set == PANEL_AVX512)
-                            kernel_avx512(kb, apack + i * kb, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
-                        else
-                            kernel_avx2(kb, apack + i * kb, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
-                    }
-                }
-            }
-        }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)                                      \
+    if (tiles > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t i0 = (t / tn) * TILE_M, j0 = (t % tn) * TN;
+        int64_t mb = m - i0 < TILE_M ? m - i0 : TILE_M;
+        int64_t nb = n - j0 < TN ? n - j0 : TN;
+        panel_tile(set, tb, mb, j0, nb, k, a + i0 * lda, lda, a_groups ? a_groups + i0 * k : NULL,
+                   b, ldb, panels, false, beta, c + i0 * ldc, ldc);
     }
+    return true;
+}
+
+bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    panel_isa set = isa();
+    if (set == PANEL_NONE || (beta != 0.0f && beta != 1.0f)) return false;
+    if (k == 0) {
+        if (beta == 0.0f)
+            for (int64_t i = 0; i < m; i++)
+                memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return true;
+    }
+    /* row blocks as tall as the A buffer: each K block of each B panel is packed once a block */
+    for (int64_t i0 = 0; i0 < m; i0 += TILE_M_MAX)
+        panel_tile(set, tb, m - i0 < TILE_M_MAX ? m - i0 : TILE_M_MAX, 0, n, k, a + i0 * lda, lda,
+                   NULL, b, ldb, NULL, true, beta, c + i0 * ldc, ldc);
     return true;
 }

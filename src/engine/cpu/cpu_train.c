@@ -48,8 +48,10 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         int64_t rows = c - i0 < CE_ROWS ? c - i0 : CE_ROWS;
         int64_t v0 = b * vb, kb = V - v0 < vb ? V - v0 : vb;
         /* one call per task (no tiles: they would re-pack the block's W rows per tile) */
-        cpu_blas_sgemm(1, false, false, rows, d, kb, 1.0f, logits + i0 * V + v0, V, W + v0 * d, d,
-                       0.0f, part + b * c * d + i0 * d, d);
+        const float *lt = logits + i0 * V + v0;
+        float *pt = part + b * c * d + i0 * d;
+        if (!cpu_panel_gemm_1t(false, rows, d, kb, lt, V, W + v0 * d, d, 0.0f, pt, d))
+            cpu_blas_sgemm(1, false, false, rows, d, kb, 1.0f, lt, V, W + v0 * d, d, 0.0f, pt, d);
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
     for (int64_t i = 0; i < c * d; i++) {
@@ -57,6 +59,28 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         for (int64_t b = 1; b < nb; b++)
             s += part[b * c * d + i];
         dh[(i / d) * d + i % d] = s;
+    }
+}
+
+/* logits (c, V) = H (c, d) W^T in tiles of CE_TILE_M rows by CE_TILE_N vocabulary rows: with
+ * tandem's panel kernels (cpu_panel_gemm_1t, each tile packing its slice of W a K block at a
+ * time) when this CPU has them, else OpenBLAS's tiles. */
+static void ce_logits(const cpu_backend *cpu, const float *h, const float *W, int64_t c, int64_t V,
+                      int64_t d, float *logits)
+{
+    if (!cpu_panel_isa_name() || cpu->blas_threaded) {
+        cpu_sgemm_tiles(cpu, c < CE_TILE_M ? c : CE_TILE_M, CE_TILE_N, false, true, c, V, d, 1.0f,
+                        h, d, W, d, 0.0f, logits, V);
+        return;
+    }
+    int64_t tm = (c + CE_TILE_M - 1) / CE_TILE_M, tn = (V + CE_TILE_N - 1) / CE_TILE_N;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu->n_threads) if (tm * tn > 1)
+    for (int64_t t = 0; t < tm * tn; t++) {
+        int64_t i0 = (t / tn) * CE_TILE_M, j0 = (t % tn) * CE_TILE_N;
+        int64_t mb = c - i0 < CE_TILE_M ? c - i0 : CE_TILE_M;
+        int64_t nb = V - j0 < CE_TILE_N ? V - j0 : CE_TILE_N;
+        cpu_panel_gemm_1t(true, mb, nb, d, h + i0 * d, d, W + j0 * d, d, 0.0f,
+                          logits + i0 * V + j0, V);
     }
 }
 
@@ -95,8 +119,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     int nt = cpu->n_threads;
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
-        cpu_sgemm_tiles(cpu, c < CE_TILE_M ? c : CE_TILE_M, CE_TILE_N, false, true, c, V, d, 1.0f,
-                        h + r0 * d, d, W, d, 0.0f, logits, V);
+        ce_logits(cpu, h + r0 * d, W, c, V, d, logits);
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < c; i++) {
             float *l = logits + i * V;
