@@ -205,8 +205,8 @@ static void test_backend_rows_alone(void **state)
     }
     {
         /* the logits' tile: 512 rows x 256 vocabulary rows, k 256, C rows 320 apart */
-        float *hh = rndf(600 * 256), *ww = rndf(256 * 256);
-        float *c1 = calloc(600 * 320, 4), *c2 = calloc(600 * 320, 4);
+        float *hh = rndf(650 * 256), *ww = rndf(256 * 256);
+        float *c1 = calloc(650 * 320, 4), *c2 = calloc(650 * 320, 4);
         assert_true(cpu_panel_gemm_1t(true, 512, 256, 256, hh, 256, ww, 256, 0.0f, c1, 320));
         assert_true(cpu_panel_gemm_1t(true, 512, 256, 256, hh + 130 * 256, 256, ww, 256, 0.0f, c2, 320));
         for (int64_t i = 0; i < 382; i++)

@@ -25,6 +25,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,7 +126,7 @@ typedef enum { B_PACKED, B_ROWS, B_GATHER } b_access;
         if (m1) _mm512_mask_storeu_ps(c + i * ldc + 16, m1, c##i##1);                             \
     }
 #define Z512_LOOP(LOAD_B, STEP)                                                                    \
-    for (int64_t p = 0; p < kc; p++) {                                                             \
+    _Pragma("GCC unroll 4") for (int64_t p = 0; p < kc; p++) {                                                             \
         __m512 b0, b1;                                                                             \
         LOAD_B;                                                                                    \
         ROWS12(Z512_FMA)                                                                           \
@@ -192,7 +193,7 @@ __attribute__((target("avx2,fma"))) static __m256i avx2_mask(int n)
         if (nr > 8) _mm256_maskstore_ps(c + i * ldc + 8, m1, c##i##1);                            \
     }
 #define Y256_LOOP(LOAD_B, STEP)                                                                    \
-    for (int64_t p = 0; p < kc; p++) {                                                             \
+    _Pragma("GCC unroll 4") for (int64_t p = 0; p < kc; p++) {                                                             \
         __m256 b0, b1;                                                                             \
         LOAD_B;                                                                                    \
         ROWS6(Y256_FMA)                                                                            \
@@ -331,23 +332,37 @@ static int64_t tile_cols(int nt, int nr, int64_t m, int64_t n)
 }
 
 /* The thread's packed blocks: A, TILE_M_MAX x KC floats (512 KiB), and one K block of one B
- * panel, KC x 32 (32 KiB): allocated on a thread's first use and kept for the process (inside
- * TDM_CPU_PROCESS_MIB at 16 threads: 9 MiB). A pointer in thread-local storage, not the arrays:
- * 544 KiB of static TLS crashed OpenMP's worker threads (their thread pointer read 0 under gdb,
- * in integration.finetune_stop). */
+ * panel, KC x 32 (32 KiB): allocated on a thread's first use and freed when it ends (inside
+ * TDM_CPU_PROCESS_MIB at 16 threads: 9 MiB). Heap memory, not thread-local arrays: 544 KiB of
+ * static TLS crashed OpenMP's worker threads (their thread pointer read 0 under gdb, in
+ * integration.finetune_stop). */
 #define TILE_M_MAX 512
 /* rows of the A block: TILE_M_MAX rounded up to whole groups of the tallest MR (12). Without the
  * rounding a tile of 512 rows in groups of 6 wrote its last group past the block into B's, and
  * the cross-entropy's rows 510 and 511 of a chunk came out other bits than alone
  * (unit.cpu_panel_gemm, test_backend_rows_alone). */
 #define APACK_ROWS ((TILE_M_MAX + 11) / 12 * 12)
-static _Thread_local float *thread_blocks;
+/* Each thread's blocks hang off a pthread key whose destructor frees them when the thread ends
+ * (OpenMP's pool shrinks when a backend with fewer threads runs). */
+static pthread_key_t blocks_key;
+static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
+static bool blocks_key_ok;
+
+static void blocks_key_create(void)
+{
+    blocks_key_ok = pthread_key_create(&blocks_key, free) == 0;
+}
 
 static float *blocks(void)
 {
-    if (!thread_blocks)
-        thread_blocks = aligned_alloc(64, (size_t)(APACK_ROWS * KC + KC * 32) * sizeof(float));
-    return thread_blocks;
+    pthread_once(&blocks_once, blocks_key_create);
+    if (!blocks_key_ok) return NULL;
+    float *p = pthread_getspecific(blocks_key);
+    if (!p) {
+        p = aligned_alloc(64, (size_t)(APACK_ROWS * KC + KC * 32) * sizeof(float));
+        if (p && pthread_setspecific(blocks_key, p) != 0) free(p), p = NULL;
+    }
+    return p;
 }
 
 /* B's K block [p0, p0 + kb) of columns [j, j + nrr) into bpack, zero-padded to nr columns. */
