@@ -52,10 +52,15 @@ mkdir -p "$RES"
     echo "# cores: nproc $(nproc), $(lscpu 2>/dev/null | grep -E '^(Model name|Socket|Thread|Core)' | tr -s ' ' | paste -sd';' -)"
     echo "# OpenBLAS in the pack: $(ls .device/lib | grep -i blas | paste -sd' ' -)"
     # the frozen projections' GEMMs alone at the step's shapes (1024 rows), tandem's kernels
-    # against OpenBLAS's tiles, at 16 threads
+    # against OpenBLAS's tiles, at 16 threads. bench_cpu_linears is not `tandem`, which
+    # re-executes itself with the kernel set OpenBLAS should have picked (src/main.c): the set
+    # is named here (on 2026-12-07 its OpenBLAS rows ran Prescott's, 5x slower)
+    CORE=
+    grep -qw avx512f /proc/cpuinfo && CORE=SkylakeX
+    [ -z "$CORE" ] && grep -qw avx2 /proc/cpuinfo && CORE=Haswell
     if [ -x .device/bin/bench_cpu_linears ]; then
         for v in 1 0; do
-            TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "${LINEARS_THREADS:-16}" --reps 10 | sed 's/^/#   /'
+            env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "${LINEARS_THREADS:-16}" --reps 10 | sed 's/^/#   /'
         done
     fi
     BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
