@@ -8,8 +8,8 @@
 #   3. runs `tandem finetune --device cpu --method M --threads T` (same shapes and settings,
 #      --log-every 1) for each "M:T" of RUNS; tokens/s from adapter 0's metrics.jsonl
 #      elapsed_ms between step WARMUP and step WARMUP+STEPS (loading and warm-up excluded);
-#   4. optionally, before the runs of 3., one tandem run with --profile-ops (PROFILE="M:T[:S]",
-#      1 timed step unless S): the op table in OUT/profile.txt;
+#   4. optionally, before the runs of 3., tandem runs with --profile-ops (PROFILE="M:T[:S] ...",
+#      1 timed step unless S): each op table in OUT/profile-M-tT.txt, the first in profile.txt;
 #   5. prints a table (tok/s, s/step, speed-up and parallel efficiency against tandem lora at
 #      1 thread, ratio to PyTorch at 16 threads) and writes it, rows.tsv and the logs to OUT.
 # A run is skipped when BUDGET seconds have passed since the start (the table says so).
@@ -18,7 +18,7 @@
 # Env: PRESET (qwen2.5-0.5b), BATCH (4), SEQ (256), WARMUP (1), STEPS (3; a "M:T:S" run entry
 # overrides the steps), RUNS ("lora:16 qlora:16 lora:8 lora:4:2 lora:2:2 lora:1:1"),
 # TORCH_THREADS ("16"; "16 1:1" adds a 1-thread run of 1 timed step), PROFILE ("", e.g.
-# "lora:16:1": run before RUNS), BUDGET (100000: no run starts after it), HARD_LIMIT (BUDGET +
+# "lora:16:1 lora:1:1": run before RUNS), BUDGET (100000: no run starts after it), HARD_LIMIT (BUDGET +
 # 600: a run still going then is killed, its row FAIL), TORCH_AFTER ("": PyTorch runs "T[:S]" after all the others,
 # each only while under AFTER_BUDGET seconds, default 200), WORK (/tmp/tandem-cpu-vs-torch), OUT (default $OUT, else WORK/results), PYTHON
 # (python3), PY_LD_LIBRARY_PATH (the library path for Python; default LD_LIBRARY_PATH minus the
@@ -150,12 +150,14 @@ for spec in $TORCH_THREADS; do
     IFS=: read -r T S <<<"$spec"
     run_torch "$T" "${S:-$STEPS}"
 done
-if [ -n "$PROFILE" ]; then
-    IFS=: read -r M T S <<<"$PROFILE"
+# each profile's table in profile-M-tT.txt; the first one's also in profile.txt
+for spec in $PROFILE; do
+    IFS=: read -r M T S <<<"$spec"
     run_tandem "$M" "$T" "${S:-1}" --profile-ops
-    sed -n '/^op profile/,$p' "$RES/tandem-$M-t$T-profile.log" | grep -v '^report:' | head -n 40 >"$RES/profile.txt"
-    cat "$RES/profile.txt"
-fi
+    sed -n '/^op profile/,$p' "$RES/tandem-$M-t$T-profile.log" | grep -v '^report:' | head -n 40 >"$RES/profile-$M-t$T.txt"
+    [ -f "$RES/profile.txt" ] || cp "$RES/profile-$M-t$T.txt" "$RES/profile.txt"
+    cat "$RES/profile-$M-t$T.txt"
+done
 for spec in $RUNS; do
     IFS=: read -r M T S <<<"$spec"
     run_tandem "$M" "$T" "${S:-$STEPS}"

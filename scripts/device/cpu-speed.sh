@@ -17,7 +17,8 @@
 # Budget: under 7 minutes in all (BUDGET 250, HARD_LIMIT 330 seconds, then the threaded-calls run: 60 and
 # 120; env overrides them).
 # A/B against an earlier build in the same call: carry .device-pack/baseline.tgz too (a tarball
-# of that build's `tandem` alone, e.g. `tar czf .device-pack/baseline.tgz -C OLD_BUILD tandem`;
+# of that build's `tandem` alone, e.g. `tar czf .device-pack/baseline.tgz -C OLD_BUILD tandem`,
+# and optionally its bench_cpu_linears, which then runs beside this build's at LINEARS_THREADS;
 # it runs with this pack's libraries): BASELINE_RUNS (default "lora:16 lora:8") then run with it,
 # after the passes above, into table-baseline.md and rows-baseline.tsv.
 # A variant of this build in the same call: EXTRA_ENV (e.g. "TANDEM_CPU_TILE_ROWS=256") with
@@ -58,9 +59,20 @@ mkdir -p "$RES"
     CORE=
     grep -qw avx512f /proc/cpuinfo && CORE=SkylakeX
     [ -z "$CORE" ] && grep -qw avx2 /proc/cpuinfo && CORE=Haswell
+    # LINEARS_THREADS may list several counts (the kernels' own scaling); LINEARS_PANELS "1 0"
+    # adds OpenBLAS's tiles; a baseline.tgz holding bench_cpu_linears runs beside at each count
     if [ -x .device/bin/bench_cpu_linears ]; then
-        for v in 1 0; do
-            env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "${LINEARS_THREADS:-16}" --reps 10 | sed 's/^/#   /'
+        [ -f .device-pack/baseline.tgz ] && mkdir -p /tmp/linears-baseline &&
+            tar xzf .device-pack/baseline.tgz -C /tmp/linears-baseline 2>/dev/null
+        for lt in ${LINEARS_THREADS:-16}; do
+            for v in ${LINEARS_PANELS:-1 0}; do
+                echo "#   this build, $lt threads:"
+                env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "$lt" --reps 10 | sed 's/^/#   /'
+            done
+            if [ -x /tmp/linears-baseline/bench_cpu_linears ]; then
+                echo "#   baseline build, $lt threads:"
+                env ${CORE:+OPENBLAS_CORETYPE=$CORE} timeout 60 /tmp/linears-baseline/bench_cpu_linears --threads "$lt" --reps 10 | sed 's/^/#   /'
+            fi
         done
     fi
     BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
@@ -112,7 +124,7 @@ fi
 cp "$RES2/table.md" "$OUT/table-blas.md" 2>/dev/null
 cp "$RES2/rows.tsv" "$OUT/rows-blas.tsv" 2>/dev/null
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
-cp "$RES/profile.txt" "$OUT/" 2>/dev/null
+cp "$RES"/profile*.txt "$OUT/" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas $([ -d "$RES3" ] && echo cpu-speed-res-baseline) \
     $([ -d "$RES4" ] && echo cpu-speed-res-extra) 2>/dev/null
 echo

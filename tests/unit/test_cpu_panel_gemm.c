@@ -9,6 +9,7 @@
  *    overran its block);
  *  - through the backend, rows at an offset alone == inside a 2100-row batch for the tiny model's
  *    projections and its cross-entropy (loss and dH: an adapter alone == co-trained);
+ *  - an A too large to lay out (packed per tile, 512 rows at most) == the one-thread form;
  *  - the AVX-512 and AVX2 kernels give the same bits (where this CPU has AVX-512);
  *  - through the backend, tdm_be_linear_fwd / linear_bwd with f32 weights use them and equal them.
  * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
@@ -157,6 +158,31 @@ static void test_rows_threads_and_kernels(void **state)
     assert_true(cpu_panel_isa_use(NULL));
 }
 
+/* A product whose A is too large to lay out (m x k over TDM_CPU_PANEL_MAX_FLOATS): each task
+ * packs its rows per tile, in pieces of at most 512 rows, and must give the bits of the
+ * one-thread form's 512-row tiles. */
+static void test_tall_a_packed_per_tile(void **state)
+{
+    (void)state;
+    const int64_t k = 4100, m = TDM_CPU_PANEL_MAX_FLOATS / k + 300, n = 20;
+    assert_int_equal(tdm_cpu_panel_a_bytes(m, k), 0);
+    tdm_rng_seed(&rng, 11);
+    float *a = rndf(m * k), *b = rndf(n * k), *c0 = rndf(m * n);
+    cpu_backend *cpu = backend(2);
+    for (int tb = 0; tb < 2; tb++) {
+        float *c = panel(cpu, tb, m, n, k, a, b, 0.0f, c0);
+        float *one = malloc((size_t)(m * n) * sizeof(float));
+        assert_non_null(one);
+        assert_true(cpu_panel_gemm_1t(tb, m, n, k, a, k, b, tb ? k : n, 0.0f, one, n));
+        assert_memory_equal(one, c, (size_t)(m * n) * sizeof(float));
+        free(one), free(c);
+    }
+    printf("%lld x %lld x %lld, A packed per tile: == the one-thread form\n", (long long)m,
+           (long long)n, (long long)k);
+    tdm_backend_free(&cpu->base);
+    free(a), free(b), free(c0);
+}
+
 static void test_backend_linears(void **state)
 {
     (void)state;
@@ -242,6 +268,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_double),
         cmocka_unit_test(test_rows_threads_and_kernels),
+        cmocka_unit_test(test_tall_a_packed_per_tile),
         cmocka_unit_test(test_backend_linears),
         cmocka_unit_test(test_backend_rows_alone),
     };
