@@ -425,8 +425,8 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
 }
 
 /* The work split. The product is a grid of cells, MR rows (a group) by NR columns (a panel),
- * taken strip by strip (STRIP_PANELS panels wide), within a strip group by group, within a
- * group panel by panel. Each task is an equal run of that order (to one cell), TASKS_PER_THREAD
+ * taken strip by strip (1 to 8 panels wide, the width that moves the fewest bytes), within a
+ * strip group by group, within a group panel by panel. Each task is an equal run of that order (to one cell), TASKS_PER_THREAD
  * a thread, scheduled dynamically: tiles of 96 rows by a width for ~8 a thread had 66 unequal
  * tiles on 8 threads (1024 rows: 11 row tiles, the last of 64; 28 panels in pieces of 5 and 3),
  * which a simulation of the schedule put at 0.96 of even work at 8 threads and 0.93 at 16. A
@@ -434,7 +434,7 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
  * row). Tiles never change bits here (every element is one FMA chain), so the split may depend
  * on the thread count. */
 #define TASKS_PER_THREAD 4
-#define STRIP_PANELS_MIN 2
+#define STRIP_PANELS_MIN 1
 #define STRIP_PANELS_MAX 8
 
 typedef struct {
@@ -528,9 +528,13 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
     int64_t cells = g.groups * g.panels;
     int64_t tasks = nt > 1 ? (int64_t)nt * TASKS_PER_THREAD : 1;
     if (tasks > cells) tasks = cells;
-    /* strips about 24 groups tall for a task's run, 2 to 8 panels wide: a task's rectangles
-     * re-read their A rows once per panel strip and K block, and B's pieces once per rectangle */
-    g.strip = cells / tasks / 24;
+    /* The strip width that moves the fewest bytes: over a product, A's rows are read once per
+     * strip (G MR k floats, P / s times) and B's panels once per rectangle's rows (P NR k
+     * floats, G / r times); a task's rectangles hold area = r s cells, so the sum, G P k (MR / s
+     * + NR s / area), is least at s = sqrt(MR area / NR). A fixed 24 groups tall cut the 8 and
+     * 16-thread products of K 4864 into strips of 2 panels, reading A 14 times. */
+    int64_t area = cells / tasks;
+    g.strip = (int64_t)(sqrt((double)panel_mr() * (double)area / (double)nr) + 0.5);
     if (g.strip < STRIP_PANELS_MIN) g.strip = STRIP_PANELS_MIN;
     if (g.strip > STRIP_PANELS_MAX) g.strip = STRIP_PANELS_MAX;
     if (g.strip > g.panels) g.strip = g.panels;
