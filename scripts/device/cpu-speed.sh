@@ -59,15 +59,20 @@ mkdir -p "$RES"
     CORE=
     grep -qw avx512f /proc/cpuinfo && CORE=SkylakeX
     [ -z "$CORE" ] && grep -qw avx2 /proc/cpuinfo && CORE=Haswell
-    # LINEARS_THREADS may list several counts (the kernels' own scaling); LINEARS_PANELS "1 0"
+    # LINEARS_THREADS may list several counts (the kernels' own scaling), LINEARS_ROWS several
+    # row counts; LINEARS_PANELS "1 0"
     # adds OpenBLAS's tiles; a baseline.tgz holding bench_cpu_linears runs beside at each count
     if [ -x .device/bin/bench_cpu_linears ]; then
         [ -f .device-pack/baseline.tgz ] && mkdir -p /tmp/linears-baseline &&
             tar xzf .device-pack/baseline.tgz -C /tmp/linears-baseline 2>/dev/null
         for lt in ${LINEARS_THREADS:-16}; do
             for v in ${LINEARS_PANELS:-1 0}; do
-                echo "#   this build, $lt threads:"
-                env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "$lt" --reps 10 | sed 's/^/#   /'
+                # LINEARS_ROWS "1024 4096": the rate rising with the rows would put the time in
+                # the per-product layout of W (paid once a product whatever its rows)
+                for lr in ${LINEARS_ROWS:-1024}; do
+                    echo "#   this build, $lt threads, $lr rows:"
+                    env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 | sed 's/^/#   /'
+                done
             done
             if [ -x /tmp/linears-baseline/bench_cpu_linears ]; then
                 echo "#   baseline build, $lt threads:"
