@@ -245,13 +245,19 @@ static void pack_bt(int nt, int nr, int64_t n, int64_t k, const float *b, int64_
     for (int64_t j = 0; j < panels; j++) {
         float *o = out + j * nr * k;
         int64_t rows = n - j * nr < nr ? n - j * nr : nr;
-        /* 16 columns of k at a time: the NR source rows' 64-byte pieces, written in order */
+        /* 16 columns of k at a time: the first k of a block brings the NR source rows' 64-byte
+         * pieces into L1, and every k's NR values are then written contiguously (written with
+         * a stride of NR floats instead, the forward's layout cost 4.5x the backward's: ~18 ms
+         * for 4864 x 896 on one thread) */
+        const float *src = b + j * nr * ldb;
         for (int64_t p0 = 0; p0 < k; p0 += 16) {
             int64_t pe = p0 + 16 < k ? p0 + 16 : k;
-            for (int64_t r = 0; r < nr; r++) {
-                const float *src = b + (j * nr + r) * ldb;
-                for (int64_t p = p0; p < pe; p++)
-                    o[p * nr + r] = r < rows ? src[p] : 0.0f;
+            for (int64_t p = p0; p < pe; p++) {
+                float *op = o + p * nr;
+                for (int64_t r = 0; r < rows; r++)
+                    op[r] = src[r * ldb + p];
+                for (int64_t r = rows; r < nr; r++)
+                    op[r] = 0.0f;
             }
         }
     }
