@@ -41,6 +41,10 @@ export CUDA_VISIBLE_DEVICES=
 # KEEP_OPENBLAS_CORETYPE=1 (EXTRA_ENV="OPENBLAS_CORETYPE=Haswell" measures it beside).
 echo "# OPENBLAS_CORETYPE in this environment: ${OPENBLAS_CORETYPE:-unset}$([ "${KEEP_OPENBLAS_CORETYPE:-0}" = 1 ] || echo ', unset for the runs')"
 [ "${KEEP_OPENBLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
+# the baseline build, when carried: unpacked once, for the linears bench and the runs below
+rm -rf .device-baseline
+[ -f .device-pack/baseline.tgz ] && mkdir -p .device-baseline &&
+    tar xzf .device-pack/baseline.tgz -C .device-baseline
 RES=/tmp/cpu-speed-res
 rm -rf "$RES"
 mkdir -p "$RES"
@@ -59,25 +63,22 @@ mkdir -p "$RES"
     CORE=
     grep -qw avx512f /proc/cpuinfo && CORE=SkylakeX
     [ -z "$CORE" ] && grep -qw avx2 /proc/cpuinfo && CORE=Haswell
-    # LINEARS_THREADS may list several counts (the kernels' own scaling), LINEARS_ROWS several
-    # row counts; LINEARS_PANELS "1 0"
-    # adds OpenBLAS's tiles; a baseline.tgz holding bench_cpu_linears runs beside at each count
+    # LINEARS_THREADS may list several thread counts (the kernels' own scaling), LINEARS_ROWS
+    # several row counts ("64 1024": the rate rising with the rows puts the time in the
+    # per-product layout of W, paid once a product whatever its rows); LINEARS_PANELS "1 0"
+    # adds OpenBLAS's tiles; a baseline.tgz holding bench_cpu_linears runs beside at each pair
     if [ -x .device/bin/bench_cpu_linears ]; then
-        [ -f .device-pack/baseline.tgz ] && mkdir -p /tmp/linears-baseline &&
-            tar xzf .device-pack/baseline.tgz -C /tmp/linears-baseline 2>/dev/null
         for lt in ${LINEARS_THREADS:-16}; do
-            for v in ${LINEARS_PANELS:-1 0}; do
-                # LINEARS_ROWS "1024 4096": the rate rising with the rows would put the time in
-                # the per-product layout of W (paid once a product whatever its rows)
-                for lr in ${LINEARS_ROWS:-1024}; do
-                    echo "#   this build, $lt threads, $lr rows:"
+            for lr in ${LINEARS_ROWS:-1024}; do
+                for v in ${LINEARS_PANELS:-1 0}; do
+                    echo "#   this build, $lt threads, $lr rows, TANDEM_CPU_PANELS=$v:"
                     env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 | sed 's/^/#   /'
                 done
+                if [ -x .device-baseline/bench_cpu_linears ]; then
+                    echo "#   baseline build, $lt threads, $lr rows:"
+                    env ${CORE:+OPENBLAS_CORETYPE=$CORE} timeout 60 .device-baseline/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 | sed 's/^/#   /'
+                fi
             done
-            if [ -x /tmp/linears-baseline/bench_cpu_linears ]; then
-                echo "#   baseline build, $lt threads:"
-                env ${CORE:+OPENBLAS_CORETYPE=$CORE} timeout 60 /tmp/linears-baseline/bench_cpu_linears --threads "$lt" --reps 10 | sed 's/^/#   /'
-            fi
         done
     fi
     BUDGET=${BUDGET:-250} HARD_LIMIT=${HARD_LIMIT:-330} PROFILE=${PROFILE-lora:16:1} TORCH_THREADS=${TORCH_THREADS-16} \
@@ -101,7 +102,6 @@ mkdir -p "$RES2"
 RES3=/tmp/cpu-speed-res-baseline
 rm -rf "$RES3"
 if [ -f .device-pack/baseline.tgz ]; then
-    rm -rf .device-baseline && mkdir -p .device-baseline && tar xzf .device-pack/baseline.tgz -C .device-baseline
     mkdir -p "$RES3"
     {
         echo "# baseline build (.device-pack/baseline.tgz)"

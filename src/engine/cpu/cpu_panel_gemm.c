@@ -432,45 +432,16 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
 
 /* The work split. The product is a grid of cells, MR rows (a group) by NR columns (a panel),
  * taken strip by strip (1 to 8 panels wide, the width that moves the fewest bytes), within a
- * strip group by group, within a group panel by panel. Each task is an equal run of that order (to one cell), TASKS_PER_THREAD
- * a thread, scheduled dynamically: tiles of 96 rows by a width for ~8 a thread had 66 unequal
- * tiles on 8 threads (1024 rows: 11 row tiles, the last of 64; 28 panels in pieces of 5 and 3),
- * which a simulation of the schedule put at 0.96 of even work at 8 threads and 0.93 at 16. A
- * task walks its run as rectangles (a partial group row, whole rows of the strip, a partial
- * row). Tiles never change bits here (every element is one FMA chain), so the split may depend
- * on the thread count. */
+ * strip group by group, within a group panel by panel. Each task is an equal run of that order
+ * (to one cell), TASKS_PER_THREAD a thread, scheduled dynamically: tiles of 96 rows by a width
+ * for ~8 a thread had 66 unequal tiles on 8 threads (1024 rows: 11 row tiles, the last of 64; 28
+ * panels in pieces of 5 and 3), which a simulation of the schedule put at 0.96 of even work at 8
+ * threads and 0.93 at 16. A task walks its run as rectangles (a partial group row, whole rows of
+ * the strip, a partial row). Tiles never change bits here (every element is one FMA chain), so
+ * the split may depend on the thread count. */
 #define TASKS_PER_THREAD 4
 #define STRIP_PANELS_MIN 1
 #define STRIP_PANELS_MAX 8
-
-typedef struct {
-    int64_t groups, panels; /* the grid: ceil(m / MR) x ceil(n / NR) */
-    int64_t strip;          /* panels a strip */
-} cell_grid;
-
-/* Calls fn for each rectangle of cells [c0, c1): rows [g0, g0 + ng) groups, panels [p0, p0 + np). */
-typedef void (*rect_fn)(void *ctx, int64_t g0, int64_t ng, int64_t p0, int64_t np);
-
-static void walk_cells(const cell_grid *g, int64_t c0, int64_t c1, rect_fn fn, void *ctx)
-{
-    int64_t per_strip = g->groups * g->strip; /* cells of a full strip */
-    while (c0 < c1) {
-        int64_t s = c0 / per_strip, first = s * g->strip;
-        int64_t w = g->panels - first < g->strip ? g->panels - first : g->strip;
-        int64_t in = c0 - s * per_strip, row = in / w, q = in % w;
-        int64_t left = c1 - c0;
-        if (q > 0 || left < w) { /* part of one group's row */
-            int64_t np = w - q < left ? w - q : left;
-            fn(ctx, row, 1, first + q, np);
-            c0 += np;
-        } else { /* whole rows of this strip */
-            int64_t rows = left / w;
-            if (rows > g->groups - row) rows = g->groups - row;
-            fn(ctx, row, rows, first, w);
-            c0 += rows * w;
-        }
-    }
-}
 
 typedef struct {
     panel_isa set;
@@ -479,13 +450,14 @@ typedef struct {
     int64_t m, n, k, lda, ldb, ldc;
     const float *a, *a_groups, *b, *panels;
     float beta, *c;
+    int64_t groups, panel_count; /* the grid: ceil(m / MR) x ceil(n / NR) cells */
+    int64_t strip;               /* panels a strip */
 } product;
 
-/* One rectangle of cells, clipped to the product, in pieces of at most TILE_M_MAX rows when A is
- * packed per tile (no a_groups). */
-static void product_rect(void *ctx, int64_t g0, int64_t ng, int64_t p0, int64_t np)
+/* One rectangle of cells, groups [g0, g0 + ng) by panels [p0, p0 + np), clipped to the product,
+ * in pieces of at most TILE_M_MAX rows when A is packed per tile (no a_groups). */
+static void product_rect(const product *p, int64_t g0, int64_t ng, int64_t p0, int64_t np)
 {
-    const product *p = ctx;
     int64_t i0 = g0 * p->mr, i1 = (g0 + ng) * p->mr, j0 = p0 * p->nr, j1 = (p0 + np) * p->nr;
     if (i1 > p->m) i1 = p->m;
     if (j1 > p->n) j1 = p->n;
@@ -498,6 +470,28 @@ static void product_rect(void *ctx, int64_t g0, int64_t ng, int64_t p0, int64_t 
     }
 }
 
+/* Cells [c0, c1) of the order above, as rectangles. */
+static void product_cells(const product *p, int64_t c0, int64_t c1)
+{
+    int64_t per_strip = p->groups * p->strip; /* cells of a full strip */
+    while (c0 < c1) {
+        int64_t s = c0 / per_strip, first = s * p->strip;
+        int64_t w = p->panel_count - first < p->strip ? p->panel_count - first : p->strip;
+        int64_t in = c0 - s * per_strip, row = in / w, q = in % w;
+        int64_t left = c1 - c0;
+        if (q > 0 || left < w) { /* part of one group's row */
+            int64_t np = w - q < left ? w - q : left;
+            product_rect(p, row, 1, first + q, np);
+            c0 += np;
+        } else { /* whole rows of this strip */
+            int64_t rows = left / w;
+            if (rows > p->groups - row) rows = p->groups - row;
+            product_rect(p, row, rows, first, w);
+            c0 += rows * w;
+        }
+    }
+}
+
 bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
@@ -505,7 +499,7 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
     /* TANDEM_CPU_GEMM=blas asks for OpenBLAS's threaded calls everywhere */
     if (set == PANEL_NONE || cpu->blas_threaded || (beta != 0.0f && beta != 1.0f)) return false;
     if (m == 0 || n == 0) return true;
-    int nt = cpu->n_threads, nr = panel_nr();
+    int nt = cpu->n_threads, nr = panel_nr(), mr = panel_mr();
     /* B in panels when the rows repay the pass over it and the panels stay small, else read in
      * place (decoding a few rows; the lm_head when generating): the same bits either way */
     uint64_t bytes = tdm_cpu_panel_bytes(n, k), a_bytes = tdm_cpu_panel_a_bytes(m, k);
@@ -521,7 +515,7 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
          * threads, 896 wide) packed one element of A per 160 multiply-adds */
         if (a_bytes > 0) {
             a_groups = panels + bytes / sizeof(float);
-            pack_a_all(nt, panel_mr(), m, k, a, lda, a_groups);
+            pack_a_all(nt, mr, m, k, a, lda, a_groups);
         }
     }
     if (k == 0) { /* C = beta C: nothing to multiply */
@@ -530,8 +524,11 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
                 memset(c + i * ldc, 0, (size_t)n * sizeof(float));
         return true;
     }
-    cell_grid g = {.groups = (m + panel_mr() - 1) / panel_mr(), .panels = (n + nr - 1) / nr};
-    int64_t cells = g.groups * g.panels;
+    product p = {.set = set, .tb = tb, .mr = mr, .nr = nr, .m = m, .n = n, .k = k, .lda = lda,
+                 .ldb = ldb, .ldc = ldc, .a = a, .a_groups = a_groups, .b = b, .panels = panels,
+                 .beta = beta, .c = c, .groups = (m + mr - 1) / mr,
+                 .panel_count = (n + nr - 1) / nr};
+    int64_t cells = p.groups * p.panel_count;
     int64_t tasks = nt > 1 ? (int64_t)nt * TASKS_PER_THREAD : 1;
     if (tasks > cells) tasks = cells;
     /* The strip width that moves the fewest bytes: over a product, A's rows are read once per
@@ -540,17 +537,14 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
      * + NR s / area), is least at s = sqrt(MR area / NR). A fixed 24 groups tall cut the 8 and
      * 16-thread products of K 4864 into strips of 2 panels, reading A 14 times. */
     int64_t area = cells / tasks;
-    g.strip = (int64_t)(sqrt((double)panel_mr() * (double)area / (double)nr) + 0.5);
-    if (g.strip < STRIP_PANELS_MIN) g.strip = STRIP_PANELS_MIN;
-    if (g.strip > STRIP_PANELS_MAX) g.strip = STRIP_PANELS_MAX;
-    if (g.strip > g.panels) g.strip = g.panels;
-    product p = {.set = set, .tb = tb, .mr = panel_mr(), .nr = nr, .m = m, .n = n, .k = k,
-                 .lda = lda, .ldb = ldb, .ldc = ldc, .a = a, .a_groups = a_groups, .b = b,
-                 .panels = panels, .beta = beta, .c = c};
+    p.strip = (int64_t)(sqrt((double)mr * (double)area / (double)nr) + 0.5);
+    if (p.strip < STRIP_PANELS_MIN) p.strip = STRIP_PANELS_MIN;
+    if (p.strip > STRIP_PANELS_MAX) p.strip = STRIP_PANELS_MAX;
+    if (p.strip > p.panel_count) p.strip = p.panel_count;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)                                      \
     if (tasks > 1 && m * n * k > 64 * TDM_CPU_PAR_MIN)
     for (int64_t t = 0; t < tasks; t++)
-        walk_cells(&g, cells * t / tasks, cells * (t + 1) / tasks, product_rect, &p);
+        product_cells(&p, cells * t / tasks, cells * (t + 1) / tasks);
     return true;
 }
 
