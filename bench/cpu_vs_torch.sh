@@ -20,7 +20,10 @@
 # TORCH_THREADS ("16"; "16 1:1" adds a 1-thread run of 1 timed step), PROFILE ("", e.g.
 # "lora:16:1 lora:1:1": run before RUNS), BUDGET (100000: no run starts after it), HARD_LIMIT (BUDGET +
 # 600: a run still going then is killed, its row FAIL), TORCH_AFTER ("": PyTorch runs "T[:S]" after all the others,
-# each only while under AFTER_BUDGET seconds, default 200), WORK (/tmp/tandem-cpu-vs-torch), OUT (default $OUT, else WORK/results), PYTHON
+# each only while under AFTER_BUDGET seconds, default 200), PAIRS (0: after everything else, that
+# many more rounds of PyTorch then tandem lora, both at PAIR_THREADS (16) threads, each pair's
+# ratio and their median in OUT/pairs.md: a host whose speed drifts between runs moves both
+# sides of a pair alike), WORK (/tmp/tandem-cpu-vs-torch), OUT (default $OUT, else WORK/results), PYTHON
 # (python3), PY_LD_LIBRARY_PATH (the library path for Python; default LD_LIBRARY_PATH minus the
 # entries under .device/). Record results in docs/benchmarks.md with date, machine and command.
 set -uo pipefail
@@ -35,6 +38,9 @@ RUNS=${RUNS-lora:16 qlora:16 lora:8 lora:4:2 lora:2:2 lora:1:1}
 TORCH_THREADS=${TORCH_THREADS-16}
 TORCH_AFTER=${TORCH_AFTER:-}
 AFTER_BUDGET=${AFTER_BUDGET:-200}
+PAIRS=${PAIRS:-0}
+PAIR_THREADS=${PAIR_THREADS:-16}
+TAG=
 PROFILE=${PROFILE:-}
 BUDGET=${BUDGET:-100000}
 HARD_LIMIT=${HARD_LIMIT:-$((BUDGET + 600))}
@@ -80,9 +86,9 @@ has_threads=0
 run_tandem() { # method threads steps [extra flags...]
     local method=$1 T=$2 steps=$3 name out t rc el0 el1 tok sps
     shift 3
-    name="tandem-$method-t$T$([ $# -gt 0 ] && echo -profile)"
+    name="tandem-$method-t$T$([ $# -gt 0 ] && echo -profile)$TAG"
     out=$WORK/runs/$name
-    if over_budget; then
+    if over_budget "${RUN_BUDGET:-}"; then
         printf 'tandem\t%s\t%s\tskipped\t-\t%s\t-\tover budget\n' "$method" "$T" "$steps" >>"$ROWS"
         echo "== $name: skipped (over the ${BUDGET} s budget)"
         return
@@ -120,7 +126,7 @@ run_tandem() { # method threads steps [extra flags...]
 }
 
 run_torch() { # threads steps [budget]
-    local T=$1 steps=$2 name=torch-t$1 t tok sps
+    local T=$1 steps=$2 name=torch-t$1$TAG t tok sps
     if over_budget "${3:-}"; then
         printf 'torch\tlora-fp32\t%s\tskipped\t-\t%s\t-\tover budget\n' "$T" "$steps" >>"$ROWS"
         echo "== $name: skipped (over the ${BUDGET} s budget)"
@@ -167,6 +173,32 @@ for spec in $TORCH_AFTER; do
     run_torch "$T" "${S:-$STEPS}" "$AFTER_BUDGET"
 done
 
+# alternating pairs, after the rest: the table below counts only the runs above
+ROWS_MAIN=$ROWS
+if [ "$PAIRS" -gt 0 ]; then
+    ROWS=$RES/rows-pairs.tsv
+    head -n 1 "$ROWS_MAIN" >"$ROWS"
+    RUN_BUDGET=$AFTER_BUDGET
+    for r in $(seq "$PAIRS"); do
+        TAG=-pair$r
+        run_torch "$PAIR_THREADS" "$STEPS" "$AFTER_BUDGET"
+        run_tandem lora "$PAIR_THREADS" "$STEPS"
+    done
+    TAG= RUN_BUDGET=
+    {
+        echo "| pair | PyTorch tok/s | tandem lora tok/s | ratio |"
+        echo "| --- | --- | --- | --- |"
+        awk -F'\t' 'NR > 1 && $1 == "torch" { t = $4 }
+            NR > 1 && $1 == "tandem" { n++; r = (t + 0 > 0 && $4 + 0 > 0) ? $4 / t : 0
+                printf "| %d | %s | %s | %s |\n", n, t, $4, (r > 0 ? sprintf("%.2fx", r) : "-")
+                if (r > 0) rs[++k] = r; t = "" }
+            END { if (k) { for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (rs[j] < rs[i]) { x = rs[i]; rs[i] = rs[j]; rs[j] = x }
+                    med = k % 2 ? rs[(k + 1) / 2] : (rs[k / 2] + rs[k / 2 + 1]) / 2
+                    printf "| median of %d | | | %.2fx (min %.2fx, max %.2fx) |\n", k, med, rs[1], rs[k] } }' "$ROWS"
+    } >"$RES/pairs.md"
+    ROWS=$ROWS_MAIN
+fi
+
 # ---- the table ----
 {
     echo "| side | method | threads | tok/s | s/step | timed steps | speed-up vs tandem lora 1 thread | parallel efficiency | vs PyTorch 16 threads |"
@@ -185,3 +217,4 @@ done
 echo
 echo "total $(since "$T0") s"
 cat "$RES/table.md"
+[ -f "$RES/pairs.md" ] && echo && cat "$RES/pairs.md"

@@ -24,7 +24,9 @@
 # A variant of this build in the same call: EXTRA_ENV (e.g. "TANDEM_CPU_TILE_ROWS=256") with
 # EXTRA_RUNS (default "lora:16 lora:8"), after the baseline, into table-extra.md and
 # rows-extra.tsv; skipped unless EXTRA_ENV is set.
-# Results under $OUT: table.md, rows.tsv, table-blas.md, rows-blas.tsv, profile.txt,
+# PAIRS=N (with AFTER_BUDGET): N more rounds of PyTorch then tandem lora at 16 threads after the
+# main runs, each pair's ratio and their median in pairs.md (the host's speed drifts between runs).
+# Results under $OUT: table.md, rows.tsv, pairs.md, table-blas.md, rows-blas.tsv, profile.txt,
 # cpu-speed.log, test_cpu_gemm.log, test_backend_ops.log, logs.tgz. The env of
 # bench/cpu_vs_torch.sh (PRESET, RUNS, TORCH_THREADS, TORCH_AFTER, PROFILE, BUDGET) overrides the
 # plan, e.g. for a smoke test here: PRESET=tiny RUNS=lora:2:1 TORCH_THREADS= TORCH_AFTER= PROFILE=.
@@ -94,7 +96,7 @@ rm -rf "$RES2"
 mkdir -p "$RES2"
 {
     echo "# TANDEM_CPU_GEMM=blas"
-    TANDEM_CPU_GEMM=blas BUDGET=${BLAS_BUDGET:-60} HARD_LIMIT=${BLAS_HARD_LIMIT:-120} PROFILE= \
+    TANDEM_CPU_GEMM=blas PAIRS=0 BUDGET=${BLAS_BUDGET:-60} HARD_LIMIT=${BLAS_HARD_LIMIT:-120} PROFILE= \
         TORCH_THREADS= TORCH_AFTER= RUNS=${BLAS_RUNS-lora:16} \
         WORK=/tmp/cpu-speed-work OUT=$RES2 bash bench/cpu_vs_torch.sh .device/tandem
 } 2>&1 | tee -a "$OUT/cpu-speed.log"
@@ -105,7 +107,7 @@ if [ -f .device-pack/baseline.tgz ]; then
     mkdir -p "$RES3"
     {
         echo "# baseline build (.device-pack/baseline.tgz)"
-        BUDGET=${BASELINE_BUDGET:-90} HARD_LIMIT=${BASELINE_HARD_LIMIT:-150} PROFILE= TORCH_THREADS= \
+        PAIRS=0 BUDGET=${BASELINE_BUDGET:-90} HARD_LIMIT=${BASELINE_HARD_LIMIT:-150} PROFILE= TORCH_THREADS= \
             TORCH_AFTER= RUNS=${BASELINE_RUNS-lora:16 lora:8} \
             WORK=/tmp/cpu-speed-work OUT=$RES3 bash bench/cpu_vs_torch.sh .device-baseline/tandem
     } 2>&1 | tee -a "$OUT/cpu-speed.log"
@@ -119,7 +121,7 @@ if [ -n "${EXTRA_ENV:-}" ]; then
     mkdir -p "$RES4"
     {
         echo "# this build with $EXTRA_ENV"
-        env $EXTRA_ENV BUDGET=${EXTRA_BUDGET:-90} HARD_LIMIT=${EXTRA_HARD_LIMIT:-150} PROFILE= \
+        env $EXTRA_ENV PAIRS=0 BUDGET=${EXTRA_BUDGET:-90} HARD_LIMIT=${EXTRA_HARD_LIMIT:-150} PROFILE= \
             TORCH_THREADS= TORCH_AFTER= RUNS="${EXTRA_RUNS-lora:16 lora:8}" \
             WORK=/tmp/cpu-speed-work OUT=$RES4 bash bench/cpu_vs_torch.sh .device/tandem
     } 2>&1 | tee -a "$OUT/cpu-speed.log"
@@ -129,6 +131,7 @@ fi
 cp "$RES2/table.md" "$OUT/table-blas.md" 2>/dev/null
 cp "$RES2/rows.tsv" "$OUT/rows-blas.tsv" 2>/dev/null
 cp "$RES/table.md" "$RES/rows.tsv" "$OUT/" 2>/dev/null
+cp "$RES/pairs.md" "$RES/rows-pairs.tsv" "$OUT/" 2>/dev/null
 cp "$RES"/profile*.txt "$OUT/" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas $([ -d "$RES3" ] && echo cpu-speed-res-baseline) \
     $([ -d "$RES4" ] && echo cpu-speed-res-extra) 2>/dev/null
