@@ -53,6 +53,7 @@ static void cpu_free(tdm_backend *be, void *ptr)
         cpu->allocs = h->next;
     if (h->next) h->next->prev = h->prev;
     cpu->used -= h->bytes;
+    cpu_panel_cache_forget(cpu, ptr, h->bytes);
     free(h);
 }
 
@@ -618,8 +619,8 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        if (!cpu_panel_gemm(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->cols, beta, y,
-                            w->rows))
+        if (!cpu_panel_gemm_frozen(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->cols,
+                                   beta, y, w->rows))
             cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols,
                       beta, y, w->rows);
         return TDM_OK;
@@ -646,8 +647,8 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
 {
     cpu_backend *cpu = cpu_of(be);
     if (w->format == TDM_BE_W_F32) {
-        if (!cpu_panel_gemm(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data, w->cols, beta,
-                            dx, w->cols))
+        if (!cpu_panel_gemm_frozen(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data,
+                                   w->cols, beta, dx, w->cols))
             cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols,
                       beta, dx, w->cols);
         return TDM_OK;

@@ -89,6 +89,15 @@ void cpu_blas_sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
 bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* cpu_panel_gemm of a frozen f32 weight B whose memory holds that weight for the backend's life
+ * (the TANDEM_CPU_PANEL_CACHE=1 measurement aid may keep its panels). */
+bool cpu_panel_gemm_frozen(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc);
+
+/* Drops the TANDEM_CPU_PANEL_CACHE panels of weights inside [p, p + bytes) (cpu_free). */
+void cpu_panel_cache_forget(cpu_backend *cpu, const void *p, size_t bytes);
+
 /* cpu_panel_gemm on the calling thread alone (inside a parallel region: a task's product), each
  * K block of B packed as it is used: the same bits as cpu_panel_gemm. False when it cannot. */
 bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,

@@ -492,8 +492,68 @@ static void product_cells(const product *p, int64_t c0, int64_t c1)
     }
 }
 
-bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
-                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+/* MEASUREMENT AID (TANDEM_CPU_PANEL_CACHE=1, issue 20): a frozen f32 weight's panels kept after
+ * its first product, keyed by its address and shape, so later products skip the layout pass;
+ * dropped when the backend frees the weight (cpu_panel_cache_forget). Costs each weight's size
+ * again per direction (counted in the backend's used / peak, not in the memory plan): it exists
+ * to measure what laying W out per product costs on a many-core host (docs/benchmarks.md,
+ * "Pairs"), not for use. */
+typedef struct {
+    cpu_backend *owner;
+    const float *b;
+    bool tb;
+    int64_t n, k, ldb;
+    float *panels;
+    uint64_t bytes;
+} panel_cache_entry;
+#define PANEL_CACHE_MAX 1024
+static panel_cache_entry panel_cache[PANEL_CACHE_MAX];
+static int panel_cache_n = -1; /* -1: the environment not read yet; -2: off */
+
+static float *panel_cache_get(cpu_backend *cpu, int nr, bool tb, int64_t n, int64_t k,
+                              const float *b, int64_t ldb, uint64_t bytes)
+{
+    int nt = cpu->n_threads;
+    if (panel_cache_n == -1) {
+        const char *v = getenv("TANDEM_CPU_PANEL_CACHE");
+        panel_cache_n = v && strcmp(v, "1") == 0 ? 0 : -2;
+    }
+    if (panel_cache_n < 0) return NULL;
+    for (int i = 0; i < panel_cache_n; i++)
+        if (panel_cache[i].b == b && panel_cache[i].tb == tb && panel_cache[i].n == n &&
+            panel_cache[i].k == k && panel_cache[i].ldb == ldb)
+            return panel_cache[i].panels;
+    if (panel_cache_n == PANEL_CACHE_MAX) return NULL;
+    float *p = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
+    if (!p) return NULL;
+    if (tb)
+        pack_bt(nt, nr, n, k, b, ldb, p);
+    else
+        pack_b(nt, nr, n, k, b, ldb, p);
+    panel_cache[panel_cache_n++] = (panel_cache_entry){
+        .owner = cpu, .b = b, .tb = tb, .n = n, .k = k, .ldb = ldb, .panels = p, .bytes = bytes};
+    cpu->used += bytes;
+    if (cpu->used > cpu->peak) cpu->peak = cpu->used;
+    return p;
+}
+
+void cpu_panel_cache_forget(cpu_backend *cpu, const void *p, size_t bytes)
+{
+    for (int i = 0; i < panel_cache_n;) {
+        const char *b = (const char *)panel_cache[i].b;
+        if (panel_cache[i].owner == cpu && b >= (const char *)p && b < (const char *)p + bytes) {
+            free(panel_cache[i].panels);
+            cpu->used -= panel_cache[i].bytes;
+            panel_cache[i] = panel_cache[--panel_cache_n];
+        } else {
+            i++;
+        }
+    }
+}
+
+static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_t n, int64_t k,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
 {
     panel_isa set = isa();
     /* TANDEM_CPU_GEMM=blas asks for OpenBLAS's threaded calls everywhere */
@@ -504,7 +564,17 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
      * place (decoding a few rows; the lm_head when generating): the same bits either way */
     uint64_t bytes = tdm_cpu_panel_bytes(n, k), a_bytes = tdm_cpu_panel_a_bytes(m, k);
     float *panels = NULL, *a_groups = NULL;
-    if (m >= TDM_CPU_PANEL_MIN_ROWS && bytes > 0) {
+    float *cached = m >= TDM_CPU_PANEL_MIN_ROWS && bytes > 0 && frozen
+                        ? panel_cache_get(cpu, nr, tb, n, k, b, ldb, bytes)
+                        : NULL;
+    if (cached) {
+        panels = cached;
+        if (a_bytes > 0) {
+            a_groups = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)a_bytes);
+            if (!a_groups) return false;
+            pack_a_all(nt, mr, m, k, a, lda, a_groups);
+        }
+    } else if (m >= TDM_CPU_PANEL_MIN_ROWS && bytes > 0) {
         panels = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(bytes + a_bytes));
         if (!panels) return false;
         if (tb)
@@ -546,6 +616,19 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
     for (int64_t t = 0; t < tasks; t++)
         product_cells(&p, cells * t / tasks, cells * (t + 1) / tasks);
     return true;
+}
+
+bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    return panel_gemm(cpu, false, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool cpu_panel_gemm_frozen(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc)
+{
+    return panel_gemm(cpu, true, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
