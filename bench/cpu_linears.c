@@ -1,14 +1,18 @@
 /* cpu_linears.c — the CPU backend's frozen-projection GEMMs alone, at a training step's shapes.
  *
  *     bench_cpu_linears [--rows 1024] [--threads 0] [--reps 10] [--shapes OUTxIN,...]
+ *                       [--row-major]
  *
  * For each weight shape (default: Qwen2.5-0.5B's projections, 896x896 q/o, 128x896 k/v,
  * 4864x896 gate/up, 896x4864 down) times tdm_be_linear_fwd (Y = X W^T) and tdm_be_linear_bwd
  * (dX = dY W) of ROWS rows through the CPU backend, f32 weights: median of REPS after 2 untimed
  * calls, in ms and TFLOP/s, then the step's frozen GEMMs in all (q, k, v, o, gate, up, down
- * forward and backward, weighted by how often a layer runs each). Compare kernels with
- * TANDEM_CPU_PANELS=0 (OpenBLAS tiles) against the default (cpu_panel_gemm.c) in one session.
+ * forward and backward, weighted by how often a layer runs each). The weights are laid out as
+ * the model lays them out at load (tdm_be_lay_out_frozen: the forward's panels), unless
+ * --row-major (each forward product then lays W out itself, as before that layout). Compare
+ * kernels with TANDEM_CPU_PANELS=0 (OpenBLAS tiles) against the default (cpu_panel_gemm.c).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +62,16 @@ int main(int argc, char **argv)
     const char *shapes = "896x896,128x896,4864x896,896x4864";
     /* how many of each shape a Qwen2.5 layer has: q+o, k+v, gate+up, down */
     int per_layer[] = {2, 2, 2, 1};
-    for (int i = 1; i + 1 < argc; i += 2) {
+    bool row_major = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--row-major")) {
+            row_major = true, i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_cpu_linears: %s needs a value\n", argv[i]);
+            return 2;
+        }
         if (!strcmp(argv[i], "--rows"))
             m = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads"))
@@ -84,7 +97,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *panels = getenv("TANDEM_CPU_PANELS");
-    printf("# rows %lld, TANDEM_CPU_PANELS=%s\n", (long long)m, panels ? panels : "(unset)");
+    printf("# rows %lld, TANDEM_CPU_PANELS=%s, weights %s\n", (long long)m,
+           panels ? panels : "(unset)", row_major ? "row-major" : "laid out as the model does");
     printf("%-12s %10s %8s %10s %8s\n", "out x in", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
     double layer_s = 0, layer_flop = 0;
     char *list = strdup(shapes);
@@ -106,6 +120,10 @@ int main(int argc, char **argv)
             return 1;
         }
         tdm_be_weight wt = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
+        if (!row_major && tdm_be_lay_out_frozen(be, &wt, &err) != TDM_OK) {
+            fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
+            return 1;
+        }
         double flop = 2.0 * (double)m * (double)rows * (double)cols;
         double f = time_linear(be, &wt, m, false, x, y, reps);
         double b = time_linear(be, &wt, m, true, x, y, reps);

@@ -308,10 +308,22 @@ static tdm_status check_weight(const tdm_be_weight *w, const char *op, tdm_error
         CHECK(w->codes && w->absmax_q && w->absmax2,
               "%s: double-quantized NF4 weight without codes/absmax_q/absmax2", op);
         break;
+    case TDM_BE_W_F32_PANELS:
+        CHECK(w->data && w->panel > 0 && w->rows % w->panel == 0,
+              "%s: panel weight without data or with %d-row panels for %lld rows", op,
+              (int)w->panel, (long long)w->rows);
+        break;
     default:
         return tdm_fail(err, TDM_ERR_INVALID, "%s: unknown weight format %d", op, (int)w->format);
     }
     return TDM_OK;
+}
+
+tdm_status tdm_be_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err)
+{
+    TDM_TRY(check_weight(w, "lay_out_frozen", err));
+    if (!be->vt->lay_out_frozen || w->format != TDM_BE_W_F32) return TDM_OK;
+    return be->vt->lay_out_frozen(be, w, err);
 }
 
 tdm_status tdm_be_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,

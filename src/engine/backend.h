@@ -217,6 +217,11 @@ typedef enum tdm_be_wformat {
     TDM_BE_W_BF16,   /* data: (rows, cols) bf16 */
     TDM_BE_W_NF4,    /* codes + absmax (f32 per 64-block), model/nf4.h layout */
     TDM_BE_W_NF4_DQ, /* codes + absmax_q (u8 per block) + absmax2 (f32 per 256 blocks) + offset */
+    /* data: f32 in panels of `panel` rows (rows a multiple of it): panel p holds W's rows
+     * [p panel, p panel + panel) transposed, (cols, panel) row-major, so W[p panel + r][c] is at
+     * data[(p cols + c) panel + r]. What tdm_be_lay_out_frozen makes of an F32 weight on a
+     * backend whose GEMMs read W^T so (the CPU's own kernels); no other op takes it. */
+    TDM_BE_W_F32_PANELS,
 } tdm_be_wformat;
 
 /* A frozen weight matrix W (rows = out_features, cols = in_features), as nn.Linear stores it.
@@ -233,6 +238,7 @@ typedef struct tdm_be_weight {
     const uint8_t *absmax_q; /* NF4_DQ: ceil(rows*cols/64) u8 */
     const float *absmax2;    /* NF4_DQ: ceil(nblocks/256) f32 */
     float offset;            /* NF4_DQ */
+    int32_t panel;           /* F32_PANELS: rows a panel */
 } tdm_be_weight;
 
 /* Element types of tdm_be_quantize_nf4's source: a safetensors tensor's bytes as stored. */
@@ -252,6 +258,14 @@ typedef enum tdm_be_src_dtype {
 bool tdm_be_has_quantize_nf4(const tdm_backend *be);
 tdm_status tdm_be_quantize_nf4(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
                                int64_t n, uint8_t *codes, float *absmax, tdm_error *err);
+
+/* Lays a frozen F32 projection weight out in place the way the backend's frozen GEMMs read
+ * it (the same values in the same buffer; w->format and w->panel may change): the CPU backend's
+ * own kernels take W^T in panels (TDM_BE_W_F32_PANELS), which they otherwise lay out again for
+ * every forward product. A no-op where the backend has no such layout, for other formats, and
+ * where the shape does not fit it. Only for weights that linear_fwd / linear_bwd /
+ * linear_fwd_shared / weight_rows read (not the embedding or the lm_head). */
+tdm_status tdm_be_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err);
 
 /* Dequantizes rows [row_begin, row_end) of an NF4 / NF4_DQ weight into out
  * ((row_end - row_begin), cols) of dtype F32 or BF16 (a tile for a GEMM). Dense weights are

@@ -463,6 +463,8 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
         case TDM_ROLE_LINEAR: {
             int tg = target_of(d->name);
             st = put_weight(m, host, rows, cols, m->opts.nf4, &L->w[tg], err);
+            /* the CPU's own GEMMs read W^T in panels: laid out once here, not per product */
+            if (st == TDM_OK) st = tdm_be_lay_out_frozen(m->be, &L->w[tg], err);
             break;
         }
         case TDM_ROLE_BIAS:

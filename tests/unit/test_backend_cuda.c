@@ -219,6 +219,9 @@ static void weight_make(wpair *p, tdm_be_wformat fmt, int64_t rows, int64_t cols
                 put(bes[i], TDM_BE_F32, q.absmax2, (q.nblocks + 255) / 256);
             x->offset = q.offset;
             break;
+        case TDM_BE_W_F32_PANELS: /* the CPU's own layout: not compared across backends */
+            fail_msg("weight_make: F32_PANELS is not a CUDA format");
+            break;
         }
     }
     tdm_nf4_free(&q);

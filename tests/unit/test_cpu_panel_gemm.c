@@ -11,7 +11,9 @@
  *    projections and its cross-entropy (loss and dH: an adapter alone == co-trained);
  *  - an A too large to lay out (packed per tile, 512 rows at most) == the one-thread form;
  *  - the AVX-512 and AVX2 kernels give the same bits (where this CPU has AVX-512);
- *  - through the backend, tdm_be_linear_fwd / linear_bwd with f32 weights use them and equal them.
+ *  - through the backend, tdm_be_linear_fwd / linear_bwd with f32 weights use them and equal them;
+ *  - a weight laid out once in panels (tdm_be_lay_out_frozen) == the row-major weight, forward,
+ *    backward and weight_rows, also read by the AVX2 kernel when laid out for AVX-512.
  * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -204,6 +206,74 @@ static void test_backend_linears(void **state)
     tdm_backend_free(be);
 }
 
+/* linear_fwd, linear_bwd (beta 0 and 1) and weight_rows of w (rows x cols) laid out in panels
+ * equal those of the row-major weight, bit for bit, at m rows. */
+static void laid_equals_row_major(tdm_backend *be, const float *w, int64_t rows, int64_t cols,
+                                  const float *laid, int pw, int64_t m)
+{
+    tdm_error err = {0};
+    tdm_be_weight rm = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
+    tdm_be_weight lw = {
+        .format = TDM_BE_W_F32_PANELS, .rows = rows, .cols = cols, .data = laid, .panel = pw};
+    float *x = rndf(m * cols), *dy = rndf(m * rows);
+    for (int b = 0; b < 2; b++) {
+        float *y1 = rndf(m * rows), *d1 = rndf(m * cols);
+        float *y2 = malloc((size_t)(m * rows) * 4), *d2 = malloc((size_t)(m * cols) * 4);
+        memcpy(y2, y1, (size_t)(m * rows) * 4), memcpy(d2, d1, (size_t)(m * cols) * 4);
+        assert_int_equal(tdm_be_linear_fwd(be, &rm, x, m, y1, (float)b, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_fwd(be, &lw, x, m, y2, (float)b, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_bwd(be, &rm, dy, m, d1, (float)b, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_bwd(be, &lw, dy, m, d2, (float)b, &err), TDM_OK);
+        if (memcmp(y1, y2, (size_t)(m * rows) * 4) || memcmp(d1, d2, (size_t)(m * cols) * 4))
+            fail_msg("laid out (%d-row panels) != row-major: %lld x %lld, m %lld, beta %d", pw,
+                     (long long)rows, (long long)cols, (long long)m, b);
+        free(y1), free(y2), free(d1), free(d2);
+    }
+    float *r = malloc((size_t)(rows * cols) * 4);
+    assert_int_equal(tdm_be_weight_rows(be, &lw, 3, rows - 2, r, TDM_BE_F32, &err), TDM_OK);
+    assert_memory_equal(r, w + 3 * cols, (size_t)((rows - 5) * cols) * 4);
+    free(x), free(dy), free(r);
+}
+
+/* A frozen f32 weight laid out once in the forward's panels (tdm_be_lay_out_frozen: the model
+ * does it at load) gives the bits of the row-major weight forward and backward, alone and in
+ * co-trained batches' row counts, and reads back as its rows; with the AVX2 kernel reading
+ * panels laid out for AVX-512 too (narrower kernel, panel read as rows 32 floats apart). A
+ * shape the panels do not divide stays row-major. */
+static void test_backend_laid_out(void **state)
+{
+    (void)state;
+    const int64_t shapes[][2] = {{64, 40}, {96, 300}, {128, 17}, {32, 600}};
+    const int64_t rows_m[] = {5, 70, 200};
+    __builtin_cpu_init();
+    bool both = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2");
+    for (int pass = 0; pass < (both ? 2 : 1); pass++) {
+        cpu_backend *cpu = backend(3);
+        tdm_backend *be = &cpu->base;
+        tdm_error err = {0};
+        for (unsigned si = 0; si < 4; si++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            float *w = rndf(rows * cols), *laid = malloc((size_t)(rows * cols) * 4);
+            memcpy(laid, w, (size_t)(rows * cols) * 4);
+            tdm_be_weight lw = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = laid};
+            assert_int_equal(tdm_be_lay_out_frozen(be, &lw, &err), TDM_OK);
+            assert_int_equal(lw.format, TDM_BE_W_F32_PANELS);
+            if (pass == 1) assert_true(cpu_panel_isa_use("avx2")); /* laid out for AVX-512 */
+            for (unsigned mi = 0; mi < 3; mi++)
+                laid_equals_row_major(be, w, rows, cols, laid, lw.panel, rows_m[mi]);
+            assert_true(cpu_panel_isa_use(NULL));
+            free(w), free(laid);
+        }
+        /* 40 rows: not a whole number of 32-row panels (AVX-512) nor of 16-row ones (AVX2) */
+        float *w = rndf(40 * 24);
+        tdm_be_weight odd = {.format = TDM_BE_W_F32, .rows = 40, .cols = 24, .data = w};
+        assert_int_equal(tdm_be_lay_out_frozen(be, &odd, &err), TDM_OK);
+        assert_int_equal(odd.format, TDM_BE_W_F32);
+        free(w);
+        tdm_backend_free(be);
+    }
+}
+
 /* Through the backend at the tiny model's shapes: rows [off, off + mm) computed alone equal the
  * same rows inside the 2100-row batch (an adapter alone == co-trained) for the four projection
  * shapes, forward and backward, and for the cross-entropy's loss and dH. */
@@ -271,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_tall_a_packed_per_tile),
         cmocka_unit_test(test_backend_linears),
         cmocka_unit_test(test_backend_rows_alone),
+        cmocka_unit_test(test_backend_laid_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

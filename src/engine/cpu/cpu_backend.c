@@ -538,6 +538,14 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
          * while the others waited */
         convert(nt, (const uint16_t *)w->data + r0 * cols, out, (r1 - r0) * cols, true);
         return;
+    case TDM_BE_W_F32_PANELS: {
+        int64_t per = (r1 - r0 + nt - 1) / nt;
+#pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
+        for (int64_t b = r0; b < r1; b += per)
+            cpu_panel_rows(w->data, w->panel, cols, b, b + per < r1 ? b + per : r1,
+                           out + (b - r0) * cols);
+        return;
+    }
     case TDM_BE_W_NF4:
     case TDM_BE_W_NF4_DQ:
         break;
@@ -612,12 +620,30 @@ static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64
     return TDM_OK;
 }
 
+/* A frozen f32 projection laid out in place in the forward's panels, so no forward product
+ * lays it out again (docs/benchmarks.md, "Pairs": the layout was 12 % of the frozen GEMMs at 16
+ * threads, half of it the forward's). */
+static tdm_status cpu_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err)
+{
+    (void)err;
+    int32_t pw;
+    if (cpu_panel_lay_out(cpu_of(be), w->rows, w->cols, (float *)w->data, &pw)) {
+        w->format = TDM_BE_W_F32_PANELS;
+        w->panel = pw;
+    }
+    return TDM_OK;
+}
+
 /* Y (m, rows) = X (m, cols) W^T + beta Y. Dense f32 weights go to one GEMM; others are
  * dequantized a tile of rows at a time, each tile giving a block of Y's columns. */
 static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
                                  void *y, float beta, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
+    if (w->format == TDM_BE_W_F32_PANELS &&
+        cpu_panel_gemm_laid(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->panel, beta,
+                            y, w->rows))
+        return TDM_OK; /* else a tile of rows at a time below */
     if (w->format == TDM_BE_W_F32) {
         if (!cpu_panel_gemm_frozen(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->cols,
                                    beta, y, w->rows))
@@ -646,6 +672,10 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
                                  void *dx, float beta, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
+    if (w->format == TDM_BE_W_F32_PANELS &&
+        cpu_panel_gemm_laid(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data, w->panel,
+                            beta, dx, w->cols))
+        return TDM_OK; /* else a tile of rows at a time below */
     if (w->format == TDM_BE_W_F32) {
         if (!cpu_panel_gemm_frozen(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data,
                                    w->cols, beta, dx, w->cols))
@@ -713,6 +743,7 @@ static const tdm_backend_vtable cpu_vtable = {
     .add_bias = cpu_add_bias,
     .gemm = cpu_gemm,
     .weight_rows = cpu_weight_rows,
+    .lay_out_frozen = cpu_lay_out_frozen,
     .linear_fwd = cpu_linear_fwd,
     .linear_bwd = cpu_linear_bwd,
     .embedding = cpu_embedding,

@@ -4,7 +4,9 @@
  * each call packs its own copy of the weight's columns and of the activation rows, so a 1024-row
  * product with 8 row tiles packs every weight 8 times (docs/benchmarks.md, issue 20: about 25 %
  * slower per thread than one large call). Here the weight is laid out once per product, shared
- * by every thread, and a tile packs only its activation rows.
+ * by every thread, and a tile packs only its activation rows; a frozen f32 weight is laid out
+ * in the forward's panels once, at load (cpu_panel_lay_out), and the backward's panels are made
+ * from those.
  *
  * C (m x n) = A (m x k) op(B) + beta C, f32 row-major, beta 0 or 1:
  *   forward  Y = X W^T: op(B) = B^T, B (n x k) row-major (the weight);
@@ -281,6 +283,73 @@ static void pack_b(int nt, int nr, int64_t n, int64_t k, const float *b, int64_t
     }
 }
 
+/* dst (8 x 8, rows ld apart) = src (8 x 8, rows ls apart) transposed: the usual unpack /
+ * shuffle / lane-swap sequence, 24 shuffles for 64 floats where element by element it was 64
+ * loads and 64 stores (the backward's re-layout took longer than the forward's it replaced). */
+__attribute__((target("avx2"))) static void transpose8(const float *src, int64_t ls, float *dst,
+                                                       int64_t ld)
+{
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ls),
+           r2 = _mm256_loadu_ps(src + 2 * ls), r3 = _mm256_loadu_ps(src + 3 * ls),
+           r4 = _mm256_loadu_ps(src + 4 * ls), r5 = _mm256_loadu_ps(src + 5 * ls),
+           r6 = _mm256_loadu_ps(src + 6 * ls), r7 = _mm256_loadu_ps(src + 7 * ls);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+           t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+           t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+           s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(s0, s4, 0x20));
+    _mm256_storeu_ps(dst + ld, _mm256_permute2f128_ps(s1, s5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ld, _mm256_permute2f128_ps(s2, s6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ld, _mm256_permute2f128_ps(s3, s7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ld, _mm256_permute2f128_ps(s0, s4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ld, _mm256_permute2f128_ps(s1, s5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ld, _mm256_permute2f128_ps(s2, s6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ld, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+/* The backward's panels (as pack_b makes of W (k x n) row-major) from a weight laid out in the
+ * forward's panels of pw of its k rows (TDM_BE_W_F32_PANELS: row j, column c at
+ * w[((j / pw) n + c) pw + j % pw]): each pw x NR block is pw contiguous floats per column c,
+ * written as NR floats per row j, in 8 x 8 transposes (pw and NR are multiples of 16: the
+ * layout exists only with tandem's kernels, which need AVX2). Columns past n are zeros. All
+ * threads, one pass. */
+static void pack_b_from_panels(int nt, int nr, int64_t n, int64_t k, const float *w, int pw,
+                               float *out)
+{
+    int64_t panels = (n + nr - 1) / nr;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * k > TDM_CPU_PAR_MIN)
+    for (int64_t q = 0; q < panels; q++) {
+        float *o = out + q * nr * k;
+        int64_t cols = n - q * nr < nr ? n - q * nr : nr;
+        if (cols == nr) {
+            for (int64_t j0 = 0; j0 < k; j0 += pw) {
+                const float *src = w + (j0 / pw) * n * pw + q * nr * pw;
+                for (int l0 = 0; l0 < nr; l0 += 8)
+                    for (int r0 = 0; r0 < pw; r0 += 8)
+                        transpose8(src + l0 * pw + r0, pw, o + (j0 + r0) * nr + l0, nr);
+            }
+            continue;
+        }
+        for (int64_t j0 = 0; j0 < k; j0 += pw) {
+            const float *src = w + (j0 / pw) * n * pw + q * nr * pw;
+            for (int64_t l = 0; l < nr; l++) {
+                if (l < cols) {
+                    const float *col = src + l * pw;
+                    for (int r = 0; r < pw; r++)
+                        o[(j0 + r) * nr + l] = col[r];
+                } else {
+                    for (int r = 0; r < pw; r++)
+                        o[(j0 + r) * nr + l] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
 /* A block rows [i0, i0 + mb) x K [p0, p0 + kb) into MR-row panels (per k the MR values), rows
  * past mb zeros. */
 static void pack_a(int mr, const float *a, int64_t lda, int64_t mb, int64_t kb, float *out)
@@ -384,7 +453,7 @@ static void pack_b_piece(float *bpack, bool tb, int nr, int64_t j, int nrr, int6
  * in place. */
 static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t nb, int64_t k,
                        const float *a, int64_t lda, const float *a_groups, const float *b,
-                       int64_t ldb, const float *panels, bool pack, float beta, float *c,
+                       int64_t ldb, const float *panels, int pw, bool pack, float beta, float *c,
                        int64_t ldc)
 {
     int nr = panel_nr(), mr = panel_mr();
@@ -394,7 +463,11 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
             for (int64_t j = j0; j < j0 + nb; j++) {
                 float acc = beta == 1.0f ? c[i * ldc + j] : 0.0f;
                 for (int64_t p = 0; p < k; p++)
-                    acc = fmaf(a[i * lda + p], tb ? b[j * ldb + p] : b[p * ldb + j], acc);
+                    acc = fmaf(a[i * lda + p],
+                               panels ? panels[(j / pw) * pw * k + p * pw + j % pw]
+                               : tb   ? b[j * ldb + p]
+                                      : b[p * ldb + j],
+                               acc);
                 c[i * ldc + j] = acc;
             }
         return;
@@ -408,8 +481,11 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
             int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
             const float *bp;
             b_access how = B_PACKED;
-            if (panels) {
-                bp = panels + (j / nr) * nr * k + p0 * nr;
+            int64_t bs = ldb;
+            if (panels) { /* panels pw wide, pw a multiple of nr: a narrower kernel reads its
+                           * columns of a panel as rows pw floats apart */
+                bp = panels + (j / pw) * pw * k + p0 * pw + j % pw;
+                if (pw != nr) how = B_ROWS, bs = pw;
             } else if (pack) {
                 pack_b_piece(bpack, tb, nr, j, nrr, p0, kb, b, ldb);
                 bp = bpack;
@@ -422,9 +498,9 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
                 float *cp = c + i * ldc + j;
                 const float *ap = a_groups ? a_groups + i * k + p0 * mr : apack + i * kb;
                 if (set == PANEL_AVX512)
-                    kernel_avx512(kb, ap, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
+                    kernel_avx512(kb, ap, bp, how, bs, cp, ldc, mrr, nrr, load_c);
                 else
-                    kernel_avx2(kb, ap, bp, how, ldb, cp, ldc, mrr, nrr, load_c);
+                    kernel_avx2(kb, ap, bp, how, bs, cp, ldc, mrr, nrr, load_c);
             }
         }
     }
@@ -449,6 +525,7 @@ typedef struct {
     int mr, nr;
     int64_t m, n, k, lda, ldb, ldc;
     const float *a, *a_groups, *b, *panels;
+    int pw; /* the panels' width: nr, or a multiple of it (a weight laid out for a wider kernel) */
     float beta, *c;
     int64_t groups, panel_count; /* the grid: ceil(m / MR) x ceil(n / NR) cells */
     int64_t strip;               /* panels a strip */
@@ -465,7 +542,8 @@ static void product_rect(const product *p, int64_t g0, int64_t ng, int64_t p0, i
     for (int64_t i = i0; i < i1; i += step) {
         int64_t mb = i1 - i < step ? i1 - i : step;
         panel_tile(p->set, p->tb, mb, j0, j1 - j0, p->k, p->a + i * p->lda, p->lda,
-                   p->a_groups ? p->a_groups + i * p->k : NULL, p->b, p->ldb, p->panels, false,
+                   p->a_groups ? p->a_groups + i * p->k : NULL, p->b, p->ldb, p->panels, p->pw,
+                   false,
                    p->beta, p->c + i * p->ldc, p->ldc);
     }
 }
@@ -511,7 +589,7 @@ static panel_cache_entry panel_cache[PANEL_CACHE_MAX];
 static int panel_cache_n = -1; /* -1: the environment not read yet; -2: off */
 
 static float *panel_cache_get(cpu_backend *cpu, int nr, bool tb, int64_t n, int64_t k,
-                              const float *b, int64_t ldb, uint64_t bytes)
+                              const float *b, int64_t ldb, int b_pw, uint64_t bytes)
 {
     int nt = cpu->n_threads;
     if (panel_cache_n == -1) {
@@ -526,7 +604,9 @@ static float *panel_cache_get(cpu_backend *cpu, int nr, bool tb, int64_t n, int6
     if (panel_cache_n == PANEL_CACHE_MAX) return NULL;
     float *p = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
     if (!p) return NULL;
-    if (tb)
+    if (b_pw > 0)
+        pack_b_from_panels(nt, nr, n, k, b, b_pw, p);
+    else if (tb)
         pack_bt(nt, nr, n, k, b, ldb, p);
     else
         pack_b(nt, nr, n, k, b, ldb, p);
@@ -551,40 +631,52 @@ void cpu_panel_cache_forget(cpu_backend *cpu, const void *p, size_t bytes)
     }
 }
 
+/* b_pw > 0: B is a weight laid out in the forward's panels of b_pw rows (cpu_panel_lay_out):
+ * the forward (tb) reads them as they are, the backward lays them out again for itself. */
 static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_t n, int64_t k,
-                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                       float *c, int64_t ldc)
+                       const float *a, int64_t lda, const float *b, int64_t ldb, int b_pw,
+                       float beta, float *c, int64_t ldc)
 {
     panel_isa set = isa();
     /* TANDEM_CPU_GEMM=blas asks for OpenBLAS's threaded calls everywhere */
     if (set == PANEL_NONE || cpu->blas_threaded || (beta != 0.0f && beta != 1.0f)) return false;
-    if (m == 0 || n == 0) return true;
     int nt = cpu->n_threads, nr = panel_nr(), mr = panel_mr();
+    /* a layout for a narrower kernel (a weight laid out before the ISA was switched) */
+    if (b_pw > 0 && tb && b_pw % nr != 0) return false;
+    if (m == 0 || n == 0) return true;
     /* B in panels when the rows repay the pass over it and the panels stay small, else read in
      * place (decoding a few rows; the lm_head when generating): the same bits either way */
     uint64_t bytes = tdm_cpu_panel_bytes(n, k), a_bytes = tdm_cpu_panel_a_bytes(m, k);
-    float *panels = NULL, *a_groups = NULL;
-    float *cached = m >= TDM_CPU_PANEL_MIN_ROWS && bytes > 0 && frozen
-                        ? panel_cache_get(cpu, nr, tb, n, k, b, ldb, bytes)
+    if (b_pw > 0 && !tb && bytes == 0) return false; /* never laid out so (cpu_panel_lay_out) */
+    const float *panels = NULL;
+    float *a_groups = NULL;
+    int pw = nr;
+    float *cached = (m >= TDM_CPU_PANEL_MIN_ROWS || b_pw > 0) && bytes > 0 && frozen &&
+                            !(b_pw > 0 && tb)
+                        ? panel_cache_get(cpu, nr, tb, n, k, b, ldb, b_pw, bytes)
                         : NULL;
-    if (cached) {
-        panels = cached;
+    if ((b_pw > 0 && tb) || cached) {
+        panels = cached ? cached : b;
+        pw = cached ? nr : b_pw;
         if (a_bytes > 0) {
             a_groups = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)a_bytes);
             if (!a_groups) return false;
             pack_a_all(nt, mr, m, k, a, lda, a_groups);
         }
-    } else if (m >= TDM_CPU_PANEL_MIN_ROWS && bytes > 0) {
-        panels = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(bytes + a_bytes));
-        if (!panels) return false;
-        if (tb)
-            pack_bt(nt, nr, n, k, b, ldb, panels);
+    } else if ((m >= TDM_CPU_PANEL_MIN_ROWS || b_pw > 0) && bytes > 0) {
+        float *laid = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(bytes + a_bytes));
+        if (!laid) return false;
+        if (b_pw > 0)
+            pack_b_from_panels(nt, nr, n, k, b, b_pw, laid);
+        else if (tb)
+            pack_bt(nt, nr, n, k, b, ldb, laid);
         else
-            pack_b(nt, nr, n, k, b, ldb, panels);
+            pack_b(nt, nr, n, k, b, ldb, laid);
+        panels = laid;
         /* A in row groups once, not once per tile and K block: a tile of 160 columns (16
          * threads, 896 wide) packed one element of A per 160 multiply-adds */
         if (a_bytes > 0) {
-            a_groups = panels + bytes / sizeof(float);
+            a_groups = laid + bytes / sizeof(float);
             pack_a_all(nt, mr, m, k, a, lda, a_groups);
         }
     }
@@ -596,7 +688,7 @@ static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_
     }
     product p = {.set = set, .tb = tb, .mr = mr, .nr = nr, .m = m, .n = n, .k = k, .lda = lda,
                  .ldb = ldb, .ldc = ldc, .a = a, .a_groups = a_groups, .b = b, .panels = panels,
-                 .beta = beta, .c = c, .groups = (m + mr - 1) / mr,
+                 .pw = pw, .beta = beta, .c = c, .groups = (m + mr - 1) / mr,
                  .panel_count = (n + nr - 1) / nr};
     int64_t cells = p.groups * p.panel_count;
     int64_t tasks = nt > 1 ? (int64_t)nt * TASKS_PER_THREAD : 1;
@@ -621,14 +713,50 @@ static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_
 bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    return panel_gemm(cpu, false, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    return panel_gemm(cpu, false, tb, m, n, k, a, lda, b, ldb, 0, beta, c, ldc);
 }
 
 bool cpu_panel_gemm_frozen(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                            float *c, int64_t ldc)
 {
-    return panel_gemm(cpu, true, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    return panel_gemm(cpu, true, tb, m, n, k, a, lda, b, ldb, 0, beta, c, ldc);
+}
+
+bool cpu_panel_gemm_laid(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
+                         const float *a, int64_t lda, const float *w, int pw, float beta, float *c,
+                         int64_t ldc)
+{
+    return panel_gemm(cpu, true, tb, m, n, k, a, lda, w, 0, pw, beta, c, ldc);
+}
+
+bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, int32_t *pw)
+{
+    if (isa() == PANEL_NONE || cpu->blas_threaded) return false;
+    int nr = panel_nr();
+    /* exactly the weight's own bytes (no padding), and panels the backward can lay out */
+    if (rows % nr != 0 || tdm_cpu_panel_bytes(rows, cols) == 0 ||
+        tdm_cpu_panel_bytes(cols, rows) == 0)
+        return false;
+    /* a transient copy of one weight at load, freed at once (not through the panels' scratch:
+     * the steps allocate that, and unit.memory_estimate holds them to the plan's figure) */
+    float *tmp = malloc((size_t)(rows * cols) * sizeof(float));
+    if (!tmp) return false;
+    pack_bt(cpu->n_threads, nr, rows, cols, w, cols, tmp);
+    memcpy(w, tmp, (size_t)(rows * cols) * sizeof(float));
+    free(tmp);
+    *pw = nr;
+    return true;
+}
+
+void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1, float *out)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const float *src = w + (r / pw) * cols * pw + r % pw;
+        float *o = out + (r - r0) * cols;
+        for (int64_t c = 0; c < cols; c++)
+            o[c] = src[c * pw];
+    }
 }
 
 bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -645,6 +773,6 @@ bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a,
     /* row blocks as tall as the A buffer: each K block of each B panel is packed once a block */
     for (int64_t i0 = 0; i0 < m; i0 += TILE_M_MAX)
         panel_tile(set, tb, m - i0 < TILE_M_MAX ? m - i0 : TILE_M_MAX, 0, n, k, a + i0 * lda, lda,
-                   NULL, b, ldb, NULL, true, beta, c + i0 * ldc, ldc);
+                   NULL, b, ldb, NULL, 0, true, beta, c + i0 * ldc, ldc);
     return true;
 }

@@ -810,6 +810,8 @@ tdm_status cuda_weight_rows(cuda_backend *cb, const tdm_be_weight *w, int64_t r0
             <<<EW_BLOCKS(n), EW_THREADS, 0, st>>>((const bf16 *)w->data + e0, (float *)out, n);
         CU_LAUNCHED("convert_kernel");
         return TDM_OK;
+    case TDM_BE_W_F32_PANELS: /* the CPU backend's layout (tdm_be_lay_out_frozen) */
+        return tdm_fail(err, TDM_ERR_UNSUPPORTED, "weight_rows: a CPU panel weight on CUDA");
     case TDM_BE_W_NF4:
     case TDM_BE_W_NF4_DQ:
         break;
@@ -1232,6 +1234,7 @@ static const tdm_backend_vtable cuda_vtable = {
     cuda_prof_reset,     cuda_reserve_scratch, cuda_attention_kv,
     cuda_quantize_nf4,   cuda_host_alloc,  cuda_host_free,    cuda_copy_behind,
     cuda_copies_join,    cuda_linear_fwd_shared,
+    NULL, /* lay_out_frozen: cuBLASLt reads W as the model stores it */
 };
 
 static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, tdm_error *err)
