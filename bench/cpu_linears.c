@@ -63,27 +63,30 @@ int main(int argc, char **argv)
     /* how many of each shape a Qwen2.5 layer has: q+o, k+v, gate+up, down */
     int per_layer[] = {2, 2, 2, 1};
     bool row_major = false;
-    for (int i = 1; i < argc; i += 2) {
-        if (!strcmp(argv[i], "--row-major")) {
-            row_major = true, i--;
+    for (int i = 1; i < argc; i++) {
+        const char *opt = argv[i];
+        if (!strcmp(opt, "--row-major")) {
+            row_major = true;
             continue;
         }
+        if (strcmp(opt, "--rows") && strcmp(opt, "--threads") && strcmp(opt, "--reps") &&
+            strcmp(opt, "--shapes")) {
+            fprintf(stderr, "bench_cpu_linears: unknown option %s\n", opt);
+            return 2;
+        }
         if (i + 1 >= argc) {
-            fprintf(stderr, "bench_cpu_linears: %s needs a value\n", argv[i]);
+            fprintf(stderr, "bench_cpu_linears: %s needs a value\n", opt);
             return 2;
         }
-        if (!strcmp(argv[i], "--rows"))
-            m = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads"))
-            threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reps"))
-            reps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--shapes"))
-            shapes = argv[i + 1], per_layer[0] = per_layer[1] = per_layer[2] = per_layer[3] = 1;
-        else {
-            fprintf(stderr, "bench_cpu_linears: unknown option %s\n", argv[i]);
-            return 2;
-        }
+        const char *v = argv[++i];
+        if (!strcmp(opt, "--rows"))
+            m = atoll(v);
+        else if (!strcmp(opt, "--threads"))
+            threads = atoi(v);
+        else if (!strcmp(opt, "--reps"))
+            reps = atoi(v);
+        else
+            shapes = v, per_layer[0] = per_layer[1] = per_layer[2] = per_layer[3] = 1;
     }
     if (reps < 1 || reps > MAX_REPS || m < 1) {
         fprintf(stderr, "bench_cpu_linears: --reps 1..%d, --rows >= 1\n", MAX_REPS);

@@ -538,14 +538,11 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
          * while the others waited */
         convert(nt, (const uint16_t *)w->data + r0 * cols, out, (r1 - r0) * cols, true);
         return;
-    case TDM_BE_W_F32_PANELS: {
-        int64_t per = (r1 - r0 + nt - 1) / nt;
+    case TDM_BE_W_F32_PANELS:
 #pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
-        for (int64_t b = r0; b < r1; b += per)
-            cpu_panel_rows(w->data, w->panel, cols, b, b + per < r1 ? b + per : r1,
-                           out + (b - r0) * cols);
+        for (int64_t r = r0; r < r1; r++)
+            cpu_panel_rows(w->data, w->panel, cols, r, r + 1, out + (r - r0) * cols);
         return;
-    }
     case TDM_BE_W_NF4:
     case TDM_BE_W_NF4_DQ:
         break;
@@ -621,8 +618,8 @@ static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64
 }
 
 /* A frozen f32 projection laid out in place in the forward's panels, so no forward product
- * lays it out again (docs/benchmarks.md, "Pairs": the layout was 12 % of the frozen GEMMs at 16
- * threads, half of it the forward's). */
+ * lays it out again (docs/benchmarks.md, "Pairs": laying W out per product, both directions,
+ * was 12 % of the frozen GEMMs at 16 threads). */
 static tdm_status cpu_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err)
 {
     (void)err;
@@ -640,16 +637,13 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
                                  void *y, float beta, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
-    if (w->format == TDM_BE_W_F32_PANELS &&
-        cpu_panel_gemm_laid(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->panel, beta,
-                            y, w->rows))
-        return TDM_OK; /* else a tile of rows at a time below */
-    if (w->format == TDM_BE_W_F32) {
-        if (!cpu_panel_gemm_frozen(cpu, true, m, w->rows, w->cols, x, w->cols, w->data, w->cols,
-                                   beta, y, w->rows))
+    if (w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_F32_PANELS) {
+        if (cpu_panel_gemm_weight(cpu, true, w, x, m, beta, y)) return TDM_OK;
+        if (w->format == TDM_BE_W_F32) {
             cpu_sgemm(cpu, false, true, m, w->rows, w->cols, 1.0f, x, w->cols, w->data, w->cols,
                       beta, y, w->rows);
-        return TDM_OK;
+            return TDM_OK;
+        } /* panels the kernels cannot read now: a tile of rows at a time below */
     }
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     float *buf =
@@ -672,16 +666,13 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
                                  void *dx, float beta, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
-    if (w->format == TDM_BE_W_F32_PANELS &&
-        cpu_panel_gemm_laid(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data, w->panel,
-                            beta, dx, w->cols))
-        return TDM_OK; /* else a tile of rows at a time below */
-    if (w->format == TDM_BE_W_F32) {
-        if (!cpu_panel_gemm_frozen(cpu, false, m, w->cols, w->rows, dy, w->rows, w->data,
-                                   w->cols, beta, dx, w->cols))
+    if (w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_F32_PANELS) {
+        if (cpu_panel_gemm_weight(cpu, false, w, dy, m, beta, dx)) return TDM_OK;
+        if (w->format == TDM_BE_W_F32) {
             cpu_sgemm(cpu, false, false, m, w->cols, w->rows, 1.0f, dy, w->rows, w->data, w->cols,
                       beta, dx, w->cols);
-        return TDM_OK;
+            return TDM_OK;
+        } /* panels the kernels cannot read now: a tile of rows at a time below */
     }
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     float *buf =

@@ -89,25 +89,20 @@ void cpu_blas_sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
 bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
-/* cpu_panel_gemm of a frozen f32 weight B whose memory holds that weight for the backend's life
- * (the TANDEM_CPU_PANEL_CACHE=1 measurement aid may keep its panels). */
-bool cpu_panel_gemm_frozen(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
-                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                           float *c, int64_t ldc);
-
 /* A frozen f32 weight W (rows x cols, row-major) laid out in place in the forward's panels
  * (TDM_BE_W_F32_PANELS, *pw rows a panel): true when done; false (W untouched) when this CPU's
  * frozen GEMMs are not tandem's kernels, rows is not a multiple of the kernel's panel, or the
  * panels would exceed the scratch the backward lays them out into. */
 bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, int32_t *pw);
 
-/* cpu_panel_gemm with B a weight laid out by cpu_panel_lay_out (pw rows a panel): the forward
- * (tb: C = A W^T, n = rows, k = cols) reads the panels as they are, the backward (C = A W,
- * n = cols, k = rows) lays them out for itself. The same bits as cpu_panel_gemm on the
- * row-major weight. False when it cannot (the caller then goes through cpu_panel_rows). */
-bool cpu_panel_gemm_laid(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
-                         const float *a, int64_t lda, const float *w, int pw, float beta, float *c,
-                         int64_t ldc);
+/* A frozen f32 weight's product through cpu_panel_gemm: the forward (fwd: C (m x rows) = A
+ * (m x cols) W^T) or the backward (C (m x cols) = A (m x rows) W), W row-major (TDM_BE_W_F32;
+ * the TANDEM_CPU_PANEL_CACHE=1 measurement aid may keep its panels) or laid out by
+ * cpu_panel_lay_out (TDM_BE_W_F32_PANELS: the forward reads the panels as they are, the
+ * backward lays its own out from them). The same bits either way. False when it cannot (the
+ * caller then uses cpu_sgemm, or for a laid-out weight cpu_weight_rows_f32's tiles). */
+bool cpu_panel_gemm_weight(cpu_backend *cpu, bool fwd, const tdm_be_weight *w, const float *a,
+                           int64_t m, float beta, float *c);
 
 /* Rows [r0, r1) of a laid-out weight, row-major, into out ((r1 - r0) x cols). */
 void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1, float *out);

@@ -238,6 +238,14 @@ kernel_avx2(int64_t kc, const float *ap, const float *bp, b_access how, int64_t 
 
 /* ---- packing ---- */
 
+/* Where element (p, j) of op(B) (k x n) lies in panels pw wide: panel j / pw holds, for each of
+ * the k values of p, its pw columns contiguous. The layout of pack_bt / pack_b (pw = NR) and of
+ * a weight laid out at load (TDM_BE_W_F32_PANELS: p a column of W, j a row). */
+static inline int64_t panel_offset(int pw, int64_t k, int64_t p, int64_t j)
+{
+    return (j / pw) * pw * k + p * pw + j % pw;
+}
+
 /* B^T panels for the forward: panel j holds rows [j NR, j NR + NR) of B (n x k), for each of
  * the k columns the NR values contiguous; rows past n are zeros. All threads, one pass. */
 static void pack_bt(int nt, int nr, int64_t n, int64_t k, const float *b, int64_t ldb, float *out)
@@ -313,7 +321,7 @@ __attribute__((target("avx2"))) static void transpose8(const float *src, int64_t
 
 /* The backward's panels (as pack_b makes of W (k x n) row-major) from a weight laid out in the
  * forward's panels of pw of its k rows (TDM_BE_W_F32_PANELS: row j, column c at
- * w[((j / pw) n + c) pw + j % pw]): each pw x NR block is pw contiguous floats per column c,
+ * w[panel_offset(pw, n, c, j)]): each pw x NR block is pw contiguous floats per column c,
  * written as NR floats per row j, in 8 x 8 transposes (pw and NR are multiples of 16: the
  * layout exists only with tandem's kernels, which need AVX2). Columns past n are zeros. All
  * threads, one pass. */
@@ -325,27 +333,17 @@ static void pack_b_from_panels(int nt, int nr, int64_t n, int64_t k, const float
     for (int64_t q = 0; q < panels; q++) {
         float *o = out + q * nr * k;
         int64_t cols = n - q * nr < nr ? n - q * nr : nr;
-        if (cols == nr) {
-            for (int64_t j0 = 0; j0 < k; j0 += pw) {
-                const float *src = w + (j0 / pw) * n * pw + q * nr * pw;
+        for (int64_t j0 = 0; j0 < k; j0 += pw) {
+            const float *src = w + panel_offset(pw, n, q * nr, j0); /* column q nr, row j0 */
+            if (cols == nr) {
                 for (int l0 = 0; l0 < nr; l0 += 8)
                     for (int r0 = 0; r0 < pw; r0 += 8)
                         transpose8(src + l0 * pw + r0, pw, o + (j0 + r0) * nr + l0, nr);
+                continue;
             }
-            continue;
-        }
-        for (int64_t j0 = 0; j0 < k; j0 += pw) {
-            const float *src = w + (j0 / pw) * n * pw + q * nr * pw;
-            for (int64_t l = 0; l < nr; l++) {
-                if (l < cols) {
-                    const float *col = src + l * pw;
-                    for (int r = 0; r < pw; r++)
-                        o[(j0 + r) * nr + l] = col[r];
-                } else {
-                    for (int r = 0; r < pw; r++)
-                        o[(j0 + r) * nr + l] = 0.0f;
-                }
-            }
+            for (int64_t l = 0; l < nr; l++)
+                for (int r = 0; r < pw; r++)
+                    o[(j0 + r) * nr + l] = l < cols ? src[l * pw + r] : 0.0f;
         }
     }
 }
@@ -464,7 +462,7 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
                 float acc = beta == 1.0f ? c[i * ldc + j] : 0.0f;
                 for (int64_t p = 0; p < k; p++)
                     acc = fmaf(a[i * lda + p],
-                               panels ? panels[(j / pw) * pw * k + p * pw + j % pw]
+                               panels ? panels[panel_offset(pw, k, p, j)]
                                : tb   ? b[j * ldb + p]
                                       : b[p * ldb + j],
                                acc);
@@ -484,7 +482,7 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
             int64_t bs = ldb;
             if (panels) { /* panels pw wide, pw a multiple of nr: a narrower kernel reads its
                            * columns of a panel as rows pw floats apart */
-                bp = panels + (j / pw) * pw * k + p0 * pw + j % pw;
+                bp = panels + panel_offset(pw, k, p0, j);
                 if (pw != nr) how = B_ROWS, bs = pw;
             } else if (pack) {
                 pack_b_piece(bpack, tb, nr, j, nrr, p0, kb, b, ldb);
@@ -570,6 +568,19 @@ static void product_cells(const product *p, int64_t c0, int64_t c1)
     }
 }
 
+/* B (op(B) k x n) into NR-wide panels for one product: from the forward's panels of a weight
+ * laid out at load (b_pw > 0), from B^T (n x k, tb) or from B (k x n). */
+static void lay_out_b(int nt, int nr, bool tb, int64_t n, int64_t k, const float *b, int64_t ldb,
+                      int b_pw, float *out)
+{
+    if (b_pw > 0)
+        pack_b_from_panels(nt, nr, n, k, b, b_pw, out);
+    else if (tb)
+        pack_bt(nt, nr, n, k, b, ldb, out);
+    else
+        pack_b(nt, nr, n, k, b, ldb, out);
+}
+
 /* MEASUREMENT AID (TANDEM_CPU_PANEL_CACHE=1, issue 20): a frozen f32 weight's panels kept after
  * its first product, keyed by its address and shape, so later products skip the layout pass;
  * dropped when the backend frees the weight (cpu_panel_cache_forget). Costs each weight's size
@@ -591,7 +602,6 @@ static int panel_cache_n = -1; /* -1: the environment not read yet; -2: off */
 static float *panel_cache_get(cpu_backend *cpu, int nr, bool tb, int64_t n, int64_t k,
                               const float *b, int64_t ldb, int b_pw, uint64_t bytes)
 {
-    int nt = cpu->n_threads;
     if (panel_cache_n == -1) {
         const char *v = getenv("TANDEM_CPU_PANEL_CACHE");
         panel_cache_n = v && strcmp(v, "1") == 0 ? 0 : -2;
@@ -604,12 +614,7 @@ static float *panel_cache_get(cpu_backend *cpu, int nr, bool tb, int64_t n, int6
     if (panel_cache_n == PANEL_CACHE_MAX) return NULL;
     float *p = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
     if (!p) return NULL;
-    if (b_pw > 0)
-        pack_b_from_panels(nt, nr, n, k, b, b_pw, p);
-    else if (tb)
-        pack_bt(nt, nr, n, k, b, ldb, p);
-    else
-        pack_b(nt, nr, n, k, b, ldb, p);
+    lay_out_b(cpu->n_threads, nr, tb, n, k, b, ldb, b_pw, p);
     panel_cache[panel_cache_n++] = (panel_cache_entry){
         .owner = cpu, .b = b, .tb = tb, .n = n, .k = k, .ldb = ldb, .panels = p, .bytes = bytes};
     cpu->used += bytes;
@@ -648,37 +653,32 @@ static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_
      * place (decoding a few rows; the lm_head when generating): the same bits either way */
     uint64_t bytes = tdm_cpu_panel_bytes(n, k), a_bytes = tdm_cpu_panel_a_bytes(m, k);
     if (b_pw > 0 && !tb && bytes == 0) return false; /* never laid out so (cpu_panel_lay_out) */
+    /* B's panels: the weight's own (a forward of a weight laid out at load), the measurement
+     * aid's, or laid out into the scratch here (b_here bytes); none: B read in place */
     const float *panels = NULL;
-    float *a_groups = NULL;
     int pw = nr;
-    float *cached = (m >= TDM_CPU_PANEL_MIN_ROWS || b_pw > 0) && bytes > 0 && frozen &&
-                            !(b_pw > 0 && tb)
-                        ? panel_cache_get(cpu, nr, tb, n, k, b, ldb, b_pw, bytes)
-                        : NULL;
-    if ((b_pw > 0 && tb) || cached) {
-        panels = cached ? cached : b;
-        pw = cached ? nr : b_pw;
-        if (a_bytes > 0) {
-            a_groups = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)a_bytes);
-            if (!a_groups) return false;
-            pack_a_all(nt, mr, m, k, a, lda, a_groups);
-        }
+    uint64_t b_here = 0;
+    if (b_pw > 0 && tb) {
+        panels = b, pw = b_pw;
     } else if ((m >= TDM_CPU_PANEL_MIN_ROWS || b_pw > 0) && bytes > 0) {
-        float *laid = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(bytes + a_bytes));
-        if (!laid) return false;
-        if (b_pw > 0)
-            pack_b_from_panels(nt, nr, n, k, b, b_pw, laid);
-        else if (tb)
-            pack_bt(nt, nr, n, k, b, ldb, laid);
-        else
-            pack_b(nt, nr, n, k, b, ldb, laid);
-        panels = laid;
-        /* A in row groups once, not once per tile and K block: a tile of 160 columns (16
-         * threads, 896 wide) packed one element of A per 160 multiply-adds */
-        if (a_bytes > 0) {
-            a_groups = laid + bytes / sizeof(float);
-            pack_a_all(nt, mr, m, k, a, lda, a_groups);
-        }
+        panels = frozen ? panel_cache_get(cpu, nr, tb, n, k, b, ldb, b_pw, bytes) : NULL;
+        if (!panels) b_here = bytes;
+    }
+    /* A in row groups once, not once per tile and K block (a tile of 160 columns, 16 threads,
+     * 896 wide, packed one element of A per 160 multiply-adds), after B's panels if any */
+    uint64_t a_here = panels || b_here ? a_bytes : 0;
+    float *scratch = NULL, *a_groups = NULL;
+    if (b_here + a_here > 0) {
+        scratch = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(b_here + a_here));
+        if (!scratch) return false;
+    }
+    if (b_here > 0) {
+        lay_out_b(nt, nr, tb, n, k, b, ldb, b_pw, scratch);
+        panels = scratch;
+    }
+    if (a_here > 0) {
+        a_groups = scratch + b_here / sizeof(float);
+        pack_a_all(nt, mr, m, k, a, lda, a_groups);
     }
     if (k == 0) { /* C = beta C: nothing to multiply */
         if (beta == 0.0f)
@@ -716,18 +716,16 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
     return panel_gemm(cpu, false, tb, m, n, k, a, lda, b, ldb, 0, beta, c, ldc);
 }
 
-bool cpu_panel_gemm_frozen(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
-                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                           float *c, int64_t ldc)
+bool cpu_panel_gemm_weight(cpu_backend *cpu, bool fwd, const tdm_be_weight *w, const float *a,
+                           int64_t m, float beta, float *c)
 {
-    return panel_gemm(cpu, true, tb, m, n, k, a, lda, b, ldb, 0, beta, c, ldc);
-}
-
-bool cpu_panel_gemm_laid(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k,
-                         const float *a, int64_t lda, const float *w, int pw, float beta, float *c,
-                         int64_t ldc)
-{
-    return panel_gemm(cpu, true, tb, m, n, k, a, lda, w, 0, pw, beta, c, ldc);
+    int b_pw = w->format == TDM_BE_W_F32_PANELS ? w->panel : 0;
+    if (fwd) /* Y (m x rows) = X (m x cols) W^T */
+        return panel_gemm(cpu, true, true, m, w->rows, w->cols, a, w->cols, w->data, w->cols,
+                          b_pw, beta, c, w->rows);
+    /* dX (m x cols) = dY (m x rows) W */
+    return panel_gemm(cpu, true, false, m, w->cols, w->rows, a, w->rows, w->data, w->cols, b_pw,
+                      beta, c, w->cols);
 }
 
 bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, int32_t *pw)
@@ -752,7 +750,7 @@ bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, i
 void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1, float *out)
 {
     for (int64_t r = r0; r < r1; r++) {
-        const float *src = w + (r / pw) * cols * pw + r % pw;
+        const float *src = w + panel_offset(pw, cols, 0, r);
         float *o = out + (r - r0) * cols;
         for (int64_t c = 0; c < cols; c++)
             o[c] = src[c * pw];
