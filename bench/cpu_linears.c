@@ -123,7 +123,7 @@ int main(int argc, char **argv)
             return 1;
         }
         tdm_be_weight wt = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
-        if (!row_major && tdm_be_lay_out_frozen(be, &wt, &err) != TDM_OK) {
+        if (!row_major && tdm_be_lay_out_frozen(be, &wt, TDM_BE_FROZEN_PROJECTION, &err) != TDM_OK) {
             fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
             return 1;
         }

@@ -319,11 +319,12 @@ static tdm_status check_weight(const tdm_be_weight *w, const char *op, tdm_error
     return TDM_OK;
 }
 
-tdm_status tdm_be_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err)
+tdm_status tdm_be_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_be_frozen_use use,
+                                 tdm_error *err)
 {
     TDM_TRY(check_weight(w, "lay_out_frozen", err));
     if (!be->vt->lay_out_frozen || w->format != TDM_BE_W_F32) return TDM_OK;
-    return be->vt->lay_out_frozen(be, w, err);
+    return be->vt->lay_out_frozen(be, w, use, err);
 }
 
 tdm_status tdm_be_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64_t row_begin,
@@ -385,7 +386,8 @@ tdm_status tdm_be_embedding(tdm_backend *be, const tdm_be_weight *w, const int32
                             void *out, tdm_error *err)
 {
     TDM_TRY(check_weight(w, "embedding", err));
-    CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16,
+    CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16 ||
+              w->format == TDM_BE_W_F32_PANELS,
           "embedding: the table must be dense");
     CHECK(dim_ok(m), "embedding: bad row count");
     if (m == 0) return TDM_OK;
@@ -541,7 +543,8 @@ tdm_status tdm_be_cross_entropy(tdm_backend *be, const void *h, const tdm_be_wei
                                 int64_t chunk_rows, float *loss, void *dh, tdm_error *err)
 {
     TDM_TRY(check_weight(w, "cross_entropy", err));
-    CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16,
+    CHECK(w->format == TDM_BE_W_F32 || w->format == TDM_BE_W_BF16 ||
+              w->format == TDM_BE_W_F32_PANELS,
           "cross_entropy: lm_head must be dense");
     CHECK(dim_ok(m) && chunk_rows > 0, "cross_entropy: bad shape or chunk size");
     if (m == 0) return TDM_OK;

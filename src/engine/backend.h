@@ -259,13 +259,23 @@ bool tdm_be_has_quantize_nf4(const tdm_backend *be);
 tdm_status tdm_be_quantize_nf4(tdm_backend *be, const void *src, tdm_be_src_dtype src_dtype,
                                int64_t n, uint8_t *codes, float *absmax, tdm_error *err);
 
-/* Lays a frozen F32 projection weight out in place the way the backend's frozen GEMMs read
- * it (the same values in the same buffer; w->format and w->panel may change): the CPU backend's
- * own kernels take W^T in panels (TDM_BE_W_F32_PANELS), which they otherwise lay out again for
- * every forward product. A no-op where the backend has no such layout, for other formats, and
- * where the shape does not fit it. Only for weights that linear_fwd / linear_bwd /
- * linear_fwd_shared / weight_rows read (not the embedding or the lm_head). */
-tdm_status tdm_be_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err);
+/* What a frozen weight laid out by tdm_be_lay_out_frozen is used for: a decoder projection
+ * (linear_fwd / linear_bwd / linear_fwd_shared / weight_rows read it), or the lm_head (also
+ * the embedding table when the two are tied: cross_entropy, linear_fwd for logits, embedding
+ * and weight_rows read it). */
+typedef enum tdm_be_frozen_use {
+    TDM_BE_FROZEN_PROJECTION,
+    TDM_BE_FROZEN_LM_HEAD,
+} tdm_be_frozen_use;
+
+/* Lays a frozen F32 weight out in place the way the backend's frozen GEMMs read it (the same
+ * values in the same buffer; w->format and w->panel may change): the CPU backend's own kernels
+ * take W^T in panels (TDM_BE_W_F32_PANELS), which they otherwise lay out again for every
+ * forward product (the lm_head: for every logits tile of every chunk). A no-op where the
+ * backend has no such layout, for other formats, and where the shape does not fit it. Only
+ * for weights the ops named under `use` read. */
+tdm_status tdm_be_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_be_frozen_use use,
+                                 tdm_error *err);
 
 /* Dequantizes rows [row_begin, row_end) of an NF4 / NF4_DQ weight into out
  * ((row_end - row_begin), cols) of dtype F32 or BF16 (a tile for a GEMM). Dense weights are

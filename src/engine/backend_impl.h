@@ -119,7 +119,8 @@ typedef struct tdm_backend_vtable {
                                     const void *x, int64_t m, void *const *ys, tdm_error *err);
 
     /* Optional (NULL: nothing to do): tdm_be_lay_out_frozen. Last: CUDA's table is positional. */
-    tdm_status (*lay_out_frozen)(tdm_backend *be, tdm_be_weight *w, tdm_error *err);
+    tdm_status (*lay_out_frozen)(tdm_backend *be, tdm_be_weight *w, tdm_be_frozen_use use,
+                                 tdm_error *err);
 } tdm_backend_vtable;
 
 /* The common head of every backend object; implementations embed it first. */

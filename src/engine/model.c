@@ -464,7 +464,8 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
             int tg = target_of(d->name);
             st = put_weight(m, host, rows, cols, m->opts.nf4, &L->w[tg], err);
             /* the CPU's own GEMMs read W^T in panels: laid out once here, not per product */
-            if (st == TDM_OK) st = tdm_be_lay_out_frozen(m->be, &L->w[tg], err);
+            if (st == TDM_OK)
+                st = tdm_be_lay_out_frozen(m->be, &L->w[tg], TDM_BE_FROZEN_PROJECTION, err);
             break;
         }
         case TDM_ROLE_BIAS:
@@ -481,6 +482,11 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
         }
         }
     }
+    /* the lm_head in the panels the CPU's logits GEMM reads (the embedding table too when the
+     * two are one tensor: the embedding reads its rows from the panels) */
+    if (st == TDM_OK)
+        st = tdm_be_lay_out_frozen(be, c->tie_word_embeddings ? &m->embed : &m->lm_head,
+                                   TDM_BE_FROZEN_LM_HEAD, err);
     if (st == TDM_OK && c->tie_word_embeddings) m->lm_head = m->embed;
     if (st == TDM_OK) {
         tdm_rope_inv_freq(c, host);

@@ -38,6 +38,9 @@ static const char *const op_names[TDM_OP_COUNT] = {
     [TDM_OP_SUB_MATMUL] = "cuBLASLt matmul",
     [TDM_OP_SUB_NF4_DEQUANT] = "NF4 dequantize",
     [TDM_OP_SUB_CONVERT] = "dtype convert",
+    [TDM_OP_SUB_CE_LOGITS] = "CE logits GEMM",
+    [TDM_OP_SUB_CE_SOFTMAX] = "CE softmax",
+    [TDM_OP_SUB_CE_DH] = "CE dH GEMM",
 };
 
 const char *tdm_op_name(tdm_op_id id)

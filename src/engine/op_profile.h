@@ -8,8 +8,9 @@
  *     stream), the time between the op's first and last device work. A CPU backend's ops are
  *     synchronous, so there device ms = host ms.
  * Backends may also time parts of an op (sub-ops: the cuBLASLt matmul, the NF4 dequantization
- * of a weight tile, a dtype conversion) by calling tdm_op_profile_begin/end themselves; those rows
- * are shown indented and are already included in their op's row.
+ * of a weight tile, a dtype conversion; the CPU cross-entropy's logits GEMM, softmax and dH GEMM)
+ * by calling tdm_op_profile_begin/end themselves; those rows are shown indented and are already
+ * included in their op's row.
  * The device "window" is the time from the first to the last device event of each collection
  * batch: window - the sum of the top-level ops' device time = device idle (the host did not
  * issue work fast enough: launch-bound or host-bound steps).
@@ -55,6 +56,9 @@ typedef enum tdm_op_id {
     TDM_OP_SUB_MATMUL = TDM_OP_N_TOP, /* one cuBLASLt matmul (algorithm selection included) */
     TDM_OP_SUB_NF4_DEQUANT,           /* one NF4 tile dequantized */
     TDM_OP_SUB_CONVERT,               /* a dtype conversion around a GEMM */
+    TDM_OP_SUB_CE_LOGITS,             /* CPU cross-entropy: a chunk's logits GEMM */
+    TDM_OP_SUB_CE_SOFTMAX,            /* CPU cross-entropy: a chunk's loss and dlogits */
+    TDM_OP_SUB_CE_DH,                 /* CPU cross-entropy: a chunk's dH GEMM and partial sums */
     TDM_OP_COUNT
 } tdm_op_id;
 

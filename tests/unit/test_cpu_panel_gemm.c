@@ -13,7 +13,9 @@
  *  - the AVX-512 and AVX2 kernels give the same bits (where this CPU has AVX-512);
  *  - through the backend, tdm_be_linear_fwd / linear_bwd with f32 weights use them and equal them;
  *  - a weight laid out once in panels (tdm_be_lay_out_frozen) == the row-major weight, forward,
- *    backward and weight_rows, also read by the AVX2 kernel when laid out for AVX-512.
+ *    backward and weight_rows, also read by the AVX2 kernel when laid out for AVX-512;
+ *  - the lm_head laid out so == row-major: the cross-entropy's loss and dH, the logits, the
+ *    embedding's rows.
  * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -235,6 +237,22 @@ static void laid_equals_row_major(tdm_backend *be, const float *w, int64_t rows,
     free(x), free(dy), free(r);
 }
 
+/* The laid-out cases run once with the kernel that laid the weight out and, on a CPU with
+ * AVX-512, once more with the AVX2 kernel reading panels laid out for AVX-512. */
+static int laid_out_passes(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") ? 2 : 1;
+}
+
+static float *copy_of(const float *p, int64_t n)
+{
+    float *c = malloc((size_t)n * sizeof(float));
+    assert_non_null(c);
+    memcpy(c, p, (size_t)n * sizeof(float));
+    return c;
+}
+
 /* A frozen f32 weight laid out once in the forward's panels (tdm_be_lay_out_frozen: the model
  * does it at load) gives the bits of the row-major weight forward and backward, alone and in
  * co-trained batches' row counts, and reads back as its rows; with the AVX2 kernel reading
@@ -245,18 +263,15 @@ static void test_backend_laid_out(void **state)
     (void)state;
     const int64_t shapes[][2] = {{64, 40}, {96, 300}, {128, 17}, {32, 600}};
     const int64_t rows_m[] = {5, 70, 200};
-    __builtin_cpu_init();
-    bool both = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2");
-    for (int pass = 0; pass < (both ? 2 : 1); pass++) {
+    for (int pass = 0; pass < laid_out_passes(); pass++) {
         cpu_backend *cpu = backend(3);
         tdm_backend *be = &cpu->base;
         tdm_error err = {0};
         for (unsigned si = 0; si < 4; si++) {
             int64_t rows = shapes[si][0], cols = shapes[si][1];
-            float *w = rndf(rows * cols), *laid = malloc((size_t)(rows * cols) * 4);
-            memcpy(laid, w, (size_t)(rows * cols) * 4);
+            float *w = rndf(rows * cols), *laid = copy_of(w, rows * cols);
             tdm_be_weight lw = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = laid};
-            assert_int_equal(tdm_be_lay_out_frozen(be, &lw, &err), TDM_OK);
+            assert_int_equal(tdm_be_lay_out_frozen(be, &lw, TDM_BE_FROZEN_PROJECTION, &err), TDM_OK);
             assert_int_equal(lw.format, TDM_BE_W_F32_PANELS);
             if (pass == 1) assert_true(cpu_panel_isa_use("avx2")); /* laid out for AVX-512 */
             for (unsigned mi = 0; mi < 3; mi++)
@@ -267,7 +282,7 @@ static void test_backend_laid_out(void **state)
         /* 40 rows: not a whole number of 32-row panels (AVX-512) nor of 16-row ones (AVX2) */
         float *w = rndf(40 * 24);
         tdm_be_weight odd = {.format = TDM_BE_W_F32, .rows = 40, .cols = 24, .data = w};
-        assert_int_equal(tdm_be_lay_out_frozen(be, &odd, &err), TDM_OK);
+        assert_int_equal(tdm_be_lay_out_frozen(be, &odd, TDM_BE_FROZEN_PROJECTION, &err), TDM_OK);
         assert_int_equal(odd.format, TDM_BE_W_F32);
         free(w);
         tdm_backend_free(be);
@@ -328,6 +343,72 @@ static void test_backend_rows_alone(void **state)
     tdm_backend_free(be);
 }
 
+/* The lm_head laid out in panels (tdm_be_lay_out_frozen, TDM_BE_FROZEN_LM_HEAD: the model does
+ * it at load, the tied embedding table with it) gives the row-major weight's bits: the
+ * cross-entropy's loss and dH (the logits one product over all threads, dH's vocabulary blocks
+ * transposed back piece by piece; a last block of 32 rows, ignored labels, a last chunk of 44
+ * rows, a hidden size that ends inside a panel), the logits of generation (linear_fwd, 1 and 70
+ * rows) and the embedding's rows; with the AVX2 kernel reading panels laid out for AVX-512
+ * too. A vocabulary the panels do not divide stays row-major. */
+static void test_backend_lm_head_laid_out(void **state)
+{
+    (void)state;
+    const int64_t shapes[][2] = {{2080, 200}, {320, 256}};
+    const int64_t M = 300, chunk = 128;
+    for (int pass = 0; pass < laid_out_passes(); pass++) {
+        cpu_backend *cpu = backend(3);
+        tdm_backend *be = &cpu->base;
+        tdm_error err = {0};
+        for (unsigned si = 0; si < 2; si++) {
+            int64_t V = shapes[si][0], d = shapes[si][1];
+            float *w = rndf(V * d), *laid = copy_of(w, V * d), *h = rndf(M * d);
+            float *wt = malloc((size_t)M * 4);
+            int32_t *lab = malloc((size_t)M * sizeof(int32_t));
+            for (int64_t i = 0; i < M; i++) {
+                lab[i] = i % 7 == 3 ? -100 : (int32_t)((i * 37) % V);
+                wt[i] = lab[i] == -100 ? 0.0f : 1.0f / (float)(1 + i % 3);
+            }
+            tdm_be_weight rw = {.format = TDM_BE_W_F32, .rows = V, .cols = d, .data = w};
+            tdm_be_weight lw = {.format = TDM_BE_W_F32, .rows = V, .cols = d, .data = laid};
+            assert_int_equal(tdm_be_lay_out_frozen(be, &lw, TDM_BE_FROZEN_LM_HEAD, &err), TDM_OK);
+            assert_int_equal(lw.format, TDM_BE_W_F32_PANELS);
+            if (pass == 1) assert_true(cpu_panel_isa_use("avx2")); /* laid out for AVX-512 */
+            float *l1 = calloc((size_t)M, 4), *l2 = calloc((size_t)M, 4);
+            float *g1 = calloc((size_t)(M * d), 4), *g2 = calloc((size_t)(M * d), 4);
+            assert_int_equal(tdm_be_cross_entropy(be, h, &rw, lab, wt, M, chunk, l1, g1, &err),
+                             TDM_OK);
+            assert_int_equal(tdm_be_cross_entropy(be, h, &lw, lab, wt, M, chunk, l2, g2, &err),
+                             TDM_OK);
+            assert_memory_equal(l1, l2, (size_t)M * 4);
+            assert_memory_equal(g1, g2, (size_t)(M * d) * 4);
+            const int64_t logit_rows[] = {1, 70};
+            for (unsigned mi = 0; mi < 2; mi++) {
+                int64_t m = logit_rows[mi];
+                float *y1 = calloc((size_t)(m * V), 4), *y2 = calloc((size_t)(m * V), 4);
+                assert_int_equal(tdm_be_linear_fwd(be, &rw, h, m, y1, 0.0f, &err), TDM_OK);
+                assert_int_equal(tdm_be_linear_fwd(be, &lw, h, m, y2, 0.0f, &err), TDM_OK);
+                assert_memory_equal(y1, y2, (size_t)(m * V) * 4);
+                free(y1), free(y2);
+            }
+            int32_t ids[] = {0, 31, 32, (int32_t)V - 1, 5};
+            float *e1 = malloc((size_t)(5 * d) * 4), *e2 = malloc((size_t)(5 * d) * 4);
+            assert_int_equal(tdm_be_embedding(be, &rw, ids, 5, e1, &err), TDM_OK);
+            assert_int_equal(tdm_be_embedding(be, &lw, ids, 5, e2, &err), TDM_OK);
+            assert_memory_equal(e1, e2, (size_t)(5 * d) * 4);
+            assert_true(cpu_panel_isa_use(NULL));
+            free(w), free(laid), free(h), free(wt), free(lab), free(l1), free(l2), free(g1),
+                free(g2), free(e1), free(e2);
+        }
+        /* 2072 rows: not a whole number of 32-row panels (AVX-512) nor of 16-row ones (AVX2) */
+        float *w = rndf(2072 * 8);
+        tdm_be_weight odd = {.format = TDM_BE_W_F32, .rows = 2072, .cols = 8, .data = w};
+        assert_int_equal(tdm_be_lay_out_frozen(be, &odd, TDM_BE_FROZEN_LM_HEAD, &err), TDM_OK);
+        assert_int_equal(odd.format, TDM_BE_W_F32);
+        free(w);
+        tdm_backend_free(be);
+    }
+}
+
 int main(void)
 {
     tdm_rng_seed(&rng, 1);
@@ -342,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_backend_linears),
         cmocka_unit_test(test_backend_rows_alone),
         cmocka_unit_test(test_backend_laid_out),
+        cmocka_unit_test(test_backend_lm_head_laid_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

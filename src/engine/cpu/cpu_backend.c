@@ -617,14 +617,18 @@ static tdm_status cpu_weight_rows(tdm_backend *be, const tdm_be_weight *w, int64
     return TDM_OK;
 }
 
-/* A frozen f32 projection laid out in place in the forward's panels, so no forward product
- * lays it out again (docs/benchmarks.md, "Pairs": laying W out per product, both directions,
- * was 12 % of the frozen GEMMs at 16 threads). */
-static tdm_status cpu_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_error *err)
+/* A frozen f32 weight laid out in place in the forward's panels, so no forward product lays it
+ * out again (docs/benchmarks.md, "Pairs": laying W out per product, both directions, was 12 %
+ * of the frozen GEMMs at 16 threads). A projection only where its backward's panels fit the
+ * scratch; the lm_head whatever its size (its backward, the cross-entropy's dH, transposes a
+ * vocabulary block's K pieces back as it uses them). */
+static tdm_status cpu_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_be_frozen_use use,
+                                     tdm_error *err)
 {
     (void)err;
     int32_t pw;
-    if (cpu_panel_lay_out(cpu_of(be), w->rows, w->cols, (float *)w->data, &pw)) {
+    if (cpu_panel_lay_out(cpu_of(be), w->rows, w->cols, (float *)w->data,
+                          use == TDM_BE_FROZEN_PROJECTION, &pw)) {
         w->format = TDM_BE_W_F32_PANELS;
         w->panel = pw;
     }

@@ -91,9 +91,11 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
 
 /* A frozen f32 weight W (rows x cols, row-major) laid out in place in the forward's panels
  * (TDM_BE_W_F32_PANELS, *pw rows a panel): true when done; false (W untouched) when this CPU's
- * frozen GEMMs are not tandem's kernels, rows is not a multiple of the kernel's panel, or the
- * panels would exceed the scratch the backward lays them out into. */
-bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, int32_t *pw);
+ * frozen GEMMs are not tandem's kernels, rows is not a multiple of the kernel's panel, there
+ * is no memory for a panel's copy a thread, or (backward_panels: a projection, whose backward
+ * lays its own panels out from these) those panels would exceed the scratch's cap. */
+bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w,
+                       bool backward_panels, int32_t *pw);
 
 /* A frozen f32 weight's product through cpu_panel_gemm: the forward (fwd: C (m x rows) = A
  * (m x cols) W^T) or the backward (C (m x cols) = A (m x rows) W), W row-major (TDM_BE_W_F32;
@@ -103,6 +105,10 @@ bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, i
  * caller then uses cpu_sgemm, or for a laid-out weight cpu_weight_rows_f32's tiles). */
 bool cpu_panel_gemm_weight(cpu_backend *cpu, bool fwd, const tdm_be_weight *w, const float *a,
                            int64_t m, float beta, float *c);
+
+/* Whether w is laid out in panels that tandem's kernels read as they are now (the forward
+ * product of such a weight, cpu_panel_gemm_weight with fwd and beta 0 or 1, cannot fail). */
+bool cpu_panel_reads_laid_out(const cpu_backend *cpu, const tdm_be_weight *w);
 
 /* Rows [r0, r1) of a laid-out weight, row-major, into out ((r1 - r0) x cols). */
 void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1, float *out);
@@ -114,6 +120,14 @@ void cpu_panel_cache_forget(cpu_backend *cpu, const void *p, size_t bytes);
  * K block of B packed as it is used: the same bits as cpu_panel_gemm. False when it cannot. */
 bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* C (m x w->cols) = A (m x k) W[row0 .. row0 + k) + beta C on the calling thread alone: rows of
+ * an f32 weight (TDM_BE_W_F32, or laid out by cpu_panel_lay_out: each K block of the rows is
+ * transposed back from the panels as it is used). The same bits either way. The
+ * cross-entropy's dH = dlogits W a vocabulary block at a time. */
+bool cpu_panel_gemm_1t_rows(int64_t m, int64_t k, const float *a, int64_t lda,
+                            const tdm_be_weight *w, int64_t row0, float beta, float *c,
+                            int64_t ldc);
 
 /* "avx512", "avx2", or NULL when cpu_panel_gemm is off (TANDEM_CPU_PANELS=0, or no kernel for
  * this CPU). TANDEM_CPU_PANELS=avx2 takes the AVX2 kernel on an AVX-512 CPU (a comparison). */

@@ -27,13 +27,40 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/cpu/cpu_internal.h"
 
-#define KC 256 /* K block: a B panel's piece, KC x NR floats (32 KiB), stays in L1 */
+/* K block: a B panel's piece, KC x NR floats (32 KiB at 256), meant to stay in L1 while the
+ * tile's row groups stream past it. TANDEM_CPU_KC (16..512, a multiple of 16) sets it for a
+ * measurement: the blocking changes no bits (see above). */
+#define KC_DEFAULT 256
+#define KC_MAX 512
+static int64_t kc_chosen;
+
+static int64_t kc_block(void)
+{
+    if (!kc_chosen) {
+        const char *v = getenv("TANDEM_CPU_KC");
+        long x = v ? strtol(v, NULL, 10) : 0;
+        kc_chosen = x >= 16 && x <= KC_MAX && x % 16 == 0 ? x : KC_DEFAULT;
+    }
+    return kc_chosen;
+}
+#define KC kc_block()
+
+static int rows_outer_chosen = -1;
+static bool rows_outer(void)
+{
+    if (rows_outer_chosen < 0) {
+        const char *v = getenv("TANDEM_CPU_ROWS_OUTER");
+        rows_outer_chosen = v && strcmp(v, "1") == 0;
+    }
+    return rows_outer_chosen;
+}
 
 typedef enum { PANEL_NONE, PANEL_AVX2, PANEL_AVX512 } panel_isa;
 
@@ -417,17 +444,57 @@ static float *blocks(void)
     if (!blocks_key_ok) return NULL;
     float *p = pthread_getspecific(blocks_key);
     if (!p) {
-        p = aligned_alloc(64, (size_t)(APACK_ROWS * KC + KC * 32) * sizeof(float));
+        p = aligned_alloc(64, (size_t)(APACK_ROWS * KC_MAX + KC_MAX * 32) * sizeof(float));
         if (p && pthread_setspecific(blocks_key, p) != 0) free(p), p = NULL;
     }
     return p;
 }
 
-/* B's K block [p0, p0 + kb) of columns [j, j + nrr) into bpack, zero-padded to nr columns. */
-static void pack_b_piece(float *bpack, bool tb, int nr, int64_t j, int nrr, int64_t p0,
-                         int64_t kb, const float *b, int64_t ldb)
+/* Where a tile's op(B) (k x n) comes from:
+ *   panels   the whole product's NR-wide panels (pw wide: nr, or a multiple of it, a weight laid
+ *            out for a wider kernel), read as they are;
+ *   pack     else each K block of a panel is packed as it is used: from b (B^T when tb, B), or
+ *            when laid_pw > 0 from rows [laid_row0, laid_row0 + k) of a weight laid out in the
+ *            forward's panels of laid_pw rows (b its start, ldb its cols): B = those rows;
+ *   neither  b read in place. */
+typedef struct {
+    const float *b;
+    int64_t ldb;
+    bool tb;
+    const float *panels;
+    int pw;
+    bool pack;
+    int laid_pw;
+    int64_t laid_row0;
+} b_operand;
+
+/* op(B)'s element (p, j) wherever B lies (the tile's no-memory fallback). */
+static float b_at(const b_operand *B, int64_t k, int64_t p, int64_t j)
 {
-    if (tb) {
+    if (B->panels) return B->panels[panel_offset(B->pw, k, p, j)];
+    if (B->laid_pw > 0) return B->b[panel_offset(B->laid_pw, B->ldb, j, B->laid_row0 + p)];
+    return B->tb ? B->b[j * B->ldb + p] : B->b[p * B->ldb + j];
+}
+
+/* B's K block [p0, p0 + kb) of columns [j, j + nrr) into bpack, zero-padded to nr columns. */
+static void pack_b_piece(float *bpack, const b_operand *B, int nr, int64_t j, int nrr, int64_t p0,
+                         int64_t kb)
+{
+    const float *b = B->b;
+    int64_t ldb = B->ldb;
+    if (B->laid_pw > 0) { /* rows of a laid-out weight: column c's laid_pw rows are contiguous */
+        int lp = B->laid_pw;
+        int64_t r0 = B->laid_row0 + p0;
+        int64_t p = 0;
+        if (nrr == nr && r0 % 8 == 0)
+            for (; p + 8 <= kb; p += 8)
+                for (int c0 = 0; c0 < nr; c0 += 8)
+                    transpose8(b + panel_offset(lp, ldb, j + c0, r0 + p), lp, bpack + p * nr + c0,
+                               nr);
+        for (; p < kb; p++)
+            for (int jj = 0; jj < nr; jj++)
+                bpack[p * nr + jj] = jj < nrr ? b[panel_offset(lp, ldb, j + jj, r0 + p)] : 0.0f;
+    } else if (B->tb) {
         const float *src = b + j * ldb + p0;
         for (int64_t p = 0; p < kb; p++) {
             float *o = bpack + p * nr;
@@ -446,13 +513,10 @@ static void pack_b_piece(float *bpack, bool tb, int nr, int64_t j, int nrr, int6
 
 /* One tile of C: rows [0, mb <= TILE_M_MAX) of A and C, columns [j0, j0 + nb) of op(B) and C. A
  * is read from `a_groups` (its rows laid out by pack_a_all, the tile's first group) when given,
- * else packed here a K block at a time; B from `panels` (the whole product's, laid out by
- * pack_bt / pack_b) when given, else packed here a K block of a panel at a time (pack) or read
- * in place. */
-static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t nb, int64_t k,
-                       const float *a, int64_t lda, const float *a_groups, const float *b,
-                       int64_t ldb, const float *panels, int pw, bool pack, float beta, float *c,
-                       int64_t ldc)
+ * else packed here a K block at a time; B as *B says. */
+static void panel_tile(panel_isa set, int64_t mb, int64_t j0, int64_t nb, int64_t k,
+                       const float *a, int64_t lda, const float *a_groups, const b_operand *B,
+                       float beta, float *c, int64_t ldc)
 {
     int nr = panel_nr(), mr = panel_mr();
     float *apack = blocks();
@@ -461,35 +525,49 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
             for (int64_t j = j0; j < j0 + nb; j++) {
                 float acc = beta == 1.0f ? c[i * ldc + j] : 0.0f;
                 for (int64_t p = 0; p < k; p++)
-                    acc = fmaf(a[i * lda + p],
-                               panels ? panels[panel_offset(pw, k, p, j)]
-                               : tb   ? b[j * ldb + p]
-                                      : b[p * ldb + j],
-                               acc);
+                    acc = fmaf(a[i * lda + p], b_at(B, k, p, j), acc);
                 c[i * ldc + j] = acc;
             }
         return;
     }
-    float *bpack = apack + APACK_ROWS * KC;
+    float *bpack = apack + APACK_ROWS * KC_MAX;
     for (int64_t p0 = 0; p0 < k; p0 += KC) {
         int64_t kb = k - p0 < KC ? k - p0 : KC;
         bool load_c = p0 > 0 || beta == 1.0f;
         if (!a_groups) pack_a(mr, a + p0, lda, mb, kb, apack);
+        if (B->panels && rows_outer()) { /* EXPERIMENT: A's group in L1, B's pieces from L2 */
+            b_access how = B->pw != nr ? B_ROWS : B_PACKED;
+            for (int64_t i = 0; i < mb; i += mr) {
+                int mrr = (int)(mb - i < mr ? mb - i : mr);
+                const float *ap = a_groups ? a_groups + i * k + p0 * mr : apack + i * kb;
+                for (int64_t j = j0; j < j0 + nb; j += nr) {
+                    int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
+                    const float *bp = B->panels + panel_offset(B->pw, k, p0, j);
+                    if (set == PANEL_AVX512)
+                        kernel_avx512(kb, ap, bp, how, B->pw, c + i * ldc + j, ldc, mrr, nrr,
+                                      load_c);
+                    else
+                        kernel_avx2(kb, ap, bp, how, B->pw, c + i * ldc + j, ldc, mrr, nrr,
+                                    load_c);
+                }
+            }
+            continue;
+        }
         for (int64_t j = j0; j < j0 + nb; j += nr) {
             int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
             const float *bp;
             b_access how = B_PACKED;
-            int64_t bs = ldb;
-            if (panels) { /* panels pw wide, pw a multiple of nr: a narrower kernel reads its
-                           * columns of a panel as rows pw floats apart */
-                bp = panels + panel_offset(pw, k, p0, j);
-                if (pw != nr) how = B_ROWS, bs = pw;
-            } else if (pack) {
-                pack_b_piece(bpack, tb, nr, j, nrr, p0, kb, b, ldb);
+            int64_t bs = B->ldb;
+            if (B->panels) { /* panels pw wide, pw a multiple of nr: a narrower kernel reads its
+                              * columns of a panel as rows pw floats apart */
+                bp = B->panels + panel_offset(B->pw, k, p0, j);
+                if (B->pw != nr) how = B_ROWS, bs = B->pw;
+            } else if (B->pack) {
+                pack_b_piece(bpack, B, nr, j, nrr, p0, kb);
                 bp = bpack;
             } else {
-                bp = tb ? b + j * ldb + p0 : b + p0 * ldb + j;
-                how = tb ? B_GATHER : B_ROWS;
+                bp = B->tb ? B->b + j * B->ldb + p0 : B->b + p0 * B->ldb + j;
+                how = B->tb ? B_GATHER : B_ROWS;
             }
             for (int64_t i = 0; i < mb; i += mr) {
                 int mrr = (int)(mb - i < mr ? mb - i : mr);
@@ -519,11 +597,10 @@ static void panel_tile(panel_isa set, bool tb, int64_t mb, int64_t j0, int64_t n
 
 typedef struct {
     panel_isa set;
-    bool tb;
     int mr, nr;
-    int64_t m, n, k, lda, ldb, ldc;
-    const float *a, *a_groups, *b, *panels;
-    int pw; /* the panels' width: nr, or a multiple of it (a weight laid out for a wider kernel) */
+    int64_t m, n, k, lda, ldc;
+    const float *a, *a_groups;
+    b_operand B;
     float beta, *c;
     int64_t groups, panel_count; /* the grid: ceil(m / MR) x ceil(n / NR) cells */
     int64_t strip;               /* panels a strip */
@@ -539,10 +616,9 @@ static void product_rect(const product *p, int64_t g0, int64_t ng, int64_t p0, i
     int64_t step = p->a_groups ? i1 - i0 : TILE_M_MAX / p->mr * p->mr;
     for (int64_t i = i0; i < i1; i += step) {
         int64_t mb = i1 - i < step ? i1 - i : step;
-        panel_tile(p->set, p->tb, mb, j0, j1 - j0, p->k, p->a + i * p->lda, p->lda,
-                   p->a_groups ? p->a_groups + i * p->k : NULL, p->b, p->ldb, p->panels, p->pw,
-                   false,
-                   p->beta, p->c + i * p->ldc, p->ldc);
+        panel_tile(p->set, mb, j0, j1 - j0, p->k, p->a + i * p->lda, p->lda,
+                   p->a_groups ? p->a_groups + i * p->k : NULL, &p->B, p->beta,
+                   p->c + i * p->ldc, p->ldc);
     }
 }
 
@@ -670,7 +746,8 @@ static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_
     float *scratch = NULL, *a_groups = NULL;
     if (b_here + a_here > 0) {
         scratch = cpu_scratch(cpu, CPU_SCRATCH_PANELS, (size_t)(b_here + a_here));
-        if (!scratch) return false;
+        if (!scratch && b_here > 0) return false;
+        if (!scratch) a_here = 0; /* A packed per tile: a laid-out forward never fails */
     }
     if (b_here > 0) {
         lay_out_b(nt, nr, tb, n, k, b, ldb, b_pw, scratch);
@@ -686,9 +763,10 @@ static bool panel_gemm(cpu_backend *cpu, bool frozen, bool tb, int64_t m, int64_
                 memset(c + i * ldc, 0, (size_t)n * sizeof(float));
         return true;
     }
-    product p = {.set = set, .tb = tb, .mr = mr, .nr = nr, .m = m, .n = n, .k = k, .lda = lda,
-                 .ldb = ldb, .ldc = ldc, .a = a, .a_groups = a_groups, .b = b, .panels = panels,
-                 .pw = pw, .beta = beta, .c = c, .groups = (m + mr - 1) / mr,
+    product p = {.set = set, .mr = mr, .nr = nr, .m = m, .n = n, .k = k, .lda = lda,
+                 .ldc = ldc, .a = a, .a_groups = a_groups,
+                 .B = {.b = b, .ldb = ldb, .tb = tb, .panels = panels, .pw = pw},
+                 .beta = beta, .c = c, .groups = (m + mr - 1) / mr,
                  .panel_count = (n + nr - 1) / nr};
     int64_t cells = p.groups * p.panel_count;
     int64_t tasks = nt > 1 ? (int64_t)nt * TASKS_PER_THREAD : 1;
@@ -716,6 +794,12 @@ bool cpu_panel_gemm(cpu_backend *cpu, bool tb, int64_t m, int64_t n, int64_t k, 
     return panel_gemm(cpu, false, tb, m, n, k, a, lda, b, ldb, 0, beta, c, ldc);
 }
 
+bool cpu_panel_reads_laid_out(const cpu_backend *cpu, const tdm_be_weight *w)
+{
+    return w->format == TDM_BE_W_F32_PANELS && isa() != PANEL_NONE && !cpu->blas_threaded &&
+           w->panel % panel_nr() == 0;
+}
+
 bool cpu_panel_gemm_weight(cpu_backend *cpu, bool fwd, const tdm_be_weight *w, const float *a,
                            int64_t m, float beta, float *c)
 {
@@ -728,21 +812,34 @@ bool cpu_panel_gemm_weight(cpu_backend *cpu, bool fwd, const tdm_be_weight *w, c
                       beta, c, w->cols);
 }
 
-bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w, int32_t *pw)
+bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w,
+                       bool backward_panels, int32_t *pw)
 {
-    if (isa() == PANEL_NONE || cpu->blas_threaded) return false;
-    int nr = panel_nr();
-    /* exactly the weight's own bytes (no padding), and panels the backward can lay out */
-    if (rows % nr != 0 || tdm_cpu_panel_bytes(rows, cols) == 0 ||
-        tdm_cpu_panel_bytes(cols, rows) == 0)
+    if (isa() == PANEL_NONE || cpu->blas_threaded || rows <= 0 || cols <= 0) return false;
+    int nr = panel_nr(), nt = cpu->n_threads;
+    /* exactly the weight's own bytes (no padding); for a projection also panels its backward
+     * can lay out (the scratch's cap) */
+    if (rows % nr != 0) return false;
+    if (backward_panels &&
+        (tdm_cpu_panel_bytes(rows, cols) == 0 || tdm_cpu_panel_bytes(cols, rows) == 0))
         return false;
-    /* a transient copy of one weight at load, freed at once (not through the panels' scratch:
-     * the steps allocate that, and unit.memory_estimate holds them to the plan's figure) */
-    float *tmp = malloc((size_t)(rows * cols) * sizeof(float));
-    if (!tmp) return false;
-    pack_bt(cpu->n_threads, nr, rows, cols, w, cols, tmp);
-    memcpy(w, tmp, (size_t)(rows * cols) * sizeof(float));
-    free(tmp);
+    /* Panel p takes exactly the bytes of rows [p nr, p nr + nr): each is transposed where it
+     * lies, through a copy of its rows (nr x cols floats a thread, taken before anything is
+     * touched: W is never left half laid out). The whole weight copied once was a transient
+     * of its size at load: 545 MB for Qwen2.5's 152K x 896 lm_head. */
+    float *bufs = malloc((size_t)nt * (size_t)(nr * cols) * sizeof(float));
+    if (!bufs) return false;
+    int64_t panels = rows / nr;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
+    for (int64_t q = 0; q < panels; q++) {
+        float *buf = bufs + (size_t)omp_get_thread_num() * (size_t)(nr * cols);
+        float *panel = w + q * nr * cols;
+        memcpy(buf, panel, (size_t)(nr * cols) * sizeof(float));
+        for (int64_t c = 0; c < cols; c++)
+            for (int r = 0; r < nr; r++)
+                panel[c * nr + r] = buf[r * cols + c];
+    }
+    free(bufs);
     *pw = nr;
     return true;
 }
@@ -757,8 +854,9 @@ void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1
     }
 }
 
-bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+/* cpu_panel_gemm_1t's body, B as *B says (packed a K block of a panel at a time). */
+static bool panel_gemm_1t(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                          const b_operand *B, float beta, float *c, int64_t ldc)
 {
     panel_isa set = isa();
     if (set == PANEL_NONE || (beta != 0.0f && beta != 1.0f)) return false;
@@ -770,7 +868,26 @@ bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a,
     }
     /* row blocks as tall as the A buffer: each K block of each B panel is packed once a block */
     for (int64_t i0 = 0; i0 < m; i0 += TILE_M_MAX)
-        panel_tile(set, tb, m - i0 < TILE_M_MAX ? m - i0 : TILE_M_MAX, 0, n, k, a + i0 * lda, lda,
-                   NULL, b, ldb, NULL, 0, true, beta, c + i0 * ldc, ldc);
+        panel_tile(set, m - i0 < TILE_M_MAX ? m - i0 : TILE_M_MAX, 0, n, k, a + i0 * lda, lda,
+                   NULL, B, beta, c + i0 * ldc, ldc);
     return true;
+}
+
+bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    b_operand B = {.b = b, .ldb = ldb, .tb = tb, .pack = true};
+    return panel_gemm_1t(m, n, k, a, lda, &B, beta, c, ldc);
+}
+
+bool cpu_panel_gemm_1t_rows(int64_t m, int64_t k, const float *a, int64_t lda,
+                            const tdm_be_weight *w, int64_t row0, float beta, float *c,
+                            int64_t ldc)
+{
+    if (w->format != TDM_BE_W_F32_PANELS) /* row-major: B = W's rows in place */
+        return cpu_panel_gemm_1t(false, m, w->cols, k, a, lda, (const float *)w->data + row0 * w->cols,
+                                 w->cols, beta, c, ldc);
+    b_operand B = {.b = w->data, .ldb = w->cols, .pack = true, .laid_pw = w->panel,
+                   .laid_row0 = row0};
+    return panel_gemm_1t(m, w->cols, k, a, lda, &B, beta, c, ldc);
 }

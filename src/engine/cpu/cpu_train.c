@@ -8,6 +8,7 @@
 #include "engine/cpu/cpu_math.h"
 #include "engine/dropout.h"
 #include "engine/grad_clip.h"
+#include "engine/op_profile.h"
 
 #define IGNORE_INDEX (-100)
 
@@ -28,10 +29,11 @@
 #define CE_TILE_M 512
 #define CE_TILE_N 256
 
-static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, int64_t c, int64_t V,
-                  int64_t d, float *part, float *dh)
+static void ce_dh(const cpu_backend *cpu, const float *logits, const tdm_be_weight *w,
+                  const float *W, int64_t c, float *part, float *dh)
 {
     int nt = cpu->n_threads;
+    int64_t V = w->rows, d = w->cols;
     if (cpu->blas_threaded) { /* threaded calls: OpenBLAS cuts M and N, cpu_blas_sgemm K */
         cpu_blas_sgemm(nt, false, false, c, d, V, 1.0f, logits, V, W, d, 0.0f, dh, d);
         return;
@@ -47,10 +49,11 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
         int64_t b = t / nr, i0 = (t % nr) * CE_ROWS;
         int64_t rows = c - i0 < CE_ROWS ? c - i0 : CE_ROWS;
         int64_t v0 = b * vb, kb = V - v0 < vb ? V - v0 : vb;
-        /* one call per task (no tiles: they would re-pack the block's W rows per tile) */
+        /* one call per task (no tiles: they would re-pack the block's W rows per tile); W's
+         * rows as they lie, or transposed back from the lm_head's panels (W NULL) */
         const float *lt = logits + i0 * V + v0;
         float *pt = part + b * c * d + i0 * d;
-        if (!cpu_panel_gemm_1t(false, rows, d, kb, lt, V, W + v0 * d, d, 0.0f, pt, d))
+        if (!cpu_panel_gemm_1t_rows(rows, kb, lt, V, w, v0, 0.0f, pt, d))
             cpu_blas_sgemm(1, false, false, rows, d, kb, 1.0f, lt, V, W + v0 * d, d, 0.0f, pt, d);
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * d > TDM_CPU_PAR_MIN)
@@ -62,12 +65,19 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const float *W, i
     }
 }
 
-/* logits (c, V) = H (c, d) W^T in tiles of CE_TILE_M rows by CE_TILE_N vocabulary rows: with
- * tandem's panel kernels (cpu_panel_gemm_1t, each tile packing its slice of W a K block at a
- * time) when this CPU has them, else OpenBLAS's tiles. */
-static void ce_logits(const cpu_backend *cpu, const float *h, const float *W, int64_t c, int64_t V,
-                      int64_t d, float *logits)
+/* logits (c, V) = H (c, d) W^T. An lm_head laid out in panels (W NULL): one product of tandem's
+ * kernels over all threads, H laid out once and the panels read as they are. Else in tiles of
+ * CE_TILE_M rows by CE_TILE_N vocabulary rows: with tandem's panel kernels (cpu_panel_gemm_1t,
+ * each tile packing its slice of W a K block at a time) when this CPU has them, else
+ * OpenBLAS's tiles. */
+static void ce_logits(cpu_backend *cpu, const float *h, const tdm_be_weight *w, const float *W,
+                      int64_t c, float *logits)
 {
+    int64_t V = w->rows, d = w->cols;
+    if (!W) {
+        cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits); /* cannot fail (ce_weight) */
+        return;
+    }
     if (!cpu_panel_isa_name() || cpu->blas_threaded) {
         cpu_sgemm_tiles(cpu, c < CE_TILE_M ? c : CE_TILE_M, CE_TILE_N, false, true, c, V, d, 1.0f,
                         h, d, W, d, 0.0f, logits, V);
@@ -82,6 +92,19 @@ static void ce_logits(const cpu_backend *cpu, const float *h, const float *W, in
         cpu_panel_gemm_1t(true, mb, nb, d, h + i0 * d, d, W + j0 * d, d, 0.0f,
                           logits + i0 * V + j0, V);
     }
+}
+
+/* The lm_head as the chunks read it: NULL when it is laid out in panels that tandem's kernels
+ * read as they are (*ok true), else its f32 rows (the weight's own, or a copy in the
+ * CE_WEIGHT scratch: another format, or panels the kernels cannot read now; *ok false when
+ * there is no memory for that copy). */
+static const float *ce_weight(cpu_backend *cpu, const tdm_be_weight *w, bool *ok)
+{
+    *ok = true;
+    if (cpu_panel_reads_laid_out(cpu, w)) return NULL;
+    const float *W = cpu_dense_f32(cpu, w);
+    *ok = W != NULL;
+    return W;
 }
 
 /* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
@@ -103,7 +126,8 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                             labels[i], (long long)i, (long long)V);
     if (chunk_rows > m) chunk_rows = m;
     /* kept buffers (cpu_scratch), not malloc per call: fresh pages fault one by one */
-    const float *W = cpu_dense_f32(cpu, w);
+    bool w_ok;
+    const float *W = ce_weight(cpu, w, &w_ok);
     float *logits =
         cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
     int64_t nvb = tdm_cpu_ce_vblock_count(V);
@@ -111,7 +135,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                       ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
                                     (size_t)(nvb * chunk_rows * d) * sizeof(float))
                       : NULL;
-    if (!W || !logits || (dhv && !cpu->blas_threaded && !part))
+    if (!w_ok || !logits || (dhv && !cpu->blas_threaded && !part))
         return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
                         (long long)chunk_rows, (long long)V);
     const float *h = hv;
@@ -119,7 +143,11 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
     int nt = cpu->n_threads;
     for (int64_t r0 = 0; r0 < m; r0 += chunk_rows) {
         int64_t c = r0 + chunk_rows <= m ? chunk_rows : m - r0;
-        ce_logits(cpu, h + r0 * d, W, c, V, d, logits);
+        int64_t t0;
+        int tok = tdm_op_profile_begin(be, &t0);
+        ce_logits(cpu, h + r0 * d, w, W, c, logits);
+        tdm_op_profile_end(be, TDM_OP_SUB_CE_LOGITS, tok, t0);
+        tok = tdm_op_profile_begin(be, &t0);
 #pragma omp parallel for schedule(static) num_threads(nt) if (c * V > TDM_CPU_PAR_MIN)
         for (int64_t i = 0; i < c; i++) {
             float *l = logits + i * V;
@@ -145,7 +173,12 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                 l[j] *= scale;
             l[lab] -= wt;
         }
-        if (dh) ce_dh(cpu, logits, W, c, V, d, part, dh + r0 * d);
+        tdm_op_profile_end(be, TDM_OP_SUB_CE_SOFTMAX, tok, t0);
+        if (dh) {
+            tok = tdm_op_profile_begin(be, &t0);
+            ce_dh(cpu, logits, w, W, c, part, dh + r0 * d);
+            tdm_op_profile_end(be, TDM_OP_SUB_CE_DH, tok, t0);
+        }
     }
     return TDM_OK;
 }
