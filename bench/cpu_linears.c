@@ -1,7 +1,7 @@
 /* cpu_linears.c — the CPU backend's frozen-projection GEMMs alone, at a training step's shapes.
  *
  *     bench_cpu_linears [--rows 1024] [--threads 0] [--reps 10] [--shapes OUTxIN,...]
- *                       [--row-major]
+ *                       [--row-major | --nf4]
  *
  * For each weight shape (default: Qwen2.5-0.5B's projections, 896x896 q/o, 128x896 k/v,
  * 4864x896 gate/up, 896x4864 down) times tdm_be_linear_fwd (Y = X W^T) and tdm_be_linear_bwd
@@ -9,8 +9,10 @@
  * calls, in ms and TFLOP/s, then the step's frozen GEMMs in all (q, k, v, o, gate, up, down
  * forward and backward, weighted by how often a layer runs each). The weights are laid out as
  * the model lays them out at load (tdm_be_lay_out_frozen: the forward's panels), unless
- * --row-major (each forward product then lays W out itself, as before that layout). Compare
- * kernels with TANDEM_CPU_PANELS=0 (OpenBLAS tiles) against the default (cpu_panel_gemm.c).
+ * --row-major (each forward product then lays W out itself, as before that layout), or --nf4
+ * (the weights NF4 with double quantization, as --method qlora loads them: each product
+ * dequantizes tiles of W's rows). Compare kernels with TANDEM_CPU_PANELS=0 (OpenBLAS tiles)
+ * against the default (cpu_panel_gemm.c).
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include <time.h>
 
 #include "engine/backend.h"
+#include "model/nf4.h"
 
 static double now_s(void)
 {
@@ -62,11 +65,11 @@ int main(int argc, char **argv)
     const char *shapes = "896x896,128x896,4864x896,896x4864";
     /* how many of each shape a Qwen2.5 layer has: q+o, k+v, gate+up, down */
     int per_layer[] = {2, 2, 2, 1};
-    bool row_major = false;
+    bool row_major = false, nf4 = false;
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
-        if (!strcmp(opt, "--row-major")) {
-            row_major = true;
+        if (!strcmp(opt, "--row-major") || !strcmp(opt, "--nf4")) {
+            *(opt[2] == 'r' ? &row_major : &nf4) = true;
             continue;
         }
         if (strcmp(opt, "--rows") && strcmp(opt, "--threads") && strcmp(opt, "--reps") &&
@@ -101,7 +104,10 @@ int main(int argc, char **argv)
     }
     const char *panels = getenv("TANDEM_CPU_PANELS");
     printf("# rows %lld, TANDEM_CPU_PANELS=%s, weights %s\n", (long long)m,
-           panels ? panels : "(unset)", row_major ? "row-major" : "laid out as the model does");
+           panels ? panels : "(unset)",
+           nf4         ? "NF4 (double quantization)"
+           : row_major ? "row-major"
+                       : "laid out as the model does");
     printf("%-12s %10s %8s %10s %8s\n", "out x in", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
     double layer_s = 0, layer_flop = 0;
     char *list = strdup(shapes);
@@ -123,7 +129,22 @@ int main(int argc, char **argv)
             return 1;
         }
         tdm_be_weight wt = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = w};
-        if (!row_major && tdm_be_lay_out_frozen(be, &wt, TDM_BE_FROZEN_PROJECTION, &err) != TDM_OK) {
+        tdm_nf4 q = {0};
+        if (nf4) { /* the CPU backend's memory is the host's: the quantized arrays as they are */
+            float *host = malloc((size_t)(rows * cols) * sizeof(float));
+            if (!host) return 1;
+            for (int64_t e = 0; e < rows * cols; e++) /* varied codes, as a real weight's */
+                host[e] = (float)((e * 2654435761u) % 2001) * 1e-5f - 0.01f;
+            if (tdm_nf4_quantize(host, rows * cols, true, &q, &err) != TDM_OK) {
+                fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
+                return 1;
+            }
+            free(host);
+            wt = (tdm_be_weight){.format = TDM_BE_W_NF4_DQ, .rows = rows, .cols = cols,
+                                 .codes = q.packed, .absmax_q = q.absmax_q,
+                                 .absmax2 = q.absmax2, .offset = q.offset};
+        } else if (!row_major &&
+                   tdm_be_lay_out_frozen(be, &wt, TDM_BE_FROZEN_PROJECTION, &err) != TDM_OK) {
             fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
             return 1;
         }
@@ -135,6 +156,7 @@ int main(int argc, char **argv)
         int times = idx < 4 ? per_layer[idx] : 1;
         layer_s += times * (f + b), layer_flop += times * 2 * flop;
         tdm_be_free(be, w), tdm_be_free(be, x), tdm_be_free(be, y);
+        tdm_nf4_free(&q);
     }
     printf("# a layer's frozen GEMMs, forward + backward: %.3f ms, %.3f TFLOP/s\n", 1e3 * layer_s,
            layer_flop / layer_s / 1e12);

@@ -6,7 +6,8 @@
 # the row groups stream past; 1 row group by row group, a group's A in L1 while W's pieces
 # stream), ROUNDS rounds with the variants alternating (the host's speed drifts). Neither
 # setting changes a bit (tests/unit/test_cpu_panel_gemm.c runs under both here first).
-# Prints each variant's ms per round and median, then `best: <env>` (the least median).
+# Prints each variant's ms per round and median, then `best: <env>` (the least median), then
+# the default settings with f32 weights against NF4 ones (bench_cpu_linears --nf4), alternating.
 # Built HERE first: make build && BUILD=build scripts/device/pack.sh; carry .device-pack.
 #   THREADS (16), ROWS (1024), KCS ("128 192 256 384"), ROUNDS (2), REPS (10)
 set -uo pipefail
@@ -43,3 +44,12 @@ for v in "${variants[@]}"; do
     fi
 done
 echo "best: $best"
+# the same products with NF4 weights (--method qlora: tiles of W's rows dequantized per
+# product), the default settings, against f32 laid out, alternating
+for r in $(seq "$ROUNDS"); do
+    for mode in "" --nf4; do
+        t=$(timeout 60 .device/bin/bench_cpu_linears --threads "$THREADS" --rows "$ROWS" \
+            --reps "$REPS" $mode | sed -n 's/.*forward + backward: \([0-9.]*\) ms.*/\1/p')
+        echo "round $r  weights $([ -n "$mode" ] && echo NF4 || echo "f32 laid out")  ${t:-FAIL} ms"
+    done
+done
