@@ -15,7 +15,9 @@
  *  - a weight laid out once in panels (tdm_be_lay_out_frozen) == the row-major weight, forward,
  *    backward and weight_rows, also read by the AVX2 kernel when laid out for AVX-512;
  *  - the lm_head laid out so == row-major: the cross-entropy's loss and dH, the logits, the
- *    embedding's rows.
+ *    embedding's rows;
+ *  - an NF4 weight's products (tiles dequantized straight into panels) == the same values as a
+ *    dense f32 weight, forward and backward.
  * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +32,7 @@
 
 #include "engine/backend.h"
 #include "engine/cpu/cpu_internal.h"
+#include "model/nf4.h"
 #include "util/rng.h"
 
 static tdm_rng rng;
@@ -409,6 +412,57 @@ static void test_backend_lm_head_laid_out(void **state)
     }
 }
 
+/* An NF4 weight's products (--method qlora: each tile of W's rows dequantized straight into the
+ * product's panels, cpu_nf4_tile_panels) give the bits of the same values as a dense f32
+ * weight (its rows from tdm_be_weight_rows), forward and backward, beta 0 and 1: a 4864 x 896
+ * weight of two tiles (the backward's K blocks summed across them), tile rows that end inside
+ * a panel (200) and columns inside an NF4 block and a panel (72, 688); double quantization and
+ * not; with the AVX2 kernel too. */
+static void test_backend_nf4_panels(void **state)
+{
+    (void)state;
+    const int64_t shapes[][2] = {{4864, 896}, {200, 72}, {96, 688}};
+    const int64_t m = 70;
+    for (int pass = 0; pass < laid_out_passes(); pass++) {
+        cpu_backend *cpu = backend(3);
+        tdm_backend *be = &cpu->base;
+        tdm_error err = {0};
+        if (pass == 1) assert_true(cpu_panel_isa_use("avx2"));
+        for (unsigned si = 0; si < 3; si++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            float *host = rndf(rows * cols), *x = rndf(m * cols), *dy = rndf(m * rows);
+            tdm_nf4 q;
+            assert_int_equal(tdm_nf4_quantize(host, rows * cols, si != 1, &q, &err), TDM_OK);
+            tdm_be_weight nw = {.rows = rows, .cols = cols, .codes = q.packed};
+            if (q.double_quant)
+                nw.format = TDM_BE_W_NF4_DQ, nw.absmax_q = q.absmax_q, nw.absmax2 = q.absmax2,
+                nw.offset = q.offset;
+            else
+                nw.format = TDM_BE_W_NF4, nw.absmax = q.absmax;
+            float *dense = malloc((size_t)(rows * cols) * 4);
+            assert_int_equal(tdm_be_weight_rows(be, &nw, 0, rows, dense, TDM_BE_F32, &err),
+                             TDM_OK);
+            tdm_be_weight dw = {.format = TDM_BE_W_F32, .rows = rows, .cols = cols, .data = dense};
+            for (int b = 0; b < 2; b++) {
+                float beta = (float)b;
+                float *y1 = rndf(m * rows), *y2 = copy_of(y1, m * rows);
+                float *d1 = rndf(m * cols), *d2 = copy_of(d1, m * cols);
+                assert_int_equal(tdm_be_linear_fwd(be, &dw, x, m, y1, beta, &err), TDM_OK);
+                assert_int_equal(tdm_be_linear_fwd(be, &nw, x, m, y2, beta, &err), TDM_OK);
+                assert_memory_equal(y1, y2, (size_t)(m * rows) * 4);
+                assert_int_equal(tdm_be_linear_bwd(be, &dw, dy, m, d1, beta, &err), TDM_OK);
+                assert_int_equal(tdm_be_linear_bwd(be, &nw, dy, m, d2, beta, &err), TDM_OK);
+                assert_memory_equal(d1, d2, (size_t)(m * cols) * 4);
+                free(y1), free(y2), free(d1), free(d2);
+            }
+            tdm_nf4_free(&q);
+            free(host), free(x), free(dy), free(dense);
+        }
+        assert_true(cpu_panel_isa_use(NULL));
+        tdm_backend_free(be);
+    }
+}
+
 int main(void)
 {
     tdm_rng_seed(&rng, 1);
@@ -424,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_backend_rows_alone),
         cmocka_unit_test(test_backend_laid_out),
         cmocka_unit_test(test_backend_lm_head_laid_out),
+        cmocka_unit_test(test_backend_nf4_panels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

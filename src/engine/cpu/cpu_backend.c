@@ -523,6 +523,18 @@ static inline float nf4_block_absmax(const cpu_backend *cpu, const tdm_be_weight
     return cpu->dmap[w->absmax_q[blk]] * w->absmax2[blk / TDM_NF4_DQ_BLOCK] + w->offset;
 }
 
+void cpu_nf4_range(const cpu_backend *cpu, const tdm_be_weight *w, int64_t e0, int64_t e1,
+                   float *out)
+{
+    for (int64_t e = e0; e < e1;) {
+        int64_t blk = e / TDM_NF4_BLOCK, stop = (blk + 1) * TDM_NF4_BLOCK;
+        if (stop > e1) stop = e1;
+        tdm_nf4_dequantize_block(w->codes, e, stop, nf4_block_absmax(cpu, w, blk), out);
+        out += stop - e;
+        e = stop;
+    }
+}
+
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
                          float *out)
 {
@@ -548,16 +560,8 @@ void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
         break;
     }
 #pragma omp parallel for schedule(static) num_threads(nt) if ((r1 - r0) * cols > TDM_CPU_PAR_MIN)
-    for (int64_t r = r0; r < r1; r++) {
-        float *o = out + (r - r0) * cols;
-        for (int64_t e = r * cols, end = e + cols; e < end;) {
-            int64_t blk = e / TDM_NF4_BLOCK, stop = (blk + 1) * TDM_NF4_BLOCK;
-            if (stop > end) stop = end;
-            tdm_nf4_dequantize_block(w->codes, e, stop, nf4_block_absmax(cpu, w, blk), o);
-            o += stop - e;
-            e = stop;
-        }
-    }
+    for (int64_t r = r0; r < r1; r++)
+        cpu_nf4_range(cpu, w, r * cols, (r + 1) * cols, out + (r - r0) * cols);
 }
 
 /* Counted in used/peak like the caller's buffers: the memory plan predicts it
@@ -635,6 +639,19 @@ static tdm_status cpu_lay_out_frozen(tdm_backend *be, tdm_be_weight *w, tdm_be_f
     return TDM_OK;
 }
 
+/* Whether an NF4 weight's tiles are dequantized straight into the panels tandem's kernels read
+ * (cpu_nf4_tile_panels): with those kernels on, beta 0 or 1, and a tile's panels within the
+ * scratch's cap; the product then cannot fail (its panels are given). Else a tile is
+ * dequantized into rows and multiplied as a dense weight. */
+static bool nf4_in_panels(const cpu_backend *cpu, const tdm_be_weight *w, float beta)
+{
+    if (w->format != TDM_BE_W_NF4 && w->format != TDM_BE_W_NF4_DQ) return false;
+    if (beta != 0.0f && beta != 1.0f) return false;
+    if (!cpu_panel_isa_name() || cpu->blas_threaded) return false;
+    int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
+    return tdm_cpu_panel_bytes(tile, w->cols) > 0 && tdm_cpu_panel_bytes(w->cols, tile) > 0;
+}
+
 /* Y (m, rows) = X (m, cols) W^T + beta Y. Dense f32 weights go to one GEMM; others are
  * dequantized a tile of rows at a time, each tile giving a block of Y's columns. */
 static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const void *x, int64_t m,
@@ -650,6 +667,20 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
         } /* panels the kernels cannot read now: a tile of rows at a time below */
     }
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
+    if (nf4_in_panels(cpu, w, beta)) { /* each tile dequantized straight into its panels */
+        float *panels = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE,
+                                    (size_t)tdm_cpu_panel_bytes(tile, w->cols));
+        if (!panels)
+            return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
+        for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+            int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+            if (!cpu_nf4_tile_panels(cpu, w, r0, r1, true, panels) ||
+                !cpu_panel_gemm_panels(cpu, m, r1 - r0, w->cols, x, w->cols, panels, beta,
+                                       (float *)y + r0, w->rows))
+                return tdm_fail(err, TDM_ERR_UNSUPPORTED, "linear_fwd: NF4 panels refused");
+        }
+        return TDM_OK;
+    }
     float *buf =
         cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_fwd: out of memory for a weight tile");
@@ -679,6 +710,20 @@ static tdm_status cpu_linear_bwd(tdm_backend *be, const tdm_be_weight *w, const 
         } /* panels the kernels cannot read now: a tile of rows at a time below */
     }
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
+    if (nf4_in_panels(cpu, w, beta)) { /* each tile (a K block) dequantized into its panels */
+        float *panels = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE,
+                                    (size_t)tdm_cpu_panel_bytes(w->cols, tile));
+        if (!panels)
+            return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");
+        for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+            int64_t r1 = r0 + tile < w->rows ? r0 + tile : w->rows;
+            if (!cpu_nf4_tile_panels(cpu, w, r0, r1, false, panels) ||
+                !cpu_panel_gemm_panels(cpu, m, w->cols, r1 - r0, (const float *)dy + r0, w->rows,
+                                       panels, r0 == 0 ? beta : 1.0f, dx, w->cols))
+                return tdm_fail(err, TDM_ERR_UNSUPPORTED, "linear_bwd: NF4 panels refused");
+        }
+        return TDM_OK;
+    }
     float *buf =
         cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE, (size_t)(tile * w->cols) * sizeof(float));
     if (!buf) return tdm_fail(err, TDM_ERR_NOMEM, "linear_bwd: out of memory for a weight tile");

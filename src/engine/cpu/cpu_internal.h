@@ -110,6 +110,20 @@ bool cpu_panel_gemm_weight(cpu_backend *cpu, bool fwd, const tdm_be_weight *w, c
  * product of such a weight, cpu_panel_gemm_weight with fwd and beta 0 or 1, cannot fail). */
 bool cpu_panel_reads_laid_out(const cpu_backend *cpu, const tdm_be_weight *w);
 
+/* Rows [r0, r1) of an NF4 / NF4_DQ weight dequantized straight into the NR-wide panels of
+ * op(B) that cpu_panel_gemm_panels reads: fwd, op(B) = the tile's W^T (its rows as columns,
+ * tdm_cpu_panel_bytes(r1 - r0, cols) bytes); else op(B) = the tile's W (its columns as columns,
+ * tdm_cpu_panel_bytes(cols, r1 - r0) bytes). The values of cpu_weight_rows_f32 in one pass
+ * (before: dequantized into rows, then laid out by the product: two). False (out untouched)
+ * when tandem's kernels are off. */
+bool cpu_nf4_tile_panels(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
+                         bool fwd, float *out);
+
+/* C (m x n) = A (m x k) op(B) + beta C with op(B) given in the kernels' NR-wide panels (as
+ * cpu_nf4_tile_panels lays them out): the same bits as cpu_panel_gemm. False when it cannot. */
+bool cpu_panel_gemm_panels(cpu_backend *cpu, int64_t m, int64_t n, int64_t k, const float *a,
+                           int64_t lda, const float *panels, float beta, float *c, int64_t ldc);
+
 /* Rows [r0, r1) of a laid-out weight, row-major, into out ((r1 - r0) x cols). */
 void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1, float *out);
 
@@ -148,6 +162,11 @@ bool cpu_blas_bits_measured(void);
 /* Dequantizes / converts rows [r0, r1) of w into out ((r1-r0), cols) f32. */
 void cpu_weight_rows_f32(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
                          float *out);
+
+/* Elements [e0, e1) of an NF4 / NF4_DQ weight's row-major flattening dequantized into out, on
+ * the calling thread (cpu_weight_rows_f32's values). */
+void cpu_nf4_range(const cpu_backend *cpu, const tdm_be_weight *w, int64_t e0, int64_t e1,
+                   float *out);
 
 /* A buffer of at least `bytes` for one op call, kept for the next call (grown when too small,
  * freed with the backend); its contents are undefined. NULL on allocation failure. Why: a

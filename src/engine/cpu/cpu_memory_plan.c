@@ -92,14 +92,19 @@ void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
         if (rows <= 0 || cols <= 0) continue;
         /* NF4 is multiplied a dequantized tile of rows at a time, f32 as a whole */
         int64_t tile = s->nf4 ? tdm_cpu_weight_tile_rows(rows, cols) : rows;
+        /* the (tile of) W in panels, the forward's of its rows, the backward's of its columns,
+         * each with X or dY in row groups when W is laid out; an NF4 tile is dequantized
+         * straight into its panels (the weight tile's slot), the panels' slot then holds X or
+         * dY alone */
+        uint64_t fwd = tdm_cpu_panel_bytes(tile, cols), bwd = tdm_cpu_panel_bytes(cols, tile);
         if (s->nf4)
             slot[CPU_SCRATCH_WEIGHT_TILE] =
-                max_u64(slot[CPU_SCRATCH_WEIGHT_TILE], (uint64_t)(tile * cols) * 4);
-        /* the (tile of) W in panels, the forward's of its rows, the backward's of its columns,
-         * each with X or dY in row groups when W is laid out */
-        uint64_t fwd = tdm_cpu_panel_bytes(tile, cols), bwd = tdm_cpu_panel_bytes(cols, tile);
-        uint64_t panels = fwd ? fwd + tdm_cpu_panel_a_bytes(s->m, cols) : 0;
-        if (s->backward && bwd) panels = max_u64(panels, bwd + tdm_cpu_panel_a_bytes(s->m, tile));
+                max_u64(slot[CPU_SCRATCH_WEIGHT_TILE],
+                        fwd && bwd ? max_u64(fwd, s->backward ? bwd : 0) : (uint64_t)(tile * cols) * 4);
+        uint64_t w_panels = s->nf4 && fwd && bwd ? 0 : 1; /* W's panels in the panels' slot */
+        uint64_t panels = fwd ? w_panels * fwd + tdm_cpu_panel_a_bytes(s->m, cols) : 0;
+        if (s->backward && bwd)
+            panels = max_u64(panels, w_panels * bwd + tdm_cpu_panel_a_bytes(s->m, tile));
         slot[CPU_SCRATCH_PANELS] = max_u64(slot[CPU_SCRATCH_PANELS], panels);
     }
     int64_t chunk = s->ce_chunk < s->m ? s->ce_chunk : s->m;

@@ -844,6 +844,80 @@ bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w,
     return true;
 }
 
+/* An NF4 block's worth of columns (64) at a time: the rows of a forward panel are dequantized
+ * into a stack block of NR x 64 (8 KiB) and written out by 8 x 8 transposes, each column's NR
+ * values contiguous (pack_bt's reason). */
+#define NF4_COLS 64
+
+bool cpu_nf4_tile_panels(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, int64_t r1,
+                         bool fwd, float *out)
+{
+    if (isa() == PANEL_NONE || cpu->blas_threaded) return false;
+    int nr = panel_nr(), nt = cpu->n_threads;
+    int64_t cols = w->cols, rows = r1 - r0;
+    if (fwd) { /* panel q: tile rows [q nr, q nr + nr), per column their nr values */
+        int64_t panels = (rows + nr - 1) / nr;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
+        for (int64_t q = 0; q < panels; q++) {
+            float blk[32 * NF4_COLS] __attribute__((aligned(64)));
+            float *o = out + q * nr * cols;
+            int live = (int)(rows - q * nr < nr ? rows - q * nr : nr);
+            for (int64_t c0 = 0; c0 < cols; c0 += NF4_COLS) {
+                int cw = (int)(cols - c0 < NF4_COLS ? cols - c0 : NF4_COLS);
+                for (int r = 0; r < nr; r++) {
+                    float *row = blk + r * NF4_COLS;
+                    if (r < live) {
+                        int64_t e = (r0 + q * nr + r) * cols + c0;
+                        cpu_nf4_range(cpu, w, e, e + cw, row);
+                    } else {
+                        memset(row, 0, (size_t)cw * sizeof(float));
+                    }
+                }
+                if (cw == NF4_COLS) {
+                    for (int rb = 0; rb < nr; rb += 8)
+                        for (int cb = 0; cb < NF4_COLS; cb += 8)
+                            transpose8(blk + rb * NF4_COLS + cb, NF4_COLS, o + (c0 + cb) * nr + rb,
+                                       nr);
+                } else {
+                    for (int c = 0; c < cw; c++)
+                        for (int r = 0; r < nr; r++)
+                            o[(c0 + c) * nr + r] = blk[r * NF4_COLS + c];
+                }
+            }
+        }
+        return true;
+    }
+    /* the backward's: panel q holds columns [q nr, q nr + nr), per tile row their nr values:
+     * each row dequantized 64 columns at a time and copied out in pieces of its panels */
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
+    for (int64_t p = 0; p < rows; p++) {
+        float blk[NF4_COLS] __attribute__((aligned(64)));
+        for (int64_t c0 = 0; c0 < cols; c0 += NF4_COLS) {
+            int cw = (int)(cols - c0 < NF4_COLS ? cols - c0 : NF4_COLS);
+            int64_t e = (r0 + p) * cols + c0;
+            cpu_nf4_range(cpu, w, e, e + cw, blk);
+            for (int cc = 0; cc < cw;) {
+                int64_t j = c0 + cc;
+                int within = (int)(j % nr), len = nr - within < cw - cc ? nr - within : cw - cc;
+                memcpy(out + panel_offset(nr, rows, p, j), blk + cc, (size_t)len * sizeof(float));
+                cc += len;
+            }
+        }
+        if (cols % nr) /* the last panel's columns past cols */
+            memset(out + panel_offset(nr, rows, p, cols), 0,
+                   (size_t)(nr - cols % nr) * sizeof(float));
+    }
+    return true;
+}
+
+bool cpu_panel_gemm_panels(cpu_backend *cpu, int64_t m, int64_t n, int64_t k, const float *a,
+                           int64_t lda, const float *panels, float beta, float *c, int64_t ldc)
+{
+    /* panels of op(B) read as they are: the path of a forward product of a laid-out weight,
+     * whose panels are op(B)'s too */
+    return panel_gemm(cpu, false, true, m, n, k, a, lda, panels, k, panel_nr(), beta, c, ldc);
+}
+
 void cpu_panel_rows(const float *w, int pw, int64_t cols, int64_t r0, int64_t r1, float *out)
 {
     for (int64_t r = r0; r < r1; r++) {
