@@ -34,33 +34,7 @@
 
 #include "engine/cpu/cpu_internal.h"
 
-/* K block: a B panel's piece, KC x NR floats (32 KiB at 256), meant to stay in L1 while the
- * tile's row groups stream past it. TANDEM_CPU_KC (16..512, a multiple of 16) sets it for a
- * measurement: the blocking changes no bits (see above). */
-#define KC_DEFAULT 256
-#define KC_MAX 512
-static int64_t kc_chosen;
-
-static int64_t kc_block(void)
-{
-    if (!kc_chosen) {
-        const char *v = getenv("TANDEM_CPU_KC");
-        long x = v ? strtol(v, NULL, 10) : 0;
-        kc_chosen = x >= 16 && x <= KC_MAX && x % 16 == 0 ? x : KC_DEFAULT;
-    }
-    return kc_chosen;
-}
-#define KC kc_block()
-
-static int rows_outer_chosen = -1;
-static bool rows_outer(void)
-{
-    if (rows_outer_chosen < 0) {
-        const char *v = getenv("TANDEM_CPU_ROWS_OUTER");
-        rows_outer_chosen = v && strcmp(v, "1") == 0;
-    }
-    return rows_outer_chosen;
-}
+#define KC 256 /* K block: a B panel's piece, KC x NR floats (32 KiB), stays in L1 */
 
 typedef enum { PANEL_NONE, PANEL_AVX2, PANEL_AVX512 } panel_isa;
 
@@ -444,7 +418,7 @@ static float *blocks(void)
     if (!blocks_key_ok) return NULL;
     float *p = pthread_getspecific(blocks_key);
     if (!p) {
-        p = aligned_alloc(64, (size_t)(APACK_ROWS * KC_MAX + KC_MAX * 32) * sizeof(float));
+        p = aligned_alloc(64, (size_t)(APACK_ROWS * KC + KC * 32) * sizeof(float));
         if (p && pthread_setspecific(blocks_key, p) != 0) free(p), p = NULL;
     }
     return p;
@@ -530,29 +504,11 @@ static void panel_tile(panel_isa set, int64_t mb, int64_t j0, int64_t nb, int64_
             }
         return;
     }
-    float *bpack = apack + APACK_ROWS * KC_MAX;
+    float *bpack = apack + APACK_ROWS * KC;
     for (int64_t p0 = 0; p0 < k; p0 += KC) {
         int64_t kb = k - p0 < KC ? k - p0 : KC;
         bool load_c = p0 > 0 || beta == 1.0f;
         if (!a_groups) pack_a(mr, a + p0, lda, mb, kb, apack);
-        if (B->panels && rows_outer()) { /* EXPERIMENT: A's group in L1, B's pieces from L2 */
-            b_access how = B->pw != nr ? B_ROWS : B_PACKED;
-            for (int64_t i = 0; i < mb; i += mr) {
-                int mrr = (int)(mb - i < mr ? mb - i : mr);
-                const float *ap = a_groups ? a_groups + i * k + p0 * mr : apack + i * kb;
-                for (int64_t j = j0; j < j0 + nb; j += nr) {
-                    int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
-                    const float *bp = B->panels + panel_offset(B->pw, k, p0, j);
-                    if (set == PANEL_AVX512)
-                        kernel_avx512(kb, ap, bp, how, B->pw, c + i * ldc + j, ldc, mrr, nrr,
-                                      load_c);
-                    else
-                        kernel_avx2(kb, ap, bp, how, B->pw, c + i * ldc + j, ldc, mrr, nrr,
-                                    load_c);
-                }
-            }
-            continue;
-        }
         for (int64_t j = j0; j < j0 + nb; j += nr) {
             int nrr = (int)(j0 + nb - j < nr ? j0 + nb - j : nr);
             const float *bp;
@@ -856,33 +812,35 @@ bool cpu_nf4_tile_panels(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
     int nr = panel_nr(), nt = cpu->n_threads;
     int64_t cols = w->cols, rows = r1 - r0;
     if (fwd) { /* panel q: tile rows [q nr, q nr + nr), per column their nr values */
-        int64_t panels = (rows + nr - 1) / nr;
+        /* tasks: a panel's 64 columns, not a whole panel: k_proj's 128 rows are 4 panels, which
+         * kept 4 of 16 threads busy (the qlora forward 0.19 s a step over lora's at 16 threads,
+         * 2026-12-07) */
+        int64_t panels = (rows + nr - 1) / nr, blocks = (cols + NF4_COLS - 1) / NF4_COLS;
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols > TDM_CPU_PAR_MIN)
-        for (int64_t q = 0; q < panels; q++) {
+        for (int64_t t = 0; t < panels * blocks; t++) {
             float blk[32 * NF4_COLS] __attribute__((aligned(64)));
+            int64_t q = t / blocks, c0 = (t % blocks) * NF4_COLS;
             float *o = out + q * nr * cols;
             int live = (int)(rows - q * nr < nr ? rows - q * nr : nr);
-            for (int64_t c0 = 0; c0 < cols; c0 += NF4_COLS) {
-                int cw = (int)(cols - c0 < NF4_COLS ? cols - c0 : NF4_COLS);
-                for (int r = 0; r < nr; r++) {
-                    float *row = blk + r * NF4_COLS;
-                    if (r < live) {
-                        int64_t e = (r0 + q * nr + r) * cols + c0;
-                        cpu_nf4_range(cpu, w, e, e + cw, row);
-                    } else {
-                        memset(row, 0, (size_t)cw * sizeof(float));
-                    }
-                }
-                if (cw == NF4_COLS) {
-                    for (int rb = 0; rb < nr; rb += 8)
-                        for (int cb = 0; cb < NF4_COLS; cb += 8)
-                            transpose8(blk + rb * NF4_COLS + cb, NF4_COLS, o + (c0 + cb) * nr + rb,
-                                       nr);
+            int cw = (int)(cols - c0 < NF4_COLS ? cols - c0 : NF4_COLS);
+            for (int r = 0; r < nr; r++) {
+                float *row = blk + r * NF4_COLS;
+                if (r < live) {
+                    int64_t e = (r0 + q * nr + r) * cols + c0;
+                    cpu_nf4_range(cpu, w, e, e + cw, row);
                 } else {
-                    for (int c = 0; c < cw; c++)
-                        for (int r = 0; r < nr; r++)
-                            o[(c0 + c) * nr + r] = blk[r * NF4_COLS + c];
+                    memset(row, 0, (size_t)cw * sizeof(float));
                 }
+            }
+            if (cw == NF4_COLS) {
+                for (int rb = 0; rb < nr; rb += 8)
+                    for (int cb = 0; cb < NF4_COLS; cb += 8)
+                        transpose8(blk + rb * NF4_COLS + cb, NF4_COLS, o + (c0 + cb) * nr + rb,
+                                   nr);
+            } else {
+                for (int c = 0; c < cw; c++)
+                    for (int r = 0; r < nr; r++)
+                        o[(c0 + c) * nr + r] = blk[r * NF4_COLS + c];
             }
         }
         return true;
