@@ -4,9 +4,11 @@
  * each call packs its own copy of the weight's columns and of the activation rows, so a 1024-row
  * product with 8 row tiles packs every weight 8 times (docs/benchmarks.md, issue 20: about 25 %
  * slower per thread than one large call). Here the weight is laid out once per product, shared
- * by every thread, and a tile packs only its activation rows; a frozen f32 weight is laid out
- * in the forward's panels once, at load (cpu_panel_lay_out), and the backward's panels are made
- * from those.
+ * by every thread, and a tile packs only its activation rows; a frozen f32 weight (a
+ * projection, the lm_head) is laid out in the forward's panels once, at load
+ * (cpu_panel_lay_out), and the backward's panels are made from those (the lm_head's, by the
+ * cross-entropy's dH tasks, a K piece at a time); an NF4 tile is dequantized straight into its
+ * product's panels (cpu_nf4_tile_panels).
  *
  * C (m x n) = A (m x k) op(B) + beta C, f32 row-major, beta 0 or 1:
  *   forward  Y = X W^T: op(B) = B^T, B (n x k) row-major (the weight);
