@@ -1,6 +1,7 @@
 /* cpu_backend.c — the CPU backend: memory, elementwise ops, GEMM and frozen linear layers.
  * Layer ops are in cpu_layers.c, loss / LoRA / optimizer in cpu_train.c. */
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -523,13 +524,40 @@ static inline float nf4_block_absmax(const cpu_backend *cpu, const tdm_be_weight
     return cpu->dmap[w->absmax_q[blk]] * w->absmax2[blk / TDM_NF4_DQ_BLOCK] + w->offset;
 }
 
+/* A whole 64-value NF4 block with AVX-512: the block's 16 values (code * amax, the products
+ * tdm_nf4_dequantize_block forms: the same bits) in one register, each element's picked by a
+ * lane permute, 16 at a time, where the scalar loop loads them one by one (qlora dequantizes
+ * every frozen weight twice a step). packed: the block's 32 bytes, first element in the high
+ * nibble. */
+__attribute__((target("avx512f"))) static void nf4_block_avx512(const uint8_t *packed, float amax,
+                                                               float *out)
+{
+    __m512 table = _mm512_mul_ps(_mm512_loadu_ps(tdm_nf4_code), _mm512_set1_ps(amax));
+    /* lane i of the result from lane idx[i] of (hi, lo): hi0, lo0, hi1, lo1, ... */
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i low4 = _mm512_set1_epi32(0x0f);
+    for (int h = 0; h < 2; h++) { /* 16 bytes: 32 elements */
+        __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(packed + 16 * h)));
+        __m512i hi = _mm512_srli_epi32(bytes, 4), lo = _mm512_and_epi32(bytes, low4);
+        _mm512_storeu_ps(out + 32 * h,
+                         _mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, first, lo), table));
+        _mm512_storeu_ps(out + 32 * h + 16,
+                         _mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, second, lo), table));
+    }
+}
+
 void cpu_nf4_range(const cpu_backend *cpu, const tdm_be_weight *w, int64_t e0, int64_t e1,
                    float *out)
 {
     for (int64_t e = e0; e < e1;) {
         int64_t blk = e / TDM_NF4_BLOCK, stop = (blk + 1) * TDM_NF4_BLOCK;
         if (stop > e1) stop = e1;
-        tdm_nf4_dequantize_block(w->codes, e, stop, nf4_block_absmax(cpu, w, blk), out);
+        if (cpu->nf4_avx512 && e % TDM_NF4_BLOCK == 0 && stop - e == TDM_NF4_BLOCK)
+            nf4_block_avx512(w->codes + e / 2, nf4_block_absmax(cpu, w, blk), out);
+        else
+            tdm_nf4_dequantize_block(w->codes, e, stop, nf4_block_absmax(cpu, w, blk), out);
         out += stop - e;
         e = stop;
     }
@@ -887,6 +915,8 @@ tdm_status tdm_backend_cpu_create(tdm_backend **out, const tdm_backend_opts *opt
     cpu->blas_threaded = !tiles;
     if (!cpu_blas_threaded()) openblas_set_num_threads(1);
     tdm_nf4_dynamic_map(cpu->dmap);
+    __builtin_cpu_init();
+    cpu->nf4_avx512 = __builtin_cpu_supports("avx512f");
     *out = &cpu->base;
     return TDM_OK;
 }

@@ -29,6 +29,7 @@ typedef struct cpu_backend {
     uint64_t used, peak;
     struct alloc_hdr *allocs; /* live allocations (cpu_backend.c) */
     float dmap[256];          /* NF4 double-quant dynamic map */
+    bool nf4_avx512;          /* NF4 blocks dequantized by lane permutes (cpu_nf4_range) */
     struct {
         void *p;
         size_t bytes;
