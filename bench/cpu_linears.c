@@ -68,8 +68,12 @@ int main(int argc, char **argv)
     bool row_major = false, nf4 = false;
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
-        if (!strcmp(opt, "--row-major") || !strcmp(opt, "--nf4")) {
-            *(opt[2] == 'r' ? &row_major : &nf4) = true;
+        if (!strcmp(opt, "--row-major")) {
+            row_major = true;
+            continue;
+        }
+        if (!strcmp(opt, "--nf4")) {
+            nf4 = true;
             continue;
         }
         if (strcmp(opt, "--rows") && strcmp(opt, "--threads") && strcmp(opt, "--reps") &&

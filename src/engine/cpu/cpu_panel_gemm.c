@@ -322,6 +322,22 @@ __attribute__((target("avx2"))) static void transpose8(const float *src, int64_t
     _mm256_storeu_ps(dst + 7 * ld, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
+/* dst[c ldd + r] = src[r lds + c] for rows r < `rows` (a multiple of 8) and columns c < cols: 8 x
+ * 8 transposes, the columns past the last whole 8 one element at a time. A block of a weight's
+ * rows into its panel (at load; an NF4 tile's rows as they are dequantized), a forward panel's
+ * columns into the backward's rows. */
+static void transpose_rows(const float *src, int64_t lds, int rows, int64_t cols, float *dst,
+                           int64_t ldd)
+{
+    int64_t c8 = cols / 8 * 8;
+    for (int r0 = 0; r0 < rows; r0 += 8)
+        for (int64_t c0 = 0; c0 < c8; c0 += 8)
+            transpose8(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+    for (int64_t c = c8; c < cols; c++)
+        for (int r = 0; r < rows; r++)
+            dst[c * ldd + r] = src[r * lds + c];
+}
+
 /* The backward's panels (as pack_b makes of W (k x n) row-major) from a weight laid out in the
  * forward's panels of pw of its k rows (TDM_BE_W_F32_PANELS: row j, column c at
  * w[panel_offset(pw, n, c, j)]): each pw x NR block is pw contiguous floats per column c,
@@ -338,10 +354,8 @@ static void pack_b_from_panels(int nt, int nr, int64_t n, int64_t k, const float
         int64_t cols = n - q * nr < nr ? n - q * nr : nr;
         for (int64_t j0 = 0; j0 < k; j0 += pw) {
             const float *src = w + panel_offset(pw, n, q * nr, j0); /* column q nr, row j0 */
-            if (cols == nr) {
-                for (int l0 = 0; l0 < nr; l0 += 8)
-                    for (int r0 = 0; r0 < pw; r0 += 8)
-                        transpose8(src + l0 * pw + r0, pw, o + (j0 + r0) * nr + l0, nr);
+            if (cols == nr) { /* nr columns of pw rows each -> pw rows of nr columns */
+                transpose_rows(src, pw, nr, pw, o + j0 * nr, nr);
                 continue;
             }
             for (int64_t l = 0; l < nr; l++)
@@ -793,9 +807,7 @@ bool cpu_panel_lay_out(cpu_backend *cpu, int64_t rows, int64_t cols, float *w,
         float *buf = bufs + (size_t)omp_get_thread_num() * (size_t)(nr * cols);
         float *panel = w + q * nr * cols;
         memcpy(buf, panel, (size_t)(nr * cols) * sizeof(float));
-        for (int64_t c = 0; c < cols; c++)
-            for (int r = 0; r < nr; r++)
-                panel[c * nr + r] = buf[r * cols + c];
+        transpose_rows(buf, cols, nr, cols, panel, nr);
     }
     free(bufs);
     *pw = nr;
@@ -834,16 +846,7 @@ bool cpu_nf4_tile_panels(cpu_backend *cpu, const tdm_be_weight *w, int64_t r0, i
                     memset(row, 0, (size_t)cw * sizeof(float));
                 }
             }
-            if (cw == NF4_COLS) {
-                for (int rb = 0; rb < nr; rb += 8)
-                    for (int cb = 0; cb < NF4_COLS; cb += 8)
-                        transpose8(blk + rb * NF4_COLS + cb, NF4_COLS, o + (c0 + cb) * nr + rb,
-                                   nr);
-            } else {
-                for (int c = 0; c < cw; c++)
-                    for (int r = 0; r < nr; r++)
-                        o[(c0 + c) * nr + r] = blk[r * NF4_COLS + c];
-            }
+            transpose_rows(blk, NF4_COLS, nr, cw, o + c0 * nr, nr);
         }
         return true;
     }
@@ -919,8 +922,8 @@ bool cpu_panel_gemm_1t_rows(int64_t m, int64_t k, const float *a, int64_t lda,
                             int64_t ldc)
 {
     if (w->format != TDM_BE_W_F32_PANELS) /* row-major: B = W's rows in place */
-        return cpu_panel_gemm_1t(false, m, w->cols, k, a, lda, (const float *)w->data + row0 * w->cols,
-                                 w->cols, beta, c, ldc);
+        return cpu_panel_gemm_1t(false, m, w->cols, k, a, lda,
+                                 (const float *)w->data + row0 * w->cols, w->cols, beta, c, ldc);
     b_operand B = {.b = w->data, .ldb = w->cols, .pack = true, .laid_pw = w->panel,
                    .laid_row0 = row0};
     return panel_gemm_1t(m, w->cols, k, a, lda, &B, beta, c, ldc);

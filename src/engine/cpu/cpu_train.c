@@ -75,7 +75,7 @@ static void ce_logits(cpu_backend *cpu, const float *h, const tdm_be_weight *w, 
 {
     int64_t V = w->rows, d = w->cols;
     if (!W) {
-        cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits); /* cannot fail (ce_weight) */
+        cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits); /* cannot fail: laid */
         return;
     }
     if (!cpu_panel_isa_name() || cpu->blas_threaded) {
@@ -92,19 +92,6 @@ static void ce_logits(cpu_backend *cpu, const float *h, const tdm_be_weight *w, 
         cpu_panel_gemm_1t(true, mb, nb, d, h + i0 * d, d, W + j0 * d, d, 0.0f,
                           logits + i0 * V + j0, V);
     }
-}
-
-/* The lm_head as the chunks read it: NULL when it is laid out in panels that tandem's kernels
- * read as they are (*ok true), else its f32 rows (the weight's own, or a copy in the
- * CE_WEIGHT scratch: another format, or panels the kernels cannot read now; *ok false when
- * there is no memory for that copy). */
-static const float *ce_weight(cpu_backend *cpu, const tdm_be_weight *w, bool *ok)
-{
-    *ok = true;
-    if (cpu_panel_reads_laid_out(cpu, w)) return NULL;
-    const float *W = cpu_dense_f32(cpu, w);
-    *ok = W != NULL;
-    return W;
 }
 
 /* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
@@ -126,8 +113,11 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                             labels[i], (long long)i, (long long)V);
     if (chunk_rows > m) chunk_rows = m;
     /* kept buffers (cpu_scratch), not malloc per call: fresh pages fault one by one */
-    bool w_ok;
-    const float *W = ce_weight(cpu, w, &w_ok);
+    /* the lm_head's f32 rows, or NULL when its panels are read as they are: the weight's own
+     * rows, or a copy in the CE_WEIGHT scratch (another format, or panels the kernels cannot
+     * read now) */
+    bool laid = cpu_panel_reads_laid_out(cpu, w);
+    const float *W = laid ? NULL : cpu_dense_f32(cpu, w);
     float *logits =
         cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
     int64_t nvb = tdm_cpu_ce_vblock_count(V);
@@ -135,7 +125,7 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                       ? cpu_scratch(cpu, CPU_SCRATCH_CE_PARTIAL,
                                     (size_t)(nvb * chunk_rows * d) * sizeof(float))
                       : NULL;
-    if (!w_ok || !logits || (dhv && !cpu->blas_threaded && !part))
+    if ((!laid && !W) || !logits || (dhv && !cpu->blas_threaded && !part))
         return tdm_fail(err, TDM_ERR_NOMEM, "cross_entropy: out of memory for %lld x %lld logits",
                         (long long)chunk_rows, (long long)V);
     const float *h = hv;
