@@ -68,17 +68,18 @@ mkdir -p "$RES"
     # LINEARS_THREADS may list several thread counts (the kernels' own scaling), LINEARS_ROWS
     # several row counts ("64 1024": the rate rising with the rows puts the time in the
     # per-product layout of W, paid once a product whatever its rows); LINEARS_PANELS "1 0"
-    # adds OpenBLAS's tiles; a baseline.tgz holding bench_cpu_linears runs beside at each pair
+    # adds OpenBLAS's tiles; LINEARS_ARGS goes to every run (--nf4: the qlora weights); a
+    # baseline.tgz holding bench_cpu_linears runs beside at each pair
     if [ -x .device/bin/bench_cpu_linears ]; then
         for lt in ${LINEARS_THREADS:-16}; do
             for lr in ${LINEARS_ROWS:-1024}; do
                 for v in ${LINEARS_PANELS:-1 0}; do
                     echo "#   this build, $lt threads, $lr rows, TANDEM_CPU_PANELS=$v:"
-                    env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 | sed 's/^/#   /'
+                    env ${CORE:+OPENBLAS_CORETYPE=$CORE} TANDEM_CPU_PANELS=$v timeout 60 .device/bin/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 ${LINEARS_ARGS:-} | sed 's/^/#   /'
                 done
                 if [ -x .device-baseline/bench_cpu_linears ]; then
                     echo "#   baseline build, $lt threads, $lr rows:"
-                    env ${CORE:+OPENBLAS_CORETYPE=$CORE} timeout 60 .device-baseline/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 | sed 's/^/#   /'
+                    env ${CORE:+OPENBLAS_CORETYPE=$CORE} timeout 60 .device-baseline/bench_cpu_linears --threads "$lt" --rows "$lr" --reps 10 ${LINEARS_ARGS:-} | sed 's/^/#   /'
                 fi
             done
         done
