@@ -2,6 +2,7 @@
  *
  *     bench_cpu_linears [--rows 1024] [--threads 0] [--reps 10] [--shapes OUTxIN,...]
  *                       [--row-major | --nf4]
+ *     bench_cpu_linears --peak [--threads 0]
  *
  * For each weight shape (default: Qwen2.5-0.5B's projections, 896x896 q/o, 128x896 k/v,
  * 4864x896 gate/up, 896x4864 down) times tdm_be_linear_fwd (Y = X W^T) and tdm_be_linear_bwd
@@ -13,7 +14,15 @@
  * (the weights NF4 with double quantization, as --method qlora loads them: each product
  * dequantizes tiles of W's rows). Compare kernels with TANDEM_CPU_PANELS=0 (OpenBLAS tiles)
  * against the default (cpu_panel_gemm.c).
+ *
+ * --peak: the f32 multiply-add ceiling of this CPU at THREADS threads, no memory traffic: each
+ * thread runs 24 independent chains of 16-lane (AVX-512; 8-lane with AVX2) fused multiply-adds,
+ * the register blocking of tandem's GEMM kernel, for about half a second; prints GFLOP/s per
+ * thread and in all, the rate no f32 GEMM on these cores can pass (what the frozen products'
+ * rate is set against in docs/benchmarks.md).
  */
+#include <immintrin.h>
+#include <omp.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +46,70 @@ static int cmp_double(const void *a, const void *b)
 }
 
 #define MAX_REPS 100
+
+/* ---- --peak: 24 independent FMA chains a thread; returns flops done, seconds in *secs ---- */
+#define PEAK_CHAINS(X)                                                                             \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16)    \
+        X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+
+__attribute__((target("avx512f"))) static double peak_avx512(long iters)
+{
+#define P512_DECL(i) __m512 c##i = _mm512_set1_ps(1e-3f * (i));
+#define P512_FMA(i) c##i = _mm512_fmadd_ps(a, b, c##i);
+#define P512_SUM(i) s = _mm512_add_ps(s, c##i);
+    PEAK_CHAINS(P512_DECL)
+    __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f), s = _mm512_setzero_ps();
+    for (long it = 0; it < iters; it++) {
+        PEAK_CHAINS(P512_FMA)
+        __asm__ volatile("" : "+v"(a)); /* the compiler may not fold the loop */
+    }
+    PEAK_CHAINS(P512_SUM)
+    return (double)_mm512_reduce_add_ps(s) * 0.0 + 24.0 * 16 * 2 * (double)iters;
+}
+
+__attribute__((target("avx2,fma"))) static double peak_avx2(long iters)
+{
+#define P256_DECL(i) __m256 c##i = _mm256_set1_ps(1e-3f * (i));
+#define P256_FMA(i) c##i = _mm256_fmadd_ps(a, b, c##i);
+#define P256_SUM(i) s = _mm256_add_ps(s, c##i);
+    PEAK_CHAINS(P256_DECL)
+    __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f), s = _mm256_setzero_ps();
+    for (long it = 0; it < iters; it++) {
+        PEAK_CHAINS(P256_FMA)
+        __asm__ volatile("" : "+x"(a));
+    }
+    PEAK_CHAINS(P256_SUM)
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return (double)out[0] * 0.0 + 24.0 * 8 * 2 * (double)iters;
+}
+
+/* The FMA ceiling at `threads` threads (0: OpenMP's default), printed; 0 on success. */
+static int run_peak(int threads)
+{
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f");
+    if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+        fprintf(stderr, "bench_cpu_linears: --peak needs AVX2 + FMA\n");
+        return 1;
+    }
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+    long iters = 1000000; /* grown until one round takes 0.5 s on one thread */
+    for (;;) {
+        double t0 = now_s();
+        avx512 ? peak_avx512(iters) : peak_avx2(iters);
+        if (now_s() - t0 > 0.1) break;
+        iters *= 4;
+    }
+    iters *= 5;
+    double total = 0, t0 = now_s();
+#pragma omp parallel num_threads(nt) reduction(+ : total)
+    total += avx512 ? peak_avx512(iters) : peak_avx2(iters);
+    double secs = now_s() - t0;
+    printf("# FMA peak, %s, %d threads: %.1f GFLOP/s a thread, %.3f TFLOP/s in all (%.2f s)\n",
+           avx512 ? "AVX-512" : "AVX2", nt, total / secs / nt / 1e9, total / secs / 1e12, secs);
+    return 0;
+}
 
 /* median seconds of one call of linear_fwd (bwd false) or linear_bwd */
 static double time_linear(tdm_backend *be, const tdm_be_weight *w, int64_t m, bool bwd,
@@ -65,7 +138,7 @@ int main(int argc, char **argv)
     const char *shapes = "896x896,128x896,4864x896,896x4864";
     /* how many of each shape a Qwen2.5 layer has: q+o, k+v, gate+up, down */
     int per_layer[] = {2, 2, 2, 1};
-    bool row_major = false, nf4 = false;
+    bool row_major = false, nf4 = false, peak = false;
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
         if (!strcmp(opt, "--row-major")) {
@@ -74,6 +147,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(opt, "--nf4")) {
             nf4 = true;
+            continue;
+        }
+        if (!strcmp(opt, "--peak")) {
+            peak = true;
             continue;
         }
         if (strcmp(opt, "--rows") && strcmp(opt, "--threads") && strcmp(opt, "--reps") &&
@@ -99,6 +176,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cpu_linears: --reps 1..%d, --rows >= 1\n", MAX_REPS);
         return 2;
     }
+    if (peak) return run_peak(threads);
     tdm_backend *be;
     tdm_error err = {0};
     tdm_backend_opts opts = {.n_threads = threads};

@@ -71,6 +71,10 @@ mkdir -p "$RES"
     # adds OpenBLAS's tiles; LINEARS_ARGS goes to every run (--nf4: the qlora weights); a
     # baseline.tgz holding bench_cpu_linears runs beside at each pair
     if [ -x .device/bin/bench_cpu_linears ]; then
+        # the cores' f32 FMA ceiling (no memory traffic), what every GEMM rate here is set against
+        for lt in 1 ${LINEARS_THREADS:-16}; do
+            timeout 30 .device/bin/bench_cpu_linears --peak --threads "$lt" | sed 's/^/#   /'
+        done
         for lt in ${LINEARS_THREADS:-16}; do
             for lr in ${LINEARS_ROWS:-1024}; do
                 for v in ${LINEARS_PANELS:-1 0}; do
