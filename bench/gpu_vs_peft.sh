@@ -11,8 +11,9 @@
 # Options:
 #   --models LIST     0.5b,1.5b,7b (default all three; any `tandem init-model` preset name works,
 #                     e.g. `tiny` for a local smoke run)
-#   --configs LIST    replaces every model's default configurations. Grammar: AxB[gc] = tandem,
-#                     A fused adapters, batch B per adapter, [gc] = --grad-checkpoint;
+#   --configs LIST    replaces every model's default configurations. Grammar: AxB[gc][-lora] =
+#                     tandem, A fused adapters, batch B per adapter, [gc] = --grad-checkpoint,
+#                     [-lora] = --method lora (the base in bf16, as PEFT's; default qlora: NF4);
 #                     peftNxB = N PEFT processes at once, batch B each. Defaults:
 #                       0.5b: 1x4 3x4 1x8 peft1x4 peft1x8     1.5b: 1x4 3x4 peft1x4 peft3x4
 #                       7b:   1x4 1x4gc 3x4 peft1x4           other presets: 1x4 3x4 peft1x4
@@ -60,13 +61,13 @@ combine() {
         if (!num(tok) || !num(fl) || r == "") return "-"
         return sprintf("%.1f%%", 100 * tok * fl / (r * 1e12))
     }
-    function conf(a, b, gc) { return (a == 1 ? "1 adapter" : a " fused") ", b" b (gc == 1 ? ", grad-ckpt" : "") }
+    function conf(a, b, gc, lora) { return (a == 1 ? "1 adapter" : a " fused") ", b" b (gc == 1 ? ", grad-ckpt" : "") (lora ? ", bf16 base (lora)" : "") }
     FNR == 1 && $1 == "kind" { next }
     $1 == "meta" { meta[++nmeta] = FILENAME ": " $2 " " $12; next }
     $1 == "matmul" { if (num($10)) { rate[FILENAME] = $10; sumrate += $10; nrate++ } ; next }
     $1 == "phase" { phase[++nphase] = sprintf("%-40s %8s s", $2, $11); next }
-    $1 == "tandem" || $1 == "peft" {
-        i = ++n; kind[i] = $1; model[i] = $2; ad[i] = $3; b[i] = $4; gc[i] = $5; tok[i] = $6
+    $1 == "tandem" || $1 == "tandem-lora" || $1 == "peft" {
+        i = ++n; kind[i] = $1 == "peft" ? "peft" : "tandem"; lora[i] = $1 == "tandem-lora"; model[i] = $2; ad[i] = $3; b[i] = $4; gc[i] = $5; tok[i] = $6
         peak[i] = $7; self[i] = $8; fl[i] = $9; file[i] = FILENAME; note[i] = $12
         if ($1 == "peft") { key = $2 SUBSEP $3 SUBSEP $4; pk[key] = i }
     }
@@ -83,9 +84,9 @@ combine() {
             if (j) used[j] = 1
             ref = j ? "PEFT " ad[j] (ad[j] == 1 ? " proc" : " procs") " b" b[j] : "-"
             tr = j ? ratio(tok[i], tok[j]) : "-"; mr = j ? ratio(peak[i], peak[j]) : "-"
-            key = model[i] SUBSEP ad[i] SUBSEP b[i] SUBSEP gc[i]
+            key = model[i] SUBSEP ad[i] SUBSEP b[i] SUBSEP gc[i] SUBSEP lora[i]
             tr_of[key] = tr; mr_of[key] = mr; ref_of[key] = ref
-            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s (%s) | %s |\n", model[i], conf(ad[i], b[i], gc[i]), ref,
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s (%s) | %s |\n", model[i], conf(ad[i], b[i], gc[i], lora[i]), ref,
                 fmt(tok[i], 0), j ? fmt(tok[j], 0) : "-", num(tr) ? sprintf("%.2fx", tr) : "-",
                 mfu(tok[i], fl[i], file[i]), j ? mfu(tok[j], fl[j], file[j]) : "-",
                 fmt(peak[i], 0), fmt(self[i], 0), j ? fmt(peak[j], 0) : "-", j ? fmt(self[j], 0) : "-",
@@ -102,11 +103,16 @@ combine() {
         target("qwen2.5-0.5b", 1, 8, 0, 3.0, "", "0.5B, 1 adapter, b8: tok/s >= 3x PEFT")
         target("qwen2.5-1.5b", 3, 4, 0, 1.4, 0.7, "1.5B, 3 fused adapters, b4: tok/s >= 1.4x three PEFT processes, memory <= 0.7x")
         target("qwen2.5-7b", 1, 4, 1, 0.8, 0.35, "7B --grad-checkpoint, b4: tok/s >= 0.8x PEFT, memory <= 0.35x")
+        print "Targets (issue 19, item 5; qlora unless said):"
+        target("qwen2.5-0.5b", 1, 8, 0, 4.0, "", "0.5B, 1 adapter, b8: tok/s >= 4x PEFT")
+        target("qwen2.5-0.5b", 1, 8, 0, 4.0, "", "0.5B, 1 adapter, b8, bf16 base (lora): tok/s >= 4x PEFT", 1)
+        target("qwen2.5-1.5b", 3, 4, 0, 2.0, "", "1.5B, 3 fused adapters, b4: tok/s >= 2x three PEFT processes")
+        target("qwen2.5-1.5b", 3, 4, 0, 2.0, "", "1.5B, 3 fused, b4, bf16 base (lora): tok/s >= 2x three PEFT processes", 1)
         if (nphase) { print ""; print "Phases (wall-clock):"; for (i = 1; i <= nphase; i++) print "  " phase[i] }
         for (i = 1; i <= nmeta; i++) print "# " meta[i]
     }
-    function target(m, a, bb, g, tmin, mmax, text,   key, tr, mr, ok, s) {
-        key = m SUBSEP a SUBSEP bb SUBSEP g
+    function target(m, a, bb, g, tmin, mmax, text, lo,   key, tr, mr, ok, s) {
+        key = m SUBSEP a SUBSEP bb SUBSEP g SUBSEP (lo ? 1 : 0)
         if (!(key in tr_of) || !num(tr_of[key]) || (mmax != "" && !num(mr_of[key]))) {
             printf "  %-82s not measured\n", text; return
         }
@@ -229,10 +235,10 @@ for m in ${MODELS//,/ }; do
     for c in $cs; do
         if [[ $c =~ ^peft([1-9][0-9]*)x([1-9][0-9]*)$ ]]; then
             [ "$SKIP_PEFT" = 1 ] && continue
-        elif [[ $c =~ ^([1-9][0-9]*)x([1-9][0-9]*)(gc)?$ ]]; then
+        elif [[ $c =~ ^([1-9][0-9]*)x([1-9][0-9]*)(gc)?(-lora)?$ ]]; then
             [ "$SKIP_TANDEM" = 1 ] && continue
         else
-            die "--configs: $c is neither AxB[gc] nor peftNxB"
+            die "--configs: $c is neither AxB[gc][-lora] nor peftNxB"
         fi
         PLAN+=("$p $c")
     done
@@ -310,15 +316,15 @@ row() { # kind model adapters batch gc tok_s peak_mib self_mib flops_tok matmul_
     echo "$*" >>"$ROWS"
 }
 
-run_tandem() { # preset dir A B gc
-    local preset=$1 dir=$2 A=$3 B=$4 gc=$5 name out i args=() t0 rc el0 el1 tok peak self fl
-    name="tandem-$preset-${A}x$B$([ "$gc" = 1 ] && echo gc)"
+run_tandem() { # preset dir A B gc method
+    local preset=$1 dir=$2 A=$3 B=$4 gc=$5 method=$6 name out i args=() t0 rc el0 el1 tok peak self fl
+    name="tandem-$preset-${A}x$B$([ "$gc" = 1 ] && echo gc)$([ "$method" = lora ] && echo -lora)"
     out="$WORK/runs/$name"
     for ((i = 0; i < A; i++)); do args+=(--adapter "$(data_file "$B" "$i"):$out/a$i"); done
     [ "$gc" = 1 ] && args+=(--grad-checkpoint)
     # shellcheck disable=SC2206 # word splitting of the extra flags is the point
     [ -n "$TANDEM_FLAGS" ] && args+=($TANDEM_FLAGS)
-    local cmd=("$TANDEM" finetune "$dir" "${args[@]}" --device "$DEVICE" --method qlora --epochs 1
+    local cmd=("$TANDEM" finetune "$dir" "${args[@]}" --device "$DEVICE" --method "$method" --epochs 1
         --batch-size "$B" --max-seq-len "$SEQ" --rank "$RANK" --alpha "$ALPHA" --targets "$TARGETS"
         --val-split 0 --log-every "$LOG_EVERY" --save-every 0 --no-wait-gpu)
     echo "== $name: ${cmd[*]}"
@@ -354,7 +360,7 @@ run_tandem() { # preset dir A B gc
         echo "   exit $rc; last lines of $RES/$name.log:"; tail -n 5 "$out/log.txt" | sed 's/^/   /'
     fi
     echo "   tokens/s $tok, peak ${peak} MiB ($pnote), tandem's own peak ${self:--} MiB, $(since "$t0") s in all"
-    row tandem "$preset" "$A" "$B" "$gc" "$tok" "$peak" "${self:--}" "$fl" "$MATMUL" "$(since "$t0")" "exit=$rc mem=$pnote"
+    row "tandem$([ "$method" = lora ] && echo -lora)" "$preset" "$A" "$B" "$gc" "$tok" "$peak" "${self:--}" "$fl" "$MATMUL" "$(since "$t0")" "exit=$rc mem=$pnote"
 }
 
 run_peft() { # preset dir NPROC B
@@ -486,8 +492,9 @@ for entry in "${PLAN[@]}"; do
     t0=$(now)
     if [[ $c =~ ^peft([0-9]+)x([0-9]+)$ ]]; then
         run_peft "$preset" "$dir" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
-    elif [[ $c =~ ^([0-9]+)x([0-9]+)(gc)?$ ]]; then
-        run_tandem "$preset" "$dir" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "$([ -n "${BASH_REMATCH[3]}" ] && echo 1 || echo 0)"
+    elif [[ $c =~ ^([0-9]+)x([0-9]+)(gc)?(-lora)?$ ]]; then
+        run_tandem "$preset" "$dir" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" \
+            "$([ -n "${BASH_REMATCH[3]}" ] && echo 1 || echo 0)" "$([ -n "${BASH_REMATCH[4]}" ] && echo lora || echo qlora)"
     fi
     [ "$DRY" = 1 ] || row phase "$preset $c" - - - - - - - - "$(since "$t0")" -
 done

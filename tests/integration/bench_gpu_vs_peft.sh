@@ -39,6 +39,12 @@ grep -q "^== matmul" "$WORK/last.out" && fail "--skip-matmul still plans the mat
 grep -q -- "--log-every 2 " "$WORK/last.out" || fail "log every gcd(4, 6) = 2"
 expect_exit 0 bash "$B" "$TANDEM" --dry-run --models 7b --skip-tandem --configs peft2x4,1x4
 [ "$(grep -c '^== ' "$WORK/last.out")" = 3 ] || fail "--skip-tandem --configs: expected matmul, init, one PEFT run"
+expect_exit 0 bash "$B" "$TANDEM" --dry-run --models 0.5b --skip-matmul --configs 1x8,1x8-lora,1x4gc-lora
+grep -q -- "^== tandem-qwen2.5-0.5b-1x8: .*--method qlora" "$WORK/last.out" || fail "AxB without -lora is not qlora"
+grep -q -- "^== tandem-qwen2.5-0.5b-1x8-lora: .*--method lora " "$WORK/last.out" || fail "-lora: no --method lora"
+grep -q -- "^== tandem-qwen2.5-0.5b-1x4gc-lora: .*--grad-checkpoint.*--method lora " "$WORK/last.out" ||
+    fail "gc-lora: not both --grad-checkpoint and --method lora"
+expect_exit 2 bash "$B" "$TANDEM" --dry-run --configs 1x8-qlora
 
 # --- FLOPs per token: the formula of docs/benchmarks.md on Qwen2.5-0.5B's shapes -------------------
 mkdir -p "$WORK/q05"
@@ -120,6 +126,8 @@ hdr="kind${T}model${T}adapters${T}batch${T}gc${T}tok_s${T}peak_mib${T}self_mib${
     echo "tandem${T}qwen2.5-1.5b${T}3${T}4${T}0${T}50000${T}20000${T}-${T}6e9${T}800${T}30${T}-"
     echo "peft${T}qwen2.5-1.5b${T}1${T}4${T}0${T}16000${T}11000${T}9000${T}6e9${T}800${T}30${T}-"
     echo "peft${T}qwen2.5-1.5b${T}3${T}4${T}0${T}40000${T}32768${T}27000${T}6e9${T}800${T}30${T}-"
+    echo "tandem-lora${T}qwen2.5-0.5b${T}1${T}8${T}0${T}150000${T}3500${T}3000${T}2e9${T}800${T}30${T}-"
+    echo "tandem-lora${T}qwen2.5-1.5b${T}3${T}4${T}0${T}82000${T}24000${T}-${T}6e9${T}800${T}30${T}-"
     echo "phase${T}init-model qwen2.5-1.5b${T}-${T}-${T}-${T}-${T}-${T}-${T}-${T}-${T}12.5${T}-"
 } >"$WORK/a.tsv"
 {
@@ -144,6 +152,13 @@ grep -E "7B, 1 adapter, b4: .*tok/s 1.14x, memory 0.54x -> PASS" "$o" >/dev/null
 grep -E "0.5B, 1 adapter, b8: .*tok/s 4.00x -> PASS" "$o" >/dev/null || fail "0.5B target line"
 grep -E "1.5B, 3 fused adapters, b4: .*tok/s 1.25x, memory 0.61x -> MISS" "$o" >/dev/null || fail "1.5B target line"
 grep -E "7B --grad-checkpoint, b4: .*tok/s 0.81x, memory 0.32x -> PASS" "$o" >/dev/null || fail "gc target line"
+# the bf16 base (tandem --method lora) beside qlora, against the same PEFT rows
+has "| qwen2.5-0.5b | 1 adapter, b8, bf16 base (lora) | PEFT 1 proc b8 | 150000 | 30000 | 5.00x |"
+has "| qwen2.5-1.5b | 3 fused, b4, bf16 base (lora) | PEFT 3 procs b4 | 82000 | 40000 | 2.05x |"
+grep -E "0.5B, 1 adapter, b8: tok/s >= 4x PEFT +tok/s 4.00x -> PASS" "$o" >/dev/null || fail "issue 19 0.5B target line"
+grep -E "0.5B, 1 adapter, b8, bf16 base \(lora\): .*tok/s 5.00x -> PASS" "$o" >/dev/null || fail "issue 19 0.5B lora line"
+grep -E "1.5B, 3 fused adapters, b4: tok/s >= 2x .*tok/s 1.25x -> MISS" "$o" >/dev/null || fail "issue 19 1.5B target line"
+grep -E "1.5B, 3 fused, b4, bf16 base \(lora\): .*tok/s 2.05x -> PASS" "$o" >/dev/null || fail "issue 19 1.5B lora line"
 has "init-model qwen2.5-1.5b"
 # only a.tsv: the 7B targets are not measured
 expect_exit 0 bash "$B" --combine "$WORK/a.tsv"
