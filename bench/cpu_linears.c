@@ -1,7 +1,7 @@
 /* cpu_linears.c — the CPU backend's frozen-projection GEMMs alone, at a training step's shapes.
  *
  *     bench_cpu_linears [--rows 1024] [--threads 0] [--reps 10] [--shapes OUTxIN,...]
- *                       [--row-major | --nf4]
+ *                       [--row-major | --nf4 | --lm-head]
  *     bench_cpu_linears --peak [--threads 0]
  *
  * For each weight shape (default: Qwen2.5-0.5B's projections, 896x896 q/o, 128x896 k/v,
@@ -13,7 +13,9 @@
  * --row-major (each forward product then lays W out itself, as before that layout), or --nf4
  * (the weights NF4 with double quantization, as --method qlora loads them: each product
  * dequantizes tiles of W's rows). Compare kernels with TANDEM_CPU_PANELS=0 (OpenBLAS tiles)
- * against the default (cpu_panel_gemm.c).
+ * against the default (cpu_panel_gemm.c). --lm-head lays the weights out as the model lays out
+ * its lm_head (TDM_BE_FROZEN_LM_HEAD: the forward's panels alone, at any size), e.g.
+ * `--shapes 151936x896 --rows 512` for the cross-entropy's logits product of one chunk.
  *
  * --peak: the f32 multiply-add ceiling of this CPU at THREADS threads, no memory traffic: each
  * thread runs 24 independent chains of 16-lane (AVX-512; 8-lane with AVX2) fused multiply-adds,
@@ -138,7 +140,7 @@ int main(int argc, char **argv)
     const char *shapes = "896x896,128x896,4864x896,896x4864";
     /* how many of each shape a Qwen2.5 layer has: q+o, k+v, gate+up, down */
     int per_layer[] = {2, 2, 2, 1};
-    bool row_major = false, nf4 = false, peak = false;
+    bool row_major = false, nf4 = false, peak = false, lm_head = false;
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
         if (!strcmp(opt, "--row-major")) {
@@ -147,6 +149,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(opt, "--nf4")) {
             nf4 = true;
+            continue;
+        }
+        if (!strcmp(opt, "--lm-head")) {
+            lm_head = true;
             continue;
         }
         if (!strcmp(opt, "--peak")) {
@@ -189,6 +195,7 @@ int main(int argc, char **argv)
            panels ? panels : "(unset)",
            nf4         ? "NF4 (double quantization)"
            : row_major ? "row-major"
+           : lm_head   ? "laid out as the model's lm_head"
                        : "laid out as the model does");
     printf("%-12s %10s %8s %10s %8s\n", "out x in", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
     double layer_s = 0, layer_flop = 0;
@@ -226,7 +233,9 @@ int main(int argc, char **argv)
                                  .codes = q.packed, .absmax_q = q.absmax_q,
                                  .absmax2 = q.absmax2, .offset = q.offset};
         } else if (!row_major &&
-                   tdm_be_lay_out_frozen(be, &wt, TDM_BE_FROZEN_PROJECTION, &err) != TDM_OK) {
+                   tdm_be_lay_out_frozen(be, &wt,
+                                         lm_head ? TDM_BE_FROZEN_LM_HEAD : TDM_BE_FROZEN_PROJECTION,
+                                         &err) != TDM_OK) {
             fprintf(stderr, "bench_cpu_linears: %s\n", err.message);
             return 1;
         }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "engine/cpu/blas_core.h"
@@ -24,12 +25,32 @@ typedef struct alloc_hdr {
     struct alloc_hdr *prev, *next;
 } alloc_hdr;
 
+/* Buffers of at least HUGE_PAGE bytes start on a 2 MiB boundary and are marked for transparent
+ * huge pages (MADV_HUGEPAGE; Debian's default THP mode, "madvise", gives them to no one else):
+ * a 0.5B model's weights, activations and scratch fault in 2 MiB at a time instead of 4 KiB
+ * (about 300,000 faults at load on the 2-core VM, a fifth of its load time, each one a trap to
+ * the hypervisor there), and a GEMM's rows 600 KB apart (the logits, 152K floats a row) share
+ * TLB entries. Where THP is off the advice is ignored: the same memory, 4 KiB pages. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *cpu_big_alloc(size_t align, size_t bytes)
+{
+    bool huge = bytes >= HUGE_PAGE;
+    void *p = NULL;
+    if (posix_memalign(&p, huge ? HUGE_PAGE : align, bytes) != 0) return NULL;
+    /* only the whole huge pages inside the buffer: its tail stays in 4 KiB pages, so the
+     * resident size is the buffer's (a tail rounded up to 2 MiB was +304 MiB, +8 %, resident
+     * for a 0.5B lora run on 2026-12-07: ~250 buffers of at least 2 MiB) */
+    if (huge) (void)madvise(p, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* advice only */
+    return p;
+}
+
 static tdm_status cpu_alloc(tdm_backend *be, size_t bytes, void **out, tdm_error *err)
 {
     cpu_backend *cpu = cpu_of(be);
     size_t total = HDR + ((bytes + HDR - 1) / HDR) * HDR;
     if (total < bytes) return tdm_fail(err, TDM_ERR_NOMEM, "alloc: size overflow");
-    char *p = aligned_alloc(HDR, total);
+    char *p = cpu_big_alloc(HDR, total);
     if (!p) return tdm_fail(err, TDM_ERR_NOMEM, "alloc: out of host memory (%zu bytes)", bytes);
     memset(p + HDR, 0, total - HDR);
     alloc_hdr *h = (alloc_hdr *)p;
@@ -599,7 +620,7 @@ void *cpu_scratch(cpu_backend *cpu, cpu_scratch_slot slot, size_t bytes)
     if (cpu->scratch[slot].p && cpu->scratch[slot].bytes >= bytes) return cpu->scratch[slot].p;
     free(cpu->scratch[slot].p); /* the contents need not survive: no realloc copy */
     cpu->used -= cpu->scratch[slot].bytes;
-    cpu->scratch[slot].p = malloc(bytes ? bytes : 1);
+    cpu->scratch[slot].p = cpu_big_alloc(64, bytes ? bytes : 1);
     cpu->scratch[slot].bytes = cpu->scratch[slot].p ? bytes : 0;
     cpu->used += cpu->scratch[slot].bytes;
     if (cpu->used > cpu->peak) cpu->peak = cpu->used;

@@ -178,6 +178,10 @@ void cpu_nf4_range(const cpu_backend *cpu, const tdm_be_weight *w, int64_t e0, i
  * slot: the backend's ops are called from one thread. */
 void *cpu_scratch(cpu_backend *cpu, cpu_scratch_slot slot, size_t bytes);
 
+/* posix_memalign(align, bytes) for buffers under 2 MiB; larger ones on a 2 MiB boundary with
+ * transparent huge pages asked for (cpu_backend.c says why). free() frees either. */
+void *cpu_big_alloc(size_t align, size_t bytes);
+
 /* A full f32 view of a dense weight: w->data itself when F32, else its conversion into the
  * CPU_SCRATCH_CE_WEIGHT scratch buffer. NULL on allocation failure. */
 const float *cpu_dense_f32(cpu_backend *cpu, const tdm_be_weight *w);
