@@ -318,7 +318,8 @@ row() { # kind model adapters batch gc tok_s peak_mib self_mib flops_tok matmul_
 
 run_tandem() { # preset dir A B gc method
     local preset=$1 dir=$2 A=$3 B=$4 gc=$5 method=$6 name out i args=() t0 rc el0 el1 tok peak self fl
-    name="tandem-$preset-${A}x$B$([ "$gc" = 1 ] && echo gc)$([ "$method" = lora ] && echo -lora)"
+    local lsuf; lsuf=$([ "$method" = lora ] && echo -lora) # in the run's name and its row kind
+    name="tandem-$preset-${A}x$B$([ "$gc" = 1 ] && echo gc)$lsuf"
     out="$WORK/runs/$name"
     for ((i = 0; i < A; i++)); do args+=(--adapter "$(data_file "$B" "$i"):$out/a$i"); done
     [ "$gc" = 1 ] && args+=(--grad-checkpoint)
@@ -360,7 +361,7 @@ run_tandem() { # preset dir A B gc method
         echo "   exit $rc; last lines of $RES/$name.log:"; tail -n 5 "$out/log.txt" | sed 's/^/   /'
     fi
     echo "   tokens/s $tok, peak ${peak} MiB ($pnote), tandem's own peak ${self:--} MiB, $(since "$t0") s in all"
-    row "tandem$([ "$method" = lora ] && echo -lora)" "$preset" "$A" "$B" "$gc" "$tok" "$peak" "${self:--}" "$fl" "$MATMUL" "$(since "$t0")" "exit=$rc mem=$pnote"
+    row "tandem$lsuf" "$preset" "$A" "$B" "$gc" "$tok" "$peak" "${self:--}" "$fl" "$MATMUL" "$(since "$t0")" "exit=$rc mem=$pnote"
 }
 
 run_peft() { # preset dir NPROC B

@@ -28,9 +28,9 @@ typedef struct alloc_hdr {
 /* Buffers of at least HUGE_PAGE bytes start on a 2 MiB boundary and are marked for transparent
  * huge pages (MADV_HUGEPAGE; Debian's default THP mode, "madvise", gives them to no one else):
  * a 0.5B model's weights, activations and scratch fault in 2 MiB at a time instead of 4 KiB
- * (about 300,000 faults at load on the 2-core VM, a fifth of its load time, each one a trap to
- * the hypervisor there), and a GEMM's rows 600 KB apart (the logits, 152K floats a row) share
- * TLB entries. Where THP is off the advice is ignored: the same memory, 4 KiB pages. */
+ * (a 0.5B lora run on the 2-core VM: 1.12 M faults -> 0.20 M, load 3.2x faster, each fault a
+ * trap to the hypervisor there; docs/benchmarks.md). Where THP is off the advice is ignored:
+ * the same memory, 4 KiB pages. */
 #define HUGE_PAGE ((size_t)2 << 20)
 
 void *cpu_big_alloc(size_t align, size_t bytes)
