@@ -49,10 +49,13 @@ wait_until 20 sh -c "ls '$TANDEM_LEDGER_DIR'/cotrain-$host.json"
 P1=$(budget_of $host)
 [ -n "$P1" ] && [ "$P1" -lt "$P2" ] || fail "host reservation $P1 not below the fused plan $P2"
 
-# a joiner: the reservation grows by the plan difference, to P2, then shrinks back to P1
-"$TANDEM" finetune "$M" --adapter add4.jsonl:co/join "${COMMON[@]}" --epochs 6 >join.out 2>join.err &
+# a joiner: the reservation grows by the plan difference, to P2, then shrinks back to P1. The
+# test sees P2 by polling `gpu status` while the joined adapter trains, so that phase must last
+# several polls even on a loaded 2-core CI machine (there a poll takes ~1 s): 60 epochs of 2
+# steps, ~4 s on an idle one (6 epochs, ~0.45 s, were missed under load).
+"$TANDEM" finetune "$M" --adapter add4.jsonl:co/join "${COMMON[@]}" --epochs 60 >join.out 2>join.err &
 joiner=$!
-wait_until 30 budget_is $host "$P2"
+wait_until 60 budget_is $host "$P2"
 [ "$(n_res)" = 1 ] || fail "a joined finetune holds a reservation of its own: $(status | jq -c '.gpus[].reservations')"
 wait $joiner || fail "joiner exited $?"
 grep -q "joined the finetune of pid $host (same base model on GPU-sim-0)" join.err ||
@@ -60,7 +63,7 @@ grep -q "joined the finetune of pid $host (same base model on GPU-sim-0)" join.e
 grep -q "reserved" join.err && fail "the joiner reserved memory of its own"
 grep -q "co-training: reservation grown by $((P2 - P1)) MiB to $P2 MiB" host.err ||
     fail "the host did not grow by P2 - P1 = $((P2 - P1)) MiB: $(grep co-training host.err)"
-wait_until 20 budget_is $host "$P1"
+wait_until 60 budget_is $host "$P1"
 grep -q '^\[add4\] done: ' join.out || fail "the joiner did not show its adapter's end"
 
 # FIFO: a holder leaves 100 MiB; an earlier waiter needs 512; the join's growth (fits in 100)
