@@ -555,7 +555,9 @@ int tdm_cmd_generate(int argc, char **argv)
                     ps[i].where, j, ps[i].ids.ids[j], model_dir, (long long)cfg.vocab_size);
                 goto out;
             }
-    tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq};
+    /* dense_embed: the logits of a decoded token are one row's product with the lm_head, where
+     * a bf16 table widened per token was slower than an f32 one (model.h) */
+    tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq, .dense_embed = true};
     int64_t B = batch < (long)n_req ? batch : (int64_t)n_req;
     tdm_model_mem_plan plan = {.rows = B * longest,
                                .n_seqs = B,

@@ -235,16 +235,31 @@ static tdm_status put_absmax_dq(tdm_model *m, const uint8_t *absmax_q, const flo
     return st;
 }
 
-/* Fills a frozen weight descriptor from host f32 data: NF4 (quantized here) or dense. */
+/* The dtype the embedding table and the lm_head are stored in: the dense dtype (the activation
+ * dtype), except qlora on a backend computing in f32 (the CPU) with a bf16 checkpoint: bf16,
+ * exactly as the checkpoint stores them (the CPU's kernels widen each tile as they pack it:
+ * the same bits as f32 copies), half the memory of f32. They are the bulk of what qlora does not
+ * quantize (at Qwen2.5-0.5B the tied table is 27 % of the parameters: 545 MB in f32). Not with
+ * o->dense_embed (generation). */
+static tdm_be_dtype embed_dtype(const tdm_model_config *c, const tdm_model_opts *o,
+                                tdm_be_dtype dense)
+{
+    bool as_stored = o->nf4 && !o->dense_embed && dense == TDM_BE_F32 &&
+                     strcmp(c->torch_dtype, "bfloat16") == 0;
+    return as_stored ? TDM_BE_BF16 : dense;
+}
+
+/* Fills a frozen weight descriptor from host f32 data: NF4 (quantized here) or dense in dtype
+ * dense (F32 or BF16). */
 static tdm_status put_weight(tdm_model *m, const float *host, int64_t rows, int64_t cols,
-                             bool quantize, tdm_be_weight *w, tdm_error *err)
+                             bool quantize, tdm_be_dtype dense, tdm_be_weight *w, tdm_error *err)
 {
     memset(w, 0, sizeof *w);
     w->rows = rows, w->cols = cols;
     if (!quantize) {
-        w->format = m->dense == TDM_BE_F32 ? TDM_BE_W_F32 : TDM_BE_W_BF16;
+        w->format = dense == TDM_BE_F32 ? TDM_BE_W_F32 : TDM_BE_W_BF16;
         int64_t t0 = tdm_now_mono_ns();
-        tdm_status st = put(m, host, rows * cols, m->dense, (void **)&w->data, err);
+        tdm_status st = put(m, host, rows * cols, dense, (void **)&w->data, err);
         m->load_times.upload_s += seconds_since(&t0);
         return st;
     }
@@ -455,14 +470,16 @@ tdm_status tdm_model_load(tdm_model **out, tdm_backend *be, const char *dir,
         layer_weights *L = d->layer >= 0 ? &m->layers[d->layer] : NULL;
         switch (d->role) {
         case TDM_ROLE_EMBED:
-            st = put_weight(m, host, rows, cols, false, &m->embed, err);
+            st = put_weight(m, host, rows, cols, false, embed_dtype(c, &m->opts, m->dense),
+                            &m->embed, err);
             break;
         case TDM_ROLE_LM_HEAD:
-            st = put_weight(m, host, rows, cols, false, &m->lm_head, err);
+            st = put_weight(m, host, rows, cols, false, embed_dtype(c, &m->opts, m->dense),
+                            &m->lm_head, err);
             break;
         case TDM_ROLE_LINEAR: {
             int tg = target_of(d->name);
-            st = put_weight(m, host, rows, cols, m->opts.nf4, &L->w[tg], err);
+            st = put_weight(m, host, rows, cols, m->opts.nf4, m->dense, &L->w[tg], err);
             /* the CPU's own GEMMs read W^T in panels: laid out once here, not per product */
             if (st == TDM_OK)
                 st = tdm_be_lay_out_frozen(m->be, &L->w[tg], TDM_BE_FROZEN_PROJECTION, err);
@@ -1612,6 +1629,8 @@ static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_mode
                                .ce_chunk = ce_chunk_rows(c, act),
                                .max_rank = p->max_rank,
                                .nf4 = o->nf4,
+                               .lm_head_bf16 = embed_dtype(c, o, act) == TDM_BE_BF16 &&
+                                               act == TDM_BE_F32,
                                .base_fp8 = o->nf4 && o->base_fp8,
                                .backward = p->backward,
                                .lora_params = p->lora_params,
@@ -1699,7 +1718,7 @@ tdm_status tdm_model_memory_estimate(const tdm_model_config *c, const tdm_model_
         int64_t numel = d->shape[0] * (d->rank == 2 ? d->shape[1] : 1);
         if (d->role == TDM_ROLE_LM_HEAD && c->tie_word_embeddings) continue;
         if (d->role == TDM_ROLE_EMBED || d->role == TDM_ROLE_LM_HEAD)
-            out->weights += weight_bytes(numel, false, false, act);
+            out->weights += weight_bytes(numel, false, false, embed_dtype(c, o, act));
         else if (d->role == TDM_ROLE_LINEAR)
             out->weights += weight_bytes(numel, o->nf4, o->double_quant, act);
         else

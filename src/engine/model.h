@@ -54,6 +54,12 @@ typedef struct tdm_model_opts {
     /* --base-compute fp8 (with nf4): the decoder projections' GEMMs in FP8 on the CUDA backend
      * (the backend's own choice, tdm_backend_opts.base_fp8); here for the memory plan only */
     bool base_fp8;
+    /* keep the embedding table and the lm_head in the dense dtype even where qlora would keep a
+     * bf16 checkpoint's as stored (the CPU backend; model.c, embed_dtype). `tandem generate`
+     * sets it: a decoded token's logits are a product of a row or a few, where widening the
+     * whole bf16 table per token cost more than it saves (0.5B, 2 threads: ~1.3-1.6x the time
+     * of a token); training's products have hundreds of rows and do not notice it. */
+    bool dense_embed;
 } tdm_model_opts;
 
 /* The MLP (gate/up, SwiGLU, down and their backward) runs in blocks of at most this many rows,

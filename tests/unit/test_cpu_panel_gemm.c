@@ -17,7 +17,9 @@
  *  - the lm_head laid out so == row-major: the cross-entropy's loss and dH, the logits, the
  *    embedding's rows;
  *  - an NF4 weight's products (tiles dequantized straight into panels) == the same values as a
- *    dense f32 weight, forward and backward.
+ *    dense f32 weight, forward and backward;
+ *  - a bf16 weight widened as its K blocks are packed == its f32 values: the one-thread products,
+ *    the cross-entropy, the logits and the embedding (qlora's bf16 lm_head).
  * Skipped (77) on a CPU without AVX2 and FMA, where the backend uses OpenBLAS's tiles. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +35,7 @@
 #include "engine/backend.h"
 #include "engine/cpu/cpu_internal.h"
 #include "model/nf4.h"
+#include "util/half.h"
 #include "util/rng.h"
 
 static tdm_rng rng;
@@ -412,6 +415,76 @@ static void test_backend_lm_head_laid_out(void **state)
     }
 }
 
+/* A bf16 weight (qlora keeps the lm_head and the embedding table as a bf16 checkpoint stores
+ * them, engine/model.c embed_dtype): cpu_panel_gemm_1t_bf16 widening B as it packs it gives the
+ * bits of cpu_panel_gemm_1t on the widened f32 values, both directions, beta 0 and 1, over
+ * the shape lists (n and k ending inside a group of 8 rows and a transpose block); and through
+ * the backend the cross-entropy's loss and dH (logits tiles, dH's vocabulary blocks), the logits
+ * of generation and the embedding's rows equal the f32 weight's, a vocabulary and a hidden size
+ * that end inside a panel and inside a group of 8 (2075 x 203); with the AVX2 kernel too. */
+static void test_bf16_weight(void **state)
+{
+    (void)state;
+    tdm_rng_seed(&rng, 23);
+    for (int pass = 0; pass < laid_out_passes(); pass++) {
+        if (pass == 1) assert_true(cpu_panel_isa_use("avx2"));
+        for (unsigned mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+            for (unsigned ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (unsigned ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                    for (int tb = 0; tb < 2; tb++) {
+                        int64_t m = ms[mi], n = ns[ni], k = ks[ki];
+                        float *a = rndf(m * k), *b = rndf(n * k), *c1 = rndf(m * n);
+                        uint16_t *b16 = malloc((size_t)(n * k) * sizeof(uint16_t));
+                        float *c2 = copy_of(c1, m * n);
+                        assert_non_null(b16);
+                        tdm_f32_to_bf16_n(b, b16, (size_t)(n * k));
+                        tdm_bf16_to_f32_n(b16, b, (size_t)(n * k)); /* b holds the bf16 values */
+                        float beta = (mi + ni + ki) % 2 ? 1.0f : 0.0f;
+                        assert_true(cpu_panel_gemm_1t(tb, m, n, k, a, k, b, tb ? k : n, beta, c1, n));
+                        assert_true(
+                            cpu_panel_gemm_1t_bf16(tb, m, n, k, a, k, b16, tb ? k : n, beta, c2, n));
+                        assert_memory_equal(c1, c2, (size_t)(m * n) * sizeof(float));
+                        free(a), free(b), free(b16), free(c1), free(c2);
+                    }
+        cpu_backend *cpu = backend(3);
+        tdm_backend *be = &cpu->base;
+        tdm_error err = {0};
+        const int64_t V = 2075, d = 203, M = 300, chunk = 128;
+        float *w = rndf(V * d), *h = rndf(M * d), *wt = malloc((size_t)M * 4);
+        uint16_t *w16 = malloc((size_t)(V * d) * sizeof(uint16_t));
+        int32_t *lab = malloc((size_t)M * sizeof(int32_t));
+        assert_non_null(wt), assert_non_null(w16), assert_non_null(lab);
+        tdm_f32_to_bf16_n(w, w16, (size_t)(V * d));
+        tdm_bf16_to_f32_n(w16, w, (size_t)(V * d));
+        for (int64_t i = 0; i < M; i++) {
+            lab[i] = i % 7 == 3 ? -100 : (int32_t)((i * 37) % V);
+            wt[i] = lab[i] == -100 ? 0.0f : 1.0f / (float)(1 + i % 3);
+        }
+        tdm_be_weight fw = {.format = TDM_BE_W_F32, .rows = V, .cols = d, .data = w};
+        tdm_be_weight bw = {.format = TDM_BE_W_BF16, .rows = V, .cols = d, .data = w16};
+        float *l1 = calloc((size_t)M, 4), *l2 = calloc((size_t)M, 4);
+        float *g1 = calloc((size_t)(M * d), 4), *g2 = calloc((size_t)(M * d), 4);
+        assert_int_equal(tdm_be_cross_entropy(be, h, &fw, lab, wt, M, chunk, l1, g1, &err), TDM_OK);
+        assert_int_equal(tdm_be_cross_entropy(be, h, &bw, lab, wt, M, chunk, l2, g2, &err), TDM_OK);
+        assert_memory_equal(l1, l2, (size_t)M * 4);
+        assert_memory_equal(g1, g2, (size_t)(M * d) * 4);
+        float *y1 = calloc((size_t)(70 * V), 4), *y2 = calloc((size_t)(70 * V), 4);
+        assert_int_equal(tdm_be_linear_fwd(be, &fw, h, 70, y1, 0.0f, &err), TDM_OK);
+        assert_int_equal(tdm_be_linear_fwd(be, &bw, h, 70, y2, 0.0f, &err), TDM_OK);
+        assert_memory_equal(y1, y2, (size_t)(70 * V) * 4);
+        int32_t ids[] = {0, 31, 32, (int32_t)V - 1, 5};
+        float *e1 = malloc((size_t)(5 * d) * 4), *e2 = malloc((size_t)(5 * d) * 4);
+        assert_int_equal(tdm_be_embedding(be, &fw, ids, 5, e1, &err), TDM_OK);
+        assert_int_equal(tdm_be_embedding(be, &bw, ids, 5, e2, &err), TDM_OK);
+        assert_memory_equal(e1, e2, (size_t)(5 * d) * 4);
+        free(w), free(w16), free(h), free(wt), free(lab), free(l1), free(l2), free(g1), free(g2),
+            free(y1), free(y2), free(e1), free(e2);
+        tdm_backend_free(be);
+        assert_true(cpu_panel_isa_use(NULL));
+    }
+    printf("bf16 weights widened as packed == their f32 values, bit for bit\n");
+}
+
 /* An NF4 weight's products (--method qlora: each tile of W's rows dequantized straight into the
  * product's panels, cpu_nf4_tile_panels) give the bits of the same values as a dense f32
  * weight (its rows from tdm_be_weight_rows), forward and backward, beta 0 and 1: a 4864 x 896
@@ -479,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_backend_laid_out),
         cmocka_unit_test(test_backend_lm_head_laid_out),
         cmocka_unit_test(test_backend_nf4_panels),
+        cmocka_unit_test(test_bf16_weight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

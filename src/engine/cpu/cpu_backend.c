@@ -636,6 +636,8 @@ static tdm_status cpu_reserve_scratch(tdm_backend *be, const tdm_be_step_shape *
     uint64_t request[CPU_SCRATCH_N];
     tdm_cpu_scratch_requests(shape, cpu->att_keep_bytes, request);
     if (cpu->blas_threaded) request[CPU_SCRATCH_CE_PARTIAL] = 0; /* dH in threaded calls */
+    if (shape->lm_head_bf16 && !cpu_ce_widens_bf16(cpu->blas_threaded))
+        request[CPU_SCRATCH_CE_WEIGHT] = (uint64_t)(shape->vocab * shape->hidden) * 4;
     for (int i = 0; i < CPU_SCRATCH_N; i++)
         if (request[i] && !cpu_scratch(cpu, (cpu_scratch_slot)i, (size_t)request[i]))
             return tdm_fail(err, TDM_ERR_NOMEM,
@@ -715,6 +717,10 @@ static tdm_status cpu_linear_fwd(tdm_backend *be, const tdm_be_weight *w, const 
             return TDM_OK;
         } /* panels the kernels cannot read now: a tile of rows at a time below */
     }
+    /* a bf16 weight (qlora's lm_head, tdm_model_last_logits) widened as each tile packs it, not
+     * converted into f32 tiles and then packed again (with those, a 0.5B model's decoded token
+     * took ~1.7x the time of the f32 table's on the 2-core VM; generation now keeps f32) */
+    if (cpu_panel_gemm_bf16_weight(cpu, w, x, m, beta, y)) return TDM_OK;
     int64_t tile = tdm_cpu_weight_tile_rows(w->rows, w->cols);
     if (nf4_in_panels(cpu, w, beta)) { /* each tile dequantized straight into its panels */
         float *panels = cpu_scratch(cpu, CPU_SCRATCH_WEIGHT_TILE,

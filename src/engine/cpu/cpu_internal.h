@@ -136,10 +136,25 @@ void cpu_panel_cache_forget(cpu_backend *cpu, const void *p, size_t bytes);
 bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* cpu_panel_gemm_1t with B in bf16 (a weight as its checkpoint stores it): each K block of B
+ * widened to f32 as it is packed, so the same bits as cpu_panel_gemm_1t on B's f32 values. */
+bool cpu_panel_gemm_1t_bf16(bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc);
+
+/* Y (m x w->rows) = A (m x w->cols) W^T + beta Y for a bf16 weight (TDM_BE_W_BF16) over all
+ * threads, in tiles that widen their slice of W as they pack it (cpu_panel_gemm_1t_bf16): the
+ * bits of the same product with W's f32 values. The cross-entropy's logits and linear_fwd's
+ * with qlora's bf16 lm_head. False when it cannot (cpu_ce_widens_bf16 says no, or beta is
+ * neither 0 nor 1). */
+bool cpu_panel_gemm_bf16_weight(const cpu_backend *cpu, const tdm_be_weight *w, const float *a,
+                                int64_t m, float beta, float *c);
+
 /* C (m x w->cols) = A (m x k) W[row0 .. row0 + k) + beta C on the calling thread alone: rows of
  * an f32 weight (TDM_BE_W_F32, or laid out by cpu_panel_lay_out: each K block of the rows is
- * transposed back from the panels as it is used). The same bits either way. The
- * cross-entropy's dH = dlogits W a vocabulary block at a time. */
+ * transposed back from the panels as it is used) or of a bf16 one (TDM_BE_W_BF16, widened as
+ * packed). The same bits in every case. The cross-entropy's dH = dlogits W a vocabulary block
+ * at a time. */
 bool cpu_panel_gemm_1t_rows(int64_t m, int64_t k, const float *a, int64_t lda,
                             const tdm_be_weight *w, int64_t row0, float beta, float *c,
                             int64_t ldc);

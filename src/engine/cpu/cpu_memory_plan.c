@@ -3,6 +3,13 @@
 
 #include <stdlib.h>
 
+#include "engine/cpu/cpu_internal.h" /* cpu_panel_isa_name */
+
+bool cpu_ce_widens_bf16(bool blas_threaded)
+{
+    return cpu_panel_isa_name() != NULL && !blas_threaded;
+}
+
 tdm_status tdm_cpu_att_keep_cap(int64_t *bytes, tdm_error *err)
 {
     const char *v = getenv("TANDEM_CPU_ATT_KEEP_KIB");
@@ -109,6 +116,8 @@ void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
     }
     int64_t chunk = s->ce_chunk < s->m ? s->ce_chunk : s->m;
     slot[CPU_SCRATCH_CE_LOGITS] = (uint64_t)(chunk * s->vocab) * 4;
+    if (s->lm_head_bf16 && !cpu_ce_widens_bf16(false))
+        slot[CPU_SCRATCH_CE_WEIGHT] = (uint64_t)(s->vocab * s->hidden) * 4;
     if (s->backward) {
         slot[CPU_SCRATCH_CE_PARTIAL] =
             (uint64_t)(tdm_cpu_ce_vblock_count(s->vocab) * chunk * s->hidden) * 4;

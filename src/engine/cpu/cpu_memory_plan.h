@@ -14,6 +14,7 @@
 #ifndef TANDEM_ENGINE_CPU_MEMORY_PLAN_H
 #define TANDEM_ENGINE_CPU_MEMORY_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/backend.h" /* tdm_be_step_shape */
@@ -67,10 +68,16 @@ uint64_t tdm_cpu_panel_a_bytes(int64_t m, int64_t k);
 int64_t tdm_cpu_ce_vblock(int64_t V);
 int64_t tdm_cpu_ce_vblock_count(int64_t V);
 
+/* Whether the cross-entropy multiplies a bf16 lm_head as it is, each tile widening its slice
+ * to f32 as it packs it (tandem's panel kernels, on this CPU, in the tiles GEMM mode: not
+ * blas_threaded); else it converts the whole lm_head into the CE_WEIGHT scratch first. */
+bool cpu_ce_widens_bf16(bool blas_threaded);
+
 /* Bytes of each slot for steps of shape s on the CPU backend in its default GEMM mode (tiles;
  * the threaded-call mode needs no CE_PARTIAL), with attention's kept P and dS capped at
- * att_keep_cap bytes. The dense weights and the lm_head are f32 there (its activation dtype),
- * so CE_WEIGHT is 0. */
+ * att_keep_cap bytes. The dense weights are f32 there (its activation dtype); the lm_head too,
+ * or bf16 (s->lm_head_bf16: qlora keeps it as a bf16 checkpoint stores it), which needs
+ * CE_WEIGHT only where cpu_ce_widens_bf16 says no. */
 void tdm_cpu_scratch_requests(const tdm_be_step_shape *s, int64_t att_keep_cap,
                               uint64_t slot[CPU_SCRATCH_N]);
 

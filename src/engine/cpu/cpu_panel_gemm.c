@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "engine/cpu/cpu_internal.h"
+#include "util/half.h"
 
 #define KC 256 /* K block: a B panel's piece, KC x NR floats (32 KiB), stays in L1 */
 
@@ -446,9 +447,12 @@ static float *blocks(void)
  *   pack     else each K block of a panel is packed as it is used: from b (B^T when tb, B), or
  *            when laid_pw > 0 from rows [laid_row0, laid_row0 + k) of a weight laid out in the
  *            forward's panels of laid_pw rows (b its start, ldb its cols): B = those rows;
- *   neither  b read in place. */
+ *   neither  b read in place.
+ * b16, when set, stands for b: the same matrix in bf16 (a weight kept as its checkpoint stores
+ * it), always packed, each value widened to f32 exactly as it is packed. */
 typedef struct {
     const float *b;
+    const uint16_t *b16;
     int64_t ldb;
     bool tb;
     const float *panels;
@@ -462,8 +466,54 @@ typedef struct {
 static float b_at(const b_operand *B, int64_t k, int64_t p, int64_t j)
 {
     if (B->panels) return B->panels[panel_offset(B->pw, k, p, j)];
+    if (B->b16) return tdm_bf16_to_f32(B->tb ? B->b16[j * B->ldb + p] : B->b16[p * B->ldb + j]);
     if (B->laid_pw > 0) return B->b[panel_offset(B->laid_pw, B->ldb, j, B->laid_row0 + p)];
     return B->tb ? B->b[j * B->ldb + p] : B->b[p * B->ldb + j];
+}
+
+/* bf16 -> f32 (exact: the 16 bits are the f32's high half), 8 lanes at a time. */
+__attribute__((target("avx2"))) static void widen_bf16(const uint16_t *in, float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(in + i)));
+        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < n; i++)
+        out[i] = tdm_bf16_to_f32(in[i]);
+}
+
+/* pack_b_piece of a bf16 B (the kernels run only on AVX2 or AVX-512 CPUs, so AVX2 is there).
+ * op(B) = B^T (the logits' W^T): 8 of B's rows at a time widened into rows, then 8 x 8
+ * transposes into the piece's columns; op(B) = B (dH's W): each of the kb rows widened in place. */
+static void pack_b16_piece(float *bpack, const b_operand *B, int nr, int64_t j, int nrr, int64_t p0,
+                           int64_t kb)
+{
+    const uint16_t *b = B->b16;
+    int64_t ldb = B->ldb;
+    if (!B->tb) {
+        for (int64_t p = 0; p < kb; p++) {
+            widen_bf16(b + (p0 + p) * ldb + j, bpack + p * nr, nrr);
+            if (nrr < nr) memset(bpack + p * nr + nrr, 0, (size_t)(nr - nrr) * sizeof(float));
+        }
+        return;
+    }
+    float rows[8 * KC]; /* 8 of B's rows, kb <= KC values each */
+    for (int c0 = 0; c0 < nr; c0 += 8) {
+        int nc = nrr - c0 < 8 ? nrr - c0 : 8; /* B's rows here; the rest of the 8 are zeros */
+        for (int r = 0; r < 8; r++) {
+            if (r < nc)
+                widen_bf16(b + (j + c0 + r) * ldb + p0, rows + r * KC, kb);
+            else
+                memset(rows + r * KC, 0, (size_t)kb * sizeof(float));
+        }
+        int64_t p = 0;
+        for (; p + 8 <= kb; p += 8)
+            transpose8(rows + p, KC, bpack + p * nr + c0, nr);
+        for (; p < kb; p++)
+            for (int r = 0; r < 8; r++)
+                bpack[p * nr + c0 + r] = rows[r * KC + p];
+    }
 }
 
 /* B's K block [p0, p0 + kb) of columns [j, j + nrr) into bpack, zero-padded to nr columns. */
@@ -472,7 +522,9 @@ static void pack_b_piece(float *bpack, const b_operand *B, int nr, int64_t j, in
 {
     const float *b = B->b;
     int64_t ldb = B->ldb;
-    if (B->laid_pw > 0) { /* rows of a laid-out weight: column c's laid_pw rows are contiguous */
+    if (B->b16) {
+        pack_b16_piece(bpack, B, nr, j, nrr, p0, kb);
+    } else if (B->laid_pw > 0) { /* rows of a laid-out weight: column c's laid_pw rows are contiguous */
         int lp = B->laid_pw;
         int64_t r0 = B->laid_row0 + p0;
         int64_t p = 0;
@@ -917,10 +969,48 @@ bool cpu_panel_gemm_1t(bool tb, int64_t m, int64_t n, int64_t k, const float *a,
     return panel_gemm_1t(m, n, k, a, lda, &B, beta, c, ldc);
 }
 
+bool cpu_panel_gemm_1t_bf16(bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc)
+{
+    b_operand B = {.b16 = b, .ldb = ldb, .tb = tb, .pack = true};
+    return panel_gemm_1t(m, n, k, a, lda, &B, beta, c, ldc);
+}
+
+/* Tiles of BF16_TILE_M rows of A by BF16_TILE_N of W's rows: each task packs its slice of W
+ * once per K block for all its rows (a whole 441-row cross-entropy chunk), and a decoded
+ * token's one row still has V / 256 tasks (594 at Qwen2.5's vocabulary) to spread. */
+#define BF16_TILE_M 512
+#define BF16_TILE_N 256
+
+bool cpu_panel_gemm_bf16_weight(const cpu_backend *cpu, const tdm_be_weight *w, const float *a,
+                                int64_t m, float beta, float *c)
+{
+    if (w->format != TDM_BE_W_BF16 || !cpu_ce_widens_bf16(cpu->blas_threaded) ||
+        (beta != 0.0f && beta != 1.0f))
+        return false;
+    int64_t n = w->rows, k = w->cols;
+    int64_t tm = (m + BF16_TILE_M - 1) / BF16_TILE_M, tn = (n + BF16_TILE_N - 1) / BF16_TILE_N;
+    const uint16_t *b = w->data;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu->n_threads) if (tm * tn > 1)
+    for (int64_t t = 0; t < tm * tn; t++) {
+        int64_t i0 = (t / tn) * BF16_TILE_M, j0 = (t % tn) * BF16_TILE_N;
+        int64_t mb = m - i0 < BF16_TILE_M ? m - i0 : BF16_TILE_M;
+        int64_t nb = n - j0 < BF16_TILE_N ? n - j0 : BF16_TILE_N;
+        cpu_panel_gemm_1t_bf16(true, mb, nb, k, a + i0 * k, k, b + j0 * k, k, beta,
+                               c + i0 * n + j0, n);
+    }
+    return true;
+}
+
 bool cpu_panel_gemm_1t_rows(int64_t m, int64_t k, const float *a, int64_t lda,
                             const tdm_be_weight *w, int64_t row0, float beta, float *c,
                             int64_t ldc)
 {
+    if (w->format == TDM_BE_W_BF16)
+        return cpu_panel_gemm_1t_bf16(false, m, w->cols, k, a, lda,
+                                      (const uint16_t *)w->data + row0 * w->cols, w->cols, beta,
+                                      c, ldc);
     if (w->format != TDM_BE_W_F32_PANELS) /* row-major: B = W's rows in place */
         return cpu_panel_gemm_1t(false, m, w->cols, k, a, lda,
                                  (const float *)w->data + row0 * w->cols, w->cols, beta, c, ldc);

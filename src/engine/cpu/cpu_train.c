@@ -50,7 +50,8 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const tdm_be_weig
         int64_t rows = c - i0 < CE_ROWS ? c - i0 : CE_ROWS;
         int64_t v0 = b * vb, kb = V - v0 < vb ? V - v0 : vb;
         /* one call per task (no tiles: they would re-pack the block's W rows per tile); W's
-         * rows as they lie, or transposed back from the lm_head's panels (W NULL) */
+         * rows as they lie, transposed back from the lm_head's panels, or widened from bf16
+         * (W NULL: the last two) */
         const float *lt = logits + i0 * V + v0;
         float *pt = part + b * c * d + i0 * d;
         if (!cpu_panel_gemm_1t_rows(rows, kb, lt, V, w, v0, 0.0f, pt, d))
@@ -65,17 +66,18 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const tdm_be_weig
     }
 }
 
-/* logits (c, V) = H (c, d) W^T. An lm_head laid out in panels (W NULL): one product of tandem's
- * kernels over all threads, H laid out once and the panels read as they are. Else in tiles of
- * CE_TILE_M rows by CE_TILE_N vocabulary rows: with tandem's panel kernels (cpu_panel_gemm_1t,
- * each tile packing its slice of W a K block at a time) when this CPU has them, else
- * OpenBLAS's tiles. */
+/* logits (c, V) = H (c, d) W^T. W NULL: an lm_head laid out in panels (one product of tandem's
+ * kernels over all threads, H laid out once and the panels read as they are) or a bf16 one
+ * (cpu_panel_gemm_bf16_weight's tiles). Else in tiles of CE_TILE_M rows by CE_TILE_N
+ * vocabulary rows: with tandem's panel kernels (cpu_panel_gemm_1t, each tile packing its slice
+ * of W a K block at a time) when this CPU has them, else OpenBLAS's tiles. */
 static void ce_logits(cpu_backend *cpu, const float *h, const tdm_be_weight *w, const float *W,
                       int64_t c, float *logits)
 {
     int64_t V = w->rows, d = w->cols;
-    if (!W) {
-        cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits); /* cannot fail: laid */
+    if (!W) { /* cannot fail: laid out, or bf16 with the kernels on (cpu_cross_entropy) */
+        if (!cpu_panel_gemm_bf16_weight(cpu, w, h, c, 0.0f, logits))
+            cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits);
         return;
     }
     if (!cpu_panel_isa_name() || cpu->blas_threaded) {
@@ -113,10 +115,11 @@ tdm_status cpu_cross_entropy(tdm_backend *be, const void *hv, const tdm_be_weigh
                             labels[i], (long long)i, (long long)V);
     if (chunk_rows > m) chunk_rows = m;
     /* kept buffers (cpu_scratch), not malloc per call: fresh pages fault one by one */
-    /* the lm_head's f32 rows, or NULL when its panels are read as they are: the weight's own
-     * rows, or a copy in the CE_WEIGHT scratch (another format, or panels the kernels cannot
-     * read now) */
-    bool laid = cpu_panel_reads_laid_out(cpu, w);
+    /* the lm_head's f32 rows, or NULL when the kernels read it as it is (its panels, or its
+     * bf16 rows widened as each tile packs them: cpu_ce_widens_bf16): the weight's own rows, or
+     * a copy in the CE_WEIGHT scratch (another format, or panels the kernels cannot read now) */
+    bool laid = cpu_panel_reads_laid_out(cpu, w) ||
+                (w->format == TDM_BE_W_BF16 && cpu_ce_widens_bf16(cpu->blas_threaded));
     const float *W = laid ? NULL : cpu_dense_f32(cpu, w);
     float *logits =
         cpu_scratch(cpu, CPU_SCRATCH_CE_LOGITS, (size_t)(chunk_rows * V) * sizeof(float));
