@@ -78,8 +78,10 @@ test-asan: deps
 bench: build
 	@bench/run.sh $(BUILD)/tandem
 
+# The libFuzzer targets (parsers only): CUDA off, since nvcc would hand clang's
+# -fsanitize=fuzzer-no-link to its gcc host compiler, which rejects it.
 fuzz: deps
-	CC=clang cmake -S . -B build-fuzz -DTANDEM_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS)
+	CC=clang cmake -S . -B build-fuzz -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j $(JOBS)
 
 format:
