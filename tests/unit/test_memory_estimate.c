@@ -7,7 +7,9 @@
  * estimated workspace and the backend's scratch before the first step, and the plan's steps
  * allocate nothing more. The CPU backend's scratch (engine/cpu/cpu_memory_plan.h) must equal what
  * its ops kept after the steps, but for attention's kept P and dS, which the estimate bounds by
- * m x the longest sequence (it does not know how the other rows split into sequences). The CUDA
+ * m x the longest sequence (it does not know how the other rows split into sequences). From a
+ * bf16 checkpoint, qlora's embedding table and lm_head are bf16 on the CPU (2 bytes an element
+ * fewer than with dense_embed), counted so by the estimate. The CUDA
  * backend's scratch part is checked on a GPU by scripts/device/vram-estimate.sh
  * (docs/verification.md). */
 #include <setjmp.h>
@@ -99,12 +101,15 @@ typedef struct mem_case {
 /* ckpt: 0 no gradient checkpointing, else 1 + the tdm_recompute mode; | OFFLOAD: with
  * --offload-activations */
 #define OFFLOAD 16
+static tdm_dtype ckpt_dtype = TDM_DTYPE_F32; /* the checkpoints case_open writes */
+
 static void case_open(mem_case *k, const char *preset, const char *dir_suffix, bool nf4, bool dq,
                       int ckpt)
 {
     char dir[400];
-    snprintf(dir, sizeof dir, "%s/%s%s", tmpdir, preset, dir_suffix);
-    tdm_init_model_opts io = {.preset = preset, .seed = 5, .dtype = TDM_DTYPE_F32};
+    snprintf(dir, sizeof dir, "%s/%s%s%s", tmpdir, preset, dir_suffix,
+             ckpt_dtype == TDM_DTYPE_BF16 ? "-bf16" : "");
+    tdm_init_model_opts io = {.preset = preset, .seed = 5, .dtype = ckpt_dtype};
     OK(tdm_init_model(dir, &io, &k->cfg, err));
     k->mo = (tdm_model_opts){.nf4 = nf4,
                              .double_quant = dq,
@@ -254,6 +259,47 @@ static void test_qwen2_nf4_dq(void **state)
     check("tiny", true, true, 0);
 }
 
+/* qlora on the CPU with a bf16 checkpoint keeps the embedding table and lm_head in bf16
+ * (engine/model.c, embed_dtype): the estimate still equals what is allocated, weights and
+ * scratch (the cross-entropy reads the table as it is: no f32 copy in CE_WEIGHT), and the
+ * weights are smaller than with dense_embed (generation's f32 table) by exactly 2 bytes an
+ * element of the table(s); lora, and an f32 checkpoint, keep f32. */
+static void test_bf16_table(void **state)
+{
+    (void)state;
+    ckpt_dtype = TDM_DTYPE_BF16;
+    check("tiny", true, true, 0);
+    check("tiny-qwen3", true, false, 1);
+    const char *presets[] = {"tiny", "tiny-llama"};
+    for (int i = 0; i < 2; i++) {
+        char dir[400];
+        snprintf(dir, sizeof dir, "%s/%s-table", tmpdir, presets[i]);
+        tdm_model_config cfg;
+        tdm_init_model_opts io = {.preset = presets[i], .seed = 5, .dtype = TDM_DTYPE_BF16};
+        OK(tdm_init_model(dir, &io, &cfg, err));
+        uint64_t table = (uint64_t)(cfg.vocab_size * cfg.hidden_size) *
+                         (cfg.tie_word_embeddings ? 1 : 2);
+        uint64_t bytes[3];
+        const tdm_model_opts opts[3] = {{.nf4 = true, .double_quant = true},
+                                        {.nf4 = true, .double_quant = true, .dense_embed = true},
+                                        {.nf4 = false}};
+        for (int o = 0; o < 3; o++) {
+            tdm_model *m;
+            OK(tdm_model_load(&m, be, dir, &opts[o], err));
+            bytes[o] = tdm_model_weight_bytes(m);
+            tdm_model_free(m);
+        }
+        printf("  %-10s bf16 checkpoint, weights: qlora %llu, qlora dense_embed %llu, lora %llu "
+               "bytes (table %llu elements)\n",
+               presets[i], (unsigned long long)bytes[0], (unsigned long long)bytes[1],
+               (unsigned long long)bytes[2], (unsigned long long)table);
+        assert_int_equal(bytes[1] - bytes[0], table * 2);
+        /* lora: the projections and the table in f32 */
+        assert_true(bytes[2] > bytes[1]);
+    }
+    ckpt_dtype = TDM_DTYPE_F32;
+}
+
 /* The backend's scratch grows with the batch (activation-sized slots) and the NF4 tile only
  * exists for a quantized base. */
 static void test_scratch_shape(void **state)
@@ -342,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_llama_dense),
         cmocka_unit_test(test_qwen3_nf4),
         cmocka_unit_test(test_qwen2_nf4_dq),
+        cmocka_unit_test(test_bf16_table),
         cmocka_unit_test(test_scratch_shape),
         cmocka_unit_test(test_reserve_holds_the_plan),
     };
