@@ -52,7 +52,7 @@ P1=$(budget_of $host)
 # a joiner: the reservation grows by the plan difference, to P2, then shrinks back to P1. The
 # test sees P2 by polling `gpu status` while the joined adapter trains, so that phase must last
 # several polls even on a loaded 2-core CI machine (there a poll takes ~1 s): 60 epochs of 2
-# steps, ~4 s on an idle one (6 epochs, ~0.45 s, were missed under load).
+# steps, ~5 s on an idle one (6 epochs, ~0.45 s, were missed under load).
 "$TANDEM" finetune "$M" --adapter add4.jsonl:co/join "${COMMON[@]}" --epochs 60 >join.out 2>join.err &
 joiner=$!
 wait_until 60 budget_is $host "$P2"
