@@ -11,7 +11,9 @@
 #   4. optionally, before the runs of 3., tandem runs with --profile-ops (PROFILE="M:T[:S] ...",
 #      1 timed step unless S): each op table in OUT/profile-M-tT.txt, the first in profile.txt;
 #   5. prints a table (tok/s, s/step, speed-up and parallel efficiency against tandem lora at
-#      1 thread, ratio to PyTorch at 16 threads) and writes it, rows.tsv and the logs to OUT.
+#      1 thread, ratio to PyTorch at 16 threads, each run's peak resident memory: tandem's VmHWM
+#      polled from /proc while it runs, PyTorch's ru_maxrss in its JSON) and writes it, rows.tsv
+#      and the logs to OUT.
 # A run is skipped when BUDGET seconds have passed since the start (the table says so).
 #
 #   bench/cpu_vs_torch.sh TANDEM_BIN
@@ -52,7 +54,7 @@ T0=$(date +%s.%N)
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 mkdir -p "$WORK" "$RES"
 ROWS=$RES/rows.tsv
-printf 'side\tmethod\tthreads\ttok_s\ts_per_step\tsteps\twall_s\tnote\n' >"$ROWS"
+printf 'side\tmethod\tthreads\ttok_s\ts_per_step\tsteps\twall_s\tnote\tmax_rss_mib\n' >"$ROWS"
 ncores=$(nproc)
 echo "# $(date -u +%FT%TZ) $(uname -n): nproc $ncores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "# preset $PRESET, batch $BATCH x $SEQ, rank 16 q_proj,v_proj, warm-up $WARMUP, timed $STEPS (unless the run says)"
@@ -101,11 +103,25 @@ run_tandem() { # method threads steps [extra flags...]
     t=$(date +%s.%N)
     local want=$((WARMUP + steps)) data
     data=$(data_file $((BATCH * want)))
-    OMP_NUM_THREADS=$T TANDEM_LEDGER_DIR=$WORK/ledger timeout "$(run_limit)" "$TANDEM" finetune "$MODEL" \
+    # in the background, its peak resident memory (VmHWM, a high-water mark: any read after the
+    # peak gives it) polled from /proc until it ends, killed (124) past run_limit
+    OMP_NUM_THREADS=$T TANDEM_LEDGER_DIR=$WORK/ledger "$TANDEM" finetune "$MODEL" \
         --adapter "$data:$out/a0" --device cpu --method "$method" "${flags[@]}" --epochs 1 \
         --batch-size "$BATCH" --max-seq-len "$SEQ" --rank 16 --alpha 32 --targets q_proj,v_proj \
-        --val-split 0 --log-every 1 --save-every 0 --no-shuffle --no-join "$@" >"$out/log.txt" 2>&1
+        --val-split 0 --log-every 1 --save-every 0 --no-shuffle --no-join "$@" >"$out/log.txt" 2>&1 &
+    local pid=$! hwm=0 v deadline killed=0
+    deadline=$(awk -v a="$(date +%s)" -v l="$(run_limit)" 'BEGIN { print a + l }')
+    while kill -0 "$pid" 2>/dev/null; do
+        v=$(awk '/^VmHWM:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+        [ -n "$v" ] && hwm=$v
+        if [ "$(date +%s)" -ge "$deadline" ]; then kill -TERM "$pid" 2>/dev/null; killed=1; fi
+        sleep 0.2
+    done
+    wait "$pid"
     rc=$?
+    [ "$killed" = 1 ] && rc=124
+    local rss_mib
+    rss_mib=$(awk -v k="$hwm" 'BEGIN { printf "%.0f", k / 1024 }')
     cp "$out/log.txt" "$RES/$name.log"
     read -r el0 el1 < <(awk -v a="$WARMUP" -v b="$want" '
         /"val_loss"/ { next }
@@ -121,8 +137,8 @@ run_tandem() { # method threads steps [extra flags...]
         echo "   exit $rc; last lines:"; tail -n 5 "$out/log.txt" | sed 's/^/   /'
     fi
     local thr; thr=$(grep -m1 -i 'thread' "$out/log.txt" | cut -c1-100)
-    echo "   tokens/s $tok ($sps s/step), $(since "$t") s in all; ${thr:-no threads line}"
-    printf 'tandem\t%s\t%s\t%s\t%s\t%s\t%s\texit=%s\n' "$method$([ $# -gt 0 ] && echo ' (profiled)')" "$T" "$tok" "$sps" "$steps" "$(since "$t")" "$rc" >>"$ROWS"
+    echo "   tokens/s $tok ($sps s/step), max RSS $rss_mib MiB, $(since "$t") s in all; ${thr:-no threads line}"
+    printf 'tandem\t%s\t%s\t%s\t%s\t%s\t%s\texit=%s\t%s\n' "$method$([ $# -gt 0 ] && echo ' (profiled)')" "$T" "$tok" "$sps" "$steps" "$(since "$t")" "$rc" "$rss_mib" >>"$ROWS"
 }
 
 run_torch() { # threads steps [budget]
@@ -148,8 +164,11 @@ run_torch() { # threads steps [budget]
         tok=FAIL sps=-
         tail -n 5 "$RES/$name.log" | sed 's/^/   /'
     fi
-    echo "   tokens/s $tok ($sps s/step), $(since "$t") s in all"
-    printf 'torch\tlora-fp32\t%s\t%s\t%s\t%s\t%s\t-\n' "$T" "$tok" "$sps" "$steps" "$(since "$t")" >>"$ROWS"
+    local rss_mib
+    rss_mib=$(sed -n 's/.*"max_rss_mib": \([-0-9.eE+]*\).*/\1/p' "$RES/$name.json" 2>/dev/null | head -n 1)
+    rss_mib=$(awk -v r="$rss_mib" 'BEGIN { print (r == "" ? "-" : sprintf("%.0f", r)) }')
+    echo "   tokens/s $tok ($sps s/step), max RSS $rss_mib MiB, $(since "$t") s in all"
+    printf 'torch\tlora-fp32\t%s\t%s\t%s\t%s\t%s\t-\t%s\n' "$T" "$tok" "$sps" "$steps" "$(since "$t")" "$rss_mib" >>"$ROWS"
 }
 
 for spec in $TORCH_THREADS; do
@@ -201,10 +220,10 @@ fi
 
 # ---- the table ----
 {
-    echo "| side | method | threads | tok/s | s/step | timed steps | speed-up vs tandem lora 1 thread | parallel efficiency | vs PyTorch 16 threads |"
-    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    echo "| side | method | threads | tok/s | s/step | timed steps | speed-up vs tandem lora 1 thread | parallel efficiency | vs PyTorch 16 threads | max RSS MiB |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     awk -F'\t' 'NR == 1 { next }
-        { side[NR] = $1; m[NR] = $2; t[NR] = $3; tok[NR] = $4; sps[NR] = $5; st[NR] = $6; n = NR
+        { side[NR] = $1; m[NR] = $2; t[NR] = $3; tok[NR] = $4; sps[NR] = $5; st[NR] = $6; rss[NR] = ($9 == "" ? "-" : $9); n = NR
           if ($1 == "tandem" && $2 == "lora" && $3 == 1 && $4 + 0 > 0) base = $4
           if ($1 == "torch" && $3 == 16 && $4 + 0 > 0) torch16 = $4 }
         END { for (i = 2; i <= n; i++) {
@@ -212,7 +231,7 @@ fi
                 if (side[i] == "tandem" && m[i] == "lora" && base > 0 && tok[i] + 0 > 0) {
                     su = sprintf("%.2fx", tok[i] / base); eff = sprintf("%.0f%%", 100 * tok[i] / base / t[i]) }
                 if (torch16 > 0 && tok[i] + 0 > 0) vt = sprintf("%.2fx", tok[i] / torch16)
-                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", side[i], m[i], t[i], tok[i], sps[i], st[i], su, eff, vt } }' "$ROWS"
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", side[i], m[i], t[i], tok[i], sps[i], st[i], su, eff, vt, rss[i] } }' "$ROWS"
 } >"$RES/table.md"
 echo
 echo "total $(since "$T0") s"

@@ -26,6 +26,7 @@ Two modes, each printing one JSON object on its last stdout line (and into --jso
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -166,6 +167,8 @@ def train(args):
           "lora_params": n_lora, "tokenizer_loaded": tok_ok, "barrier_met": barrier_met,
           "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
           "max_memory_reserved_mib": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
+          # the process's peak resident memory (Linux: KiB), what a CPU run's memory is
+          "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           "gpu": torch.cuda.get_device_name(0) if cuda else None, "device": dev,
           "threads": torch.get_num_threads(), "dtype": args.dtype, "torch": torch.__version__,
           "transformers": transformers.__version__, "peft": peft.__version__}, args.json)

@@ -141,7 +141,7 @@ cp "$RES"/profile*.txt "$OUT/" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C /tmp cpu-speed-res cpu-speed-res-blas $([ -d "$RES3" ] && echo cpu-speed-res-baseline) \
     $([ -d "$RES4" ] && echo cpu-speed-res-extra) 2>/dev/null
 echo
-echo "rows (side method threads tok/s s/step steps wall note):"
+echo "rows (side method threads tok/s s/step steps wall note max-RSS-MiB):"
 if command -v column >/dev/null; then tail -n +2 "$RES/rows.tsv" | column -t -s $'\t'; else tail -n +2 "$RES/rows.tsv"; fi
 cat "$RES/table.md"
 echo "TANDEM_CPU_GEMM=blas:"
