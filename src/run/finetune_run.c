@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "engine/op_profile.h"
 #include "run/cotrain_run.h"
@@ -303,6 +304,22 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
                      "device memory: reserved %lld MiB, peak %lld MiB (backend), process %lld MiB "
                      "(NVML)",
                      (long long)dev.budget_mb, (long long)peak_mb, (long long)proc_mb);
+            o->device.note(line, o->device.note_user);
+        }
+    } else if (st == TDM_OK && o->device.note) {
+        /* The CPU's figures beside the "cpu memory: about N MiB" of the start: what the backend
+         * held at its peak (weights, activations, adapters, kept scratch) and the whole
+         * process's peak resident memory (ru_maxrss: KiB on Linux), which the plan's 200 MiB
+         * for the process should cover. */
+        tdm_be_mem_info mi;
+        tdm_error ignored = {0};
+        struct rusage ru;
+        if (tdm_be_memory(dev.be, &mi, &ignored) == TDM_OK && getrusage(RUSAGE_SELF, &ru) == 0) {
+            char line[256];
+            snprintf(line, sizeof line,
+                     "cpu memory: peak %lld MiB (backend), peak resident %lld MiB (the process)",
+                     (long long)((mi.peak_bytes + (1 << 20) - 1) >> 20),
+                     (long long)((ru.ru_maxrss + 1023) / 1024));
             o->device.note(line, o->device.note_user);
         }
     }

@@ -9,7 +9,8 @@
 #    then all of a layer, then micro-batches), said in one line, its adapter bit for bit the one
 #    the same plan's flags train;
 #  - MemAvailable under the need: a warning, the run trains;
-#  - plenty: one "cpu memory" line, the run trains; --grad-checkpoint lowers the need (on a
+#  - plenty: one "cpu memory" line, the run trains, and at its end the backend's peak (within
+#    the plan) and the process's peak resident memory; --grad-checkpoint lowers the need (on a
 #    batch of 16 x 512 tokens: on this file's tiny samples it saves under 1 MiB, which the
 #    printed whole MiB could round away);
 #  - an unreadable meminfo: a note, the run trains;
@@ -52,6 +53,11 @@ TANDEM_MEMINFO="$WORK/meminfo" expect_exit 0 "$TANDEM" "${RUN[@]}" --adapter d.j
 grep -q "cpu memory: about $need MiB (.*) of 100000 MiB available" "$WORK/last.err" ||
     fail "plenty: $(cat "$WORK/last.err")"
 [ -f out/fine/adapter_model.safetensors ] || fail "plenty: no adapter"
+# the end's line: the backend's peak within the plan's need less the process's 200 MiB (each
+# part of the plan is rounded up to whole MiB: 4 parts), and the process's peak resident memory
+peak=$(sed -n 's/.*cpu memory: peak \([0-9]*\) MiB (backend), peak resident [0-9]* MiB (the process)$/\1/p' "$WORK/last.err")
+[ -n "$peak" ] && [ "$peak" -gt 0 ] && [ "$peak" -le $((need - 200 + 4)) ] ||
+    fail "plenty: the backend's peak '$peak' MiB against the plan's $need: $(grep 'cpu memory' "$WORK/last.err")"
 
 TANDEM_MEMINFO="$WORK/nowhere" expect_exit 0 "$TANDEM" "${RUN[@]}" --adapter d.jsonl:out/unknown
 grep -q "the machine's memory is unknown" "$WORK/last.err" || fail "unknown: $(cat "$WORK/last.err")"
