@@ -136,7 +136,7 @@ typedef struct tdm_be_step_shape {
     int64_t ce_chunk;    /* rows of logits per cross-entropy chunk */
     int64_t max_rank;    /* largest LoRA rank (0: no adapter) */
     bool nf4;            /* decoder projections quantized (dequantized tile by tile) */
-    bool lm_head_bf16;   /* the lm_head stored in bf16 (the CPU backend's qlora, see model.c) */
+    bool lm_head_bf16;   /* the lm_head in bf16 under f32 activations (the CPU's qlora, model.c) */
     bool base_fp8;       /* with nf4: their GEMMs in FP8 (tdm_backend_opts.base_fp8) */
     bool backward;       /* training (false: evaluation only) */
     int64_t lora_params; /* all adapters' parameters together (table sizes) */

@@ -1629,8 +1629,7 @@ static tdm_be_step_shape scratch_shape(const tdm_model_config *c, const tdm_mode
                                .ce_chunk = ce_chunk_rows(c, act),
                                .max_rank = p->max_rank,
                                .nf4 = o->nf4,
-                               .lm_head_bf16 = embed_dtype(c, o, act) == TDM_BE_BF16 &&
-                                               act == TDM_BE_F32,
+                               .lm_head_bf16 = embed_dtype(c, o, act) != act,
                                .base_fp8 = o->nf4 && o->base_fp8,
                                .backward = p->backward,
                                .lora_params = p->lora_params,

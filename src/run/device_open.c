@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "engine/backend.h"
@@ -478,6 +479,17 @@ void tdm_device_cpu_memory_note(const tdm_device_request *req, const tdm_cpu_mem
     else
         note(req, "cpu memory: about %lld MiB (%s) of %lld MiB available", (long long)need, parts,
              (long long)m->avail_mb);
+}
+
+void tdm_device_cpu_memory_end_note(const tdm_device_request *req, tdm_backend *be)
+{
+    tdm_be_mem_info mi;
+    tdm_error ignored = {0};
+    struct rusage ru;
+    if (tdm_be_memory(be, &mi, &ignored) != TDM_OK || getrusage(RUSAGE_SELF, &ru) != 0) return;
+    note(req, "cpu memory: peak %lld MiB (backend), peak resident %lld MiB (the process)",
+         (long long)mib_up(mi.peak_bytes),
+         (long long)mib_up((uint64_t)ru.ru_maxrss * 1024)); /* ru_maxrss: KiB on Linux */
 }
 
 /* Reserves the plan's memory (or adopts gpu run's reservation) and points CUDA at that GPU. */

@@ -135,6 +135,12 @@ tdm_status tdm_device_cpu_memory_limit(tdm_cpu_memory *out, tdm_error *err);
 void tdm_device_cpu_memory_note(const tdm_device_request *req, const tdm_cpu_memory *m,
                                 const char *unknown_why, const tdm_model_mem *est);
 
+/* The line a CPU run that trained prints at its end, beside the one above: the backend's peak
+ * (weights, activations, adapters, kept scratch) and the process's peak resident size
+ * (getrusage), which the plan's TDM_CPU_PROCESS_MIB for the process should cover. Nothing when
+ * either cannot be read. */
+void tdm_device_cpu_memory_end_note(const tdm_device_request *req, tdm_backend *be);
+
 /* The budget a run can get (docs/finetune.md, "The budget a run can get"): on one GPU, the most
  * the ledger would admit once every live reservation on it has ended, while the memory held
  * outside the ledger stays held:

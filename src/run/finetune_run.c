@@ -4,7 +4,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "engine/op_profile.h"
 #include "run/cotrain_run.h"
@@ -306,22 +305,8 @@ static tdm_status train(tdm_trainer *tr, const tdm_trainer_adapter *ads, int n, 
                      (long long)dev.budget_mb, (long long)peak_mb, (long long)proc_mb);
             o->device.note(line, o->device.note_user);
         }
-    } else if (st == TDM_OK && o->device.note) {
-        /* The CPU's figures beside the "cpu memory: about N MiB" of the start: what the backend
-         * held at its peak (weights, activations, adapters, kept scratch) and the whole
-         * process's peak resident memory (ru_maxrss: KiB on Linux), which the plan's 200 MiB
-         * for the process should cover. */
-        tdm_be_mem_info mi;
-        tdm_error ignored = {0};
-        struct rusage ru;
-        if (tdm_be_memory(dev.be, &mi, &ignored) == TDM_OK && getrusage(RUSAGE_SELF, &ru) == 0) {
-            char line[256];
-            snprintf(line, sizeof line,
-                     "cpu memory: peak %lld MiB (backend), peak resident %lld MiB (the process)",
-                     (long long)((mi.peak_bytes + (1 << 20) - 1) >> 20),
-                     (long long)((ru.ru_maxrss + 1023) / 1024));
-            o->device.note(line, o->device.note_user);
-        }
+    } else if (st == TDM_OK) {
+        tdm_device_cpu_memory_end_note(&o->device, dev.be); /* beside the start's plan */
     }
     /* The table covers loading too (uploads), then every training and evaluation step. */
     if (o->profile_ops && hooks && hooks->profile_out)

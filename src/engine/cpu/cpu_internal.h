@@ -142,11 +142,25 @@ bool cpu_panel_gemm_1t_bf16(bool tb, int64_t m, int64_t n, int64_t k, const floa
                             int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
                             int64_t ldc);
 
-/* Y (m x w->rows) = A (m x w->cols) W^T + beta Y for a bf16 weight (TDM_BE_W_BF16) over all
- * threads, in tiles that widen their slice of W as they pack it (cpu_panel_gemm_1t_bf16): the
- * bits of the same product with W's f32 values. The cross-entropy's logits and linear_fwd's
- * with qlora's bf16 lm_head. False when it cannot (cpu_ce_widens_bf16 says no, or beta is
- * neither 0 nor 1). */
+/* The tiles of a C = A B^T product whose B (n x k, row-major: the lm_head) each tile packs
+ * itself: CPU_WT_TILE_M rows of A by CPU_WT_TILE_N rows of B, so a tile packs its slice of B
+ * once for a whole cross-entropy chunk (cpu_sgemm's 128-row tiles packed all of a 152K x 896
+ * lm_head, 545 MB in f32, once per 128 rows), and a decoded token's one row still has n / 256
+ * tasks (594 at Qwen2.5's vocabulary). A tile is a sub-block: no other bits. */
+#define CPU_WT_TILE_M 512
+#define CPU_WT_TILE_N 256
+
+/* C (m x n) = A (m x k) B^T + beta C over all threads in those tiles, B f32 (b) or bf16 (b16,
+ * widened as packed; the other NULL), each tile through cpu_panel_gemm_1t's path: the bits of
+ * cpu_panel_gemm on B's f32 values. False when tandem's kernels are off (no AVX2 kernel,
+ * TANDEM_CPU_PANELS=0, the threaded-call GEMM mode) or beta is neither 0 nor 1. */
+bool cpu_panel_gemm_wt_tiles(const cpu_backend *cpu, int64_t m, int64_t n, int64_t k,
+                             const float *a, const float *b, const uint16_t *b16, float beta,
+                             float *c);
+
+/* Y (m x w->rows) = A (m x w->cols) W^T + beta Y for a bf16 weight (TDM_BE_W_BF16):
+ * cpu_panel_gemm_wt_tiles on it. linear_fwd's with qlora's bf16 lm_head. False for other
+ * formats and where cpu_panel_gemm_wt_tiles is. */
 bool cpu_panel_gemm_bf16_weight(const cpu_backend *cpu, const tdm_be_weight *w, const float *a,
                                 int64_t m, float beta, float *c);
 

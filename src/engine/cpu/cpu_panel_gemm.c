@@ -471,19 +471,7 @@ static float b_at(const b_operand *B, int64_t k, int64_t p, int64_t j)
     return B->tb ? B->b[j * B->ldb + p] : B->b[p * B->ldb + j];
 }
 
-/* bf16 -> f32 (exact: the 16 bits are the f32's high half), 8 lanes at a time. */
-__attribute__((target("avx2"))) static void widen_bf16(const uint16_t *in, float *out, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(in + i)));
-        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-    }
-    for (; i < n; i++)
-        out[i] = tdm_bf16_to_f32(in[i]);
-}
-
-/* pack_b_piece of a bf16 B (the kernels run only on AVX2 or AVX-512 CPUs, so AVX2 is there).
+/* pack_b_piece of a bf16 B (widened by tdm_bf16_to_f32_n: exact).
  * op(B) = B^T (the logits' W^T): 8 of B's rows at a time widened into rows, then 8 x 8
  * transposes into the piece's columns; op(B) = B (dH's W): each of the kb rows widened in place. */
 static void pack_b16_piece(float *bpack, const b_operand *B, int nr, int64_t j, int nrr, int64_t p0,
@@ -493,7 +481,7 @@ static void pack_b16_piece(float *bpack, const b_operand *B, int nr, int64_t j, 
     int64_t ldb = B->ldb;
     if (!B->tb) {
         for (int64_t p = 0; p < kb; p++) {
-            widen_bf16(b + (p0 + p) * ldb + j, bpack + p * nr, nrr);
+            tdm_bf16_to_f32_n(b + (p0 + p) * ldb + j, bpack + p * nr, (size_t)nrr);
             if (nrr < nr) memset(bpack + p * nr + nrr, 0, (size_t)(nr - nrr) * sizeof(float));
         }
         return;
@@ -503,7 +491,7 @@ static void pack_b16_piece(float *bpack, const b_operand *B, int nr, int64_t j, 
         int nc = nrr - c0 < 8 ? nrr - c0 : 8; /* B's rows here; the rest of the 8 are zeros */
         for (int r = 0; r < 8; r++) {
             if (r < nc)
-                widen_bf16(b + (j + c0 + r) * ldb + p0, rows + r * KC, kb);
+                tdm_bf16_to_f32_n(b + (j + c0 + r) * ldb + p0, rows + r * KC, (size_t)kb);
             else
                 memset(rows + r * KC, 0, (size_t)kb * sizeof(float));
         }
@@ -977,30 +965,29 @@ bool cpu_panel_gemm_1t_bf16(bool tb, int64_t m, int64_t n, int64_t k, const floa
     return panel_gemm_1t(m, n, k, a, lda, &B, beta, c, ldc);
 }
 
-/* Tiles of BF16_TILE_M rows of A by BF16_TILE_N of W's rows: each task packs its slice of W
- * once per K block for all its rows (a whole 441-row cross-entropy chunk), and a decoded
- * token's one row still has V / 256 tasks (594 at Qwen2.5's vocabulary) to spread. */
-#define BF16_TILE_M 512
-#define BF16_TILE_N 256
+bool cpu_panel_gemm_wt_tiles(const cpu_backend *cpu, int64_t m, int64_t n, int64_t k,
+                             const float *a, const float *b, const uint16_t *b16, float beta,
+                             float *c)
+{
+    if (isa() == PANEL_NONE || cpu->blas_threaded || (beta != 0.0f && beta != 1.0f)) return false;
+    int64_t tm = (m + CPU_WT_TILE_M - 1) / CPU_WT_TILE_M, tn = (n + CPU_WT_TILE_N - 1) / CPU_WT_TILE_N;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu->n_threads) if (tm * tn > 1)
+    for (int64_t t = 0; t < tm * tn; t++) {
+        int64_t i0 = (t / tn) * CPU_WT_TILE_M, j0 = (t % tn) * CPU_WT_TILE_N;
+        int64_t mb = m - i0 < CPU_WT_TILE_M ? m - i0 : CPU_WT_TILE_M;
+        int64_t nb = n - j0 < CPU_WT_TILE_N ? n - j0 : CPU_WT_TILE_N;
+        b_operand B = {.b = b ? b + j0 * k : NULL, .b16 = b16 ? b16 + j0 * k : NULL, .ldb = k,
+                       .tb = true, .pack = true};
+        panel_gemm_1t(mb, nb, k, a + i0 * k, k, &B, beta, c + i0 * n + j0, n);
+    }
+    return true;
+}
 
 bool cpu_panel_gemm_bf16_weight(const cpu_backend *cpu, const tdm_be_weight *w, const float *a,
                                 int64_t m, float beta, float *c)
 {
-    if (w->format != TDM_BE_W_BF16 || !cpu_ce_widens_bf16(cpu->blas_threaded) ||
-        (beta != 0.0f && beta != 1.0f))
-        return false;
-    int64_t n = w->rows, k = w->cols;
-    int64_t tm = (m + BF16_TILE_M - 1) / BF16_TILE_M, tn = (n + BF16_TILE_N - 1) / BF16_TILE_N;
-    const uint16_t *b = w->data;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu->n_threads) if (tm * tn > 1)
-    for (int64_t t = 0; t < tm * tn; t++) {
-        int64_t i0 = (t / tn) * BF16_TILE_M, j0 = (t % tn) * BF16_TILE_N;
-        int64_t mb = m - i0 < BF16_TILE_M ? m - i0 : BF16_TILE_M;
-        int64_t nb = n - j0 < BF16_TILE_N ? n - j0 : BF16_TILE_N;
-        cpu_panel_gemm_1t_bf16(true, mb, nb, k, a + i0 * k, k, b + j0 * k, k, beta,
-                               c + i0 * n + j0, n);
-    }
-    return true;
+    return w->format == TDM_BE_W_BF16 &&
+           cpu_panel_gemm_wt_tiles(cpu, m, w->rows, w->cols, a, NULL, w->data, beta, c);
 }
 
 bool cpu_panel_gemm_1t_rows(int64_t m, int64_t k, const float *a, int64_t lda,

@@ -22,12 +22,6 @@
  * rounding). */
 #define CE_ROWS 256
 
-/* The logits' tiles: a chunk's rows (up to CE_TILE_M) by CE_TILE_N vocabulary rows, so each
- * tile packs its slice of the lm_head once per chunk; cpu_sgemm's 128-row tiles packed all of
- * it (545 MB in f32 for Qwen2.5's 152K x 896) once per 128 rows. A tile is a sub-block: no other
- * bits. */
-#define CE_TILE_M 512
-#define CE_TILE_N 256
 
 static void ce_dh(const cpu_backend *cpu, const float *logits, const tdm_be_weight *w,
                   const float *W, int64_t c, float *part, float *dh)
@@ -66,34 +60,24 @@ static void ce_dh(const cpu_backend *cpu, const float *logits, const tdm_be_weig
     }
 }
 
-/* logits (c, V) = H (c, d) W^T. W NULL: an lm_head laid out in panels (one product of tandem's
- * kernels over all threads, H laid out once and the panels read as they are) or a bf16 one
- * (cpu_panel_gemm_bf16_weight's tiles). Else in tiles of CE_TILE_M rows by CE_TILE_N
- * vocabulary rows: with tandem's panel kernels (cpu_panel_gemm_1t, each tile packing its slice
- * of W a K block at a time) when this CPU has them, else OpenBLAS's tiles. */
+/* logits (c, V) = H (c, d) W^T. An f32 lm_head laid out in panels (W NULL): one product of
+ * tandem's kernels over all threads, H laid out once and the panels read as they are. Else in
+ * the tiles of cpu_panel_gemm_wt_tiles, each packing its slice of W (f32 rows, or the bf16
+ * weight itself when W is NULL) a K block at a time, when this CPU has tandem's kernels; else
+ * OpenBLAS's tiles of the same shape (f32 only: cpu_cross_entropy gives W then). */
 static void ce_logits(cpu_backend *cpu, const float *h, const tdm_be_weight *w, const float *W,
                       int64_t c, float *logits)
 {
     int64_t V = w->rows, d = w->cols;
-    if (!W) { /* cannot fail: laid out, or bf16 with the kernels on (cpu_cross_entropy) */
-        if (!cpu_panel_gemm_bf16_weight(cpu, w, h, c, 0.0f, logits))
-            cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits);
+    if (!W && w->format != TDM_BE_W_BF16) {
+        cpu_panel_gemm_weight(cpu, true, w, h, c, 0.0f, logits); /* cannot fail: laid */
         return;
     }
-    if (!cpu_panel_isa_name() || cpu->blas_threaded) {
-        cpu_sgemm_tiles(cpu, c < CE_TILE_M ? c : CE_TILE_M, CE_TILE_N, false, true, c, V, d, 1.0f,
-                        h, d, W, d, 0.0f, logits, V);
+    if (cpu_panel_gemm_wt_tiles(cpu, c, V, d, h, W, W ? NULL : (const uint16_t *)w->data, 0.0f,
+                                logits))
         return;
-    }
-    int64_t tm = (c + CE_TILE_M - 1) / CE_TILE_M, tn = (V + CE_TILE_N - 1) / CE_TILE_N;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu->n_threads) if (tm * tn > 1)
-    for (int64_t t = 0; t < tm * tn; t++) {
-        int64_t i0 = (t / tn) * CE_TILE_M, j0 = (t % tn) * CE_TILE_N;
-        int64_t mb = c - i0 < CE_TILE_M ? c - i0 : CE_TILE_M;
-        int64_t nb = V - j0 < CE_TILE_N ? V - j0 : CE_TILE_N;
-        cpu_panel_gemm_1t(true, mb, nb, d, h + i0 * d, d, W + j0 * d, d, 0.0f,
-                          logits + i0 * V + j0, V);
-    }
+    cpu_sgemm_tiles(cpu, c < CPU_WT_TILE_M ? c : CPU_WT_TILE_M, CPU_WT_TILE_N, false, true, c, V,
+                    d, 1.0f, h, d, W, d, 0.0f, logits, V);
 }
 
 /* Per chunk of rows: logits (c, V) = H W^T in one GEMM, then per row (one thread each) max,
