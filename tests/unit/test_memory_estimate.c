@@ -349,6 +349,25 @@ static void test_scratch_shape(void **state)
     assert_int_equal(tdm_cuda_slab_cols(3584, 18944), 6336);
     /* no slabs when cols is not a multiple of 64 (the backward then tiles rows into f32) */
     assert_int_equal(tdm_cuda_slab_cols(33000, 1030), 0);
+    /* the benchmark knob: 68 Mi elements take a 7B MLP weight whole, and the plan's slot 0 (the
+     * largest tile, bf16) follows it; a value out of range is ignored */
+    uint64_t slots32[TDM_CUDA_SCRATCH_SLOTS], slots68[TDM_CUDA_SCRATCH_SLOTS];
+    tdm_be_step_shape s7 = s;
+    s7.nf4 = true, s7.hidden = 3584, s7.inter = 18944, s7.q_dim = 3584, s7.kv_dim = 512;
+    tdm_cuda_scratch_requests(&s7, slots32);
+    assert_int_equal(slots32[0], (uint64_t)1216 * 18944 * 2); /* down_proj's forward tile */
+    setenv("TANDEM_CUDA_DEQUANT_TILE_MI", "68", 1);
+    assert_int_equal(tdm_cuda_dequant_tile_elems(), (int64_t)68 << 20);
+    assert_int_equal(tdm_cuda_tile_rows(18944, 3584), 18944);
+    assert_int_equal(tdm_cuda_slab_cols(18944, 3584), 3584);
+    assert_int_equal(tdm_cuda_tile_rows(3584, 18944), 3584);
+    tdm_cuda_scratch_requests(&s7, slots68);
+    assert_int_equal(slots68[0], (uint64_t)18944 * 3584 * 2);
+    setenv("TANDEM_CUDA_DEQUANT_TILE_MI", "16x", 1);
+    assert_int_equal(tdm_cuda_dequant_tile_elems(), TDM_CUDA_DEQUANT_TILE_ELEMS);
+    setenv("TANDEM_CUDA_DEQUANT_TILE_MI", "0", 1);
+    assert_int_equal(tdm_cuda_tile_rows(18944, 3584), 6336);
+    unsetenv("TANDEM_CUDA_DEQUANT_TILE_MI");
     /* the LoRA backward's partials (slot 7): min(16, ceil(m / 256)) chunks of every adapter's
      * parameters of the largest module, 4 bytes each, plus the slot's headroom */
     s.m = 2048;

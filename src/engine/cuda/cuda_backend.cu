@@ -524,8 +524,17 @@ static tdm_status layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t ro
  * on the device; a training step repeats the same few dozen shapes hundreds of times. So each
  * (types, transposes, m, n, k, leading dimensions, batch, strides, alignments) is planned once
  * and the descriptors and algorithm are kept (cleared when more than PLAN_CACHE_MAX accumulate).
- * TANDEM_CUDA_NO_PLAN_CACHE=1 at backend creation turns the cache off (the benchmark's A/B). */
+ * TANDEM_CUDA_NO_PLAN_CACHE=1 at backend creation turns the cache off (the benchmark's A/B).
+ *
+ * TANDEM_CUDA_GEMM_TUNE=N (2..LT_TUNE_MAX; a benchmark knob, off by default): a new plan whose
+ * call overwrites C (beta 0) asks the heuristic for N algorithms and times each on the call's
+ * own operands (one warm-up, LT_TUNE_RUNS timed, CUDA events), keeping the fastest; the call
+ * itself then runs with it. Off by default because the choice follows timing, and algorithms
+ * differ in summation order, so two runs could differ in their last bits; scripts/device/
+ * gemm-cut-ab.sh measures what it would be worth (dev/cuda/gemm_algos.cu per shape). */
 #define PLAN_CACHE_MAX 4096
+#define LT_TUNE_MAX 16
+#define LT_TUNE_RUNS 3
 
 struct lt_plan_key { /* all int64: no padding, so memcmp/byte hashing are exact */
     int64_t ab, ct, opa, opb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, al_a, al_b, al_c;
@@ -590,6 +599,46 @@ struct lt_call {
     const float *scale_a, *scale_b;
 };
 
+/* Index of the fastest of `n` heuristic results for the call q (descriptors d), each timed
+ * LT_TUNE_RUNS times after one warm-up; an algorithm that fails to launch is skipped. Writes C. */
+static tdm_status lt_tune_pick(cuda_backend *cb, const lt_descs &d, const lt_call *q,
+                               const cublasLtMatmulHeuristicResult_t *h, int n, int *pick,
+                               tdm_error *err)
+{
+    cudaEvent_t ev[2];
+    CU(cudaEventCreate(&ev[0]));
+    if (cudaEventCreate(&ev[1]) != cudaSuccess) {
+        cudaEventDestroy(ev[0]);
+        return tdm_fail(err, TDM_ERR_DEVICE, "cuda: cudaEventCreate failed");
+    }
+    float best = 0.0f;
+    bool have = false;
+    *pick = 0;
+    cudaError_t ce = cudaSuccess;
+    for (int i = 0; i < n && ce == cudaSuccess; i++) {
+        bool ok = true;
+        for (int r = 0; r <= LT_TUNE_RUNS && ok; r++) {
+            if (r == 1) ce = cudaEventRecord(ev[0], cb->stream);
+            ok = ce == cudaSuccess &&
+                 cublasLtMatmul(cb->lt, d.op, &q->alpha, q->a, d.a, q->b, d.b, &q->beta, q->c,
+                                d.c, q->c, d.c, &h[i].algo, cb->lt_ws, cb->lt_ws_bytes,
+                                cb->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!ok) continue;
+        float ms = 0.0f;
+        if (ce == cudaSuccess) ce = cudaEventRecord(ev[1], cb->stream);
+        if (ce == cudaSuccess) ce = cudaEventSynchronize(ev[1]);
+        if (ce == cudaSuccess) ce = cudaEventElapsedTime(&ms, ev[0], ev[1]);
+        if (ce == cudaSuccess && (!have || ms < best)) best = ms, *pick = i, have = true;
+    }
+    cudaEventDestroy(ev[1]);
+    cudaEventDestroy(ev[0]);
+    if (ce != cudaSuccess)
+        return tdm_fail(err, TDM_ERR_DEVICE, "cuda: timing cuBLASLt algorithms: %s",
+                        cudaGetErrorString(ce));
+    return TDM_OK;
+}
+
 static tdm_status lt_matmul(cuda_backend *cb, const lt_call *q, tdm_error *err)
 {
     cuda_prof_scope prof(cb, TDM_OP_SUB_MATMUL);
@@ -644,9 +693,10 @@ static tdm_status lt_matmul(cuda_backend *cb, const lt_call *q, tdm_error *err)
                                             &al_c, sizeof al_c));
     LT(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                             &al_c, sizeof al_c));
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(cb->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found));
+    cublasLtMatmulHeuristicResult_t heurs[LT_TUNE_MAX];
+    int want = cb->plans && cb->lt_tune > 1 && q->beta == 0.0f ? cb->lt_tune : 1, found = 0, pick = 0;
+    LT(cublasLtMatmulAlgoGetHeuristic(cb->lt, d.op, d.a, d.b, d.c, d.c, d.pref, want, heurs,
+                                      &found));
     if (found < 1)
         return tdm_fail(err, TDM_ERR_DEVICE,
                         "cublasLt: no algorithm for a %s matmul (column-major m %lld n %lld k %lld, "
@@ -655,6 +705,8 @@ static tdm_status lt_matmul(cuda_backend *cb, const lt_call *q, tdm_error *err)
                         (long long)q->m, (long long)q->n, (long long)q->k, ta ? 'T' : 'N',
                         tb ? 'T' : 'N', (long long)q->lda, (long long)q->ldb, (long long)q->ldc,
                         (long long)q->batch);
+    if (found > 1) TDM_TRY(lt_tune_pick(cb, d, q, heurs, found, &pick, err));
+    const cublasLtMatmulHeuristicResult_t &heur = heurs[pick];
     LT(cublasLtMatmul(cb->lt, d.op, &q->alpha, q->a, d.a, q->b, d.b, &q->beta, q->c, d.c, q->c,
                       d.c, &heur.algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
     if (cb->plans) {
@@ -1259,6 +1311,9 @@ static tdm_status init_device(cuda_backend *cb, const tdm_backend_opts *opts, td
         cb->plans = new (std::nothrow) cuda_plan_cache();
         if (!cb->plans) return tdm_fail(err, TDM_ERR_NOMEM, "backend cuda: out of memory");
     }
+    const char *tune = getenv("TANDEM_CUDA_GEMM_TUNE");
+    cb->lt_tune = tune ? atoi(tune) : 0;
+    if (cb->lt_tune > LT_TUNE_MAX) cb->lt_tune = LT_TUNE_MAX;
     cb->max_smem_optin = prop.sharedMemPerBlockOptin;
     CU(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     LT(cublasLtCreate(&cb->lt));

@@ -68,6 +68,7 @@ typedef struct cuda_backend {
     std::unordered_map<const void *, float> *fp8_w_amax;
     size_t max_smem_optin; /* bytes of dynamic shared memory a block may opt in to */
     struct cuda_plan_cache *plans; /* cuBLASLt descriptors + algorithm per GEMM shape (NULL: off) */
+    int lt_tune; /* TANDEM_CUDA_GEMM_TUNE: candidates a new plan times (<= 1: the heuristic's first) */
     struct cuda_prof *prof;        /* event pairs of op_profile.h (NULL until profiling starts) */
 } cuda_backend;
 

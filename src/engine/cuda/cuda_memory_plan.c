@@ -1,6 +1,8 @@
 /* tandem — the CUDA backend's workspace and scratch, predicted from shapes (see the header). */
 #include "engine/cuda/cuda_memory_plan.h"
 
+#include <stdlib.h>
+
 /* n items in pieces of at most `max` (>= 1): equal pieces rounded up to `unit` (when max allows) */
 static int64_t even_piece(int64_t n, int64_t max, int64_t unit)
 {
@@ -12,16 +14,26 @@ static int64_t even_piece(int64_t n, int64_t max, int64_t unit)
     return p <= max ? p : max / unit * unit;
 }
 
+int64_t tdm_cuda_dequant_tile_elems(void)
+{
+    const char *s = getenv("TANDEM_CUDA_DEQUANT_TILE_MI");
+    if (!s || !*s) return TDM_CUDA_DEQUANT_TILE_ELEMS;
+    char *end;
+    long mi = strtol(s, &end, 10);
+    return *end == '\0' && mi >= 1 && mi <= 1024 ? (int64_t)mi << 20 : TDM_CUDA_DEQUANT_TILE_ELEMS;
+}
+
 int64_t tdm_cuda_tile_rows(int64_t rows, int64_t cols)
 {
-    return even_piece(rows, TDM_CUDA_DEQUANT_TILE_ELEMS / (cols > 0 ? cols : 1), 64);
+    return even_piece(rows, tdm_cuda_dequant_tile_elems() / (cols > 0 ? cols : 1), 64);
 }
 
 int64_t tdm_cuda_slab_cols(int64_t rows, int64_t cols)
 {
-    if (rows * cols <= TDM_CUDA_DEQUANT_TILE_ELEMS) return cols;
+    int64_t limit = tdm_cuda_dequant_tile_elems();
+    if (rows * cols <= limit) return cols;
     if (cols % 64 != 0) return 0;
-    int64_t max = TDM_CUDA_DEQUANT_TILE_ELEMS / (rows > 0 ? rows : 1) / 64 * 64;
+    int64_t max = limit / (rows > 0 ? rows : 1) / 64 * 64;
     return even_piece(cols, max < 64 ? 64 : max, 64);
 }
 

@@ -24,6 +24,11 @@ extern "C" {
  * of a 7B model in one piece, the MLP ones in three (8 Mi elements, the first size, split a 7B
  * gate_proj into 9 tiles and its backward into 9 f32-accumulated partial products). */
 #define TDM_CUDA_DEQUANT_TILE_ELEMS ((int64_t)32 << 20)
+/* The tile limit in force: TDM_CUDA_DEQUANT_TILE_ELEMS, or TANDEM_CUDA_DEQUANT_TILE_MI Mi elements
+ * (1..1024) when that is set: a benchmark knob (scripts/device/gemm-cut-ab.sh) to measure other
+ * cuts of the 7B MLP weights, whose thirds make products of 1216 output columns. The memory plan
+ * and the backend both read it here, so the plan still equals what is allocated. */
+int64_t tdm_cuda_dequant_tile_elems(void);
 /* The tensor-core attention backward splits dk/dv over the GQA group into f32 partials of at
  * most this many bytes (attention.cuh, att3_dkv_split). */
 #define TDM_CUDA_ATT_SPLIT_MAX_BYTES ((uint64_t)256 << 20)
