@@ -7,6 +7,7 @@
 
 #include "engine/op_profile.h"
 #include "run/cotrain_run.h"
+#include "run/output_claim.h"
 #include "train/adapters_config.h"
 #include "train/memory_plan.h"
 #include "util/path_identity.h"
@@ -408,6 +409,9 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     if (st != TDM_OK) goto out;
     tdm_trainer_adapter *ads = l.ads;
     int n = l.n;
+    /* one run writes an OUT_DIR at a time (output_claim.h): before joining or loading */
+    tdm_output_claims claims;
+    if ((st = tdm_output_claims_take(&claims, ads, n, err)) != TDM_OK) goto out;
     tdm_run_context rc = tdm_run_context_for(&o->device.mps);
     if (strcmp(o->device.device, "cpu") && rc.max_checkpoint_interval_steps > 0)
         o->trainer.max_checkpoint_interval = rc.max_checkpoint_interval_steps;
@@ -434,6 +438,7 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
         o->trainer = plain;
         o->trainer.resume = resume;
     }
+    tdm_output_claims_release(&claims);
 out:
     tdm_run_adapters_free(&l);
     return st;

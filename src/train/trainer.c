@@ -1840,10 +1840,21 @@ static tdm_status refuse_old_checkpoints(const tdm_trainer *t, int a, tdm_error 
     return TDM_OK;
 }
 
-/* Adapter a starts from scratch: PEFT initialisation from the run's seed, empty records. */
+/* Adapter a starts from scratch: PEFT initialisation from the run's seed, empty records.
+ * Refused when OUT_DIR holds the final adapter of an earlier run whose checkpoints are gone
+ * (deleted to free space; with them --resume would continue it): training would replace it. */
 static tdm_status start_fresh(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
+    char final[4096];
+    struct stat sb;
+    snprintf(final, sizeof final, "%s/%s", s->cfg.output, TDM_PEFT_WEIGHTS_FILE);
+    if (stat(final, &sb) == 0)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "%s holds the adapter of an earlier run (%s) and no checkpoint to resume "
+                        "from: training from step 0 would replace it; train into a new OUT_DIR, "
+                        "or move that adapter away",
+                        s->cfg.output, TDM_PEFT_WEIGHTS_FILE);
     tdm_rng_seed(&s->rng, s->cfg.seed);
     if (!s->cfg.init_adapter) tdm_lora_params_init_peft(&s->host, &s->rng);
     TDM_TRY(upload_state(t, s, false, err));

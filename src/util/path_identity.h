@@ -8,6 +8,7 @@
  */
 #ifndef TANDEM_UTIL_PATH_IDENTITY_H
 #define TANDEM_UTIL_PATH_IDENTITY_H
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "util/error.h"
@@ -23,5 +24,15 @@
  * directory; a relative base_dir is itself relative to the working directory). */
 tdm_status tdm_path_identity(const char *base_dir, const char *path, char *key, size_t cap,
                              tdm_error *err);
+
+/* The absolute path `path` leads to (base_dir as above): its longest existing prefix resolved
+ * by realpath(3) (symbolic links, "." and ".."), the rest normalized lexically. Two resolved
+ * paths can be compared for nesting with tdm_path_within; cap >= TDM_PATH_IDENTITY_MAX. */
+tdm_status tdm_path_resolve(const char *base_dir, const char *path, char *out, size_t cap,
+                            tdm_error *err);
+
+/* Whether the resolved path inner lies strictly inside the resolved directory outer
+ * ("/a/b/c" within "/a/b"; not "/a/bc", not "/a/b" itself). */
+bool tdm_path_within(const char *inner, const char *outer);
 
 #endif

@@ -89,12 +89,35 @@ static void test_relative_to_base(void **state)
     assert_string_equal(k0, k1);
 }
 
+/* Nesting: a path inside a directory is found whatever its spelling, through a symbolic link,
+ * existing or not; siblings sharing a name prefix, and a directory and itself, are not nested. */
+static void test_within(void **state)
+{
+    (void)state;
+    char a[TDM_PATH_IDENTITY_MAX], b[TDM_PATH_IDENTITY_MAX], c[TDM_PATH_IDENTITY_MAX];
+    tdm_error err = {0};
+    assert_int_equal(tdm_path_resolve(NULL, "exists", a, sizeof a, &err), TDM_OK);
+    assert_int_equal(tdm_path_resolve(NULL, "link/a/best", b, sizeof b, &err), TDM_OK);
+    assert_true(tdm_path_within(b, a));
+    assert_false(tdm_path_within(a, b));
+    assert_int_equal(tdm_path_resolve(NULL, "./new//x/../y", c, sizeof c, &err), TDM_OK);
+    char want[TDM_PATH_IDENTITY_MAX];
+    assert_int_equal(tdm_path_resolve(NULL, "new", want, sizeof want, &err), TDM_OK);
+    assert_true(tdm_path_within(c, want));
+    assert_int_equal(tdm_path_resolve(NULL, "exists2/a", c, sizeof c, &err), TDM_OK);
+    assert_false(tdm_path_within(c, a)); /* "exists2" is not inside "exists" */
+    assert_false(tdm_path_within(a, a));
+    assert_true(tdm_path_within(a, "/"));
+    assert_false(tdm_path_within("/", "/"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_directory_spellings),
         cmocka_unit_test(test_existing_directory),
         cmocka_unit_test(test_relative_to_base),
+        cmocka_unit_test(test_within),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
