@@ -33,7 +33,9 @@ static void usage(FILE *out)
         "                          tensor keeps its stored dtype); config.json's torch_dtype\n"
         "                          follows\n"
         "  --max-shard-size SIZE   largest shard, bytes or with KB/MB/GB (default 5GB)\n"
-        "  --force                 replace a non-empty OUT_DIR (atomically, once complete)\n"
+        "  --force                 replace a non-empty OUT_DIR such as an earlier merged\n"
+        "                          model (atomically, once complete); never an adapter\n"
+        "                          directory or a training run's OUT_DIR\n"
         "  --quiet                 no progress lines on stderr\n");
 }
 
