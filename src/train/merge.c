@@ -592,10 +592,17 @@ tdm_status tdm_merge(const tdm_merge_opts *o, tdm_merge_result *res, tdm_error *
 {
     tdm_merge_result r = {0};
     if (!o->n_adapters) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to merge");
-    for (size_t i = 0; i < o->n_adapters; i++)
+    for (size_t i = 0; i < o->n_adapters; i++) {
+        const char *dir = o->adapters[i].dir;
+        struct stat sb;
         if (!isfinite(o->adapters[i].weight))
-            return tdm_fail(err, TDM_ERR_INVALID, "adapter %s: the weight is not finite",
-                            o->adapters[i].dir);
+            return tdm_fail(err, TDM_ERR_INVALID, "adapter %s: the weight is not finite", dir);
+        if (stat(dir, &sb) != 0 && errno == ENOENT)
+            return tdm_fail(err, TDM_ERR_NOT_FOUND,
+                            "adapter %s does not exist: give a PEFT adapter directory (a "
+                            "training run's OUT_DIR, its best/ or a checkpoint-N/)",
+                            dir);
+    }
     if (o->has_dtype && !is_float(o->dtype))
         return tdm_fail(err, TDM_ERR_INVALID, "output dtype %s is not F32, F16 or BF16",
                         tdm_dtype_name(o->dtype));

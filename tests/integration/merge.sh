@@ -4,8 +4,8 @@
 # --base original (compared with eval --method lora --adapter), and a PEFT-made rsLoRA fixture
 # adapter (made elsewhere: original by default); the index agrees with the shards (names, sizes,
 # total_size); --dtype is honoured (every tensor, config.json) and the default keeps the stored
-# dtype; usage errors and an adapter of another shape exit 2, conflicting adapters exit 1; a
-# non-empty OUT_DIR is refused
+# dtype; usage errors (a weight that is no finite number included) and an adapter of another
+# shape exit 2, conflicting adapters and a missing one exit 1; a non-empty OUT_DIR is refused
 # unless --force, and an adapter directory or training OUT_DIR (or one inside or holding one)
 # even with it; a failure while writing leaves no OUT_DIR and no temporary directory.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -131,6 +131,17 @@ grep -q "runs_above holds runs_above/early, an adapter directory or a training r
     fail "--out holding a run: $(cat "$WORK/last.err")"
 find out/q -type f | sort | xargs sha256sum | diff run_before.txt - >/dev/null || fail "a refused merge changed out/q"
 [ -d runs_above/early/checkpoint-7 ] || fail "a refused merge removed runs_above/early"
+# DIR[:WEIGHT]: a weight that is no finite number is a usage error saying so; a directory whose
+# name has a ':' is still read whole; a missing adapter is said not to exist
+for w in abc inf nan; do
+    expect_exit 2 "$TANDEM" merge tiny --adapter "out/q:$w" --out x
+    grep -q "adapter out/q:$w: the weight after ':' must be a finite number" "$WORK/last.err" ||
+        fail "weight $w: $(cat "$WORK/last.err")"
+done
+cp -r peft_copy pe:ft
+expect_exit 0 "$TANDEM" merge tiny --adapter pe:ft --out m_colon --quiet
+expect_exit 1 "$TANDEM" merge tiny --adapter no_such_adapter --out x
+grep -q "adapter no_such_adapter does not exist" "$WORK/last.err" || fail "missing adapter: $(cat "$WORK/last.err")"
 [ ! -e x ] || fail "a refused merge left x"
 # a failure while writing leaves neither OUT_DIR nor a temporary directory
 expect_exit 1 env TANDEM_FAULT_INJECT=safetensors.rename "$TANDEM" merge tiny --adapter out/q --out m_fail

@@ -13,9 +13,10 @@
  *      bfloat16; tokenizer and generation files copied byte for byte;
  *   5. refusals before any write: non-empty out (kept as it was) unless force, out = the model,
  *      out holding the adapter, out being, inside or holding an adapter directory or a run's
- *      OUT_DIR even with force, an adapter of another shape, another base identity, QLoRA and
- *      non-QLoRA adapters under auto, two double-quantization settings; faults while writing a
- *      shard or renaming leave neither the output nor a temporary directory.
+ *      OUT_DIR even with force, an adapter of another shape, a missing adapter, another base
+ *      identity, QLoRA and non-QLoRA adapters under auto, two double-quantization settings;
+ *      faults while writing a shard or renaming leave neither the output nor a temporary
+ *      directory.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -422,6 +423,10 @@ static void test_refusals(void **state)
     tdm_merge_adapter bad[1] = {{d, 1}};
     o = opts(bad, 1, out);
     expect_fail(&o, TDM_ERR_INVALID, "does not fit");
+    assert_int_not_equal(stat(out, &sb), 0);
+    /* a missing adapter is said not to exist (not "does not fit") */
+    snprintf(d, sizeof d, "%s/no_such_adapter", tmpdir);
+    expect_fail(&o, TDM_ERR_NOT_FOUND, "no_such_adapter does not exist");
     assert_int_not_equal(stat(out, &sb), 0);
     /* another base model recorded */
     snprintf(d, sizeof d, "%s/ad_other", tmpdir);
