@@ -16,6 +16,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "train/generate.h"
+#include "train/run_records.h"
 #include "util/atomic_file.h"
 
 static void usage(FILE *out)
@@ -555,6 +556,13 @@ int tdm_cmd_generate(int argc, char **argv)
                     ps[i].where, j, ps[i].ids.ids[j], model_dir, (long long)cfg.vocab_size);
                 goto out;
             }
+    /* an adapter whose run recorded another base model is refused, as eval refuses it
+     * (train/run_records.h); one without that record (made elsewhere) is used as it is */
+    for (int s = 0; s < n_slots; s++)
+        if (slots[s].dir && tdm_adapter_check_base(slots[s].dir, model_dir, &err) != TDM_OK) {
+            code = tdm_cli_fail(TDM_EXIT_FAILURE, "generate: %s", err.message);
+            goto out;
+        }
     /* dense_embed: the logits of a decoded token are one row's product with the lm_head, where
      * a bf16 table widened per token was slower than an f32 one (model.h) */
     tdm_model_opts mo = {.nf4 = nf4, .double_quant = nf4 && dq, .dense_embed = true};

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "train/merge.h"
@@ -21,7 +22,8 @@ static void usage(FILE *out)
         "                    --out OUT_DIR [--base dequantized|original] [--dtype bf16|f16|f32]\n"
         "                    [--max-shard-size SIZE] [--force] [--quiet]\n"
         "  --adapter DIR[:WEIGHT]  a PEFT adapter directory; several are merged linearly,\n"
-        "                          W + sum WEIGHT * scale * B A (WEIGHT defaults to 1)\n"
+        "                          W + sum WEIGHT * scale * B A (WEIGHT a finite number,\n"
+        "                          default 1)\n"
         "  --out OUT_DIR           the merged model (a Hugging Face model directory)\n"
         "  --base                  dequantized: the NF4 weights a QLoRA adapter was trained\n"
         "                          against (the default for adapters tandem trained with\n"
@@ -33,7 +35,9 @@ static void usage(FILE *out)
         "                          tensor keeps its stored dtype); config.json's torch_dtype\n"
         "                          follows\n"
         "  --max-shard-size SIZE   largest shard, bytes or with KB/MB/GB (default 5GB)\n"
-        "  --force                 replace a non-empty OUT_DIR (atomically, once complete)\n"
+        "  --force                 replace a non-empty OUT_DIR such as an earlier merged\n"
+        "                          model (atomically, once complete); never an adapter\n"
+        "                          directory or a training run's OUT_DIR\n"
         "  --quiet                 no progress lines on stderr\n");
 }
 
@@ -43,18 +47,27 @@ static void print_note(const char *line, void *user)
     fprintf(stderr, "tandem: %s\n", line);
 }
 
-/* "DIR" or "DIR:WEIGHT" (the last ':' starts a weight only when a number follows). */
-static bool parse_adapter(char *arg, tdm_merge_adapter *a)
+/* "DIR" or "DIR:WEIGHT": the last ':' starts the weight when a number follows it; otherwise the
+ * whole argument is DIR when that exists (a directory whose name has a ':'). Returns
+ * TDM_EXIT_OK, or TDM_EXIT_USAGE after printing why. */
+static int parse_adapter(char *arg, tdm_merge_adapter *a)
 {
     a->dir = arg;
     a->weight = 1;
     char *colon = strrchr(arg, ':');
     double w;
+    struct stat sb;
     if (colon && tdm_cli_parse_double(colon + 1, &w)) {
         *colon = 0;
         a->weight = w;
+    } else if (colon && stat(arg, &sb) != 0) {
+        return tdm_cli_fail(TDM_EXIT_USAGE,
+                            "merge: --adapter %s: the weight after ':' must be a finite number "
+                            "(DIR:WEIGHT, such as %.*s:0.5), and no directory %s exists",
+                            arg, (int)(colon - arg), arg, arg);
     }
-    return *a->dir != 0;
+    if (!*a->dir) return tdm_cli_fail(TDM_EXIT_USAGE, "merge: --adapter needs DIR[:WEIGHT]");
+    return TDM_EXIT_OK;
 }
 
 /* "5GB", "200MB", "64KB", "1000" (decimal units, as transformers' max_shard_size). */
@@ -98,12 +111,13 @@ int tdm_cmd_merge(int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
-        case M_ADAPTER:
+        case M_ADAPTER: {
             if (o.n_adapters == 64)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "merge: at most 64 --adapter options");
-            if (!parse_adapter(optarg, &ads[o.n_adapters++]))
-                return tdm_cli_fail(TDM_EXIT_USAGE, "merge: --adapter needs DIR[:WEIGHT]");
+            int code = parse_adapter(optarg, &ads[o.n_adapters++]);
+            if (code != TDM_EXIT_OK) return code;
             break;
+        }
         case M_OUT:
             o.out_dir = optarg;
             break;

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "model/safetensors.h"
+#include "train/run_records.h"
 #include "util/atomic_dir.h"
 #include "util/atomic_file.h"
 #include "util/json_file.h"
@@ -639,6 +640,34 @@ tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t ca
     }
     free(steps);
     return tdm_fail(err, TDM_ERR_NOT_FOUND, "no complete checkpoint in %s", out_dir);
+}
+
+bool tdm_is_adapter_or_run_dir(const char *dir, char *marker, size_t cap)
+{
+    static const char *const files[] = {TDM_PEFT_CONFIG_FILE,   TDM_PEFT_WEIGHTS_FILE,
+                                        TDM_METRICS_FILE,       TDM_METADATA_FILE,
+                                        TDM_TRAINER_STATE_FILE, TDM_CHECKPOINT_STATE_FILE};
+    char path[PATH_MAX + 64];
+    struct stat sb;
+    bool found = false;
+    for (size_t i = 0; !found && i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        found = lstat(path, &sb) == 0;
+    }
+    if (!found) {
+        snprintf(path, sizeof path, "%s/%s", dir, TDM_BEST_DIR);
+        found = lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    }
+    int64_t *steps;
+    size_t n;
+    tdm_error ignored = {0};
+    if (!found && tdm_checkpoint_list(dir, &steps, &n, &ignored) == TDM_OK && n > 0) {
+        snprintf(path, sizeof path, "%s/" TDM_CHECKPOINT_PREFIX "%" PRId64, dir, steps[0]);
+        free(steps);
+        found = true;
+    }
+    if (found && marker && cap) snprintf(marker, cap, "%s", path);
+    return found;
 }
 
 tdm_status tdm_checkpoint_prune(const char *out_dir, int keep_last, tdm_error *err)

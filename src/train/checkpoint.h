@@ -33,6 +33,7 @@
 #ifndef TANDEM_TRAIN_CHECKPOINT_H
 #define TANDEM_TRAIN_CHECKPOINT_H
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -135,6 +136,14 @@ tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err);
  * through tdm_warn). path receives its directory, *step its step. TDM_ERR_NOT_FOUND when none. */
 tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t cap, int64_t *step,
                                       tdm_error *err);
+
+/* Whether dir is a PEFT adapter directory or a training run's OUT_DIR, which a command that
+ * replaces whole directories (`tandem merge --force`) must leave alone: it holds
+ * adapter_config.json, adapter_model.safetensors, a run record (metrics.jsonl, metadata.json,
+ * trainer_state.json), tandem_state.json, a best/ directory or a checkpoint-N/ directory.
+ * marker (cap bytes, may be NULL) receives "dir/ENTRY" of the first one found. False for a
+ * directory that is missing or cannot be read. */
+bool tdm_is_adapter_or_run_dir(const char *dir, char *marker, size_t cap);
 
 /* Keeps the keep_last checkpoints with the highest steps and deletes the others (keep_last <= 0
  * keeps all). */

@@ -18,6 +18,7 @@
 #include "model/nf4.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "train/checkpoint.h"
 #include "train/lora.h"
 #include "train/peft_io.h"
 #include "train/run_records.h"
@@ -164,12 +165,90 @@ static bool path_within(const char *inner, const char *outer)
     return !strncmp(ri, ro, n) && (ri[n] == 0 || ri[n] == '/');
 }
 
-/* Refuses an out_dir that would overwrite or remove the inputs, or a non-empty one without
- * force; creates its parent. */
+/* The deepest existing path at or above path, resolved by realpath, into real (PATH_MAX). */
+static bool deepest_existing(const char *path, char *real)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    while (!realpath(p, real)) {
+        char *slash = strrchr(p, '/');
+        if (!slash) return realpath(".", real) != NULL;
+        if (slash == p) return realpath("/", real) != NULL;
+        *slash = 0;
+    }
+    return true;
+}
+
+/* The first adapter directory or training OUT_DIR (train/checkpoint.h) below dir, not following
+ * symbolic links: its path into found, the entry that marks it into marker. */
+static bool find_run_dir_below(const char *dir, char *found, size_t found_cap, char *marker,
+                               size_t marker_cap)
+{
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool hit = false;
+    struct dirent *e;
+    while (!hit && (e = readdir(d))) {
+        char sub[PATH_MAX];
+        struct stat sb;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name) >= (int)sizeof sub) continue;
+        if (lstat(sub, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        if (tdm_is_adapter_or_run_dir(sub, marker, marker_cap)) {
+            snprintf(found, found_cap, "%s", sub);
+            hit = true;
+        } else {
+            hit = find_run_dir_below(sub, found, found_cap, marker, marker_cap);
+        }
+    }
+    closedir(d);
+    return hit;
+}
+
+/* Refuses, with or without force, an out_dir that is, holds or lies inside a PEFT adapter
+ * directory or a training run's OUT_DIR: replacing it would delete the run. An earlier merged
+ * model has none of their files and may be replaced. out_real: deepest_existing(out). */
+static tdm_status check_not_run_dir(const char *out, const char *out_real, tdm_error *err)
+{
+    char real[PATH_MAX], marker[PATH_MAX + 64];
+    snprintf(real, sizeof real, "%s", out_real);
+    struct stat sb;
+    bool out_exists = stat(out, &sb) == 0 && S_ISDIR(sb.st_mode);
+    for (bool at_out = out_exists;; at_out = false) {
+        if (tdm_is_adapter_or_run_dir(at_out ? out : real, marker, sizeof marker)) {
+            if (at_out)
+                return tdm_fail(err, TDM_ERR_INVALID,
+                                "--out %s is an adapter directory or a training run's OUT_DIR "
+                                "(it has %s), which even --force does not replace: write the "
+                                "merged model to a new directory",
+                                out, marker);
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "--out %s lies inside %s, an adapter directory or a training run's "
+                            "OUT_DIR (it has %s): write the merged model outside it",
+                            out, real, marker);
+        }
+        char *slash = strrchr(real, '/');
+        if (!slash || !strcmp(real, "/")) break;
+        slash[slash == real ? 1 : 0] = 0;
+    }
+    char found[PATH_MAX];
+    if (out_exists && find_run_dir_below(out, found, sizeof found, marker, sizeof marker))
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "--out %s holds %s, an adapter directory or a training run's OUT_DIR (it "
+                        "has %s), which even --force does not replace: write the merged model "
+                        "elsewhere",
+                        out, found, marker);
+    return TDM_OK;
+}
+
+/* Refuses an out_dir that would overwrite or remove the inputs or a training run, or a non-empty
+ * one without force; creates its parent. */
 static tdm_status check_out_dir(const tdm_merge_opts *o, const char *out, tdm_error *err)
 {
-    char ko[TDM_PATH_IDENTITY_MAX], k[TDM_PATH_IDENTITY_MAX];
+    char ko[TDM_PATH_IDENTITY_MAX], k[TDM_PATH_IDENTITY_MAX], out_real[PATH_MAX];
     TDM_TRY(tdm_path_identity("", out, ko, sizeof ko, err));
+    if (!deepest_existing(out, out_real))
+        return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot resolve --out %s", out);
     for (size_t i = 0; i <= o->n_adapters; i++) {
         const char *in = i == 0 ? o->model_dir : o->adapters[i - 1].dir;
         TDM_TRY(tdm_path_identity("", in, k, sizeof k, err));
@@ -177,7 +256,13 @@ static tdm_status check_out_dir(const tdm_merge_opts *o, const char *out, tdm_er
             return tdm_fail(err, TDM_ERR_INVALID,
                             "--out %s is (or holds) the %s %s: write the merged model elsewhere",
                             out, i == 0 ? "model" : "adapter", in);
+        if (i > 0 && path_within(out_real, in))
+            return tdm_fail(err, TDM_ERR_INVALID,
+                            "--out %s lies inside the adapter %s: write the merged model outside "
+                            "it",
+                            out, in);
     }
+    TDM_TRY(check_not_run_dir(out, out_real, err));
     struct stat sb;
     if (lstat(out, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
@@ -507,10 +592,17 @@ tdm_status tdm_merge(const tdm_merge_opts *o, tdm_merge_result *res, tdm_error *
 {
     tdm_merge_result r = {0};
     if (!o->n_adapters) return tdm_fail(err, TDM_ERR_INVALID, "no adapter to merge");
-    for (size_t i = 0; i < o->n_adapters; i++)
+    for (size_t i = 0; i < o->n_adapters; i++) {
+        const char *dir = o->adapters[i].dir;
+        struct stat sb;
         if (!isfinite(o->adapters[i].weight))
-            return tdm_fail(err, TDM_ERR_INVALID, "adapter %s: the weight is not finite",
-                            o->adapters[i].dir);
+            return tdm_fail(err, TDM_ERR_INVALID, "adapter %s: the weight is not finite", dir);
+        if (stat(dir, &sb) != 0 && errno == ENOENT)
+            return tdm_fail(err, TDM_ERR_NOT_FOUND,
+                            "adapter %s does not exist: give a PEFT adapter directory (a "
+                            "training run's OUT_DIR, its best/ or a checkpoint-N/)",
+                            dir);
+    }
     if (o->has_dtype && !is_float(o->dtype))
         return tdm_fail(err, TDM_ERR_INVALID, "output dtype %s is not F32, F16 or BF16",
                         tdm_dtype_name(o->dtype));

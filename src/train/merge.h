@@ -90,12 +90,14 @@ typedef struct tdm_merge_result {
 } tdm_merge_result;
 
 /* Merges o->adapters into o->model_dir and writes o->out_dir (see above). Refuses, before writing
- * anything: an out_dir that is the model or an adapter directory, a non-empty out_dir without
- * force, a file at out_dir (TDM_ERR_INVALID); an adapter whose run record names another base
- * model, adapters whose methods or double-quantization settings disagree under AUTO, a recorded
- * NF4 block size other than 64 (TDM_ERR_UNSUPPORTED); an adapter whose tensors do not fit the
- * model (shape, layer count: the message names the adapter and tensor). On any failure out_dir
- * keeps what it had and no temporary directory is left. res may be NULL. */
+ * anything: an out_dir that is or holds the model, or that is, holds or lies inside one of the
+ * adapters or any adapter directory or training OUT_DIR (tdm_is_adapter_or_run_dir), with or
+ * without force; a non-empty out_dir without force, a file at out_dir (TDM_ERR_INVALID); an
+ * adapter whose run record names another base model, adapters whose methods or
+ * double-quantization settings disagree under AUTO, a recorded NF4 block size other than 64
+ * (TDM_ERR_UNSUPPORTED); an adapter whose tensors do not fit the model (shape, layer count: the
+ * message names the adapter and tensor). On any failure out_dir keeps what it had and no
+ * temporary directory is left. res may be NULL. */
 tdm_status tdm_merge(const tdm_merge_opts *o, tdm_merge_result *res, tdm_error *err);
 
 #endif

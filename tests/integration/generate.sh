@@ -3,7 +3,8 @@
 # does; --json's shape; stop reasons; --file with the adapter and the base side by side in one
 # batch gives each the tokens it gives alone, and the KV cache the tokens of --no-cache;
 # sampling is repeatable by seed; --messages; the EOS / end-of-turn warning; usage errors exit 2
-# naming FILE:LINE, an unreadable adapter exits 1 naming it.
+# naming FILE:LINE, an unreadable adapter or one trained on another base model exits 1 naming
+# it.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 cd "$WORK" || exit 1
 "$TANDEM" init-model tiny --preset tiny --init-std 0.1 >/dev/null || { echo "init-model failed"; exit 1; }
@@ -111,4 +112,13 @@ expect_exit 2 "$TANDEM" generate tiny --file bad.jsonl
 grep -q 'bad.jsonl:1: "ids" must be' "$WORK/last.err" || fail "ids not an array: $(cat "$WORK/last.err")"
 expect_exit 1 "$TANDEM" generate tiny --prompt x --adapter "$WORK/no-such-adapter"
 grep -q "no-such-adapter" "$WORK/last.err" || fail "missing adapter: message does not name it: $(cat "$WORK/last.err")"
+# an adapter trained on another base model (same shapes, other weights) exits 1 as in eval, also
+# when a --file line is what names it
+"$TANDEM" init-model tiny2 --preset tiny --init-std 0.1 --seed 5 >/dev/null
+expect_exit 1 "$TANDEM" generate tiny2 --device cpu --prompt hi --max-new-tokens 4 --adapter out/greet
+grep -q "generate: out/greet was trained on another base model than tiny2 (out/greet/metadata.json records base_model_identity" "$WORK/last.err" ||
+    fail "another base: $(cat "$WORK/last.err")"
+echo '{"prompt": "a", "adapter": "g"}' >named.jsonl
+expect_exit 1 "$TANDEM" generate tiny2 --device cpu --file named.jsonl --adapter g=out/greet --adapter base
+grep -q "out/greet was trained on another base model" "$WORK/last.err" || fail "another base (--file): $(cat "$WORK/last.err")"
 finish

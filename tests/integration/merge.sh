@@ -4,9 +4,10 @@
 # --base original (compared with eval --method lora --adapter), and a PEFT-made rsLoRA fixture
 # adapter (made elsewhere: original by default); the index agrees with the shards (names, sizes,
 # total_size); --dtype is honoured (every tensor, config.json) and the default keeps the stored
-# dtype; usage errors and an adapter of another shape exit 2, conflicting adapters exit 1; a
-# non-empty OUT_DIR is refused unless --force; a failure while writing leaves no OUT_DIR and no
-# temporary directory.
+# dtype; usage errors (a weight that is no finite number included) and an adapter of another
+# shape exit 2, conflicting adapters and a missing one exit 1; a non-empty OUT_DIR is refused
+# unless --force, and an adapter directory or training OUT_DIR (or one inside or holding one)
+# even with it; a failure while writing leaves no OUT_DIR and no temporary directory.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 cd "$WORK" || exit 1
 G="$TANDEM_SOURCE_DIR/tests/fixtures/train/golden"
@@ -109,6 +110,38 @@ grep -q "pick the base with --base dequantized or --base original" "$WORK/last.e
 expect_exit 0 "$TANDEM" merge tiny --adapter out/q:0.5 --adapter peft_copy:0.5 --base dequantized --out m_half --dtype f32
 close "two halves of one adapter" "$(loss_of m_half --method lora --data d.jsonl)" "$q_ref"
 jq -e '[.adapters[].weight] == [0.5, 0.5]' m_half/tandem_merge.json >/dev/null || fail "weights: $(cat m_half/tandem_merge.json)"
+# --force never replaces an adapter directory or a training run's OUT_DIR, nor a directory inside
+# or holding one (the repro: a run's OUT_DIR, the merged adapter's own best/); the run is left as
+# it was. It still replaces an earlier merged model (m_o above).
+find out/q -type f | sort | xargs sha256sum >run_before.txt
+expect_exit 2 "$TANDEM" merge tiny --adapter peft_copy --out out/q --force
+grep -q "out/q is an adapter directory or a training run's OUT_DIR (it has out/q/adapter_config.json), which even --force does not replace" "$WORK/last.err" ||
+    fail "--out a run's OUT_DIR: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" merge tiny --adapter peft_copy --out out/q/checkpoint-4/ --force
+grep -q "is an adapter directory or a training run's OUT_DIR (it has out/q/checkpoint-4/adapter_config.json)" "$WORK/last.err" ||
+    fail "--out a checkpoint: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" merge tiny --adapter peft_copy --out out/q/runs --force
+grep -q "out/q/runs lies inside .*/out/q, an adapter directory or a training run's OUT_DIR" "$WORK/last.err" ||
+    fail "--out inside a run's OUT_DIR: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" merge tiny --adapter out/q --out out/q/best --force
+grep -q "out/q/best lies inside the adapter out/q" "$WORK/last.err" || fail "--out inside the adapter: $(cat "$WORK/last.err")"
+mkdir -p runs_above/early/checkpoint-7 # a run that has saved a checkpoint but no record yet
+expect_exit 2 "$TANDEM" merge tiny --adapter peft_copy --out runs_above --force
+grep -q "runs_above holds runs_above/early, an adapter directory or a training run's OUT_DIR (it has runs_above/early/checkpoint-7)" "$WORK/last.err" ||
+    fail "--out holding a run: $(cat "$WORK/last.err")"
+find out/q -type f | sort | xargs sha256sum | diff run_before.txt - >/dev/null || fail "a refused merge changed out/q"
+[ -d runs_above/early/checkpoint-7 ] || fail "a refused merge removed runs_above/early"
+# DIR[:WEIGHT]: a weight that is no finite number is a usage error saying so; a directory whose
+# name has a ':' is still read whole; a missing adapter is said not to exist
+for w in abc inf nan; do
+    expect_exit 2 "$TANDEM" merge tiny --adapter "out/q:$w" --out x
+    grep -q "adapter out/q:$w: the weight after ':' must be a finite number" "$WORK/last.err" ||
+        fail "weight $w: $(cat "$WORK/last.err")"
+done
+cp -r peft_copy pe:ft
+expect_exit 0 "$TANDEM" merge tiny --adapter pe:ft --out m_colon --quiet
+expect_exit 1 "$TANDEM" merge tiny --adapter no_such_adapter --out x
+grep -q "adapter no_such_adapter does not exist" "$WORK/last.err" || fail "missing adapter: $(cat "$WORK/last.err")"
 [ ! -e x ] || fail "a refused merge left x"
 # a failure while writing leaves neither OUT_DIR nor a temporary directory
 expect_exit 1 env TANDEM_FAULT_INJECT=safetensors.rename "$TANDEM" merge tiny --adapter out/q --out m_fail

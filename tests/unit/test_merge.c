@@ -12,9 +12,11 @@
  *   4. --dtype bf16: every float tensor BF16, equal to the f32 merge rounded; config.json says
  *      bfloat16; tokenizer and generation files copied byte for byte;
  *   5. refusals before any write: non-empty out (kept as it was) unless force, out = the model,
- *      out holding the adapter, an adapter of another shape, another base identity, QLoRA and
- *      non-QLoRA adapters under auto, two double-quantization settings; faults while writing a
- *      shard or renaming leave neither the output nor a temporary directory.
+ *      out holding the adapter, out being, inside or holding an adapter directory or a run's
+ *      OUT_DIR even with force, an adapter of another shape, a missing adapter, another base
+ *      identity, QLoRA and non-QLoRA adapters under auto, two double-quantization settings;
+ *      faults while writing a shard or renaming leave neither the output nor a temporary
+ *      directory.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +43,7 @@
 #include "train/peft_io.h"
 #include "util/atomic_file.h"
 #include "util/half.h"
+#include "util/mkdir_p.h"
 #include "util/rng.h"
 
 #define OK(call)                                                                                   \
@@ -388,6 +391,24 @@ static void test_refusals(void **state)
     expect_fail(&o, TDM_ERR_INVALID, "is (or holds) the model");
     o.out_dir = tmpdir;
     expect_fail(&o, TDM_ERR_INVALID, "is (or holds) the model");
+    /* out is, lies inside or holds an adapter directory or a training run's OUT_DIR (runs/r1
+     * has only a run record): refused even with force, and the run keeps its files */
+    char runs[400], run[450], in_ad2[400];
+    snprintf(runs, sizeof runs, "%s/runs", tmpdir);
+    snprintf(run, sizeof run, "%s/r1", runs);
+    snprintf(in_ad2, sizeof in_ad2, "%s/merged", ad2);
+    OK(tdm_mkdir_p(run, 0755, err));
+    write_text(run, "metrics.jsonl", "{\"step\": 1, \"loss\": 2.5}\n");
+    const char *refused_out[] = {ad2, in_ad2, run, runs};
+    const char *why[] = {"is an adapter directory or a training run's OUT_DIR", "lies inside",
+                         "r1 is an adapter directory or a training run's OUT_DIR (it has ",
+                         "runs holds "};
+    for (size_t i = 0; i < sizeof why / sizeof *why; i++) {
+        o.out_dir = refused_out[i];
+        expect_fail(&o, TDM_ERR_INVALID, why[i]);
+    }
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    assert_int_equal(stat(p, &sb), 0);
     o.force = false;
     /* an adapter of another shape: one layer more */
     tdm_model_config c5 = cfg;
@@ -402,6 +423,10 @@ static void test_refusals(void **state)
     tdm_merge_adapter bad[1] = {{d, 1}};
     o = opts(bad, 1, out);
     expect_fail(&o, TDM_ERR_INVALID, "does not fit");
+    assert_int_not_equal(stat(out, &sb), 0);
+    /* a missing adapter is said not to exist (not "does not fit") */
+    snprintf(d, sizeof d, "%s/no_such_adapter", tmpdir);
+    expect_fail(&o, TDM_ERR_NOT_FOUND, "no_such_adapter does not exist");
     assert_int_not_equal(stat(out, &sb), 0);
     /* another base model recorded */
     snprintf(d, sizeof d, "%s/ad_other", tmpdir);
