@@ -618,6 +618,14 @@ tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err)
     return st;
 }
 
+bool tdm_checkpoint_usable(const char *ckpt_dir)
+{
+    tdm_error e = {0};
+    if (tdm_checkpoint_verify(ckpt_dir, &e) == TDM_OK) return true;
+    tdm_warn("skipping damaged checkpoint %s: %s", ckpt_dir, e.message);
+    return false;
+}
+
 tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t cap, int64_t *step,
                                       tdm_error *err)
 {
@@ -628,14 +636,12 @@ tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t ca
     char p[PATH_MAX];
     for (size_t i = n; i-- > 0;) {
         snprintf(p, sizeof p, "%s/" TDM_CHECKPOINT_PREFIX "%" PRId64, out_dir, steps[i]);
-        tdm_error e2 = {0};
-        if (tdm_checkpoint_verify(p, &e2) == TDM_OK) {
+        if (tdm_checkpoint_usable(p)) {
             if (path) snprintf(path, cap, "%s", p);
             if (step) *step = steps[i];
             free(steps);
             return TDM_OK;
         }
-        tdm_warn("skipping damaged checkpoint %s: %s", p, e2.message);
     }
     free(steps);
     return tdm_fail(err, TDM_ERR_NOT_FOUND, "no complete checkpoint in %s", out_dir);

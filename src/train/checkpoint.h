@@ -131,8 +131,14 @@ tdm_status tdm_checkpoint_list(const char *out_dir, int64_t **steps, size_t *n, 
  * lists exists, and each .safetensors file validates (header, offsets, sizes). */
 tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err);
 
-/* The checkpoint with the highest step that verifies (a damaged one is skipped with a warning
- * through tdm_warn). path receives its directory, *step its step. TDM_ERR_NOT_FOUND when none. */
+/* Whether ckpt_dir verifies (tdm_checkpoint_verify); when it does not, warns through tdm_warn
+ * "skipping damaged checkpoint DIR: REASON" and leaves it in place. What --resume's discovery
+ * asks of every checkpoint it considers, so each damaged one is named once. */
+bool tdm_checkpoint_usable(const char *ckpt_dir);
+
+/* The checkpoint with the highest step that is usable (a damaged one is skipped with
+ * tdm_checkpoint_usable's warning). path receives its directory, *step its step.
+ * TDM_ERR_NOT_FOUND when none. */
 tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t cap, int64_t *step,
                                       tdm_error *err);
 

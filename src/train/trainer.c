@@ -1322,8 +1322,7 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
             snprintf(d, sizeof d, "%.4000s/" TDM_CHECKPOINT_PREFIX "%lld", t->ad[a].cfg.output,
                      (long long)steps[a][i]);
             gs[a][i] = -1;
-            tdm_error e;
-            if (tdm_checkpoint_verify(d, &e) != TDM_OK) continue;
+            if (!tdm_checkpoint_usable(d)) continue;
             if (!read_ckpt_global(d, &gs[a][i], &dn[a][i]))
                 gs[a][i] = -1;
             else
