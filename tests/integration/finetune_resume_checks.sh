@@ -1,5 +1,8 @@
 # What `tandem finetune --resume` checks of the checkpoints it resumes from, on the tiny random
 # model (CPU; docs/finetune.md, "Resume"; docs/checkpoints.md):
+#  - a checkpoint records the data and base it trained on, and a resume with other data of the
+#    same size, another --method or double quantization is refused (exit 2) naming both, before
+#    anything is written; a checkpoint without the record (an older tandem's) still resumes;
 #  - a damaged latest checkpoint is skipped with one warning naming it and the reason, left in
 #    place, and the run resumes from the one before, ending as the uninterrupted run.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -18,6 +21,35 @@ ads() { # ads PREFIX: the --adapter flags of a run into PREFIX/
 # the uninterrupted reference
 expect_exit 0 "$TANDEM" finetune "$M" $(ads ref) "${COMMON[@]}"
 [ -d ref/add/checkpoint-5 ] && [ -d ref/add/checkpoint-6 ] || fail "reference: no add/checkpoint-5, -6"
+
+# part: stopped at global step 5 (add at its checkpoint-5, reverse finished)
+cp -r ref part
+rm -rf part/add/checkpoint-6 part/add/adapter_model.safetensors
+cp part/add/metrics.jsonl part-add-metrics.jsonl
+jq -e '.trained_on == {"data_file": "data/add.jsonl", "data_hash": "\(.trained_on.data_hash)",
+                       "method": "qlora", "double_quant": true}' part/add/checkpoint-5/tandem_state.json \
+    >/dev/null || fail "checkpoint-5: trained_on: $(jq -c .trained_on part/add/checkpoint-5/tandem_state.json)"
+jq -e --arg h "$(jq -r .data_hash part/add/metadata.json)" '.trained_on.data_hash == $h' \
+    part/add/checkpoint-5/tandem_state.json >/dev/null || fail "checkpoint-5: data_hash is not metadata.json's"
+# the same lines in another order: the same size, samples and steps, other data
+mkdir other && tac data/add.jsonl >other/add.jsonl
+expect_exit 2 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:part/reverse \
+    --adapter other/add.jsonl:part/add "${COMMON[@]}" --resume
+grep -q "^tandem: --resume part/add/checkpoint-5: trained on data/add.jsonl (sha256:[0-9a-f]*); this run's data other/add.jsonl is sha256:[0-9a-f]* (resume with the same data, or train into a new OUT_DIR)$" last.err ||
+    fail "other data on resume: $(cat last.err)"
+expect_exit 2 "$TANDEM" finetune "$M" $(ads part) "${COMMON[@]}" --resume --method lora
+grep -q "^tandem: --resume part/reverse/checkpoint-3: trained with --method qlora; this run has --method lora (resume with --method qlora, or train into a new OUT_DIR)$" last.err ||
+    fail "--method lora on resume: $(cat last.err)"
+expect_exit 2 "$TANDEM" finetune "$M" $(ads part) "${COMMON[@]}" --resume --no-double-quant
+grep -q "trained with --method qlora; this run has --method qlora --no-double-quant (resume with --method qlora," last.err ||
+    fail "--no-double-quant on resume: $(cat last.err)"
+cmp -s part/add/metrics.jsonl part-add-metrics.jsonl || fail "a refused resume changed metrics.jsonl"
+# checkpoints of a tandem that did not record trained_on resume as before
+for c in part/add/checkpoint-5 part/reverse/checkpoint-3; do
+    jq 'del(.trained_on)' $c/tandem_state.json >state.json && mv state.json $c/tandem_state.json
+done
+expect_exit 0 "$TANDEM" finetune "$M" $(ads part) "${COMMON[@]}" --resume
+same_run ref part "resumed from checkpoints without trained_on differs from the uninterrupted run" reverse add
 
 # a damaged latest checkpoint: skipped with a warning naming it and why, once; left in place until
 # the resumed run saves that step again
