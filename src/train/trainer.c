@@ -15,6 +15,7 @@
 #include "data/render.h"
 #include "engine/model.h"
 #include "model/base_identity.h"
+#include "model/lora_targets.h"
 #include "tokenizer/tokenizer.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -1189,24 +1190,30 @@ static bool read_ckpt_global(const char *dir, int64_t *g, bool *done)
     return true;
 }
 
-/* The checkpoint at dir (its adapter l, meta and info) must be one that adapter s of this run
+/* A checkpoint (its adapter l, meta and info) must be one that adapter s of this run
  * can go on from: another rank, targets, LoRA dropout, base, data or learning-rate schedule
  * would silently train a different adapter than the one the checkpoint's run was heading for
  * (docs/finetune.md, "Resume"). TDM_ERR_INVALID says what differs and what to do. A checkpoint
  * that does not record its data and base (an older tandem's) is not checked for them. */
-static tdm_status refuse_other_run(const tdm_trainer *t, const adapter_state *s, const char *dir,
+static tdm_status refuse_other_run(const tdm_trainer *t, const adapter_state *s,
                                    const tdm_lora_params *l, const tdm_peft_meta *meta,
                                    const tdm_checkpoint_info *info, tdm_error *err)
 {
-    if (l->rank != s->host.rank || l->targets != s->host.targets || l->n_params != s->host.n_params)
+    if (l->rank != s->host.rank || l->targets != s->host.targets ||
+        l->n_params != s->host.n_params) {
+        char had[64], has[64];
+        tdm_lora_targets_format(l->targets, had, sizeof had);
+        tdm_lora_targets_format(s->host.targets, has, sizeof has);
         return tdm_fail(err, TDM_ERR_INVALID,
-                        "%s: rank/targets differ from this run's adapter (rank %d vs %d)", dir,
-                        l->rank, s->host.rank);
+                        "trained with --rank %d --targets %s; this run has --rank %d --targets %s "
+                        "(resume with the same --rank and --targets, or train into a new OUT_DIR)",
+                        l->rank, had, s->host.rank, has);
+    }
     if (meta->lora_dropout != s->cfg.lora_dropout)
         return tdm_fail(err, TDM_ERR_INVALID,
-                        "%s: trained with LoRA dropout %g, this run has %g (resume with the same "
-                        "--lora-dropout)",
-                        dir, meta->lora_dropout, s->cfg.lora_dropout);
+                        "trained with LoRA dropout %g, this run has %g (resume with the same "
+                        "--lora-dropout, or train into a new OUT_DIR)",
+                        meta->lora_dropout, s->cfg.lora_dropout);
     const tdm_checkpoint_trained_on *was = &info->trained_on;
     tdm_checkpoint_trained_on now = trained_on(t, s);
     if (was->known && (was->nf4 != now.nf4 || was->double_quant != now.double_quant))
@@ -1243,7 +1250,7 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     tdm_checkpoint_info info = {0};
     tdm_peft_meta meta;
     TDM_TRY(tdm_checkpoint_load(dir, t->mcfg, &l, &meta, &opt, &info, err));
-    tdm_status st = refuse_other_run(t, s, dir, &l, &meta, &info, err);
+    tdm_status st = refuse_other_run(t, s, &l, &meta, &info, err);
     char *cj = NULL;
     if (st == TDM_OK) st = tdm_lora_params_copy(&s->host, &l, err);
     if (st == TDM_OK) {

@@ -3,6 +3,7 @@
 #  - a checkpoint records the data and base it trained on, and a resume with other data of the
 #    same size, another --method or double quantization is refused (exit 2) naming both, before
 #    anything is written; a checkpoint without the record (an older tandem's) still resumes;
+#  - another --targets is refused naming both target lists and ranks;
 #  - a damaged latest checkpoint is skipped with one warning naming it and the reason, left in
 #    place, and the run resumes from the one before, ending as the uninterrupted run.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
@@ -43,6 +44,9 @@ grep -q "^tandem: --resume part/reverse/checkpoint-3: trained with --method qlor
 expect_exit 2 "$TANDEM" finetune "$M" $(ads part) "${COMMON[@]}" --resume --no-double-quant
 grep -q "trained with --method qlora; this run has --method qlora --no-double-quant (resume with --method qlora," last.err ||
     fail "--no-double-quant on resume: $(cat last.err)"
+expect_exit 2 "$TANDEM" finetune "$M" $(ads part) "${COMMON[@]}" --resume --targets q_proj,k_proj
+grep -q "^tandem: --resume part/reverse/checkpoint-3: trained with --rank 16 --targets q_proj,v_proj; this run has --rank 16 --targets q_proj,k_proj (resume with the same --rank and --targets, or train into a new OUT_DIR)$" last.err ||
+    fail "--targets on resume: $(cat last.err)"
 cmp -s part/add/metrics.jsonl part-add-metrics.jsonl || fail "a refused resume changed metrics.jsonl"
 # checkpoints of a tandem that did not record trained_on resume as before
 for c in part/add/checkpoint-5 part/reverse/checkpoint-3; do
