@@ -1,6 +1,7 @@
 /* lora_targets.c — the one table of LoRA target projections (see lora_targets.h). */
 #include "model/lora_targets.h"
 
+#include <stdio.h>
 #include <string.h>
 
 const char *const tdm_lora_target_names[TDM_LORA_N_TARGETS] = {
@@ -25,6 +26,17 @@ const char *tdm_lora_target_name(unsigned target)
 const char *tdm_lora_target_path(unsigned target)
 {
     return target < TDM_LORA_N_TARGETS ? target_paths[target] : NULL;
+}
+
+void tdm_lora_targets_format(unsigned mask, char *buf, size_t cap)
+{
+    size_t used = 0;
+    if (cap) buf[0] = '\0';
+    for (unsigned t = 0; t < TDM_LORA_N_TARGETS; t++) {
+        if (!(mask & TDM_LORA_BIT(t)) || used >= cap) continue;
+        int w = snprintf(buf + used, cap - used, "%s%s", used ? "," : "", tdm_lora_target_names[t]);
+        if (w > 0) used += (size_t)w;
+    }
 }
 
 bool tdm_lora_target_parse_n(const char *name, size_t len, tdm_lora_target *out)

@@ -27,6 +27,9 @@ extern const char *const tdm_lora_target_names[TDM_LORA_N_TARGETS];
 const char *tdm_lora_target_name(unsigned target);
 /* "self_attn.q_proj" ... "mlp.down_proj"; NULL outside 0..TDM_LORA_N_TARGETS-1. */
 const char *tdm_lora_target_path(unsigned target);
+/* The targets of mask, comma-separated in target order as --targets takes them
+ * ("q_proj,v_proj"), into buf[cap] (cut to fit; 64 bytes hold all seven). */
+void tdm_lora_targets_format(unsigned mask, char *buf, size_t cap);
 /* The target named name[0..len) ("q_proj" etc.); false when unknown. */
 bool tdm_lora_target_parse_n(const char *name, size_t len, tdm_lora_target *out);
 /* Same for a NUL-terminated name; false when unknown or NULL. */

@@ -270,6 +270,16 @@ static tdm_status get_real(const char *path, const json_t *o, const char *where,
     return TDM_OK;
 }
 
+/* a string, cut to fit out[cap] */
+static tdm_status get_string(const char *path, const json_t *o, const char *where, const char *key,
+                             char *out, size_t cap, tdm_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_string(v)) return key_missing(path, where, key, "a string", v, err);
+    snprintf(out, cap, "%s", json_string_value(v));
+    return TDM_OK;
+}
+
 static tdm_status parse_trainer(const char *path, const json_t *o, tdm_trainer_ckpt *c,
                                 tdm_error *err)
 {
@@ -296,10 +306,8 @@ static tdm_status parse_trainer(const char *path, const json_t *o, tdm_trainer_c
     TDM_TRY(get_bool(path, o, w, "log_due", &c->log_due, err));
     TDM_TRY(get_int(path, o, w, "metrics_lines", &c->metrics_lines, err));
     TDM_TRY(get_int(path, o, w, "eval_step", &c->eval_step, err));
-    const json_t *sched = json_object_get(o, "train_schedule");
-    if (!json_is_string(sched))
-        return key_missing(path, w, "train_schedule", "a string", sched, err);
-    snprintf(c->train_schedule, sizeof c->train_schedule, "%s", json_string_value(sched));
+    TDM_TRY(
+        get_string(path, o, w, "train_schedule", c->train_schedule, sizeof c->train_schedule, err));
     const json_t *piece = json_object_get(o, "piece");
     if (json_is_null(piece)) return TDM_OK;
     if (!json_is_object(piece))
@@ -307,6 +315,42 @@ static tdm_status parse_trainer(const char *path, const json_t *o, tdm_trainer_c
     c->in_piece = true;
     TDM_TRY(get_int(path, piece, "trainer.piece", "seqs_done", &c->piece_seqs_done, err));
     TDM_TRY(get_real(path, piece, "trainer.piece", "loss_sum", false, &c->piece_loss_sum, err));
+    return TDM_OK;
+}
+
+/* The "trained_on" object: what tdm_checkpoint_trained_on holds, the base as metadata.json's
+ * "method" and "double_quant" (docs/run-records.md). */
+static json_t *trained_on_json(const tdm_checkpoint_trained_on *t)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "data_file", json_string(t->data_file));
+    json_object_set_new(o, "data_hash", json_string(t->data_hash));
+    json_object_set_new(o, "method", json_string(t->nf4 ? "qlora" : "lora"));
+    json_object_set_new(o, "double_quant", json_boolean(t->nf4 && t->double_quant));
+    return o;
+}
+
+/* Absent (a checkpoint of a tandem that did not record it): known stays false. Present: every
+ * key required. */
+static tdm_status parse_trained_on(const char *path, const json_t *o, tdm_checkpoint_trained_on *t,
+                                   tdm_error *err)
+{
+    memset(t, 0, sizeof *t);
+    if (!o) return TDM_OK;
+    const char *w = "trained_on";
+    if (!json_is_object(o))
+        return tdm_fail(err, TDM_ERR_CORRUPT, "%s: \"%s\" has the wrong type (expected an object)",
+                        path, w);
+    TDM_TRY(get_string(path, o, w, "data_file", t->data_file, sizeof t->data_file, err));
+    TDM_TRY(get_string(path, o, w, "data_hash", t->data_hash, sizeof t->data_hash, err));
+    char method[8];
+    TDM_TRY(get_string(path, o, w, "method", method, sizeof method, err));
+    if (strcmp(method, "qlora") != 0 && strcmp(method, "lora") != 0)
+        return key_missing(path, w, "method", "\"qlora\" or \"lora\"", json_object_get(o, "method"),
+                           err);
+    t->nf4 = !strcmp(method, "qlora");
+    TDM_TRY(get_bool(path, o, w, "double_quant", &t->double_quant, err));
+    t->known = true;
     return TDM_OK;
 }
 
@@ -339,6 +383,8 @@ static json_t *state_json(const tdm_checkpoint_info *info, bool with_trainer_sta
     json_object_set_new(o, "rng", r);
     json_object_set_new(o, "data_cursor", json_deep_copy(info->data_cursor));
     json_object_set_new(o, "trainer", trainer_json(&info->trainer));
+    if (info->trained_on.known)
+        json_object_set_new(o, "trained_on", trained_on_json(&info->trained_on));
     json_t *files = json_array();
     json_array_append_new(files, json_string(TDM_PEFT_CONFIG_FILE));
     json_array_append_new(files, json_string(TDM_PEFT_WEIGHTS_FILE));
@@ -394,6 +440,8 @@ static tdm_status parse_state(const char *path, const json_t *o, tdm_checkpoint_
     info->rng.has_spare = json_is_true(hs);
     memcpy(&info->rng.spare, &bits, sizeof bits);
     tdm_status st = parse_trainer(path, json_object_get(o, "trainer"), &info->trainer, err);
+    if (st != TDM_OK) return st;
+    st = parse_trained_on(path, json_object_get(o, "trained_on"), &info->trained_on, err);
     if (st != TDM_OK) return st;
     info->data_cursor = json_incref(json_object_get(o, "data_cursor"));
     return TDM_OK;
@@ -619,6 +667,14 @@ tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err)
     return st;
 }
 
+bool tdm_checkpoint_usable(const char *ckpt_dir)
+{
+    tdm_error e = {0};
+    if (tdm_checkpoint_verify(ckpt_dir, &e) == TDM_OK) return true;
+    tdm_warn("skipping damaged checkpoint %s: %s", ckpt_dir, e.message);
+    return false;
+}
+
 tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t cap, int64_t *step,
                                       tdm_error *err)
 {
@@ -629,14 +685,12 @@ tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t ca
     char p[PATH_MAX];
     for (size_t i = n; i-- > 0;) {
         snprintf(p, sizeof p, "%s/" TDM_CHECKPOINT_PREFIX "%" PRId64, out_dir, steps[i]);
-        tdm_error e2 = {0};
-        if (tdm_checkpoint_verify(p, &e2) == TDM_OK) {
+        if (tdm_checkpoint_usable(p)) {
             if (path) snprintf(path, cap, "%s", p);
             if (step) *step = steps[i];
             free(steps);
             return TDM_OK;
         }
-        tdm_warn("skipping damaged checkpoint %s: %s", p, e2.message);
     }
     free(steps);
     return tdm_fail(err, TDM_ERR_NOT_FOUND, "no complete checkpoint in %s", out_dir);

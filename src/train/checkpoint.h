@@ -17,6 +17,7 @@
  *                                       "version": 2, "step", "epoch", "schedule": {...},
  *                                       "rng": {...}, "data_cursor": <caller's JSON>,
  *                                       "trainer": {tdm_trainer_ckpt, every key required},
+ *                                       "trained_on": {tdm_checkpoint_trained_on},
  *                                       "files": [...]}
  *   OUT_DIR/best/                       PEFT adapter with the lowest validation loss so far,
  *                                       plus best.json {"step", "metric", "value"}
@@ -44,6 +45,7 @@
 #include "train/peft_io.h"
 #include "util/error.h"
 #include "util/rng.h"
+#include "util/sha256.h"
 
 #define TDM_CHECKPOINT_PREFIX "checkpoint-"
 #define TDM_CHECKPOINT_STATE_FILE "tandem_state.json"
@@ -87,6 +89,18 @@ typedef struct tdm_trainer_ckpt {
     double piece_loss_sum;
 } tdm_trainer_ckpt;
 
+/* What an adapter trained on, saved with each checkpoint so that it describes itself and
+ * --resume can refuse a run that would go on with other data or another base
+ * (tandem_state.json's "trained_on" object; docs/checkpoints.md). Checkpoints written before
+ * tandem recorded it lack the object: known is then false. */
+typedef struct tdm_checkpoint_trained_on {
+    bool known;
+    char data_file[4096];                  /* the data file as its run named it (for messages) */
+    char data_hash[TDM_SHA256_TAGGED_LEN]; /* "sha256:<hex>" of its bytes (dataset report) */
+    bool nf4;                              /* --method qlora; false: lora */
+    bool double_quant;                     /* qlora's double quantization; false with lora */
+} tdm_checkpoint_trained_on;
+
 /* The training position saved with the weights. */
 typedef struct tdm_checkpoint_info {
     int64_t step;             /* the adapter's optimizer steps taken (= STEP in the name) */
@@ -95,6 +109,7 @@ typedef struct tdm_checkpoint_info {
     tdm_rng rng;              /* the adapter's RNG stream, exactly */
     json_t *data_cursor;      /* save: borrowed, required; load: a new reference */
     tdm_trainer_ckpt trainer; /* the trainer's own state, typed */
+    tdm_checkpoint_trained_on trained_on; /* written only when known */
     float *grad_accum;        /* (n_params) f32, the partial gradient of an optimizer batch in
                                  progress, or NULL; save: borrowed; load: malloc'd or NULL */
 } tdm_checkpoint_info;
@@ -132,8 +147,14 @@ tdm_status tdm_checkpoint_list(const char *out_dir, int64_t **steps, size_t *n, 
  * lists exists, and each .safetensors file validates (header, offsets, sizes). */
 tdm_status tdm_checkpoint_verify(const char *ckpt_dir, tdm_error *err);
 
-/* The checkpoint with the highest step that verifies (a damaged one is skipped with a warning
- * through tdm_warn). path receives its directory, *step its step. TDM_ERR_NOT_FOUND when none. */
+/* Whether ckpt_dir verifies (tdm_checkpoint_verify); when it does not, warns through tdm_warn
+ * "skipping damaged checkpoint DIR: REASON" and leaves it in place. What --resume's discovery
+ * asks of every checkpoint it considers, so each damaged one is named once. */
+bool tdm_checkpoint_usable(const char *ckpt_dir);
+
+/* The checkpoint with the highest step that is usable (a damaged one is skipped with
+ * tdm_checkpoint_usable's warning). path receives its directory, *step its step.
+ * TDM_ERR_NOT_FOUND when none. */
 tdm_status tdm_checkpoint_find_latest(const char *out_dir, char *path, size_t cap, int64_t *step,
                                       tdm_error *err);
 

@@ -15,6 +15,7 @@
 #include "data/render.h"
 #include "engine/model.h"
 #include "model/base_identity.h"
+#include "model/lora_targets.h"
 #include "tokenizer/tokenizer.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -1089,6 +1090,24 @@ static tdm_status eval_point(tdm_trainer *t, int a, tdm_error *err)
  * again and continues with the next piece. (Deferring the checkpoint to the adapter's next
  * optimizer step instead would leave no global step that every adapter saved, and the
  * out-of-memory checkpoint cannot wait.) */
+/* What adapter s trains on in this run, as its checkpoints record it. */
+static tdm_checkpoint_trained_on trained_on(const tdm_trainer *t, const adapter_state *s)
+{
+    tdm_checkpoint_trained_on o = {
+        .known = true, .nf4 = t->o.nf4, .double_quant = t->o.nf4 && t->o.double_quant};
+    snprintf(o.data_file, sizeof o.data_file, "%s", s->cfg.data);
+    snprintf(o.data_hash, sizeof o.data_hash, "%s", s->ds.report.data_hash);
+    return o;
+}
+
+/* How the base is held, as the flags that choose it ("--method qlora --no-double-quant"). */
+static const char *base_flags(bool nf4, bool double_quant)
+{
+    return !nf4           ? "--method lora"
+           : double_quant ? "--method qlora"
+                          : "--method qlora --no-double-quant";
+}
+
 static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
@@ -1145,6 +1164,7 @@ static tdm_status save_checkpoint(tdm_trainer *t, int a, tdm_error *err)
                                     .rng = s->rng,
                                     .data_cursor = cursor,
                                     .trainer = tc,
+                                    .trained_on = trained_on(t, s),
                                     .grad_accum = grad};
         st = tdm_checkpoint_save(s->cfg.output, &s->host, &s->meta, &s->opt, &info, tsj, NULL, 0,
                                  err);
@@ -1170,6 +1190,58 @@ static bool read_ckpt_global(const char *dir, int64_t *g, bool *done)
     return true;
 }
 
+/* A checkpoint (its adapter l, meta and info) must be one that adapter s of this run
+ * can go on from: another rank, targets, LoRA dropout, base, data or learning-rate schedule
+ * would silently train a different adapter than the one the checkpoint's run was heading for
+ * (docs/finetune.md, "Resume"). TDM_ERR_INVALID says what differs and what to do. A checkpoint
+ * that does not record its data and base (an older tandem's) is not checked for them. */
+static tdm_status refuse_other_run(const tdm_trainer *t, const adapter_state *s,
+                                   const tdm_lora_params *l, const tdm_peft_meta *meta,
+                                   const tdm_checkpoint_info *info, tdm_error *err)
+{
+    if (l->rank != s->host.rank || l->targets != s->host.targets ||
+        l->n_params != s->host.n_params) {
+        char had[64], has[64];
+        tdm_lora_targets_format(l->targets, had, sizeof had);
+        tdm_lora_targets_format(s->host.targets, has, sizeof has);
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "trained with --rank %d --targets %s; this run has --rank %d --targets %s "
+                        "(resume with the same --rank and --targets, or train into a new OUT_DIR)",
+                        l->rank, had, s->host.rank, has);
+    }
+    if (meta->lora_dropout != s->cfg.lora_dropout)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "trained with LoRA dropout %g, this run has %g (resume with the same "
+                        "--lora-dropout, or train into a new OUT_DIR)",
+                        meta->lora_dropout, s->cfg.lora_dropout);
+    const tdm_checkpoint_trained_on *was = &info->trained_on;
+    tdm_checkpoint_trained_on now = trained_on(t, s);
+    if (was->known && (was->nf4 != now.nf4 || was->double_quant != now.double_quant))
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "trained with %s; this run has %s (resume with %s, or train into a new "
+                        "OUT_DIR)",
+                        base_flags(was->nf4, was->double_quant),
+                        base_flags(now.nf4, now.double_quant),
+                        base_flags(was->nf4, was->double_quant));
+    if (was->known && strcmp(was->data_hash, now.data_hash) != 0)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "trained on %s (%s); this run's data %s is %s (resume with the same data, "
+                        "or train into a new OUT_DIR)",
+                        was->data_file, was->data_hash, now.data_file, now.data_hash);
+    const tdm_lr_schedule *had = &info->schedule, *has = &s->sched;
+    if (had->kind != has->kind || had->peak_lr != has->peak_lr ||
+        had->warmup_steps != has->warmup_steps || had->total_steps != has->total_steps)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "trained with --lr %g, --lr-schedule %s, --warmup-steps %lld over %lld "
+                        "steps; this run has --lr %g, %s, %lld over %lld steps (resume with the "
+                        "same --lr, --lr-schedule, --warmup-steps, --epochs, --batch-size and "
+                        "data, or train into a new OUT_DIR)",
+                        had->peak_lr, tdm_lr_kind_name(had->kind), (long long)had->warmup_steps,
+                        (long long)had->total_steps, has->peak_lr, tdm_lr_kind_name(has->kind),
+                        (long long)has->warmup_steps, (long long)has->total_steps);
+    return TDM_OK;
+}
+
 static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_error *err)
 {
     adapter_state *s = &t->ad[a];
@@ -1178,30 +1250,7 @@ static tdm_status load_checkpoint(tdm_trainer *t, int a, const char *dir, tdm_er
     tdm_checkpoint_info info = {0};
     tdm_peft_meta meta;
     TDM_TRY(tdm_checkpoint_load(dir, t->mcfg, &l, &meta, &opt, &info, err));
-    tdm_status st = TDM_OK;
-    if (l.rank != s->host.rank || l.targets != s->host.targets || l.n_params != s->host.n_params)
-        st = tdm_fail(err, TDM_ERR_INVALID,
-                      "%s: rank/targets differ from this run's adapter (rank %d vs %d)", dir,
-                      l.rank, s->host.rank);
-    else if (meta.lora_dropout != s->cfg.lora_dropout)
-        st = tdm_fail(err, TDM_ERR_INVALID,
-                      "%s: trained with LoRA dropout %g, this run has %g (resume with the same "
-                      "--lora-dropout)",
-                      dir, meta.lora_dropout, s->cfg.lora_dropout);
-    else if (info.schedule.kind != s->sched.kind || info.schedule.peak_lr != s->sched.peak_lr ||
-             info.schedule.warmup_steps != s->sched.warmup_steps ||
-             info.schedule.total_steps != s->sched.total_steps)
-        /* Another schedule would silently train a different adapter than the one the
-         * checkpoint's run was heading for (as another rank would). */
-        st = tdm_fail(err, TDM_ERR_INVALID,
-                      "trained with --lr %g, --lr-schedule %s, --warmup-steps %lld over %lld "
-                      "steps; this run has --lr %g, %s, %lld over %lld steps (resume with the same "
-                      "--lr, --lr-schedule, --warmup-steps, --epochs, --batch-size and data, or "
-                      "train into a new OUT_DIR)",
-                      info.schedule.peak_lr, tdm_lr_kind_name(info.schedule.kind),
-                      (long long)info.schedule.warmup_steps, (long long)info.schedule.total_steps,
-                      s->sched.peak_lr, tdm_lr_kind_name(s->sched.kind),
-                      (long long)s->sched.warmup_steps, (long long)s->sched.total_steps);
+    tdm_status st = refuse_other_run(t, s, &l, &meta, &info, err);
     char *cj = NULL;
     if (st == TDM_OK) st = tdm_lora_params_copy(&s->host, &l, err);
     if (st == TDM_OK) {
@@ -1322,8 +1371,7 @@ static tdm_status find_resume(tdm_trainer *t, char (*dirs)[4096], bool *found, t
             snprintf(d, sizeof d, "%.4000s/" TDM_CHECKPOINT_PREFIX "%lld", t->ad[a].cfg.output,
                      (long long)steps[a][i]);
             gs[a][i] = -1;
-            tdm_error e;
-            if (tdm_checkpoint_verify(d, &e) != TDM_OK) continue;
+            if (!tdm_checkpoint_usable(d)) continue;
             if (!read_ckpt_global(d, &gs[a][i], &dn[a][i]))
                 gs[a][i] = -1;
             else

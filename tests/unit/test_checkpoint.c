@@ -353,6 +353,75 @@ static void test_trainer_state_strict(void **state)
     fixture_free(&f);
 }
 
+/* What the adapter trained on ("trained_on"): read back as written; a checkpoint without it (an
+ * older tandem's) loads with known false; present, every key is required with its type. */
+static void test_trained_on(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, 32, 48);
+    tdm_error err = {0};
+    tdm_checkpoint_info info = {.step = 3, .epoch = 0.5, .schedule = {TDM_LR_LINEAR, 3e-4, 1, 10}};
+    tdm_rng_seed(&info.rng, 1);
+    info.data_cursor = json_pack("{s:i}", "epoch", 0);
+    info.trained_on = (tdm_checkpoint_trained_on){.known = true, .nf4 = true};
+    snprintf(info.trained_on.data_file, sizeof info.trained_on.data_file, "data/add.jsonl");
+    snprintf(info.trained_on.data_hash, sizeof info.trained_on.data_hash, "sha256:%064d", 7);
+    char out[300], path[400], file[500];
+    make_dir(out, sizeof out, "trained_on");
+    assert_int_equal(
+        tdm_checkpoint_save(out, &f.lora, NULL, &f.opt, &info, NULL, path, sizeof path, &err),
+        TDM_OK);
+    tdm_checkpoint_info back;
+    assert_int_equal(tdm_checkpoint_load_state(path, &back, &err), TDM_OK);
+    assert_true(back.trained_on.known);
+    assert_string_equal(back.trained_on.data_file, "data/add.jsonl");
+    assert_string_equal(back.trained_on.data_hash, info.trained_on.data_hash);
+    assert_true(back.trained_on.nf4);
+    assert_false(back.trained_on.double_quant);
+    tdm_checkpoint_info_free(&back);
+    snprintf(file, sizeof file, "%s/tandem_state.json", path);
+    json_t *good = json_load_file(file, 0, NULL);
+    assert_non_null(good);
+    json_t *t = json_object_get(good, "trained_on");
+    assert_string_equal(json_string_value(json_object_get(t, "method")), "qlora");
+    /* an older tandem's checkpoint: no "trained_on" */
+    json_t *doc = json_deep_copy(good);
+    json_object_del(doc, "trained_on");
+    assert_int_equal(json_dump_file(doc, file, 0), 0);
+    json_decref(doc);
+    assert_int_equal(tdm_checkpoint_verify(path, &err), TDM_OK);
+    assert_int_equal(tdm_checkpoint_load_state(path, &back, &err), TDM_OK);
+    assert_false(back.trained_on.known);
+    tdm_checkpoint_info_free(&back);
+    /* each key removed, then of another type, then a method tandem does not know */
+    const char *keys[] = {"data_file", "data_hash", "method", "double_quant"};
+    for (size_t i = 0; i < 3 * 4; i++) {
+        const char *key = keys[i % 4];
+        int how = (int)(i / 4); /* 0 removed, 1 mistyped, 2 unknown method */
+        if (how == 2 && strcmp(key, "method") != 0) continue;
+        doc = json_deep_copy(good);
+        json_t *o = json_object_get(doc, "trained_on");
+        if (how == 0)
+            json_object_del(o, key);
+        else
+            json_object_set_new(o, key, how == 2 ? json_string("int8") : json_integer(7));
+        assert_int_equal(json_dump_file(doc, file, 0), 0);
+        json_decref(doc);
+        err = (tdm_error){0};
+        assert_int_equal(tdm_checkpoint_verify(path, &err), TDM_ERR_CORRUPT);
+        char want[200];
+        snprintf(want, sizeof want, "\"trained_on.%s\" %s", key,
+                 how == 0 ? "is missing" : "has the wrong type");
+        if (!strstr(err.message, file) || !strstr(err.message, want))
+            fail_msg("trained_on.%s (%d): message '%s' lacks the file or '%s'", key, how,
+                     err.message, want);
+    }
+    json_decref(good);
+    json_decref(info.data_cursor);
+    fixture_free(&f);
+}
+
 /* The partial gradient of an optimizer batch in progress: written and listed only when given,
  * read back bit-exact, and a checkpoint without it loads with none. */
 static void test_grad_accum(void **state)
@@ -657,6 +726,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_trainer_state_strict),
+        cmocka_unit_test(test_trained_on),
         cmocka_unit_test(test_grad_accum),
         cmocka_unit_test(test_discovery_and_retention),
         cmocka_unit_test(test_best),
