@@ -155,30 +155,6 @@ static void strip_slashes(const char *in, char *buf, size_t cap)
         buf[--l] = 0;
 }
 
-/* True when inner is outer or lies under it (both existing: compared by realpath). */
-static bool path_within(const char *inner, const char *outer)
-{
-    char ri[PATH_MAX], ro[PATH_MAX];
-    if (!realpath(inner, ri) || !realpath(outer, ro)) return false;
-    size_t n = strlen(ro);
-    if (!strcmp(ro, "/")) return true;
-    return !strncmp(ri, ro, n) && (ri[n] == 0 || ri[n] == '/');
-}
-
-/* The deepest existing path at or above path, resolved by realpath, into real (PATH_MAX). */
-static bool deepest_existing(const char *path, char *real)
-{
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", path);
-    while (!realpath(p, real)) {
-        char *slash = strrchr(p, '/');
-        if (!slash) return realpath(".", real) != NULL;
-        if (slash == p) return realpath("/", real) != NULL;
-        *slash = 0;
-    }
-    return true;
-}
-
 /* The first adapter directory or training OUT_DIR (train/checkpoint.h) below dir, not following
  * symbolic links: its path into found, the entry that marks it into marker. */
 static bool find_run_dir_below(const char *dir, char *found, size_t found_cap, char *marker,
@@ -207,10 +183,10 @@ static bool find_run_dir_below(const char *dir, char *found, size_t found_cap, c
 
 /* Refuses, with or without force, an out_dir that is, holds or lies inside a PEFT adapter
  * directory or a training run's OUT_DIR: replacing it would delete the run. An earlier merged
- * model has none of their files and may be replaced. out_real: deepest_existing(out). */
+ * model has none of their files and may be replaced. out_real: out resolved (tdm_path_resolve). */
 static tdm_status check_not_run_dir(const char *out, const char *out_real, tdm_error *err)
 {
-    char real[PATH_MAX], marker[PATH_MAX + 64];
+    char real[TDM_PATH_IDENTITY_MAX], marker[PATH_MAX + 64];
     snprintf(real, sizeof real, "%s", out_real);
     struct stat sb;
     bool out_exists = stat(out, &sb) == 0 && S_ISDIR(sb.st_mode);
@@ -245,18 +221,19 @@ static tdm_status check_not_run_dir(const char *out, const char *out_real, tdm_e
  * one without force; creates its parent. */
 static tdm_status check_out_dir(const tdm_merge_opts *o, const char *out, tdm_error *err)
 {
-    char ko[TDM_PATH_IDENTITY_MAX], k[TDM_PATH_IDENTITY_MAX], out_real[PATH_MAX];
+    char ko[TDM_PATH_IDENTITY_MAX], k[TDM_PATH_IDENTITY_MAX];
+    char out_real[TDM_PATH_IDENTITY_MAX], in_real[TDM_PATH_IDENTITY_MAX];
     TDM_TRY(tdm_path_identity("", out, ko, sizeof ko, err));
-    if (!deepest_existing(out, out_real))
-        return tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot resolve --out %s", out);
+    TDM_TRY(tdm_path_resolve("", out, out_real, sizeof out_real, err));
     for (size_t i = 0; i <= o->n_adapters; i++) {
         const char *in = i == 0 ? o->model_dir : o->adapters[i - 1].dir;
         TDM_TRY(tdm_path_identity("", in, k, sizeof k, err));
-        if (!strcmp(k, ko) || path_within(in, out))
+        TDM_TRY(tdm_path_resolve("", in, in_real, sizeof in_real, err));
+        if (!strcmp(k, ko) || tdm_path_within(in_real, out_real))
             return tdm_fail(err, TDM_ERR_INVALID,
                             "--out %s is (or holds) the %s %s: write the merged model elsewhere",
                             out, i == 0 ? "model" : "adapter", in);
-        if (i > 0 && path_within(out_real, in))
+        if (i > 0 && tdm_path_within(out_real, in_real))
             return tdm_fail(err, TDM_ERR_INVALID,
                             "--out %s lies inside the adapter %s: write the merged model outside "
                             "it",
