@@ -187,6 +187,10 @@ static int cmd_check(int argc, char **argv)
         }
     }
     if (!file || !model) {
+        if (file)
+            tdm_cli_fail(TDM_EXIT_USAGE,
+                         "data check: --model MODEL_DIR is required: the samples are tokenized "
+                         "with its tokenizer, as training does (a tokenizer.json will do)");
         check_usage(stderr);
         return TDM_EXIT_USAGE;
     }

@@ -109,6 +109,9 @@ grep -q "no training samples" "$WORK/last.err" || fail "no training samples"
 
 # usage and file errors
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl"
+grep -q "^tandem: data check: --model MODEL_DIR is required: the samples are tokenized with its tokenizer" \
+    "$WORK/last.err" || fail "no --model message: $(cat "$WORK/last.err")"
+grep -q "^usage: tandem data check" "$WORK/last.err" || fail "no usage after the --model message"
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --chat-template jinja
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --val-split 1
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --max-seq-len 0
