@@ -322,7 +322,11 @@ out:
 tdm_status tdm_run_adapters_load(tdm_run_opts *o, tdm_run_adapters *l, tdm_error *err)
 {
     memset(l, 0, sizeof *l);
-    if (!o->n_adapter_args == !o->adapters_config)
+    if (!o->n_adapter_args && !o->adapters_config)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: no adapter given: give --adapter DATA.jsonl:OUT_DIR (one or "
+                        "more) or --adapters-config FILE");
+    if (o->n_adapter_args && o->adapters_config)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "finetune: give --adapter DATA.jsonl:OUT_DIR (one or more) or "
                         "--adapters-config FILE, not both");
