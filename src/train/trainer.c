@@ -367,6 +367,8 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
             /* a runtime failure of this data (exit 1), not a usage error */
             ds = tdm_data_no_train_sample(&s->ds.report, s->cfg.data, &dopt, &e);
         }
+        if (ds != TDM_OK && ds != TDM_ERR_PARSE && s->cfg.data_origin)
+            tdm_error_prefix(&e, "%s", s->cfg.data_origin);
         if (ds != TDM_OK && first_bad == TDM_OK) {
             first_bad = ds;
             first_err = e;
