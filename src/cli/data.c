@@ -187,6 +187,10 @@ static int cmd_check(int argc, char **argv)
         }
     }
     if (!file || !model) {
+        if (file)
+            tdm_cli_fail(TDM_EXIT_USAGE,
+                         "data check: --model MODEL_DIR is required: the samples are tokenized "
+                         "with its tokenizer, as training does (a tokenizer.json will do)");
         check_usage(stderr);
         return TDM_EXIT_USAGE;
     }
@@ -241,8 +245,10 @@ static int cmd_check(int argc, char **argv)
         } else {
             print_report(stdout, &rep, file, tmpl, eos_copy, o.eos_id, &o);
         }
-        if (rc == TDM_EXIT_OK && rep.train_samples == 0)
-            rc = tdm_cli_fail(TDM_EXIT_FAILURE, "%s: no training samples", file);
+        if (rc == TDM_EXIT_OK && rep.train_samples == 0) {
+            tdm_data_no_train_sample(&rep, file, &o, &err);
+            rc = tdm_cli_fail_err(&err);
+        }
         tdm_dataset_free(&ds);
     }
     free(eos_copy);

@@ -27,7 +27,7 @@ static void print_note(const char *line, void *user)
 static void usage(FILE *out)
 {
     fprintf(out, "usage: tandem eval MODEL_DIR --data FILE\n");
-    tdm_run_options_usage(out, TDM_CMD_EVAL);
+    tdm_run_options_usage(out, TDM_CMD_EVAL, (const char *const[]){"data", NULL});
     fprintf(out,
             "\nPrints the token-weighted mean loss (cross-entropy over the tokens the data format\n"
             "labels, as in training) and the perplexity exp(loss) over every sample of FILE.\n");

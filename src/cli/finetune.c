@@ -22,7 +22,8 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: tandem finetune MODEL_DIR (--adapter DATA.jsonl:OUT_DIR ... | "
                  "--adapters-config FILE.toml)\n");
-    tdm_run_options_usage(out, TDM_CMD_FINETUNE);
+    tdm_run_options_usage(out, TDM_CMD_FINETUNE,
+                          (const char *const[]){"adapter", "adapters-config", NULL});
     fprintf(out,
             "\nTrains one LoRA adapter per --adapter (or [[adapter]] table) on the frozen base "
             "loaded\nonce; each OUT_DIR receives a PEFT adapter, checkpoints, best/ and run "

@@ -165,6 +165,12 @@ static tdm_status do_line(builder *b, tdm_tokenizer *tok, const tdm_dataset_opts
         if (r->dropped_no_loss < TDM_DATA_MAX_DROPPED_REPORTED)
             r->dropped_lines[r->dropped_no_loss] = lineno;
         r->dropped_no_loss++;
+        /* truncated (len = max_seq_len >= 1): did the cut take its counted tokens? */
+        for (size_t t = len; t < ids->len; t++)
+            if (labels->ids[t] != TDM_LABEL_IGNORE) {
+                r->dropped_cut++;
+                break;
+            }
         return TDM_OK;
     }
     if (!reserve_tokens(b, len) || !reserve_sample(b))
@@ -332,4 +338,34 @@ char *tdm_data_report_bad_text(const tdm_data_report *r, const char *path)
         return NULL;
     }
     return buf;
+}
+
+tdm_status tdm_data_no_train_sample(const tdm_data_report *r, const char *path,
+                                    const tdm_dataset_opts *o, tdm_error *err)
+{
+    char why[768] = "";
+    size_t n = 0;
+#define WHY(...)                                                                                   \
+    do {                                                                                           \
+        if (n < sizeof why)                                                                        \
+            n += (size_t)snprintf(why + n, sizeof why - n, "%s", n ? "; " : "");                   \
+        if (n < sizeof why) n += (size_t)snprintf(why + n, sizeof why - n, __VA_ARGS__);           \
+    } while (0)
+    if (!r->samples && !r->dropped_no_loss)
+        WHY("the file has no sample (%lld lines: %lld blank, %lld bad)", (long long)r->lines,
+            (long long)r->blank_lines, (long long)r->bad_lines);
+    if (r->dropped_cut)
+        WHY("%lld sample(s) lost every token counted in the loss (their completion) when cut to "
+            "--max-seq-len %d tokens: raise --max-seq-len (the longest sample has %lld tokens)",
+            (long long)r->dropped_cut, (int)o->max_seq_len, (long long)r->longest);
+    if (r->dropped_no_loss > r->dropped_cut)
+        WHY("%lld sample(s) have no token counted in the loss even uncut (a single token, or "
+            "every label -100): fix them (`tandem data check` lists their lines)",
+            (long long)(r->dropped_no_loss - r->dropped_cut));
+    if (r->samples)
+        WHY("%s %lld sample(s) went to validation (--val-split %g): lower --val-split",
+            r->dropped_no_loss ? "the other" : "all", (long long)r->samples, o->val_split);
+#undef WHY
+    return tdm_fail(err, TDM_ERR_NOT_FOUND, "%s: no training sample (%lld samples, %lld for "
+                    "validation): %s", path, (long long)r->samples, (long long)r->val_samples, why);
 }

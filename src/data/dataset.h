@@ -67,6 +67,7 @@ typedef struct tdm_data_report {
     int64_t tokens_cut;      // tokens removed by truncation
     int64_t longest;         // longest sample before truncation, in tokens
     int64_t dropped_no_loss; // samples with no counted token (after truncation)
+    int64_t dropped_cut;     // of them, those truncation left with none (uncut they had some)
     int64_t dropped_lines[TDM_DATA_MAX_DROPPED_REPORTED]; // the first of their line numbers
     int64_t train_samples, val_samples;
     int64_t train_tokens, val_tokens;
@@ -111,5 +112,13 @@ void tdm_dataset_free(tdm_dataset *ds);
  * per reported bad line, then "... and N more bad lines" when there were more. NULL on no memory.
  */
 char *tdm_data_report_bad_text(const tdm_data_report *r, const char *path);
+
+/* For a file that loaded with no training sample (r->train_samples == 0): fills err with
+ * TDM_ERR_NOT_FOUND and "PATH: no training sample (S samples, V for validation): " then each
+ * cause with what to change: no sample in the file; samples whose counted tokens were all cut by
+ * truncation (raise --max-seq-len); samples with no counted token even uncut; every sample left
+ * went to validation (lower --val-split). o: the options the file was loaded with. */
+tdm_status tdm_data_no_train_sample(const tdm_data_report *r, const char *path,
+                                    const tdm_dataset_opts *o, tdm_error *err);
 
 #endif

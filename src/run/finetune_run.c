@@ -12,24 +12,34 @@
 #include "train/memory_plan.h"
 #include "util/path_identity.h"
 
+/* Keeps s (malloc'd, may be NULL) in o, to be freed with the list; returns it, or NULL (s freed)
+ * when out of memory. */
+static const char *keep_owned(tdm_run_adapters *o, char *s)
+{
+    if (s && o->n_owned == o->cap_owned) {
+        size_t cap = o->cap_owned ? 2 * o->cap_owned : 16;
+        char **v = realloc(o->owned, cap * sizeof *v);
+        if (!v) {
+            free(s);
+            return NULL;
+        }
+        o->owned = v;
+        o->cap_owned = cap;
+    }
+    if (s) o->owned[o->n_owned++] = s;
+    return s;
+}
+
 /* path as written when absolute, else base_dir/path; the copy is kept in o. NULL when out of
  * memory. */
 static const char *owned_path(tdm_run_adapters *o, const char *base_dir, const char *path)
 {
-    if (o->n_owned == o->cap_owned) {
-        size_t cap = o->cap_owned ? 2 * o->cap_owned : 16;
-        char **v = realloc(o->owned, cap * sizeof *v);
-        if (!v) return NULL;
-        o->owned = v;
-        o->cap_owned = cap;
-    }
     char *out;
     if (path[0] == '/' || !base_dir[0] || !strcmp(base_dir, "."))
         out = strdup(path);
     else if (asprintf(&out, "%s/%s", base_dir, path) < 0)
         out = NULL;
-    if (out) o->owned[o->n_owned++] = out;
-    return out;
+    return keep_owned(o, out);
 }
 
 /* Every adapter of an adapters.toml: the table's keys over the run's defaults. Relative paths
@@ -51,10 +61,14 @@ static tdm_status adapters_from_config(const tdm_adapters_config *acfg, const ch
         tdm_trainer_adapter *t = &ads[a];
         *t = *defaults;
         t->data = owned_path(owned, config_dir, s->data);
+        char *origin; /* "adapters.toml:LINE" of its data key, for an error reading the file */
+        if (asprintf(&origin, "%s:%u", acfg->file, s->key_line[TDM_ADAPTER_KEY_DATA]) < 0)
+            origin = NULL;
+        t->data_origin = keep_owned(owned, origin);
         t->output = owned_path(owned, config_dir, s->output);
         t->label = s->label;
         if (s->init_adapter) t->init_adapter = owned_path(owned, config_dir, s->init_adapter);
-        if (!t->data || !t->output || (s->init_adapter && !t->init_adapter))
+        if (!t->data || !t->data_origin || !t->output || (s->init_adapter && !t->init_adapter))
             return tdm_fail(err, TDM_ERR_NOMEM, "out of memory");
         if (s->has_rank) t->rank = s->rank;
         if (s->has_alpha) t->alpha = s->alpha;
@@ -322,7 +336,11 @@ out:
 tdm_status tdm_run_adapters_load(tdm_run_opts *o, tdm_run_adapters *l, tdm_error *err)
 {
     memset(l, 0, sizeof *l);
-    if (!o->n_adapter_args == !o->adapters_config)
+    if (!o->n_adapter_args && !o->adapters_config)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: no adapter given: give --adapter DATA.jsonl:OUT_DIR (one or "
+                        "more) or --adapters-config FILE");
+    if (o->n_adapter_args && o->adapters_config)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "finetune: give --adapter DATA.jsonl:OUT_DIR (one or more) or "
                         "--adapters-config FILE, not both");

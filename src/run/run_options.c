@@ -470,13 +470,22 @@ tdm_status tdm_run_opts_parse(tdm_run_opts *o, unsigned command, int argc, char 
     return TDM_OK;
 }
 
-void tdm_run_options_usage(FILE *out, unsigned command)
+static bool is_named(const char *flag, const char *const *named)
+{
+    for (; named && *named; named++)
+        if (!strcmp(flag, *named)) return true;
+    return false;
+}
+
+void tdm_run_options_usage(FILE *out, unsigned command, const char *const *named)
 {
     int col = 9;
     fputs("        ", out);
     for (size_t i = 0; i < N_ROWS; i++) {
         const tdm_run_option *r = &table[i];
-        if (!r->flag || !tdm_run_option_value(r)->help || !(r->commands & command)) continue;
+        if (!r->flag || !tdm_run_option_value(r)->help || !(r->commands & command) ||
+            is_named(r->flag, named))
+            continue;
         char item[128];
         snprintf(item, sizeof item, " [--%s%s%s]", r->flag, r->metavar ? " " : "",
                  r->metavar ? r->metavar : "");

@@ -95,8 +95,9 @@ tdm_status tdm_run_option_set(tdm_run_opts *o, const tdm_run_option *row, const 
                               tdm_error *err);
 
 /* The options part of the usage text: "[--flag METAVAR]" lines wrapped at 96 columns, then one
- * help line per option. */
-void tdm_run_options_usage(FILE *out, unsigned command);
+ * help line per option. named (NULL-terminated, may be NULL): flags the caller's usage line
+ * already shows (eval's "--data FILE"), left out of the bracketed list, still given a help line. */
+void tdm_run_options_usage(FILE *out, unsigned command, const char *const *named);
 
 /* One line per row: "flag<TAB>toml_key<TAB>submit" ("-" when none), for the docs test. */
 void tdm_run_options_list(FILE *out, unsigned command);

@@ -601,7 +601,8 @@ tdm_status tdm_merge(const tdm_merge_opts *o, tdm_merge_result *res, tdm_error *
         const char *dir = o->adapters[i].dir;
         st = tdm_adapter_check_base(dir, o->model_dir, err);
         if (st == TDM_OK) st = read_record(dir, &j.ai[i], err);
-        if (st == TDM_OK && (st = tdm_peft_load(dir, &cfg, &j.ai[i].lp, NULL, err)) != TDM_OK)
+        if (st == TDM_OK && (st = tdm_peft_load(dir, &cfg, &j.ai[i].lp, NULL, err)) != TDM_OK &&
+            st != TDM_ERR_NOT_FOUND) /* a missing file: not a misfit, the message says what */
             tdm_error_prefix(err, "adapter %s does not fit %s", dir, o->model_dir);
     }
     if (st == TDM_OK) st = resolve_base(o, j.ai, &j.base, &j.dq, err);

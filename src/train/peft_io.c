@@ -1,5 +1,6 @@
 #include "train/peft_io.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "model/safetensors.h"
+#include "train/checkpoint.h"
 #include "util/atomic_dir.h"
 #include "util/atomic_file.h"
 #include "util/json_file.h"
@@ -232,6 +234,31 @@ done:
     return st;
 }
 
+/* dir has no adapter_config.json. When it holds checkpoint-N directories it is the OUT_DIR of a
+ * run that has not finished (the final adapter is written at the end): the message names the
+ * latest checkpoint to pass instead, or --resume to finish the run. */
+static tdm_status no_config(const char *dir, tdm_error *err)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    tdm_error lerr = {0};
+    if (tdm_checkpoint_list(dir, &steps, &n, &lerr) != TDM_OK || !n) {
+        free(steps);
+        return tdm_fail(err, TDM_ERR_NOT_FOUND, "%s has no %s: not a PEFT adapter directory",
+                        dir, TDM_PEFT_CONFIG_FILE);
+    }
+    int64_t latest = steps[n - 1];
+    free(steps);
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/')
+        dl--;
+    return tdm_fail(err, TDM_ERR_NOT_FOUND,
+                    "%s has no %s: not a PEFT adapter directory; it is the OUT_DIR of an "
+                    "unfinished run: pass its latest checkpoint, %.*s/" TDM_CHECKPOINT_PREFIX
+                    "%" PRId64 ", or finish the run with `tandem finetune ... --resume`",
+                    dir, TDM_PEFT_CONFIG_FILE, (int)dl, dir, latest);
+}
+
 tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora_params *l,
                          tdm_peft_meta *meta, tdm_error *err)
 {
@@ -241,11 +268,8 @@ tdm_status tdm_peft_load(const char *dir, const tdm_model_config *cfg, tdm_lora_
     char *text;
     size_t len;
     tdm_status st = tdm_read_file(path, &text, &len, err);
-    if (st != TDM_OK)
-        return st == TDM_ERR_NOT_FOUND
-                   ? tdm_fail(err, st, "%s has no %s: not a PEFT adapter directory", dir,
-                              TDM_PEFT_CONFIG_FILE)
-                   : st;
+    if (st == TDM_ERR_NOT_FOUND) return no_config(dir, err);
+    if (st != TDM_OK) return st;
     int rank;
     double alpha;
     uint32_t targets;

@@ -365,11 +365,10 @@ tdm_status tdm_trainer_create(tdm_trainer **out, const tdm_trainer_opts *opts,
             memset(&s->ds, 0, sizeof s->ds);
         } else if (ds == TDM_OK && s->ds.n_train == 0) {
             /* a runtime failure of this data (exit 1), not a usage error */
-            ds = tdm_fail(&e, TDM_ERR_NOT_FOUND,
-                          "%s: no training sample (%u samples, %u for validation): the file is "
-                          "empty or every sample went to validation / had no counted token",
-                          s->cfg.data, s->ds.n_samples, s->ds.n_val);
+            ds = tdm_data_no_train_sample(&s->ds.report, s->cfg.data, &dopt, &e);
         }
+        if (ds != TDM_OK && ds != TDM_ERR_PARSE && s->cfg.data_origin)
+            tdm_error_prefix(&e, "%s", s->cfg.data_origin);
         if (ds != TDM_OK && first_bad == TDM_OK) {
             first_bad = ds;
             first_err = e;

@@ -52,6 +52,8 @@ bool tdm_train_schedule_parse(const char *name, tdm_train_schedule *out);
 /* One adapter to train; every field resolved (command-line defaults already applied). */
 typedef struct tdm_trainer_adapter {
     const char *data;         /* JSONL training data */
+    const char *data_origin;  /* may be NULL: where data was named ("adapters.toml:7"), the
+                                 prefix of an error reading it (not of its bad lines) */
     const char *output;       /* OUT_DIR (created when missing) */
     const char *label;        /* may be NULL: the data file's stem is used as task name */
     const char *init_adapter; /* PEFT dir to start from (its rank, alpha, targets and

@@ -92,8 +92,17 @@ tdm_status tdm_atomic_write(const char *path, const void *data, size_t len, mode
     int fd = -1;
     if (tdm_fault("atomic_write.open"))
         return tdm_fail_errno(err, TDM_ERR_IO, EIO, "cannot create %s", tmp);
-    TDM_TRY(tdm_create_temp_exclusive(tmp, mode, &fd, err));
-    tdm_status st = write_all(fd, tmp, data, len, err);
+    tdm_status st = tdm_create_temp_exclusive(tmp, mode, &fd, err);
+    if (st != TDM_OK) {
+        /* the user named a directory that is not there: say so, not the temp file's name */
+        struct stat sb;
+        if (stat(dir, &sb) != 0 && errno == ENOENT)
+            return tdm_fail(err, TDM_ERR_IO,
+                            "cannot write %s: directory %s does not exist (create it first)",
+                            path, dir);
+        return st;
+    }
+    st = write_all(fd, tmp, data, len, err);
     if (st == TDM_OK && fchmod(fd, mode) != 0) /* umask may have narrowed or widened it */
         st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot chmod %s", tmp);
     if (st == TDM_OK && (tdm_fault("atomic_write.fsync") ? (errno = EIO, 1) : fsync(fd) != 0))

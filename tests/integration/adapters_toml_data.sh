@@ -102,4 +102,11 @@ printf '[[adapter]]\ndata = "../data/reverse.jsonl"\noutput = "w"\nno_shuffle = 
 expect_exit 2 "${FT[@]}" --adapters-config bad/adapters.toml
 grep -q 'bad/adapters.toml:4:14: no_shuffle must be true or false, not a string' "$WORK/last.err" ||
     { fail "no_shuffle type"; sed 's/^/  /' "$WORK/last.err" >&2; }
+
+# a data file that does not exist: the error starts with FILE:LINE of that row's data key
+printf '[[adapter]]\ndata = "../data/reverse.jsonl"\noutput = "w1"\n\n[[adapter]]\n# two\ndata = "../data/nothere.jsonl"\noutput = "w2"\n' >bad/adapters.toml
+expect_exit 1 "${FT[@]}" --adapters-config bad/adapters.toml
+grep -q '^tandem: bad/adapters.toml:7: bad/../data/nothere.jsonl: cannot open: No such file or directory$' "$WORK/last.err" ||
+    { fail "missing data file"; sed 's/^/  /' "$WORK/last.err" >&2; }
+[ -e bad/w1 ] || [ -e bad/w2 ] && fail "missing data file: an OUT_DIR was written"
 finish

@@ -102,13 +102,31 @@ v=$(jq -r '.validation.samples' "$WORK/last.out")
 expect_exit 0 "$TANDEM" data check "$WORK/many.jsonl" --model "$M" --val-split 0.3 --seed 6 --json
 [ "$(jq -c '[.train, .validation]' "$WORK/last.out")" != "$a" ] || fail "seed changes the split"
 
-# a file with no training sample fails
+# a file with no training sample fails, saying why and which option to change: a completion cut
+# off by --max-seq-len (raise it), every sample in validation (lower --val-split), a sample with no
+# counted token even uncut, an empty file
 echo '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}' >"$WORK/one.jsonl"
 expect_exit 1 "$TANDEM" data check "$WORK/one.jsonl" --model "$M" --max-seq-len 3
-grep -q "no training samples" "$WORK/last.err" || fail "no training samples"
+grep -q "one.jsonl: no training sample (0 samples, 0 for validation): 1 sample(s) lost every token counted in the loss (their completion) when cut to --max-seq-len 3 tokens: raise --max-seq-len (the longest sample has 25 tokens)$" \
+    "$WORK/last.err" || fail "no training sample, cut: $(cat "$WORK/last.err")"
+echo '{"text": "hello"}' >"$WORK/val.jsonl"
+expect_exit 1 "$TANDEM" data check "$WORK/val.jsonl" --model "$M" --val-split 0.99
+grep -q "val.jsonl: no training sample (1 samples, 1 for validation): all 1 sample(s) went to validation (--val-split 0.99): lower --val-split$" \
+    "$WORK/last.err" || fail "no training sample, validation: $(cat "$WORK/last.err")"
+{ echo '{"input_ids": [1, 2, 3], "labels": [-100, -100, -100]}'; cat "$WORK/val.jsonl" "$WORK/one.jsonl"; } >"$WORK/mixed.jsonl"
+expect_exit 1 "$TANDEM" data check "$WORK/mixed.jsonl" --model "$M" --max-seq-len 3 --val-split 0.99
+grep -q "mixed.jsonl: no training sample (1 samples, 1 for validation): 1 sample(s) lost .* --max-seq-len 3 tokens: raise --max-seq-len (the longest sample has 25 tokens); 1 sample(s) have no token counted in the loss even uncut (a single token, or every label -100): fix them (\`tandem data check\` lists their lines); the other 1 sample(s) went to validation (--val-split 0.99): lower --val-split$" \
+    "$WORK/last.err" || fail "no training sample, mixed: $(cat "$WORK/last.err")"
+: >"$WORK/empty.jsonl"
+expect_exit 1 "$TANDEM" data check "$WORK/empty.jsonl" --model "$M"
+grep -q "empty.jsonl: no training sample (0 samples, 0 for validation): the file has no sample (0 lines: 0 blank, 0 bad)$" \
+    "$WORK/last.err" || fail "no training sample, empty: $(cat "$WORK/last.err")"
 
 # usage and file errors
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl"
+grep -q "^tandem: data check: --model MODEL_DIR is required: the samples are tokenized with its tokenizer" \
+    "$WORK/last.err" || fail "no --model message: $(cat "$WORK/last.err")"
+grep -q "^usage: tandem data check" "$WORK/last.err" || fail "no usage after the --model message"
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --chat-template jinja
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --val-split 1
 expect_exit 2 "$TANDEM" data check "$WORK/good.jsonl" --model "$M" --max-seq-len 0

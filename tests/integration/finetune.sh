@@ -184,13 +184,17 @@ grep -q "^bad.jsonl:2" last.err || fail "bad line report: $(cat last.err)"
 [ -e bad ] && fail "bad data: something was written"
 
 # usage errors
-expect_exit 2 "$TANDEM" finetune "$M"
+# no adapter at all says so; both ways at once say "not both"
+expect_exit 2 "$TANDEM" finetune "$M" --device cpu
+grep -q "finetune: no adapter given: give --adapter DATA.jsonl:OUT_DIR (one or more) or --adapters-config FILE$" last.err ||
+    fail "no adapter message: $(cat last.err)"
 expect_exit 2 "$TANDEM" finetune "$M" --adapter nocolon
 expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --rank 0
 expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --schedule fastest
 expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --lora-dropout 1
 grep -q "lora-dropout needs a probability" last.err || fail "dropout message"
 expect_exit 2 "$TANDEM" finetune "$M" --adapter a.jsonl:o --adapters-config run1.toml
+grep -q "or --adapters-config FILE, not both$" last.err || fail "both ways message: $(cat last.err)"
 expect_exit 2 "$TANDEM" eval "$M"
 expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:cu/x --device cuda
 # --base-compute fp8: a bad value or --method lora is a usage error (2); the CPU backend refuses

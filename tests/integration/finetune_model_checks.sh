@@ -39,6 +39,16 @@ expect_exit 1 "$TANDEM" eval "$D" --data small.jsonl
 expect_exit 1 "$TANDEM" finetune "$M" --adapter empty.jsonl:out/empty "${QUICK[@]}"
 grep -q "empty.jsonl: no training sample" "$WORK/last.err" || fail "empty data message"
 [ -e out/empty ] && fail "empty data: out/empty written"
+# finetune words "no training sample" as data check does (data_check.sh has every cause): which
+# option to change
+echo '{"text": "hello"}' >val.jsonl
+expect_exit 1 "$TANDEM" finetune "$M" --adapter val.jsonl:out/val "${QUICK[@]}" --no-join --val-split 0.99
+grep -q "val.jsonl: no training sample (1 samples, 1 for validation): all 1 sample(s) went to validation (--val-split 0.99): lower --val-split$" \
+    "$WORK/last.err" || fail "all-validation message: $(cat "$WORK/last.err")"
+expect_exit 1 "$TANDEM" finetune "$M" --adapter small.jsonl:out/cut "${QUICK[@]}" --no-join --max-seq-len 2
+grep -q "small.jsonl: no training sample (0 samples, 0 for validation): [0-9]* sample(s) lost every token counted in the loss (their completion) when cut to --max-seq-len 2 tokens: raise --max-seq-len" \
+    "$WORK/last.err" || fail "cut-completion message: $(cat "$WORK/last.err")"
+[ -e out/val ] || [ -e out/cut ] && fail "no training sample: an OUT_DIR was written"
 
 # 2. a missing tensor (config asks for a 5th layer) and an integer tensor: exit 1, file named
 D=$(model_copy missing); set_config "$D" num_hidden_layers 5

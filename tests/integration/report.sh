@@ -39,6 +39,11 @@ mkdir -p broken && cp o/add/metrics.jsonl broken/ && echo '{"step": ' >>broken/m
 n=$(wc -l <broken/metrics.jsonl)
 expect_exit 1 "$TANDEM" report broken
 grep -q "broken/metrics.jsonl:$n: not a metrics line" last.err || fail "broken: $(cat last.err)"
+# -o into a directory that does not exist names that directory, not the temp file
+expect_exit 1 "$TANDEM" report o/add -o nodir/x.html
+grep -q "^tandem: cannot write nodir/x.html: directory nodir does not exist (create it first)$" last.err ||
+    fail "-o nodir/x.html: $(cat last.err)"
+[ -e nodir ] && fail "-o nodir/x.html: nodir was made"
 
 if ! command -v chromium >/dev/null 2>&1; then
     echo "skipped: chromium is not installed (scripts/install-deps.sh installs it where it can)"
