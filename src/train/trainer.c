@@ -2151,6 +2151,13 @@ tdm_status tdm_trainer_run(tdm_trainer *t, tdm_error *err)
     fused_free(&f);
     loop_scratch_free(&ls);
     snapshot_free(&snap, n);
+    if (st != TDM_OK && (err->sys_errno == ENOSPC || err->sys_errno == EDQUOT)) {
+        size_t l = strlen(err->message);
+        snprintf(err->message + l, sizeof err->message - l,
+                 ". Free space on that file system, then run the same command with --resume: "
+                 "checkpoints are written whole or not at all, so it continues from the last "
+                 "complete one");
+    }
     return st;
 }
 

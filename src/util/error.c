@@ -12,6 +12,7 @@ tdm_status tdm_fail(tdm_error *err, tdm_status status, const char *fmt, ...)
         vsnprintf(err->message, sizeof err->message, fmt, ap);
         va_end(ap);
         err->status = status;
+        err->sys_errno = 0;
     }
     return status;
 }
@@ -28,6 +29,7 @@ tdm_status tdm_fail_errno(tdm_error *err, tdm_status status, int errno_value, co
             snprintf(err->message + n, sizeof err->message - (size_t)n, ": %s",
                      strerror(errno_value));
         err->status = status;
+        err->sys_errno = errno_value;
     }
     return status;
 }

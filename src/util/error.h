@@ -28,6 +28,8 @@ typedef enum tdm_status {
 typedef struct tdm_error {
     tdm_status status;
     char message[1024];
+    int sys_errno; /* the errno a failure came from (tdm_fail_errno), else 0: lets a caller add
+                      advice for a cause (a full disk) without parsing the message */
 } tdm_error;
 
 /* Fills err (when not NULL) with status and a printf-style message; returns status. */
