@@ -8,7 +8,7 @@
  * and prints the first one's rate, the fastest one's, and whether the fastest one's output has
  * the same bits as the first's (a run-time choice would otherwise change results with timing).
  * Then the same products cut as the engine cuts 7B weights (tiles of rows forward, slabs of
- * columns backward, at most TDM_CUDA_DEQUANT_TILE_ELEMS elements a piece) against whole, and
+ * columns backward, tdm_cuda_dequant_tile_elems() elements a piece at most) against whole, and
  * the NF4 dequantization (v5) beside a device-to-device copy of the same bytes.
  *
  * Output: RESULT lines (common.h) and one "ALGO" line per shape:
@@ -17,6 +17,7 @@
 #include <cublasLt.h>
 
 #include "common.h"
+#include "engine/cuda/cuda_memory_plan.h"
 #include "engine/cuda/nf4_dequant.cuh"
 
 #define LT_CHECK(call)                                                                             \
@@ -140,27 +141,16 @@ static sweep_out sweep(const char *name, int64_t m, int64_t n, int64_t k, bool t
     return o;
 }
 
-/* The engine's cut of a (rows, cols) weight: cuda_memory_plan.c's even_piece over
- * TDM_CUDA_DEQUANT_TILE_ELEMS (32 Mi elements). */
-static int64_t even_piece(int64_t n, int64_t max, int64_t unit)
-{
-    if (n <= max) return n;
-    if (max < unit) return max < 1 ? 1 : max;
-    int64_t pieces = (n + max - 1) / max;
-    int64_t p = (n + pieces - 1) / pieces;
-    p = (p + unit - 1) / unit * unit;
-    return p <= max ? p : max / unit * unit;
-}
-
 struct proj {
     const char *name;
     int64_t out, in;
 };
 
 /* One model's projections at m rows: whole-weight products forward and backward, and for weights
- * over the tile limit the engine's pieces (per-piece time x pieces). */
-static void model_shapes(const char *model, int64_t m, const proj *p, int np, int64_t tile_elems,
-                         double *sum_first, double *sum_best)
+ * over the tile limit the engine's pieces (cuda_memory_plan.c, linked in: per-piece time x
+ * pieces). */
+static void model_shapes(const char *model, int64_t m, const proj *p, int np, double *sum_first,
+                         double *sum_best)
 {
     char name[96];
     for (int i = 0; i < np; i++) {
@@ -171,13 +161,13 @@ static void model_shapes(const char *model, int64_t m, const proj *p, int np, in
         sweep_out b = sweep(name, m, cols, rows, false);
         *sum_first += f.first_us + b.first_us;
         *sum_best += f.best_us + b.best_us;
-        if (rows * cols > tile_elems) {
-            int64_t tr = even_piece(rows, tile_elems / cols, 64);
+        if (rows * cols > tdm_cuda_dequant_tile_elems()) {
+            int64_t tr = tdm_cuda_tile_rows(rows, cols);
             int64_t pieces = (rows + tr - 1) / tr;
             snprintf(name, sizeof name, "%s.%s.fwd-tile%lld.m%lld", model, p[i].name,
                      (long long)tr, (long long)m);
             sweep_out ft = sweep(name, m, tr, cols, true);
-            int64_t sc = cols % 64 ? 0 : even_piece(cols, tile_elems / rows / 64 * 64, 64);
+            int64_t sc = tdm_cuda_slab_cols(rows, cols);
             sweep_out bt = {0, 0, 0};
             int64_t slabs = 0;
             if (sc > 0) {
@@ -267,7 +257,6 @@ int main(int argc, char **argv)
     cudaCheck(cudaMemcpyToSymbol(nf4_code_c, code, sizeof code));
     cudaCheck(cudaMemcpyToSymbol(nf4_dmap_c, dmap, sizeof dmap));
 
-    const int64_t TILE = (int64_t)32 << 20;
     const proj p7[] = {{"q", 3584, 3584}, {"kv", 512, 3584}, {"o", 3584, 3584},
                        {"gate", 18944, 3584}, {"down", 3584, 18944}};
     const proj p15[] = {{"q", 1536, 1536}, {"kv", 256, 1536}, {"o", 1536, 1536},
@@ -275,14 +264,14 @@ int main(int argc, char **argv)
     const proj p05[] = {{"q", 896, 896}, {"kv", 128, 896}, {"o", 896, 896},
                         {"gate", 4864, 896}, {"down", 896, 4864}};
     double f = 0, b = 0;
-    model_shapes("7b", 2048, p7, 5, TILE, &f, &b);
+    model_shapes("7b", 2048, p7, 5, &f, &b);
     printf("SUM 7b m2048 (q kv o gate down, fwd+bwd, whole weights) first %.1f us best %.1f us\n",
            f, b);
     f = b = 0;
-    model_shapes("1.5b", 6144, p15, 5, TILE, &f, &b);
+    model_shapes("1.5b", 6144, p15, 5, &f, &b);
     printf("SUM 1.5b m6144 first %.1f us best %.1f us\n", f, b);
     f = b = 0;
-    model_shapes("0.5b", 4096, p05, 5, TILE, &f, &b);
+    model_shapes("0.5b", 4096, p05, 5, &f, &b);
     printf("SUM 0.5b m4096 first %.1f us best %.1f us\n", f, b);
     /* merged projections: q,k,v as one (7B: 3584 + 2 x 512 rows) and gate,up as one */
     sweep("7b.qkv-merged.fwd.m2048", 2048, 4608, 3584, true);
