@@ -277,13 +277,18 @@ static void on_progress(const tdm_trainer_progress *p, void *user)
 /* Tells what a graceful stop saved and how to go on; returns the exit code: 130 (SIGINT) and
  * 143 (SIGTERM), as a shell reports a process those signals ended, so scripts and schedulers
  * see an interrupted run; 0 for SIGUSR1, the checkpoint Slurm's --signal=USR1@N asks for before
- * the time limit (the job step ends normally, and its script can requeue). */
+ * the time limit (the job step ends normally, and its script can requeue). No signal here: a
+ * joined run whose host stopped and handed its adapters back (docs/co-training.md, "Host stops
+ * otherwise"): unfinished work, so 130, as its own Ctrl-C would give. */
 static int report_stop(const progress_ctx *pc, const char *cmdline, bool child,
                        const tdm_error *err)
 {
     int sig = stop_signal;
-    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
-    fprintf(stderr, "\ntandem: %s: %s\n", name, err->message);
+    if (sig == 0)
+        fprintf(stderr, "\ntandem: the finetune this one joined stopped: %s\n", err->message);
+    else
+        fprintf(stderr, "\ntandem: %s: %s\n",
+                sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", err->message);
     for (int a = 0; pc->step && a < pc->n; a++) {
         if (pc->done[a])
             fprintf(stderr, "  %s: finished\n", pc->outputs[a] ? pc->outputs[a] : "?");
@@ -295,7 +300,7 @@ static int report_stop(const progress_ctx *pc, const char *cmdline, bool child,
     if (!child) /* a --gpus child: its parent tells the command of the whole run */
         fprintf(stderr, "tandem: to continue exactly where it stopped, run:\n  %s%s\n", cmdline,
                 tdm_cli_resume_suffix(cmdline));
-    return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : TDM_EXIT_OK;
+    return sig == SIGINT || sig == 0 ? 130 : sig == SIGTERM ? 143 : TDM_EXIT_OK;
 }
 
 /* --- main ----------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #  - Ctrl-C on a joiner hands its adapter back with a checkpoint (exit 130, the resume command);
 #    --resume then joins the host, which resumes it from its checkpoint, and finishes it equal
 #    to the uninterrupted run; the host is undisturbed;
+#  - the host's Ctrl-C hands a joined adapter back: its joiner exits 130 with the resume command;
 #  - --join require without a host fails (exit 1); --no-join runs never meet.
 . "$TANDEM_SOURCE_DIR/tests/lib/common.sh"
 M="$WORK/tiny"
@@ -97,6 +98,28 @@ grep -q "joined the finetune of pid $host " res.err ||
 close_adapters ref/add int/add || fail "joiner Ctrl-C + --resume differs from the uninterrupted run"
 wait $host || fail "host of the interrupted joiner exited $?"
 grep -q "handed back" host3.err || fail "the host did not say it handed the adapter back"
+
+# the host's own Ctrl-C hands the joined adapter back: the joiner exits 130 (not 0: its adapter
+# is unfinished) with the resume command, naming no signal it did not get
+"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:hs/reverse "${COMMON[@]}" --epochs 8 \
+    >host4.out 2>host4.err &
+host=$!
+hold_host $host
+"$TANDEM" finetune "$M" --adapter data/add.jsonl:hs/add "${COMMON[@]}" --epochs 8 >hs.out 2>hs.err &
+joiner=$!
+release_host $host hs.err
+wait_until 60 grep -q '^\[add\] epoch 0.* step 5/' hs.out
+kill -INT $host
+wait $host
+rc=$?
+[ $rc -eq 130 ] || fail "the interrupted host exited $rc, want 130"
+wait $joiner
+rc=$?
+[ $rc -eq 130 ] || { fail "the joiner of a stopped host exited $rc, want 130"; sed 's/^/  joiner: /' hs.err >&2; }
+grep -q "^tandem: the finetune this one joined stopped: handed back by the finetune of pid $host" \
+    hs.err || fail "the joiner did not say its host stopped: $(cat hs.err)"
+grep -q "SIGUSR1" hs.err && fail "the joiner named a SIGUSR1 nobody sent"
+grep -q -- "--resume\$" hs.err || fail "no resume command for the joiner of a stopped host"
 
 # --join require without a host; --no-join runs never join
 expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:req/add "${COMMON[@]}" --join require
