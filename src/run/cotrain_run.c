@@ -18,6 +18,11 @@
 #include "train/memory_plan.h"
 #include "util/timeutil.h"
 
+/* What to do when --join require finds no host (both places it can tell). */
+#define JOIN_REQUIRE_ADVICE                                                                        \
+    "start the finetune to join first, or leave out --join require (by default this run trains "  \
+    "alone and later finetunes of the base join it)"
+
 #define JOIN_ATTEMPTS 3    /* elections before giving up (a host may end while we join it) */
 #define TAKEOVERS_MAX 8    /* host deaths survived by one joiner (each one resumes its adapters) */
 #define CLIENT_POLL_MS 200 /* how often the joiner checks its stop flag */
@@ -388,8 +393,9 @@ static tdm_status find_on_gpus(tdm_run_opts *o, const tdm_trainer_adapter *ads, 
     }
     if (o->join_require && takeovers == 0)
         return tdm_fail(err, TDM_ERR_NOT_FOUND,
-                        "--join require: no finetune of this base model runs on %s%s",
-                        cand->uuid[0], cand->n > 1 ? " or the other GPUs this run could use" : "");
+                        "--join require: no finetune of this base model runs on %s%s; %s",
+                        cand->uuid[0], cand->n > 1 ? " or the other GPUs this run could use" : "",
+                        JOIN_REQUIRE_ADVICE);
     tdm_cotrain_serving *s = NULL;
     TDM_TRY(serving_new(o, ads, &s, err));
     s->elect_at_open = true;
@@ -459,9 +465,11 @@ tdm_status tdm_cotrain_run_start(tdm_run_opts *o, const tdm_trainer_adapter *ads
             if (o->join_require && takeovers == 0) {
                 tdm_cotrain_host_stop(h);
                 return tdm_fail(err, TDM_ERR_NOT_FOUND,
-                                "--join require: no finetune of this base model runs on %s%s%s",
+                                "--join require: no finetune of this base model runs on %s%s%s%s; "
+                                "%s",
                                 device, why && *why ? " (nearest differs in: " : "",
-                                why && *why ? why : "");
+                                why && *why ? why : "", why && *why ? ")" : "",
+                                JOIN_REQUIRE_ADVICE);
             }
             tdm_cotrain_serving *s = NULL;
             if ((st = serving_new(o, ads, &s, err)) != TDM_OK) {

@@ -416,6 +416,10 @@ tdm_status tdm_run_finetune(tdm_run_opts *o, const tdm_finetune_hooks *hooks, ch
     if (o->device.gpu_share_given && !o->device.mps.enabled)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "finetune: --gpu-share only applies with --experimental-mps");
+    if (o->no_join && o->join_require)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "finetune: --no-join and --join require contradict each other (--no-join "
+                        "never joins, --join require fails without a finetune to join): keep one");
     if (o->trainer.base_fp8 && !o->trainer.nf4)
         return tdm_fail(err, TDM_ERR_INVALID,
                         "finetune: --base-compute fp8 needs --method qlora (the FP8 weights are "

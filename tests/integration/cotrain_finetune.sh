@@ -123,7 +123,13 @@ grep -q -- "--resume\$" hs.err || fail "no resume command for the joiner of a st
 
 # --join require without a host; --no-join runs never join
 expect_exit 1 "$TANDEM" finetune "$M" --adapter data/add.jsonl:req/add "${COMMON[@]}" --join require
-grep -q "no finetune of this base model" "$WORK/last.err" || fail "--join require: no reason"
+grep -q "no finetune of this base model.*start the finetune to join first, or leave out --join require" \
+    "$WORK/last.err" || fail "--join require: no reason or no advice: $(cat "$WORK/last.err")"
+expect_exit 2 "$TANDEM" finetune "$M" --adapter data/add.jsonl:req/add "${COMMON[@]}" --join require \
+    --no-join
+grep -q -- "--no-join and --join require contradict each other" "$WORK/last.err" ||
+    fail "--no-join with --join require: $(cat "$WORK/last.err")"
+[ -e req ] && fail "a refused --join require wrote req/"
 "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:sep/reverse "${COMMON[@]}" --epochs 1 --no-join \
     >sep1.out 2>sep1.err &
 p1=$!
