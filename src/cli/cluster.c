@@ -375,8 +375,17 @@ static int cmd_run(int argc, char **argv)
         return rc;
     const tdm_cluster_node *node = tdm_cluster_config_find(&cfg, node_name);
     if (!node) {
+        char names[1024] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < cfg.n_nodes && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    cfg.nodes[i].name);
+        rc = cfg.n_nodes ? tdm_cli_fail(TDM_EXIT_USAGE, "no node '%s' in %s; its nodes: %s",
+                                        node_name, cfg.file, names)
+                         : tdm_cli_fail(TDM_EXIT_USAGE, "no node '%s' in %s: it defines no nodes",
+                                        node_name, cfg.file);
         tdm_cluster_config_free(&cfg);
-        return tdm_cli_fail(TDM_EXIT_USAGE, "no node '%s' in the cluster file", node_name);
+        return rc;
     }
     tdm_error err = {0};
     char dir[4096], id[128], sub[128], job_dir[4096], now[32];
