@@ -35,6 +35,10 @@ expect_exit 2 "$TANDEM" report
 mkdir empty
 expect_exit 1 "$TANDEM" report empty
 grep -q "empty: no metrics.jsonl in it or in its subfolders" last.err || fail "empty: $(cat last.err)"
+# a folder that does not exist is not called empty
+expect_exit 1 "$TANDEM" report o/rev missing -o r3.html
+grep -qx "tandem: missing does not exist: give an adapter's OUT_DIR" last.err || fail "missing: $(cat last.err)"
+[ -e r3.html ] && fail "missing: r3.html written"
 mkdir -p broken && cp o/add/metrics.jsonl broken/ && echo '{"step": ' >>broken/metrics.jsonl
 n=$(wc -l <broken/metrics.jsonl)
 expect_exit 1 "$TANDEM" report broken
