@@ -36,6 +36,15 @@ int tdm_cli_load_cluster(const char *path, tdm_cluster_config *cfg)
     return TDM_EXIT_OK;
 }
 
+int tdm_cli_check_cluster(const char *path)
+{
+    if (!path) return TDM_EXIT_OK;
+    tdm_cluster_config cfg;
+    int rc = tdm_cli_load_cluster(path, &cfg);
+    if (rc == TDM_EXIT_OK) tdm_cluster_config_free(&cfg);
+    return rc;
+}
+
 json_t *tdm_cli_filter_jobs(json_t *jobs, const char *submission)
 {
     json_t *out = json_array();
@@ -247,7 +256,7 @@ static int load_jobs(json_t **jobs, char *dir, size_t dir_size, bool refresh)
 static int cmd_status(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"cluster", required_argument, NULL, 'c'},
+        TDM_CLI_CLUSTER_OPTION,
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -336,7 +345,7 @@ static const char run_usage[] =
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"cluster", required_argument, NULL, 'c'},
+        TDM_CLI_CLUSTER_OPTION,
         {"node", required_argument, NULL, 'n'},
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
@@ -366,8 +375,17 @@ static int cmd_run(int argc, char **argv)
         return rc;
     const tdm_cluster_node *node = tdm_cluster_config_find(&cfg, node_name);
     if (!node) {
+        char names[1024] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < cfg.n_nodes && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    cfg.nodes[i].name);
+        rc = cfg.n_nodes ? tdm_cli_fail(TDM_EXIT_USAGE, "no node '%s' in %s; its nodes: %s",
+                                        node_name, cfg.file, names)
+                         : tdm_cli_fail(TDM_EXIT_USAGE, "no node '%s' in %s: it defines no nodes",
+                                        node_name, cfg.file);
         tdm_cluster_config_free(&cfg);
-        return tdm_cli_fail(TDM_EXIT_USAGE, "no node '%s' in the cluster file", node_name);
+        return rc;
     }
     tdm_error err = {0};
     char dir[4096], id[128], sub[128], job_dir[4096], now[32];
@@ -430,7 +448,7 @@ static void on_stop(int sig)
 static int cmd_watch(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"cluster", required_argument, NULL, 'c'},
+        TDM_CLI_CLUSTER_OPTION,
         {"interval", required_argument, NULL, 'i'},
         {"until-done", no_argument, NULL, 'u'},
         {"once", no_argument, NULL, 'o'},
@@ -582,7 +600,7 @@ static int pull_one(json_t *job, json_t *adapter, const char *dest)
 static int cmd_pull(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"cluster", required_argument, NULL, 'c'},
+        TDM_CLI_CLUSTER_OPTION,
         {"best", no_argument, NULL, 'b'},
         {"all", no_argument, NULL, 'a'},
         {"submission", required_argument, NULL, 's'},

@@ -2,6 +2,7 @@
  * finding and loading cluster.yaml, and printing the job table and leaderboard. */
 #ifndef TANDEM_CLI_CLUSTER_COMMON_H
 #define TANDEM_CLI_CLUSTER_COMMON_H
+#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 
@@ -10,6 +11,15 @@
 /* Loads --cluster FILE (path may be NULL: the default path). Prints and returns an exit code
  * other than 0 on failure. */
 int tdm_cli_load_cluster(const char *path, tdm_cluster_config *cfg);
+
+/* --cluster FILE, which every `tandem cluster` command takes (docs/cluster-yaml.md); getopt
+ * returns 'c' for it. */
+#define TDM_CLI_CLUSTER_OPTION {"cluster", required_argument, NULL, 'c'}
+
+/* --cluster FILE of a command that reaches its job's node through the registry record (logs,
+ * cancel): the file is only checked, as status and run check it; NULL: nothing to check. Prints
+ * and returns an exit code other than 0 when it does not load. */
+int tdm_cli_check_cluster(const char *path);
 
 /* The jobs table and the leaderboard of jobs (only `submission` when not NULL). */
 void tdm_cli_print_jobs(FILE *out, json_t *jobs, const char *submission);

@@ -104,15 +104,17 @@ static void sleep_interruptible(double seconds)
 /* ---------------------------------------------------------------- logs */
 
 static const char logs_usage[] =
-    "usage: tandem cluster logs JOB [--follow] [--interval SEC]\n"
+    "usage: tandem cluster logs [--cluster FILE] JOB [--follow] [--interval SEC]\n"
     "\n"
     "Prints the log (stdout and stderr) of a job of the registry, read from its node.\n"
+    "  --cluster FILE    checked, as every cluster command does; the job's record names its node\n"
     "  --follow          keep printing what the job writes until it ends (or Ctrl-C)\n"
     "  --interval SEC    how often --follow reads (default 1)\n";
 
 int tdm_cmd_cluster_logs(int argc, char **argv)
 {
     static const struct option opts[] = {
+        TDM_CLI_CLUSTER_OPTION,
         {"follow", no_argument, NULL, 'f'},
         {"interval", required_argument, NULL, 'i'},
         {"help", no_argument, NULL, 'h'},
@@ -120,11 +122,15 @@ int tdm_cmd_cluster_logs(int argc, char **argv)
     };
     bool follow = false;
     double interval = 1;
+    const char *cluster = NULL;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
         switch (c) {
+        case 'c':
+            cluster = optarg;
+            break;
         case 'f':
             follow = true;
             break;
@@ -141,8 +147,10 @@ int tdm_cmd_cluster_logs(int argc, char **argv)
         }
     }
     if (optind + 1 != argc) return fputs(logs_usage, stderr), TDM_EXIT_USAGE;
+    int rc = tdm_cli_check_cluster(cluster);
+    if (rc) return rc;
     job_ref r;
-    int rc = job_open(argv[optind], &r);
+    rc = job_open(argv[optind], &r);
     if (rc) return rc;
     interrupted = 0;
     signal(SIGINT, on_interrupt);
@@ -180,12 +188,13 @@ int tdm_cmd_cluster_logs(int argc, char **argv)
 /* ---------------------------------------------------------------- cancel */
 
 static const char cancel_usage[] =
-    "usage: tandem cluster cancel JOB [--timeout SEC]\n"
+    "usage: tandem cluster cancel [--cluster FILE] JOB [--timeout SEC]\n"
     "\n"
     "Stops a running job of the registry gracefully: SIGTERM to its command, which for\n"
     "`tandem finetune` checkpoints every adapter and exits 143; waits up to SEC seconds\n"
     "(default 300) for it to end, records it and prints its last log lines (the finetune's\n"
-    "resume command among them).\n";
+    "resume command among them).\n"
+    "  --cluster FILE    checked, as every cluster command does; the job's record names its node\n";
 
 /* A Slurm job: the batch script passes USR1 to its finetune (a checkpoint of every adapter) and,
  * seeing the job directory's `cancel` file name its Slurm id, ends instead of requeueing (exit
@@ -246,16 +255,21 @@ static int cancel_slurm(job_ref *r, const char *id, const char *slurm_id, double
 int tdm_cmd_cluster_cancel(int argc, char **argv)
 {
     static const struct option opts[] = {
+        TDM_CLI_CLUSTER_OPTION,
         {"timeout", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     double timeout = 300;
+    const char *cluster = NULL;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
+        case 'c':
+            cluster = optarg;
+            break;
         case 't':
             if (!tdm_cli_parse_double(optarg, &timeout) || timeout < 0 || timeout > 86400)
                 return tdm_cli_fail(TDM_EXIT_USAGE, "--timeout takes seconds (0 to 86400)");
@@ -270,8 +284,10 @@ int tdm_cmd_cluster_cancel(int argc, char **argv)
     }
     if (optind + 1 != argc) return fputs(cancel_usage, stderr), TDM_EXIT_USAGE;
     const char *id = argv[optind];
+    int rc = tdm_cli_check_cluster(cluster);
+    if (rc) return rc;
     job_ref r;
-    int rc = job_open(id, &r);
+    rc = job_open(id, &r);
     if (rc) return rc;
     const char *state = json_string_value(json_object_get(r.job, "state"));
     if (state && (!strcmp(state, "finished") || !strcmp(state, "failed"))) {

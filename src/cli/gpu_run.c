@@ -380,6 +380,7 @@ int tdm_cmd_gpu_run(int argc, char **argv)
     };
     tdm_acquire_opts ao = tdm_acquire_defaults();
     double vram_gb = 0;
+    tdm_error err = {0};
     bool have_vram = false, profile = false, have_share = false;
     const char *trace_path = NULL;
     tdm_mps_opts mps = {.enabled = false, .gpu_share_pct = 100};
@@ -389,9 +390,9 @@ int tdm_cmd_gpu_run(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
         switch (c) {
         case 'v':
-            if (!tdm_cli_parse_double(optarg, &vram_gb) || vram_gb <= 0 || vram_gb > 1e6)
-                return tdm_cli_fail(TDM_EXIT_USAGE, "--vram needs a positive number of GiB, not '%s'",
-                                    optarg);
+            if (tdm_vram_gib_parse(optarg, false, &vram_gb, &err) != TDM_OK) /* as finetune's */
+                return tdm_cli_fail(TDM_EXIT_USAGE, "--vram%s%s",
+                                    strncmp(err.message, "needs ", 6) ? ": " : " ", err.message);
             have_vram = true;
             break;
         case 'g': ao.gpu = optarg; break;
@@ -441,7 +442,6 @@ int tdm_cmd_gpu_run(int argc, char **argv)
     ao.cancel = &stop_signal;
 
     int64_t wall_start = tdm_now_mono_ns();
-    tdm_error err = {0};
     if (mps.enabled) {
         if (tdm_mps_detect(500, &err) != TDM_OK)
             return tdm_cli_fail_err(&err);

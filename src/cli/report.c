@@ -1,9 +1,11 @@
 /* tandem report OUT_DIR... [-o report.html] — one self-contained HTML page of loss curves and a
  * leaderboard over adapters' run records (docs/report.md). */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "report/report.h"
@@ -45,6 +47,13 @@ int tdm_cmd_report(int argc, char **argv)
         usage(stderr);
         return tdm_cli_fail(TDM_EXIT_USAGE, "report: give at least one OUT_DIR");
     }
+    struct stat sb;
+    size_t out_len = strlen(out);
+    bool slash = out_len && out[out_len - 1] == '/';
+    if (slash || (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode)))
+        return tdm_cli_fail(TDM_EXIT_USAGE,
+                            "-o %s is a directory: give the HTML file's name, e.g. %s%sreport.html",
+                            out, out, slash ? "" : "/");
     tdm_error err = {0};
     tdm_report_run *runs;
     int n;

@@ -2,6 +2,7 @@
 #include "gpu/reservation.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -700,4 +701,24 @@ void tdm_reservation_release_at_exit(tdm_lease *lease)
             return;
         }
     }
+}
+
+tdm_status tdm_vram_gib_parse(const char *s, bool allow_auto, double *gib, tdm_error *err)
+{
+    if (allow_auto && !strcmp(s, "auto")) {
+        *gib = 0;
+        return TDM_OK;
+    }
+    bool decimal = *s && !s[strspn(s, "0123456789.eE+-")]; /* strtod reads "0x10" as 16 */
+    char *end = NULL;
+    double v = decimal ? strtod(s, &end) : NAN;
+    if (!decimal || *end || !(v > 0))
+        return tdm_fail(err, TDM_ERR_INVALID, "needs a positive number of GiB%s, not '%s'",
+                        allow_auto ? " or 'auto'" : "", s);
+    if (v > TDM_VRAM_MAX_GIB)
+        return tdm_fail(err, TDM_ERR_INVALID,
+                        "'%s' GiB is too large: at most %.0f GiB (more than any GPU has)", s,
+                        TDM_VRAM_MAX_GIB);
+    *gib = v;
+    return TDM_OK;
 }

@@ -119,4 +119,13 @@ tdm_status tdm_reservation_release(tdm_lease *lease, tdm_error *err);
  * exits. */
 void tdm_reservation_release_at_exit(tdm_lease *lease);
 
+/* The most --vram takes, GiB: more than any GPU has, and its MiB stay far inside an int64. */
+#define TDM_VRAM_MAX_GIB 1e6
+
+/* --vram GB of gpu run, finetune and eval: a positive decimal number of GiB (fractions allowed)
+ * up to TDM_VRAM_MAX_GIB; with allow_auto, "auto" too (stored as 0). Hex, inf and nan, which
+ * strtod would read, are refused. TDM_ERR_INVALID, err's message "needs a positive number ..."
+ * or "'X' GiB is too large: ...", to follow the flag's name. */
+tdm_status tdm_vram_gib_parse(const char *s, bool allow_auto, double *gib, tdm_error *err);
+
 #endif

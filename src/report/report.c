@@ -1,6 +1,7 @@
 #include "report/report.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -165,6 +166,14 @@ tdm_status tdm_report_load(char *const *paths, int n, tdm_report_run **runs, int
         }
         struct dirent **names = NULL;
         int k = scandir(paths[i], &names, NULL, by_name);
+        if (k < 0) { /* exit status as for a folder without run records */
+            st = errno == ENOENT ? tdm_fail(err, TDM_ERR_NOT_FOUND,
+                                            "%s does not exist: give an adapter's OUT_DIR",
+                                            paths[i])
+                                 : tdm_fail(err, TDM_ERR_NOT_FOUND, "%s: %s: give an adapter's "
+                                            "OUT_DIR", paths[i], strerror(errno));
+            break;
+        }
         int found = 0;
         for (int j = 0; j < k; j++) {
             char sub[4096];

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/reservation.h"
 #include "train/lr_schedule.h"
 #include "util/suggest.h"
 
@@ -35,6 +36,11 @@ static tdm_status parse_device(const char *arg, void *dst, tdm_error *err)
         return tdm_fail(err, TDM_ERR_INVALID, "'%s' is not auto, cpu or cuda", arg);
     *(const char **)dst = arg;
     return TDM_OK;
+}
+
+static tdm_status parse_vram(const char *arg, void *dst, tdm_error *err)
+{
+    return tdm_vram_gib_parse(arg, true, (double *)dst, err);
 }
 
 static tdm_status parse_recompute(const char *arg, void *dst, tdm_error *err)
@@ -215,7 +221,7 @@ static const tdm_run_option table[] = {
        "CPU backend: OpenMP threads (0: the CPUs this process may use)"),
      NULL, true},
     {"vram", "GB|auto", F | E, DST(device.vram_gib),
-     V(TDM_OPT_SIZE, 0, 1e6, true, 0, 0, NULL, "auto", "a positive number of GiB or 'auto'",
+     V(TDM_OPT_SIZE, 0, TDM_VRAM_MAX_GIB, true, 0, 0, parse_vram, "auto", "a positive number of GiB or 'auto'",
        "GPU memory to reserve in the ledger"),
      NULL, true},
     {"no-wait-gpu", NULL, F | E, DST(device.no_wait),
@@ -357,12 +363,6 @@ tdm_status tdm_run_option_set(tdm_run_opts *o, const tdm_run_option *r, const ch
                             arg);
         return TDM_OK;
     }
-    case TDM_OPT_SIZE:
-        if (!strcmp(arg, "auto")) {
-            *(double *)dst = 0;
-            return TDM_OK;
-        }
-        __attribute__((fallthrough)); /* GiB as a number */
     case TDM_OPT_FLOAT: {
         char *end;
         errno = 0;
@@ -375,6 +375,7 @@ tdm_status tdm_run_option_set(tdm_run_opts *o, const tdm_run_option *r, const ch
     }
     case TDM_OPT_ENUM:
     case TDM_OPT_LIST:
+    case TDM_OPT_SIZE: /* --vram: parse_vram */
         break;
     }
     return tdm_fail(err, TDM_ERR_INVALID, "--%s: no parser", name);

@@ -39,7 +39,8 @@ case $node in n1) W=$W1 ;; *) W=$W2 ;; esac
 # the log, whole, then followed until the job ends
 stepped() { "$TANDEM" cluster logs "$id" | grep -q '^\[r\] epoch .* step [2-9]'; }
 wait_until 120 stepped
-expect_exit 0 "$TANDEM" cluster logs "$id"
+# --cluster FILE, which every cluster command takes (docs/cluster-yaml.md), is taken and checked
+expect_exit 0 "$TANDEM" cluster logs --cluster "$CLUSTER" "$id"
 grep -q '^adapter 0: .*reverse.jsonl' "$WORK/last.out" || fail "cluster logs: no start line: $(head -5 "$WORK/last.out")"
 cmp -s "$WORK/last.out" <(head -c "$(stat -c %s "$WORK/last.out")" "$W/jobs/$id/log") || fail "cluster logs differs from the node's log"
 : >"$WORK/follow.out"
@@ -68,8 +69,12 @@ grep -q "to continue exactly where it stopped" "$WORK/follow.out" || fail "--fol
 cmp -s "$WORK/follow.out" <(tail -c "$(stat -c %s "$WORK/follow.out")" "$W/jobs/$id/log") ||
     fail "--follow's output is not the log's end"
 
-expect_exit 0 "$TANDEM" cluster cancel "$id"
+expect_exit 0 "$TANDEM" cluster cancel --cluster "$CLUSTER" "$id"
 grep -q "already ended (failed)" "$WORK/last.out" || fail "second cancel: $(cat "$WORK/last.out")"
+for sub in logs cancel; do
+    expect_exit 2 "$TANDEM" cluster $sub --cluster "$WORK/no-such.yaml" "$id"
+    grep -q "no-such.yaml" "$WORK/last.err" || fail "cluster $sub --cluster of a missing file: $(cat "$WORK/last.err")"
+done
 expect_exit 2 "$TANDEM" cluster logs no-such-job
 grep -q "no job 'no-such-job' in the registry" "$WORK/last.err" || fail "unknown job: $(cat "$WORK/last.err")"
 expect_exit 2 "$TANDEM" cluster cancel

@@ -74,6 +74,7 @@ expect_exit 0 "$TANDEM" cluster watch --once --submission "$(jq -r .submission "
 
 # An unreachable node does not fail status; unknown node names and options are usage errors.
 expect_exit 2 "$TANDEM" cluster run --cluster "$CLUSTER" --node nope -- true
+grep -qF "no node 'nope' in $CLUSTER; its nodes: n1, n2, dead" "$WORK/last.err" || fail "unknown node: $(cat "$WORK/last.err")"
 expect_exit 1 "$TANDEM" cluster run --cluster "$CLUSTER" --node dead -- true
 grep -q 'unreachable' "$WORK/last.err" || fail "launch on dead node: reason"
 expect_exit 2 "$TANDEM" cluster status --cluster "$CLUSTER" --bogus

@@ -18,6 +18,16 @@ expect_exit 2 "$TANDEM" gpu run -- true
 expect_exit 2 "$TANDEM" gpu run --vram 1
 expect_exit 2 "$TANDEM" gpu run --vram -3 -- true
 expect_exit 2 "$TANDEM" gpu run --vram lots -- true
+# strtod's other forms are not GiB: hex ("0x10" was taken as 16), inf, nan; 1e1 is decimal
+for v in 0x10 0X1p4 infinity nan; do
+    expect_exit 2 "$TANDEM" gpu run --vram $v -- true
+    grep -qx "tandem: --vram needs a positive number of GiB, not '$v'" "$WORK/last.err" || fail "--vram $v: $(cat "$WORK/last.err")"
+done
+expect_exit 0 "$TANDEM" gpu run --vram 1e-1 -- true
+# a number too large is called that, not "needs a positive number"
+expect_exit 2 "$TANDEM" gpu run --vram 99999999999999999999 -- true
+grep -qx "tandem: --vram: '99999999999999999999' GiB is too large: at most 1000000 GiB (more than any GPU has)" "$WORK/last.err" ||
+    fail "--vram 99999999999999999999: $(cat "$WORK/last.err")"
 expect_exit 2 "$TANDEM" gpu run --vram 1 --bogus -- true
 expect_exit 0 "$TANDEM" gpu run --help
 expect_exit 0 "$TANDEM" gpu --help

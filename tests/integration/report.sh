@@ -35,6 +35,20 @@ expect_exit 2 "$TANDEM" report
 mkdir empty
 expect_exit 1 "$TANDEM" report empty
 grep -q "empty: no metrics.jsonl in it or in its subfolders" last.err || fail "empty: $(cat last.err)"
+# a folder that does not exist is not called empty
+expect_exit 1 "$TANDEM" report o/rev missing -o r3.html
+grep -qx "tandem: missing does not exist: give an adapter's OUT_DIR" last.err || fail "missing: $(cat last.err)"
+[ -e r3.html ] && fail "missing: r3.html written"
+# -o naming a directory is refused up front, nothing written (it failed renaming the temp file)
+mkdir rep
+for o in rep/ rep; do
+    expect_exit 2 "$TANDEM" report o/rev -o $o
+    grep -qx "tandem: -o $o is a directory: give the HTML file's name, e.g. rep/report.html" last.err ||
+        fail "-o $o: $(cat last.err)"
+done
+expect_exit 2 "$TANDEM" report o/rev -o new/
+grep -q "^tandem: -o new/ is a directory" last.err || fail "-o new/: $(cat last.err)"
+[ -z "$(ls -A rep)" ] && ! [ -e new ] && ! ls -A | grep -q '\.tmp-' || fail "-o DIR wrote: $(ls -A . rep)"
 mkdir -p broken && cp o/add/metrics.jsonl broken/ && echo '{"step": ' >>broken/metrics.jsonl
 n=$(wc -l <broken/metrics.jsonl)
 expect_exit 1 "$TANDEM" report broken
