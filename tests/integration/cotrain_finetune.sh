@@ -72,15 +72,25 @@ wait $host || fail "host with a refused joiner exited $?"
 cmp -s ref/reverse/adapter_model.safetensors bad/reverse/adapter_model.safetensors ||
     close_adapters ref/reverse bad/reverse || fail "the host was disturbed by a refused join"
 
+# joined_pair NAME HOST_LOG [JOINER_FLAGS...]: a host training reverse into NAME/reverse (8
+# epochs; output HOST_LOG.out/.err) and a joiner training add into NAME/add (NAME.out/.err),
+# admitted and past its step 5; sets $host and $joiner
+joined_pair() {
+    local name=$1 log=$2
+    shift 2
+    "$TANDEM" finetune "$M" --adapter data/reverse.jsonl:$name/reverse "${COMMON[@]}" --epochs 8 \
+        >$log.out 2>$log.err &
+    host=$!
+    hold_host $host
+    "$TANDEM" finetune "$M" --adapter data/add.jsonl:$name/add "${COMMON[@]}" "$@" \
+        >$name.out 2>$name.err &
+    joiner=$!
+    release_host $host $name.err
+    wait_until 60 grep -q '^\[add\] epoch 0.* step 5/' $name.out
+}
+
 # Ctrl-C on a joiner: checkpoint, exit 130 with the resume command; --resume finishes it
-"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:int/reverse "${COMMON[@]}" --epochs 8 \
-    >host3.out 2>host3.err &
-host=$!
-hold_host $host
-"$TANDEM" finetune "$M" --adapter data/add.jsonl:int/add "${COMMON[@]}" >int.out 2>int.err &
-joiner=$!
-release_host $host int.err
-wait_until 60 grep -q '^\[add\] epoch 0.* step 5/' int.out
+joined_pair int host3
 kill -INT $joiner
 wait $joiner
 rc=$?
@@ -101,14 +111,7 @@ grep -q "handed back" host3.err || fail "the host did not say it handed the adap
 
 # the host's own Ctrl-C hands the joined adapter back: the joiner exits 130 (not 0: its adapter
 # is unfinished) with the resume command, naming no signal it did not get
-"$TANDEM" finetune "$M" --adapter data/reverse.jsonl:hs/reverse "${COMMON[@]}" --epochs 8 \
-    >host4.out 2>host4.err &
-host=$!
-hold_host $host
-"$TANDEM" finetune "$M" --adapter data/add.jsonl:hs/add "${COMMON[@]}" --epochs 8 >hs.out 2>hs.err &
-joiner=$!
-release_host $host hs.err
-wait_until 60 grep -q '^\[add\] epoch 0.* step 5/' hs.out
+joined_pair hs host4 --epochs 8
 kill -INT $host
 wait $host
 rc=$?
