@@ -54,6 +54,7 @@ static void reexec_with_better_blas_core(char **argv)
 int main(int argc, char **argv)
 {
     reexec_with_better_blas_core(argv);
+    if (argv[0] && strchr(argv[0], '/')) tdm_cli_program = argv[0];
     if (argc >= 2 && !strcmp(argv[1], "--version")) return cmd_version(0, NULL);
     return tdm_cli_dispatch("tandem", commands, argc - 1, argv + 1);
 }

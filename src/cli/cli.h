@@ -34,6 +34,11 @@ int tdm_cli_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2
 /* Maps a library status to an exit code and prints err->message. */
 int tdm_cli_fail_err(const tdm_error *err);
 
+/* The program as it was started (main's argv[0]) when that is a path ("/opt/x/tandem",
+ * "./tandem"), else "tandem" (found on PATH): the first word of the commands the "to continue,
+ * run:" hints print, so they run the same binary (a cluster node's configured `tandem:` path). */
+extern const char *tdm_cli_program;
+
 /* What a tandem command line lacks to continue the run it started: " --resume", or "" when it
  * has that flag already (the "to continue, run:" hints). */
 const char *tdm_cli_resume_suffix(const char *cmdline);

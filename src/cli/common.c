@@ -6,6 +6,8 @@
 
 #include "cli/cli.h"
 
+const char *tdm_cli_program = "tandem";
+
 void tdm_cli_print_commands(FILE *out, const char *prefix, const tdm_command *commands)
 {
     fprintf(out, "usage: %s <command> [options]\n\ncommands:\n", prefix);

@@ -132,36 +132,46 @@ static void early_usr1_prepare(const char *cmdline, bool child)
 
 /* The command line as typed, shell-quoted where needed, for the "resume with" hint (getopt
  * permutes argv and --adapter parsing cuts its argument, so this is taken first). */
+/* Appends word to out at *n (cap checked by the caller: 4 x its length + 3 bytes at most), bare
+ * when it holds only characters no shell treats specially, else single-quoted. */
+static void append_word(char *out, size_t *n, const char *a)
+{
+    bool plain = *a != 0;
+    for (const char *c = a; *c; c++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@", *c))
+            plain = false;
+    if (plain) {
+        memcpy(out + *n, a, strlen(a));
+        *n += strlen(a);
+        return;
+    }
+    out[(*n)++] = '\'';
+    for (const char *c = a; *c; c++) {
+        if (*c == '\'') {
+            memcpy(out + *n, "'\\''", 4);
+            *n += 4;
+        } else
+            out[(*n)++] = *c;
+    }
+    out[(*n)++] = '\'';
+}
+
+/* The command that started this run, for the "to continue, run:" hints: the program as started
+ * (tdm_cli_program), "finetune", then argv[1..argc). */
 static char *command_line(int argc, char **argv)
 {
-    size_t cap = 64;
+    size_t cap = 4 * strlen(tdm_cli_program) + 16;
     for (int i = 1; i < argc; i++)
         cap += 4 * strlen(argv[i]) + 3;
     char *out = malloc(cap);
     if (!out) return NULL;
-    size_t n = (size_t)snprintf(out, cap, "tandem finetune");
+    size_t n = 0;
+    append_word(out, &n, tdm_cli_program);
+    memcpy(out + n, " finetune", 9);
+    n += 9;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool plain = *a != 0;
-        for (const char *c = a; *c; c++)
-            if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@",
-                        *c))
-                plain = false;
         out[n++] = ' ';
-        if (plain) {
-            memcpy(out + n, a, strlen(a));
-            n += strlen(a);
-            continue;
-        }
-        out[n++] = '\'';
-        for (const char *c = a; *c; c++) {
-            if (*c == '\'') {
-                memcpy(out + n, "'\\''", 4);
-                n += 4;
-            } else
-                out[n++] = *c;
-        }
-        out[n++] = '\'';
+        append_word(out, &n, argv[i]);
     }
     out[n] = 0;
     return out;

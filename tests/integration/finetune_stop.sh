@@ -46,6 +46,8 @@ stop_and_resume() {
     if grep -q "to continue exactly where it stopped" $run.err; then
         [ "$got" -eq "$want" ] || fail "$run: SIG$sig: exit $got, want $want"
         grep -q -- "--resume\$" $run.err || fail "$run: no resume command: $(cat $run.err)"
+        # the command runs the binary that was started (a cluster node's own path), not PATH's
+        grep -qF "  $TANDEM finetune " $run.err || fail "$run: the resume command is not $TANDEM's"
         grep -q "^tandem: SIG$sig: stopped" $run.err || fail "$run: no stop message: $(cat $run.err)"
     elif [ -f $run/reverse/adapter_model.safetensors ] && [ -f $run/add/adapter_model.safetensors ]
     then
