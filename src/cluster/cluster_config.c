@@ -448,6 +448,26 @@ static bool slurm_time_ok(const char *s)
     return digits && colons <= 2 && dashes <= 1 && s[strlen(s) - 1] != ':';
 }
 
+/* Seconds of a time slurm_time_ok accepted: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS. */
+static int64_t slurm_time_seconds(const char *s)
+{
+    int64_t f[3] = {0, 0, 0}, days = 0;
+    int n = 0;
+    const char *dash = strchr(s, '-');
+    if (dash) days = strtoll(s, NULL, 10), s = dash + 1;
+    for (const char *c = s; n < 3;) {
+        f[n++] = strtoll(c, NULL, 10);
+        c = strchr(c, ':');
+        if (!c) break;
+        c++;
+    }
+    if (dash) /* D-HH[:MM[:SS]] */
+        return days * 86400 + f[0] * 3600 + f[1] * 60 + f[2];
+    if (n == 1) return f[0] * 60;              /* MM */
+    if (n == 2) return f[0] * 60 + f[1];       /* MM:SS */
+    return f[0] * 3600 + f[1] * 60 + f[2];     /* HH:MM:SS */
+}
+
 static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *sl)
 {
     sl->line = (uint32_t)m->start_mark.line + 1;
@@ -462,6 +482,7 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
     tdm_status st = check_keys(w, m);
     tdm_cluster_node *sh = &sl->shared;
     bool vram_given = false;
+    const yaml_node_t *time_node = NULL, *grace_node = NULL;
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start;
          st == TDM_OK && p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
@@ -479,6 +500,7 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
         } else if (!strcmp(key, "constraint")) {
             st = slurm_word_field(w, v, "slurm.constraint", "&|[]*:,", &sl->constraint);
         } else if (!strcmp(key, "time")) {
+            time_node = v;
             st = string_field(w, v, "slurm.time", &sl->time);
             if (st == TDM_OK && !slurm_time_ok(sl->time))
                 st = at(w, v, TDM_ERR_INVALID,
@@ -505,6 +527,7 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
             if ((st = int_field(w, v, "slurm.cpus_per_gpu", 1, 1 << 20, false, &num)) == TDM_OK)
                 sl->cpus_per_gpu = (int)num;
         } else if (!strcmp(key, "signal_grace")) {
+            grace_node = v;
             if ((st = int_field(w, v, "slurm.signal_grace", 1, 65535, false, &num)) == TDM_OK)
                 sl->signal_grace_s = (int)num;
         } else if (!strcmp(key, "max_adapters")) {
@@ -575,6 +598,16 @@ static tdm_status parse_slurm(walk *w, const yaml_node_t *m, tdm_slurm_config *s
                   "gpus_per_job is not 0");
     if (sl->gpus_per_job == 0 && sl->device == TDM_SLURM_DEVICE_CUDA)
         return at(w, m, TDM_ERR_INVALID, "slurm.device cuda needs gpus_per_job 1 or more");
+    /* USR1 comes signal_grace seconds before the limit: at or past the job's start, every run
+     * would checkpoint and requeue before it trained (a load alone can take that long) */
+    int64_t limit = sl->time ? slurm_time_seconds(sl->time) : 0;
+    if (limit > 0 && sl->signal_grace_s >= limit)
+        return at(w, grace_node ? grace_node : time_node, TDM_ERR_INVALID,
+                  "slurm.signal_grace %d s%s is not shorter than slurm.time '%s' (%lld s): the "
+                  "checkpoint signal would come as the job starts and every run would requeue "
+                  "before training; give signal_grace well under the time limit, or a longer time",
+                  sl->signal_grace_s, grace_node ? "" : " (the default)", sl->time,
+                  (long long)limit);
     sh->name = strdup("slurm");
     sh->transport = TDM_TRANSPORT_LOCAL;
     if (!sh->tandem) sh->tandem = strdup("tandem");

@@ -344,6 +344,42 @@ static void test_slurm_array_script(void **state)
     assert_string_equal(err.message, "c.yaml:5:10: slurm.array must be true or false, not 'yes'");
 }
 
+/* slurm.signal_grace must be shorter than slurm.time, in every form of the time (MM, MM:SS,
+ * HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), whichever key comes first; the default grace (120 s)
+ * counts too. The message names the grace's position (the time's when the grace is default). */
+static void test_slurm_signal_grace_within_time(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *time;
+        int grace; /* 0: not given */
+        bool ok;
+    } cases[] = {
+        {"10", 600, false},   {"10", 599, true},       {"1", 0, false},      {"3", 0, true},
+        {"1:30", 90, false},  {"1:30", 89, true},      {"0:10:00", 600, false},
+        {"0:10:01", 600, true}, {"1-0", 65535, true},  {"0-0:01", 60, false},
+        {"0-0:01:01", 60, true}, {"0-01", 3600, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char yaml[256], grace[64] = "";
+        if (cases[i].grace) snprintf(grace, sizeof grace, "  signal_grace: %d\n", cases[i].grace);
+        snprintf(yaml, sizeof yaml,
+                 "scheduler: slurm\nslurm:\n%s  workdir: /w\n  gpu_vram_mb: 1\n  time: \"%s\"\n",
+                 grace, cases[i].time);
+        tdm_cluster_config cfg;
+        tdm_error err = {0};
+        tdm_status st = tdm_cluster_config_parse(yaml, strlen(yaml), "c.yaml", &cfg, &err);
+        if (cases[i].ok) {
+            if (st != TDM_OK) fail_msg("time %s grace %d: %s", cases[i].time, cases[i].grace, err.message);
+            tdm_cluster_config_free(&cfg);
+            continue;
+        }
+        assert_int_equal(st, TDM_ERR_INVALID);
+        assert_non_null(strstr(err.message, "is not shorter than slurm.time"));
+        assert_non_null(strstr(err.message, cases[i].grace ? "c.yaml:3:17: " : "c.yaml:5:9: "));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -358,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_val_loss),
         cmocka_unit_test(test_leaderboard),
         cmocka_unit_test(test_slurm_array_script),
+        cmocka_unit_test(test_slurm_signal_grace_within_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
