@@ -211,6 +211,8 @@ tdm_status tdm_slurm_sbatch(const char *script, const char *workdir, char *slurm
     size_t n = strlen(res.out);
     if (res.exit_code != 0 || !n || strspn(res.out, "0123456789") != n || n >= cap) {
         chomp(res.err);
+        for (char *c = res.err; *c; c++) /* sbatch's lines, as one message line */
+            if (*c == '\n') *c = ' ';
         st = tdm_fail(err, TDM_ERR_IO, "sbatch refused %s (exit %d): %.600s", script,
                       res.exit_code, res.err[0] ? res.err : res.out);
     } else {

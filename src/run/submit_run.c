@@ -20,6 +20,7 @@
 #include "cluster/stage.h"
 #include "cluster/transport.h"
 #include "model/config.h"
+#include "util/atomic_dir.h"
 #include "util/atomic_file.h"
 #include "util/mkdir_p.h"
 #include "util/timeutil.h"
@@ -672,7 +673,19 @@ static tdm_status slurm_submit_group(submission *s, tdm_transport *tr, const siz
     if (st == TDM_OK && s->req->stage_only) {
         note(hooks, "slurm: staged %s (not submitted: --stage-only)", script);
     } else if (st == TDM_OK && (st = tdm_slurm_sbatch(script, sl->shared.workdir, slurm_id,
-                                                      sizeof slurm_id, err)) == TDM_OK) {
+                                                      sizeof slurm_id, err)) != TDM_OK) {
+        /* sbatch refused the script (a partition, account or time the cluster does not have):
+         * nothing was queued, so nothing of this job is kept (the content-addressed model and
+         * data stay for the next try), and the message points at the settings to fix */
+        for (size_t i = 0; i < c; i++)
+            tdm_atomic_dir_abort(task_dir[i]);
+        if (array_n) tdm_atomic_dir_abort(dir);
+        size_t l = strlen(err->message);
+        snprintf(err->message + l, sizeof err->message - l,
+                 "; nothing was queued: check the slurm: block of %s (line %u: partition, "
+                 "account, qos, time, gpu_type, constraint, extra)",
+                 s->cfg->file, sl->line);
+    } else if (st == TDM_OK) {
         if (array_n)
             note(hooks, "slurm: jobs %s_0 to %s_%d went as one sbatch --array=0-%d: Slurm job "
                         "array %s (%s)",

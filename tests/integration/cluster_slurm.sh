@@ -167,13 +167,24 @@ grep -q '^\[gpu 1\] .*reserved .* MiB on GPU-slurm-1' "$SHARED/jobs/$job/log" ||
 for a in a b; do [ -s "$SHARED/two/$a/adapter_model.safetensors" ] || fail "two-GPU job: $a not trained"; done
 [ "$(cat "$SHARED/jobs/$job/exit_code")" = 0 ] || fail "two-GPU job: exit_code $(cat "$SHARED/jobs/$job/exit_code" 2>&1)"
 
-# Mistakes: a malformed slurm block (FILE:LINE:COLUMN, exit 2), sbatch missing from PATH.
+# Mistakes: a malformed slurm block (FILE:LINE:COLUMN, exit 2), a partition sbatch refuses,
+# sbatch missing from PATH.
 printf 'scheduler: slurm\nslurm:\n  workdir: %s\n  gpu_vram_mb: 100\n  partiton: debug\n' "$SHARED" >"$WORK/bad.yaml"
 expect_exit 2 "$TANDEM" cluster status --cluster "$WORK/bad.yaml"
 grep -q "bad.yaml:5:3: .*partiton.*did you mean 'partition'" "$WORK/last.err" || fail "malformed block: $(cat "$WORK/last.err")"
 printf 'scheduler: slurm\nslurm:\n  workdir: %s\n  time: soon\n  gpu_vram_mb: 100\n' "$SHARED" >"$WORK/bad.yaml"
 expect_exit 2 "$TANDEM" cluster status --cluster "$WORK/bad.yaml"
 grep -q "bad.yaml:4:9: slurm.time 'soon'" "$WORK/last.err" || fail "bad time: $(cat "$WORK/last.err")"
+# a partition the cluster does not have: sbatch refuses, nothing is queued or left in jobs/, and
+# the message points at the slurm: block of the file
+slurm_cluster_yaml "$WORK/nopart.yaml" partition=nosuch
+sed 's|"out/|"nopart/|' "$WORK/adapters.toml" >"$WORK/nopart.toml" # outputs not trained yet
+ls "$SHARED/jobs" >"$WORK/jobs.before"
+expect_exit 1 "$TANDEM" submit --cluster "$WORK/nopart.yaml" --model "$WORK/model" \
+    --adapters-config "$WORK/nopart.toml" "${FLAGS[@]}"
+grep -q "sbatch refused .*invalid partition.*nothing was queued: check the slurm: block of .*nopart.yaml (line [0-9]" \
+    "$WORK/last.err" || fail "unknown partition: $(cat "$WORK/last.err")"
+ls "$SHARED/jobs" | diff "$WORK/jobs.before" - >/dev/null || fail "a refused sbatch left jobs: $(ls "$SHARED/jobs")"
 mkdir -p "$WORK/nosbatch"
 for f in /usr/bin/* /usr/sbin/*; do [ "${f##*/}" = sbatch ] || ln -sf "$f" "$WORK/nosbatch/"; done
 expect_exit 1 env PATH="$WORK/nosbatch" "$TANDEM" submit --cluster "$WORK/cluster.yaml" --model "$WORK/model" \
