@@ -91,7 +91,7 @@ tdm_status tdm_path_identity(const char *base_dir, const char *path, char *key, 
                              tdm_error *err)
 {
     char full[PATH_MAX * 2];
-    size_t len;
+    size_t len = 0;
     TDM_TRY(absolute_path(base_dir, path, full, sizeof full, &len, err));
     if (len + 2 > cap) return tdm_fail(err, TDM_ERR_INVALID, "path too long: %s", path);
     struct stat st;
@@ -106,7 +106,7 @@ tdm_status tdm_path_resolve(const char *base_dir, const char *path, char *out, s
                             tdm_error *err)
 {
     char full[PATH_MAX * 2];
-    size_t len;
+    size_t len = 0;
     TDM_TRY(absolute_path(base_dir, path, full, sizeof full, &len, err));
     return resolve_prefix(full, len, path, out, cap, err);
 }
