@@ -14,10 +14,12 @@
 #include "gpu/ledger.h"
 #include "util/path_identity.h"
 #include "util/sha256.h"
+#include "util/timeutil.h"
 
 #define REGISTRY_DIR "outputs"
 #define REGISTRY_LOCK ".registry.lock"
 #define CLAIM_SUFFIX ".claim"
+#define CLAIM_GRACE_MS 3000
 
 /* A claim file's content: "PID\tRESOLVED_PATH\n". */
 typedef struct claim_line {
@@ -164,6 +166,23 @@ static tdm_status open_registry(char *reg, size_t cap, tdm_error *err)
     return TDM_OK;
 }
 
+/* Unlocks and removes every claim taken (each only if still ours, removed while still held);
+ * the arrays stay, every fd -1. */
+static void drop_claims(tdm_output_claims *c)
+{
+    for (int a = 0; a < c->n; a++) {
+        if (c->fd && c->fd[a] >= 0) {
+            if (c->path && c->path[a] && same_file(c->fd[a], c->path[a])) unlink(c->path[a]);
+            close(c->fd[a]);
+            c->fd[a] = -1;
+        }
+        if (c->path) {
+            free(c->path[a]);
+            c->path[a] = NULL;
+        }
+    }
+}
+
 tdm_status tdm_output_claims_take(tdm_output_claims *c, const tdm_trainer_adapter *ads, int n,
                                   tdm_error *err)
 {
@@ -200,19 +219,27 @@ tdm_status tdm_output_claims_take(tdm_output_claims *c, const tdm_trainer_adapte
             return TDM_OK; /* nothing claimed: c->fd all -1 */
         }
     }
-    int lock = -1;
-    if (st == TDM_OK) {
+    /* A conflict is checked again for CLAIM_GRACE_MS before it is refused: a process that was
+     * just killed (kill -9, then --resume at once) holds its lock until the kernel closes its
+     * files, which comes after its address space is torn down (long under ASan). */
+    int64_t deadline = tdm_now_mono_ns() + (int64_t)CLAIM_GRACE_MS * 1000000;
+    while (st == TDM_OK) {
+        int lock = -1;
         char lp[4300];
         snprintf(lp, sizeof lp, "%s/%s", reg, REGISTRY_LOCK);
         lock = open_registry_file(reg, lp);
         if (lock < 0 || flock(lock, LOCK_EX) != 0) /* held for microseconds by others */
             st = tdm_fail_errno(err, TDM_ERR_IO, errno, "cannot lock %s", lp);
+        for (int a = 0; st == TDM_OK && a < n; a++) {
+            st = check_registry(reg, ads[a].output, res[a], err);
+            if (st == TDM_OK) st = take_one(c, a, reg, ads[a].output, res[a], err);
+        }
+        if (lock >= 0) close(lock); /* releases the registry lock */
+        if (st != TDM_ERR_INVALID || tdm_now_mono_ns() > deadline) break;
+        drop_claims(c); /* the ones taken this round, then again */
+        tdm_sleep_ms(50);
+        st = TDM_OK;
     }
-    for (int a = 0; st == TDM_OK && a < n; a++) {
-        st = check_registry(reg, ads[a].output, res[a], err);
-        if (st == TDM_OK) st = take_one(c, a, reg, ads[a].output, res[a], err);
-    }
-    if (lock >= 0) close(lock); /* releases the registry lock */
     free(res);
     if (st != TDM_OK) tdm_output_claims_release(c);
     return st;
@@ -221,14 +248,7 @@ tdm_status tdm_output_claims_take(tdm_output_claims *c, const tdm_trainer_adapte
 void tdm_output_claims_release(tdm_output_claims *c)
 {
     if (!c) return;
-    for (int a = 0; a < c->n; a++) {
-        if (!c->fd || c->fd[a] < 0) continue;
-        /* removed while still held, and only if it is still ours */
-        if (c->path && c->path[a] && same_file(c->fd[a], c->path[a])) unlink(c->path[a]);
-        close(c->fd[a]);
-    }
-    for (int a = 0; c->path && a < c->n; a++)
-        free(c->path[a]);
+    drop_claims(c);
     free(c->fd);
     free(c->path);
     memset(c, 0, sizeof *c);
