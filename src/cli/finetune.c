@@ -132,48 +132,27 @@ static void early_usr1_prepare(const char *cmdline, bool child)
 
 /* The command line as typed, shell-quoted where needed, for the "resume with" hint (getopt
  * permutes argv and --adapter parsing cuts its argument, so this is taken first). */
-/* Appends word to out at *n (cap checked by the caller: 4 x its length + 3 bytes at most), bare
- * when it holds only characters no shell treats specially, else single-quoted. */
-static void append_word(char *out, size_t *n, const char *a)
-{
-    bool plain = *a != 0;
-    for (const char *c = a; *c; c++)
-        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@", *c))
-            plain = false;
-    if (plain) {
-        memcpy(out + *n, a, strlen(a));
-        *n += strlen(a);
-        return;
-    }
-    out[(*n)++] = '\'';
-    for (const char *c = a; *c; c++) {
-        if (*c == '\'') {
-            memcpy(out + *n, "'\\''", 4);
-            *n += 4;
-        } else
-            out[(*n)++] = *c;
-    }
-    out[(*n)++] = '\'';
-}
-
 /* The command that started this run, for the "to continue, run:" hints: the program as started
- * (tdm_cli_program), "finetune", then argv[1..argc). */
+ * (tdm_cli_program), "finetune", then argv[1..argc), each a shell word (tdm_shell_word). */
 static char *command_line(int argc, char **argv)
 {
-    size_t cap = 4 * strlen(tdm_cli_program) + 16;
-    for (int i = 1; i < argc; i++)
-        cap += 4 * strlen(argv[i]) + 3;
-    char *out = malloc(cap);
+    char *out = tdm_shell_word(tdm_cli_program);
     if (!out) return NULL;
-    size_t n = 0;
-    append_word(out, &n, tdm_cli_program);
-    memcpy(out + n, " finetune", 9);
-    n += 9;
-    for (int i = 1; i < argc; i++) {
+    size_t n = strlen(out);
+    for (int i = 0; i < argc; i++) {
+        char *w = i == 0 ? strdup("finetune") : tdm_shell_word(argv[i]);
+        char *grown = w ? realloc(out, n + 1 + strlen(w) + 1) : NULL;
+        if (!grown) {
+            free(w);
+            free(out);
+            return NULL;
+        }
+        out = grown;
         out[n++] = ' ';
-        append_word(out, &n, argv[i]);
+        memcpy(out + n, w, strlen(w) + 1);
+        n += strlen(w);
+        free(w);
     }
-    out[n] = 0;
     return out;
 }
 
@@ -460,12 +439,9 @@ int tdm_cmd_finetune(int argc, char **argv)
             /* the way to the curves (docs/report.md) */
             printf("report: tandem report");
             for (int a = 0; a < pc.n; a++) {
-                const char *o = pc.outputs[a];
-                bool plain = *o && strspn(o, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                             "0123456789-_./:=,+@") == strlen(o);
-                char *q = plain ? NULL : tdm_shell_quote(o);
-                printf(" %s", q ? q : o);
-                free(q);
+                char *w = tdm_shell_word(pc.outputs[a]);
+                printf(" %s", w ? w : pc.outputs[a]);
+                free(w);
             }
             printf("\n");
         } else if (st != TDM_OK) {

@@ -2,6 +2,7 @@
 #include "cluster/shell_quote.h"
 
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 
 char *tdm_shell_quote(const char *s)
@@ -25,6 +26,13 @@ char *tdm_shell_quote(const char *s)
     *p++ = '\'';
     *p = '\0';
     return out;
+}
+
+char *tdm_shell_word(const char *s)
+{
+    bool plain = *s && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                 "0123456789-_./:=,+@") == strlen(s);
+    return plain ? strdup(s) : tdm_shell_quote(s);
 }
 
 char *tdm_shell_join(const char *const *argv, size_t argc)

@@ -13,6 +13,11 @@
 /* A malloc'd single-quoted copy of s ("''" for the empty string); NULL when out of memory. */
 char *tdm_shell_quote(const char *s);
 
+/* s as a shell word for a human to copy: bare when it holds only characters no shell treats
+ * specially (letters, digits, -_./:=,+@), else tdm_shell_quote's. malloc'd; NULL when out of
+ * memory. */
+char *tdm_shell_word(const char *s);
+
 /* argv[0..argc) quoted one by one and joined with single spaces: a command line a POSIX shell
  * splits back into exactly argv. malloc'd; NULL when out of memory. */
 char *tdm_shell_join(const char *const *argv, size_t argc);
