@@ -1,8 +1,8 @@
 /* shell_quote.c — single-quote quoting for POSIX shells. */
 #include "cluster/shell_quote.h"
 
-#include <stdlib.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 char *tdm_shell_quote(const char *s)
